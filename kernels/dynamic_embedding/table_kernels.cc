@@ -1,0 +1,431 @@
+// CPU kernels of the dynamic embedding ops: validate, then hand the work to the core table,
+// splitting batches over TensorFlow's intra-op thread pool.
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/optimizers.h"
+#include "kernels/dynamic_embedding/table_resource.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/threadpool.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tf_ext {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::DataTypeString;
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::tstring;
+using ::tensorflow::core::RefCountPtr;
+
+// Key type <-> TensorFlow element type.
+template <typename Key>
+struct KeyTensor;
+template <>
+struct KeyTensor<int64_t> {
+  using Element = int64_t;
+  static int64_t View(const int64_t& k) { return k; }
+  static void Store(const int64_t& key, int64_t* out) { *out = key; }
+};
+template <>
+struct KeyTensor<std::string> {
+  using Element = tstring;
+  static std::string_view View(const tstring& k) { return std::string_view(k.data(), k.size()); }
+  static void Store(const std::string& key, tstring* out) { out->assign(key.data(), key.size()); }
+};
+
+// Runs fn(begin, end) over [0, n) on the intra-op pool; `cost` is per item, in cycles.
+template <typename Fn>
+void ParallelFor(OpKernelContext* ctx, int64_t n, int64_t cost, Fn&& fn) {
+  if (n <= 0) return;
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(n, cost, [&fn](int64_t begin, int64_t end) { fn(begin, end); });
+}
+
+class DynamicTableOp : public OpKernel {
+ public:
+  explicit DynamicTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("key_dtype", &key_dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    std::string initializer;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer", &initializer));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &init_.a));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &init_.b));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &init_.seed));
+    const std::string prefix = "dynamic embedding table '" + table_name_ + "': ";
+    OP_REQUIRES(ctx, dim_ >= 1 && dim_ <= de::kMaxDim,
+                ::tensorflow::errors::InvalidArgument(prefix, "dim must be in [1, ", de::kMaxDim,
+                                                      "], got ", dim_));
+    OP_REQUIRES(ctx, de::ParseInitializerKind(initializer, &init_.kind),
+                ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '",
+                                                      initializer, "'"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::ContainerInfo cinfo;
+    OP_REQUIRES_OK(ctx, cinfo.Init(ctx->resource_manager(), def(), /*use_node_name_as_default=*/true));
+    DynamicTable* table = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<DynamicTable>(
+                            cinfo.container(), cinfo.name(), &table, [this](DynamicTable** out) {
+                              *out = new DynamicTable(table_name_, key_dtype_, dim_, init_);
+                              return ::tensorflow::OkStatus();
+                            }));
+    RefCountPtr<DynamicTable> owned(table);
+    OP_REQUIRES(ctx, table->key_dtype() == key_dtype_ && table->dim() == dim_,
+                table->Invalid("already exists with key dtype ", DataTypeString(table->key_dtype()),
+                               " and dim ", table->dim(), "; asked for ",
+                               DataTypeString(key_dtype_), " and dim ", dim_));
+    Tensor* handle;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
+    handle->scalar<::tensorflow::ResourceHandle>()() =
+        ::tensorflow::MakeResourceHandle<DynamicTable>(ctx, cinfo.container(), cinfo.name());
+  }
+
+ private:
+  std::string table_name_;
+  DataType key_dtype_;
+  int dim_;
+  de::InitializerSpec init_;
+};
+
+// Base of the kernels that take a table as input 0: looks it up and checks key dtype and dim.
+class TableKernel : public OpKernel {
+ public:
+  explicit TableKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    if (ctx->HasAttr("dim")) OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    if (ctx->HasAttr("Tkey")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
+  }
+
+ protected:
+  Status GetTable(OpKernelContext* ctx, RefCountPtr<DynamicTable>* table) {
+    TF_RETURN_IF_ERROR(::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table));
+    if (key_dtype_ != ::tensorflow::DT_INVALID && key_dtype_ != (*table)->key_dtype()) {
+      return (*table)->Invalid("keys must be ", DataTypeString((*table)->key_dtype()), ", got ",
+                               DataTypeString(key_dtype_));
+    }
+    if (dim_ != 0 && dim_ != (*table)->dim()) {
+      return (*table)->Invalid("dim is ", (*table)->dim(), ", the op expects ", dim_);
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  int dim_ = 0;
+  DataType key_dtype_ = ::tensorflow::DT_INVALID;
+};
+
+#define TF_EXT_GET_TABLE(ctx, table)          \
+  RefCountPtr<DynamicTable> table;            \
+  OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+
+template <typename Key>
+class FindOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    const Tensor& keys = ctx->input(1);
+    TensorShape out_shape = keys.shape();
+    out_shape.AddDim(dim_);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
+    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
+    float* values = out->flat<float>().data();
+    de::EmbeddingTable<Key>* core = table->template table<Key>();
+    const int dim = dim_;
+    ParallelFor(ctx, flat_keys.size(), 50 + 2 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        core->Find(KeyTensor<Key>::View(flat_keys(i)), values + i * dim);
+      }
+    });
+  }
+};
+
+template <typename Key>
+class InsertOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    TensorShape expected = keys.shape();
+    expected.AddDim(dim_);
+    OP_REQUIRES(ctx, values.shape() == expected,
+                table->Invalid("insert: values must have shape keys.shape + [dim] = ",
+                               expected.DebugString(), ", got ", values.shape().DebugString()));
+    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
+    const float* rows = values.flat<float>().data();
+    de::EmbeddingTable<Key>* core = table->template table<Key>();
+    const int dim = dim_;
+    // Duplicate keys in one insert: the last row wins, as a sequential loop would do.
+    if (HasDuplicates(flat_keys)) {
+      for (int64_t i = 0; i < flat_keys.size(); ++i) {
+        core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
+      }
+      return;
+    }
+    ParallelFor(ctx, flat_keys.size(), 200 + 2 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
+      }
+    });
+  }
+
+ private:
+  template <typename Flat>
+  static bool HasDuplicates(const Flat& keys) {
+    return CountDistinct(keys) != keys.size();
+  }
+  template <typename Flat>
+  static int64_t CountDistinct(const Flat& keys) {
+    std::unordered_set<typename de::KeyTraits<Key>::View> seen;
+    seen.reserve(keys.size());
+    for (int64_t i = 0; i < keys.size(); ++i) seen.insert(KeyTensor<Key>::View(keys(i)));
+    return static_cast<int64_t>(seen.size());
+  }
+};
+
+template <typename Key>
+class RemoveOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    const auto flat_keys = ctx->input(1).flat<typename KeyTensor<Key>::Element>();
+    de::EmbeddingTable<Key>* core = table->template table<Key>();
+    ParallelFor(ctx, flat_keys.size(), 200, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) core->Remove(KeyTensor<Key>::View(flat_keys(i)));
+    });
+  }
+};
+
+class SizeOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = table->Size();
+  }
+};
+
+class MemoryBytesOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = static_cast<int64_t>(table->BytesInUse());
+  }
+};
+
+class ClearOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    table->Clear();
+  }
+};
+
+template <typename Key>
+class ExportOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    de::EmbeddingTable<Key>* core = table->template table<Key>();
+    const int dim = dim_;
+    Tensor *keys = nullptr, *values = nullptr, *slots = nullptr, *counts = nullptr,
+           *steps = nullptr, *slot_init = nullptr;
+    Status status;
+    int num_slots = 0;
+    core->Export(
+        [&](int64_t n) {
+          num_slots = core->num_slots();  // stable: every shard is read-locked
+          status.Update(ctx->allocate_output(0, TensorShape({n}), &keys));
+          status.Update(ctx->allocate_output(1, TensorShape({n, dim}), &values));
+          status.Update(ctx->allocate_output(2, TensorShape({n, num_slots * dim}), &slots));
+          status.Update(ctx->allocate_output(3, TensorShape({n}), &counts));
+          status.Update(ctx->allocate_output(4, TensorShape({n}), &steps));
+          return status.ok();
+        },
+        [&](int64_t i, const Key& key, const de::RowRef& row) {
+          KeyTensor<Key>::Store(key, &keys->flat<typename KeyTensor<Key>::Element>()(i));
+          std::copy(row.embedding, row.embedding + dim, values->flat<float>().data() + i * dim);
+          std::copy(row.slots, row.slots + num_slots * dim,
+                    slots->flat<float>().data() + i * num_slots * dim);
+          counts->flat<int64_t>()(i) = *row.update_count;
+          steps->flat<int64_t>()(i) = *row.last_step;
+        });
+    OP_REQUIRES_OK(ctx, status);
+    const std::vector<float> init = core->slot_initial_values();
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({static_cast<int64_t>(init.size())}),
+                                             &slot_init));
+    std::copy(init.begin(), init.end(), slot_init->flat<float>().data());
+  }
+};
+
+template <typename Key>
+class ImportOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    const Tensor& slots = ctx->input(3);
+    const Tensor& counts = ctx->input(4);
+    const Tensor& steps = ctx->input(5);
+    const Tensor& slot_init = ctx->input(6);
+    const int dim = dim_;
+    OP_REQUIRES(ctx, keys.dims() == 1, table->Invalid("import: keys must be 1-D, got shape ",
+                                                      keys.shape().DebugString()));
+    const int64_t n = keys.dim_size(0);
+    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n,
+                table->Invalid("import: values must have shape [", n, ", ", dim, "], got ",
+                               values.shape().DebugString()));
+    OP_REQUIRES(ctx, values.dim_size(1) == dim,
+                table->Invalid("import: the data has dim ", values.dim_size(1),
+                               " but the table has dim ", dim));
+    OP_REQUIRES(ctx, slot_init.dims() == 1 && slot_init.NumElements() <= de::kMaxSlots,
+                table->Invalid("import: slot_initial_values must be a vector of at most ",
+                               de::kMaxSlots, " values, got shape ",
+                               slot_init.shape().DebugString()));
+    const int num_slots = static_cast<int>(slot_init.NumElements());
+    OP_REQUIRES(ctx, slots.dims() == 2 && slots.dim_size(0) == n && slots.dim_size(1) == num_slots * dim,
+                table->Invalid("import: slots must have shape [", n, ", ", num_slots * dim,
+                               "], got ", slots.shape().DebugString()));
+    OP_REQUIRES(ctx, counts.shape() == keys.shape() && steps.shape() == keys.shape(),
+                table->Invalid("import: update_counts and last_steps must have shape [", n, "]"));
+
+    // Build the new content aside, then swap it in: a failure leaves the table untouched.
+    de::EmbeddingTable<Key> fresh(dim, table->initializer());
+    const auto init = slot_init.flat<float>();
+    fresh.EnsureSlots(num_slots, std::vector<float>(init.data(), init.data() + num_slots));
+    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
+    const float* rows = values.flat<float>().data();
+    const float* slot_rows = slots.flat<float>().data();
+    const auto count_values = counts.flat<int64_t>();
+    const auto step_values = steps.flat<int64_t>();
+    ParallelFor(ctx, n, 300 + 2 * dim * (1 + num_slots), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        fresh.Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
+          std::copy(rows + i * dim, rows + (i + 1) * dim, row.embedding);
+          std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim, row.slots);
+          *row.update_count = count_values(i);
+          *row.last_step = step_values(i);
+        });
+      }
+    });
+    OP_REQUIRES(ctx, fresh.Size() == n,
+                table->Invalid("import: the data holds ", n - fresh.Size(), " duplicate keys"));
+    // Keep slots this table already has (an optimizer may have widened it before restore).
+    const int current_slots = table->template table<Key>()->num_slots();
+    if (current_slots > num_slots) {
+      fresh.EnsureSlots(current_slots, table->template table<Key>()->slot_initial_values());
+    }
+    table->template table<Key>()->SwapContents(fresh);
+  }
+};
+
+template <typename Key>
+class ApplyGradientOp : public TableKernel {
+ public:
+  explicit ApplyGradientOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    std::string optimizer;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &optimizer));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon_inside_sqrt", &params_.epsilon_inside_sqrt));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator_));
+    params_.kind = optimizer == "adam"      ? de::OptimizerKind::kAdam
+                   : optimizer == "adagrad" ? de::OptimizerKind::kAdagrad
+                                            : de::OptimizerKind::kSgd;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    const Tensor& keys = ctx->input(1);
+    const Tensor& grads = ctx->input(2);
+    const int dim = dim_;
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                table->Invalid("apply: keys must be 1-D, got ", keys.shape().DebugString()));
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == dim,
+                table->Invalid("apply: gradients must have shape [", keys.dim_size(0), ", ", dim,
+                               "], got ", grads.shape().DebugString()));
+    for (int i = 3; i <= 7; ++i) {
+      OP_REQUIRES(ctx, ctx->input(i).NumElements() == 1,
+                  table->Invalid("apply: hyperparameter input ", i, " must be a scalar"));
+    }
+    de::OptimizerParams params = params_;
+    params.learning_rate = ctx->input(3).flat<float>()(0);
+    params.beta1 = ctx->input(4).flat<float>()(0);
+    params.beta2 = ctx->input(5).flat<float>()(0);
+    params.epsilon = ctx->input(6).flat<float>()(0);
+    const int64_t step = ctx->input(7).flat<int64_t>()(0);
+
+    de::EmbeddingTable<Key>* core = table->template table<Key>();
+    const int slots_needed = de::NumSlots(params.kind);
+    if (core->num_slots() < slots_needed) {
+      const float init = params.kind == de::OptimizerKind::kAdagrad ? initial_accumulator_ : 0.0f;
+      core->EnsureSlots(slots_needed, std::vector<float>(slots_needed, init));
+    }
+    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
+    const float* grad_rows = grads.flat<float>().data();
+    ParallelFor(ctx, flat_keys.size(), 300 + 10 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        core->Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
+          de::ApplyGradient(params, *row.update_count, grad_rows + i * dim, dim, row.embedding,
+                            row.slots);
+          ++*row.update_count;
+          *row.last_step = step;
+        });
+      }
+    });
+  }
+
+ private:
+  de::OptimizerParams params_;
+  float initial_accumulator_ = 0.0f;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtDynamicTable").Device(DEVICE_CPU), DynamicTableOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtTableSize").Device(DEVICE_CPU), SizeOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtTableMemoryBytes").Device(DEVICE_CPU), MemoryBytesOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtTableClear").Device(DEVICE_CPU), ClearOp);
+
+#define TF_EXT_REGISTER_KEYED(Key, TfType)                                                       \
+  REGISTER_KERNEL_BUILDER(Name("TfExtTableFind").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"),  \
+                          FindOp<Key>);                                                          \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("TfExtTableInsert").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), InsertOp<Key>); \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("TfExtTableRemove").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), RemoveOp<Key>); \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("TfExtTableExport").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), ExportOp<Key>); \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("TfExtTableImport").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), ImportOp<Key>); \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("TfExtTableApplyGradient").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"),          \
+      ApplyGradientOp<Key>);
+
+TF_EXT_REGISTER_KEYED(int64_t, int64_t)
+TF_EXT_REGISTER_KEYED(std::string, tstring)
+
+}  // namespace
+}  // namespace tf_ext

@@ -1,0 +1,72 @@
+// The TensorFlow resource holding one dynamic embedding table: a thin owner of the core
+// table (int64 or string keys) plus the name used in every error message.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESOURCE_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESOURCE_H_
+
+#include <memory>
+#include <string>
+
+#include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/lib/core/errors.h"
+
+namespace tf_ext {
+
+class DynamicTable : public ::tensorflow::ResourceBase {
+ public:
+  DynamicTable(std::string name, ::tensorflow::DataType key_dtype, int dim,
+               const de::InitializerSpec& init)
+      : name_(std::move(name)), key_dtype_(key_dtype), dim_(dim), init_(init) {
+    if (key_dtype == ::tensorflow::DT_STRING) {
+      string_table_ = std::make_unique<de::EmbeddingTable<std::string>>(dim, init);
+    } else {
+      int64_table_ = std::make_unique<de::EmbeddingTable<int64_t>>(dim, init);
+    }
+  }
+
+  std::string DebugString() const override { return "DynamicEmbeddingTable(" + name_ + ")"; }
+  int64_t MemoryUsed() const override { return static_cast<int64_t>(BytesInUse()); }
+
+  const std::string& name() const { return name_; }
+  ::tensorflow::DataType key_dtype() const { return key_dtype_; }
+  int dim() const { return dim_; }
+  const de::InitializerSpec& initializer() const { return init_; }
+
+  template <typename Key>
+  de::EmbeddingTable<Key>* table();
+
+  int64_t Size() const { return string_table_ ? string_table_->Size() : int64_table_->Size(); }
+  size_t BytesInUse() const {
+    return string_table_ ? string_table_->BytesInUse() : int64_table_->BytesInUse();
+  }
+  void Clear() { string_table_ ? string_table_->Clear() : int64_table_->Clear(); }
+
+  // An InvalidArgument error that names this table.
+  template <typename... Args>
+  ::tensorflow::Status Invalid(Args&&... args) const {
+    return ::tensorflow::errors::InvalidArgument("dynamic embedding table '", name_, "': ",
+                                                 std::forward<Args>(args)...);
+  }
+
+ private:
+  const std::string name_;
+  const ::tensorflow::DataType key_dtype_;
+  const int dim_;
+  const de::InitializerSpec init_;
+  std::unique_ptr<de::EmbeddingTable<int64_t>> int64_table_;
+  std::unique_ptr<de::EmbeddingTable<std::string>> string_table_;
+};
+
+template <>
+inline de::EmbeddingTable<int64_t>* DynamicTable::table<int64_t>() {
+  return int64_table_.get();
+}
+template <>
+inline de::EmbeddingTable<std::string>* DynamicTable::table<std::string>() {
+  return string_table_.get();
+}
+
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESOURCE_H_

@@ -1,0 +1,51 @@
+"""Test macros: one Bazel test per test file, discovered by glob (tests mirror the code layout)."""
+
+def cc_tests(pattern = "kernels/**/*_test.cc", deps = [], **kwargs):
+    """A cc_test per file matching `pattern`, named after its path without `.cc`."""
+    for src in native.glob([pattern]):
+        native.cc_test(
+            name = src[:-len(".cc")],
+            srcs = [src],
+            deps = deps,
+            **kwargs
+        )
+
+def py_tests(
+        pattern = "**/test_*.py",
+        deps = [],
+        data = [],
+        size = "medium",
+        sizes = {},
+        runner = "pytest_runner.py",
+        **kwargs):
+    """A py_test per file matching `pattern`, each running pytest on that one file.
+
+    Args:
+      pattern: glob of test files (relative to this package).
+      deps: Python deps of every test (e.g. //:tf_ext).
+      data: extra runtime files; the other .py files below this package (conftest.py, helpers)
+        are added automatically.
+      size: default size ("medium" = 300 s timeout; importing TensorFlow alone takes a few seconds).
+      sizes: per-file overrides, e.g. {"dynamic_embedding/test_training.py": "large"}.
+      runner: the pytest entry point (calls pytest.main([file, ...])).
+    """
+    tests = native.glob([pattern])
+
+    # conftest.py and helper modules (e.g. _subprocess.py) next to the tests.
+    helpers = native.glob(["**/*.py"], exclude = tests + [runner])
+    for src in tests:
+        native.py_test(
+            name = src[:-len(".py")],
+            srcs = [runner, src],
+            main = runner,
+            args = ["$(location %s)" % src],
+            data = data + helpers,
+            deps = deps,
+            size = sizes.get(src, size),
+            python_version = "PY3",
+            srcs_version = "PY3",
+            # No generated __init__.py files: pytest must see tests/<dir>/ as a plain directory (as in
+            # a checkout) and put it on sys.path, so tests can import sibling helper modules.
+            legacy_create_init = 0,
+            **kwargs
+        )

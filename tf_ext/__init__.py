@@ -1,0 +1,16 @@
+"""tf_ext: TensorFlow extensions for large recommendation and ads models.
+
+The op library is loaded once (tf_ext._ops_loader). Importing tf_ext tries it, because a SavedModel
+that uses tf_ext ops can only be loaded once they are registered; if that fails, `import tf_ext`
+still works and the reason (missing library, TensorFlow version or ABI mismatch) is raised at the
+first use of an op.
+"""
+from tf_ext import _ops_loader
+from tf_ext import keras
+from tf_ext.dynamic_embedding import (DynamicEmbeddingOptimizer, DynamicEmbeddingVariable,
+                                      InitializerSpec, dynamic_embedding, embedding_lookup,
+                                      get_dynamic_embedding_variable)
+
+__version__ = "0.1.0"
+
+_ops_loader.try_load()

@@ -1,0 +1,163 @@
+"""DynamicEmbeddingOptimizer: lets a TF1 or Keras optimizer train dynamic embedding tables.
+
+Gradients of table lookups reach the table's gradient anchor variable as IndexedSlices keyed
+by the looked-up ids. The wrapper splits them off in `apply_gradients`: duplicate ids are
+summed and one fused op updates each row and its co-located slots in place (creating rows
+that are new). Every other variable goes to the wrapped optimizer unchanged.
+
+Adam on table rows is "lazy" (only rows in the batch move) and bias-corrects with each row's
+own update count, which equals the global step for a row seen in every batch.
+"""
+import collections
+
+import tensorflow as tf
+
+from tf_ext import _ops_loader
+from tf_ext.dynamic_embedding import variable as variable_lib
+
+_Hyper = collections.namedtuple(
+    "_Hyper", ["kind", "learning_rate", "beta1", "beta2", "epsilon", "epsilon_inside_sqrt",
+               "initial_accumulator_value"])
+
+
+def _unsupported(optimizer, why):
+  return tf.errors.InvalidArgumentError(
+      None, None, f"tf_ext.DynamicEmbeddingOptimizer: {type(optimizer).__name__} {why}")
+
+
+def _keras_current_lr(optimizer):
+  schedule = getattr(optimizer, "_learning_rate", None)
+  if isinstance(schedule, tf.keras.optimizers.schedules.LearningRateSchedule):
+    return schedule(optimizer.iterations)
+  return optimizer.learning_rate
+
+
+def _hyperparameters(optimizer):
+  """What the table update needs from the wrapped optimizer, as tensors where they may vary."""
+  v1 = tf.compat.v1.train
+  keras_new = tf.keras.optimizers.Optimizer
+  keras_legacy = tf.keras.optimizers.legacy.Optimizer
+  h = dict(beta1=0.0, beta2=0.0, epsilon=0.0, epsilon_inside_sqrt=False, initial_accumulator_value=0.0)
+  if isinstance(optimizer, v1.GradientDescentOptimizer):
+    return _Hyper("sgd", optimizer._call_if_callable(optimizer._learning_rate), **{**h})
+  if isinstance(optimizer, v1.AdagradOptimizer):
+    return _Hyper("adagrad", optimizer._call_if_callable(optimizer._learning_rate),
+                  **{**h, "initial_accumulator_value": optimizer._initial_accumulator_value})
+  if isinstance(optimizer, v1.AdamOptimizer):
+    c = optimizer._call_if_callable
+    return _Hyper("adam", c(optimizer._lr), **{**h, "beta1": c(optimizer._beta1),
+                                               "beta2": c(optimizer._beta2), "epsilon": c(optimizer._epsilon)})
+  if isinstance(optimizer, keras_new):
+    for attr in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay"):
+      if getattr(optimizer, attr, None):
+        raise _unsupported(optimizer, f"with {attr} set is not supported for table rows yet")
+    lr = _keras_current_lr(optimizer)
+    if isinstance(optimizer, tf.keras.optimizers.SGD):
+      if optimizer.momentum or optimizer.nesterov:
+        raise _unsupported(optimizer, "with momentum is not supported for table rows yet")
+      return _Hyper("sgd", lr, **h)
+    if isinstance(optimizer, tf.keras.optimizers.Adagrad):
+      return _Hyper("adagrad", lr, **{**h, "epsilon": optimizer.epsilon, "epsilon_inside_sqrt": True,
+                                      "initial_accumulator_value": optimizer.initial_accumulator_value})
+    if isinstance(optimizer, tf.keras.optimizers.Adam):
+      if optimizer.amsgrad:
+        raise _unsupported(optimizer, "with amsgrad is not supported for table rows yet")
+      return _Hyper("adam", lr, **{**h, "beta1": optimizer.beta_1, "beta2": optimizer.beta_2,
+                                   "epsilon": optimizer.epsilon})
+  if isinstance(optimizer, keras_legacy):
+    lr = optimizer._decayed_lr(tf.float32)
+    if isinstance(optimizer, tf.keras.optimizers.legacy.SGD):
+      if optimizer._momentum or optimizer.nesterov:
+        raise _unsupported(optimizer, "with momentum is not supported for table rows yet")
+      return _Hyper("sgd", lr, **h)
+    if isinstance(optimizer, tf.keras.optimizers.legacy.Adagrad):
+      return _Hyper("adagrad", lr, **{**h, "epsilon": optimizer.epsilon,
+                                      "initial_accumulator_value": optimizer._initial_accumulator_value})
+    if isinstance(optimizer, tf.keras.optimizers.legacy.Adam):
+      if optimizer.amsgrad:
+        raise _unsupported(optimizer, "with amsgrad is not supported for table rows yet")
+      return _Hyper("adam", lr, **{**h, "beta1": optimizer._get_hyper("beta_1"),
+                                   "beta2": optimizer._get_hyper("beta_2"), "epsilon": optimizer.epsilon})
+  raise _unsupported(optimizer, "is not supported; use GradientDescent/SGD, Adagrad or Adam "
+                     "(tf.compat.v1.train or tf.keras.optimizers)")
+
+
+def table_of(variable):
+  """The DynamicEmbeddingVariable whose gradient anchor `variable` is, or None."""
+  ref = getattr(variable, variable_lib.TABLE_OF_ANCHOR, None)
+  return ref() if ref is not None else None
+
+
+def apply_table_gradient(table, gradient, hyper, step):
+  """One optimizer step on `table`'s rows named by the IndexedSlices `gradient`."""
+  if not isinstance(gradient, tf.IndexedSlices):
+    raise variable_lib.invalid_argument(
+        table.name, f"expected an IndexedSlices gradient keyed by ids, got {type(gradient).__name__}; "
+        "was the lookup's gradient densified (e.g. by tf.convert_to_tensor or clipping)?")
+  with tf.name_scope(f"{table.name}_apply_gradient"), table.colocated():
+    unique_keys, positions = tf.unique(gradient.indices)
+    summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(unique_keys))
+    as_float = lambda x: tf.cast(x, tf.float32)
+    return _ops_loader.load().tf_ext_table_apply_gradient(
+        table.resource_handle, unique_keys, summed, as_float(hyper.learning_rate),
+        as_float(hyper.beta1), as_float(hyper.beta2), as_float(hyper.epsilon),
+        tf.cast(step, tf.int64), dim=table.dim, optimizer=hyper.kind,
+        epsilon_inside_sqrt=hyper.epsilon_inside_sqrt,
+        initial_accumulator_value=float(hyper.initial_accumulator_value))
+
+
+def _split(grads_and_vars):
+  tables, dense = [], []
+  for grad, var in grads_and_vars:
+    table = table_of(var)
+    if table is None:
+      dense.append((grad, var))
+    elif grad is not None:
+      tables.append((table, grad))
+  return tables, dense
+
+
+class _DynamicEmbeddingMixin:
+  """Placed before the wrapped optimizer's class; only apply_gradients changes."""
+
+  def apply_gradients(self, grads_and_vars, *args, **kwargs):
+    tables, dense = _split(list(grads_and_vars))
+    if not tables:
+      return super().apply_gradients(dense, *args, **kwargs)
+    is_v1 = isinstance(self, tf.compat.v1.train.Optimizer)
+    if is_v1:
+      global_step = kwargs.get("global_step", args[0] if args else None)
+      step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
+    else:
+      global_step = step = self.iterations
+    # Read the step before the wrapped optimizer increments it: the rows record this step.
+    step_value = tf.identity(step) if step is not None else tf.constant(0, tf.int64)
+    hyper = _hyperparameters(self)
+    with tf.control_dependencies([step_value]):
+      updates = [apply_table_gradient(t, g, hyper, step_value) for t, g in tables]
+    if dense:
+      with tf.control_dependencies(updates):
+        result = super().apply_gradients(dense, *args, **kwargs)
+      return tf.group(updates + [result]) if is_v1 else result
+    # Only tables: advance the step as the wrapped optimizer would have.
+    with tf.control_dependencies(updates):
+      if global_step is None:
+        return tf.group(updates)
+      increment = global_step.assign_add(tf.ones([], global_step.dtype))
+    return tf.group(updates + [increment]) if is_v1 else global_step
+
+
+def DynamicEmbeddingOptimizer(optimizer):  # pylint: disable=invalid-name
+  """Wraps `optimizer` so that it also trains dynamic embedding tables.
+
+  Supported: tf.compat.v1.train.{GradientDescent,Adagrad,Adam}Optimizer and
+  tf.keras.optimizers.{SGD,Adagrad,Adam} (also the .legacy ones). The optimizer object itself is
+  returned, with its class extended, so Keras `compile`, Estimator and MonitoredTrainingSession
+  accept it and its config (and class name) stay the same.
+  """
+  if isinstance(optimizer, _DynamicEmbeddingMixin):
+    return optimizer
+  _hyperparameters(optimizer)  # fail now, not at the first step, for unsupported optimizers
+  base = type(optimizer)
+  optimizer.__class__ = type(base.__name__, (_DynamicEmbeddingMixin, base), {"__module__": base.__module__})
+  return optimizer

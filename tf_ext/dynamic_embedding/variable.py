@@ -1,0 +1,318 @@
+"""DynamicEmbeddingVariable: a hashtable-backed embedding whose rows come and go while training.
+
+The table lives in a TensorFlow resource (kernels/dynamic_embedding). This module is a thin layer
+over its ops: argument checks with errors that name the table, get-or-create by name,
+checkpointing (tf.compat.v1.train.Saver and tf.train.Checkpoint) and SavedModel export.
+"""
+import contextlib
+import threading
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.framework import ops
+from tensorflow.python.training.saving import saveable_object
+from tensorflow.python.trackable import resource
+
+from tf_ext import _ops_loader
+from tf_ext.dynamic_embedding import initializers
+
+MAX_DIM = 4096
+_KEY_DTYPES = (tf.int64, tf.string)
+# Attribute set on a table's gradient anchor variable, pointing back at the table.
+TABLE_OF_ANCHOR = "_tf_ext_dynamic_embedding_table"
+_SAVE_SUFFIXES = ("keys", "values", "slots", "update_counts", "last_steps", "slot_initial_values")
+
+
+def invalid_argument(table_name, message):
+  """The error raised for bad input: InvalidArgumentError naming the table."""
+  return tf.errors.InvalidArgumentError(None, None,
+                                        f"dynamic embedding table '{table_name}': {message}")
+
+
+class DynamicEmbeddingVariable(resource.TrackableResource):
+  """An embedding table keyed by exact int64 or string ids, growing with the ids it sees.
+
+  - `lookup(ids)` never changes the table: a missing id reads its initial row, computed from
+    (id, seed) alone, so evaluation and serving cannot pollute the table.
+  - Rows are created by `insert` or when an optimizer wrapped with
+    `tf_ext.DynamicEmbeddingOptimizer` first updates them; the optimizer's slots live in the
+    same table entry as the row.
+  - Saved and restored by tf.compat.v1.train.Saver, tf.train.Checkpoint and SavedModel.
+
+  Create it with `tf_ext.get_dynamic_embedding_variable` (get-or-create by name).
+  """
+
+  def __init__(self, name, dim, key_dtype=tf.int64, value_dtype=tf.float32, initializer=None,
+               trainable=True, gradient_anchor=None):
+    self._name = name
+    self._validate(dim, key_dtype, value_dtype)
+    self._dim = int(dim)
+    self._key_dtype = tf.as_dtype(key_dtype)
+    self._initializer = initializers.spec_from(initializer, dim, name)
+    self._trainable = trainable
+    with tf.init_scope():
+      executing_eagerly = tf.executing_eagerly()
+      # Eager resources are shared by name across the process: give each table its own.
+      self._shared_name = f"{name}_{ops.uid()}" if executing_eagerly else name
+      super().__init__()
+      self.resource_handle  # Created now, under the caller's device scope.
+      if gradient_anchor is None:
+        with tf.compat.v1.name_scope(None):
+          gradient_anchor = tf.Variable(0.0, trainable=trainable, dtype=tf.float32,
+                                        name=f"{name}/gradient_anchor")
+      self._gradient_anchor = gradient_anchor
+      setattr(gradient_anchor, TABLE_OF_ANCHOR, weakref.ref(self))
+      if not executing_eagerly:
+        ops.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
+                              _TableSaveable(self, name))
+
+  def _validate(self, dim, key_dtype, value_dtype):
+    try:
+      key_dtype = tf.as_dtype(key_dtype)
+      value_dtype = tf.as_dtype(value_dtype)
+    except TypeError as error:
+      raise invalid_argument(self._name, f"bad dtype: {error}") from None
+    if key_dtype not in _KEY_DTYPES:
+      raise invalid_argument(self._name, f"key_dtype must be tf.int64 or tf.string, got {key_dtype.name}")
+    if value_dtype != tf.float32:
+      raise invalid_argument(self._name, f"value_dtype must be tf.float32, got {value_dtype.name}")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM:
+      raise invalid_argument(self._name, f"dim must be an int in [1, {MAX_DIM}], got {dim!r}")
+
+  # ---- properties -------------------------------------------------------------------------
+
+  @property
+  def name(self):
+    return self._name
+
+  @property
+  def dim(self):
+    return self._dim
+
+  @property
+  def key_dtype(self):
+    return self._key_dtype
+
+  @property
+  def value_dtype(self):
+    return tf.float32
+
+  @property
+  def trainable(self):
+    return self._trainable
+
+  @property
+  def initializer_spec(self):
+    return self._initializer
+
+  @property
+  def gradient_anchor(self):
+    """The scalar variable through which gradients reach this table.
+
+    Optimizers see it in `trainable_variables`; its gradient is an IndexedSlices whose indices
+    are the looked-up keys. `tf_ext.DynamicEmbeddingOptimizer` routes it to the table.
+    """
+    return self._gradient_anchor
+
+  @property
+  def device(self):
+    return self.resource_handle.device
+
+  def __repr__(self):
+    return (f"<tf_ext.DynamicEmbeddingVariable '{self._name}' dim={self._dim} "
+            f"key_dtype={self._key_dtype.name}>")
+
+  # ---- resource ---------------------------------------------------------------------------
+
+  def _create_resource(self):
+    spec = self._initializer
+    return _ops_loader.load().tf_ext_dynamic_table(
+        table_name=self._name, shared_name=self._shared_name, key_dtype=self._key_dtype,
+        dim=self._dim, initializer=spec.kind, init_a=spec.a, init_b=spec.b, seed=spec.seed)
+
+  def _destroy_resource(self):
+    if tf.executing_eagerly():
+      tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+  def colocated(self):
+    """A context placing new ops with the table (graph mode; eager places by the handle)."""
+    if tf.executing_eagerly():
+      return contextlib.nullcontext()
+    return ops.colocate_with(self.resource_handle)
+
+  # ---- input checks -----------------------------------------------------------------------
+
+  def _check_keys(self, keys, what="ids"):
+    """Converts keys to a Tensor of the table's key dtype; int32 ids are widened."""
+    if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
+      raise invalid_argument(
+          self._name, f"{what} is a {type(keys).__name__}; use tf_ext.embedding_lookup(table, "
+          f"{what}, combiner=...) or tf_ext.dynamic_embedding(..., combiner=...) for it")
+    try:
+      keys = tf.convert_to_tensor(keys)
+    except (TypeError, ValueError) as error:
+      raise invalid_argument(self._name, f"{what} cannot be converted to a tensor: {error}") from None
+    if keys.dtype == self._key_dtype:
+      return keys
+    if self._key_dtype == tf.int64 and keys.dtype in (tf.int32, tf.uint8, tf.int16, tf.int8,
+                                                      tf.uint16, tf.uint32):
+      return tf.cast(keys, tf.int64)
+    raise invalid_argument(self._name, f"{what} must be {self._key_dtype.name}, got {keys.dtype.name}")
+
+  def _check_rows(self, keys, values):
+    try:
+      values = tf.convert_to_tensor(values, dtype_hint=tf.float32)
+    except (TypeError, ValueError) as error:
+      raise invalid_argument(self._name, f"values cannot be converted to a tensor: {error}") from None
+    if values.dtype != tf.float32:
+      raise invalid_argument(self._name, f"values must be float32, got {values.dtype.name}")
+    keys_rank, values_rank = keys.shape.rank, values.shape.rank
+    if keys_rank is not None and values_rank is not None:
+      if values_rank != keys_rank + 1:
+        raise invalid_argument(
+            self._name, f"values must have rank keys.rank + 1 = {keys_rank + 1} "
+            f"(shape keys.shape + [{self._dim}]), got rank {values_rank}")
+    if values.shape.rank is not None and values.shape[-1] is not None and values.shape[-1] != self._dim:
+      raise invalid_argument(self._name, f"values have dim {values.shape[-1]}, the table has dim {self._dim}")
+    return values
+
+  # ---- table operations -------------------------------------------------------------------
+
+  def lookup(self, ids, name=None):
+    """Rows for `ids` (any shape): a float32 tensor of shape ids.shape + [dim].
+
+    Never inserts: missing ids read their initial rows.
+    """
+    ids = self._check_keys(ids)
+    anchor = self._gradient_anchor.value() if self._trainable else tf.constant(0.0)
+    with tf.name_scope(name or f"{self._name}_lookup"), self.colocated():
+      return _ops_loader.load().tf_ext_table_find(self.resource_handle, ids, anchor, dim=self._dim)
+
+  def insert(self, keys, values, name=None):
+    """Sets the rows of `keys` (any shape) to `values` (keys.shape + [dim])."""
+    keys = self._check_keys(keys, "keys")
+    values = self._check_rows(keys, values)
+    with tf.name_scope(name or f"{self._name}_insert"), self.colocated():
+      return _ops_loader.load().tf_ext_table_insert(self.resource_handle, keys, values, dim=self._dim)
+
+  def remove(self, keys, name=None):
+    """Removes `keys`; missing keys are ignored. Their memory is reused by later ids."""
+    keys = self._check_keys(keys, "keys")
+    with tf.name_scope(name or f"{self._name}_remove"), self.colocated():
+      return _ops_loader.load().tf_ext_table_remove(self.resource_handle, keys)
+
+  def size(self, name=None):
+    """Number of ids in the table (int64 scalar)."""
+    with tf.name_scope(name or f"{self._name}_size"), self.colocated():
+      return _ops_loader.load().tf_ext_table_size(self.resource_handle)
+
+  def memory_bytes(self, name=None):
+    """Bytes the table holds for its entries and index (int64 scalar)."""
+    with tf.name_scope(name or f"{self._name}_memory_bytes"), self.colocated():
+      return _ops_loader.load().tf_ext_table_memory_bytes(self.resource_handle)
+
+  def clear(self, name=None):
+    """Removes every id."""
+    with tf.name_scope(name or f"{self._name}_clear"), self.colocated():
+      return _ops_loader.load().tf_ext_table_clear(self.resource_handle)
+
+  def export(self, name=None):
+    """(keys, values): every id and its row, a consistent snapshot."""
+    keys, values, *_ = self.export_with_slots(name)
+    return keys, values
+
+  def export_with_slots(self, name=None):
+    """(keys, values, slots, update_counts, last_steps, slot_initial_values)."""
+    with tf.name_scope(name or f"{self._name}_export"), self.colocated():
+      return tuple(_ops_loader.load().tf_ext_table_export(
+          self.resource_handle, Tkey=self._key_dtype, dim=self._dim))
+
+  def import_with_slots(self, keys, values, slots, update_counts, last_steps,
+                        slot_initial_values, name=None):
+    """Replaces the whole content with the given snapshot, atomically (all or nothing)."""
+    keys = self._check_keys(keys, "keys")
+    with tf.name_scope(name or f"{self._name}_import"), self.colocated():
+      return _ops_loader.load().tf_ext_table_import(
+          self.resource_handle, keys, tf.convert_to_tensor(values, tf.float32),
+          tf.convert_to_tensor(slots, tf.float32), tf.convert_to_tensor(update_counts, tf.int64),
+          tf.convert_to_tensor(last_steps, tf.int64),
+          tf.convert_to_tensor(slot_initial_values, tf.float32), dim=self._dim)
+
+  # ---- checkpoints (TF2 object-based and SavedModel) ---------------------------------------
+
+  def _serialize_to_tensors(self):
+    return dict(zip(_SAVE_SUFFIXES, self.export_with_slots()))
+
+  def _restore_from_tensors(self, restored_tensors):
+    return self.import_with_slots(*[restored_tensors[s] for s in _SAVE_SUFFIXES])
+
+
+class _TableSaveable(saveable_object.SaveableObject):
+  """Lets tf.compat.v1.train.Saver (and so Estimator, MonitoredTrainingSession) save a table."""
+
+  def __init__(self, table, name):
+    tensors = table.export_with_slots()
+    specs = [saveable_object.SaveSpec(t, "", f"{name}-{suffix}")
+             for t, suffix in zip(tensors, _SAVE_SUFFIXES)]
+    super().__init__(table, specs, name)
+    self._table = table
+
+  def restore(self, restored_tensors, restored_shapes):
+    del restored_shapes
+    return self._table.import_with_slots(*restored_tensors)
+
+
+# ---- get-or-create by name ----------------------------------------------------------------
+
+_registry_lock = threading.Lock()
+# (graph, full name) -> table. Weak, so a table dropped by its user can be created afresh.
+_registry = weakref.WeakValueDictionary()
+
+
+def _scope_key():
+  with tf.init_scope():
+    return "eager" if tf.executing_eagerly() else ops.get_default_graph()
+
+
+def get_dynamic_embedding_variable(name, dim, key_dtype=tf.int64, value_dtype=tf.float32,
+                                   initializer=None, trainable=True, gradient_anchor=None):
+  """Returns the table named `name` in the current variable scope, creating it if needed.
+
+  Args:
+    name: the table's name; prefixed by the enclosing tf.compat.v1.variable_scope.
+    dim: row width, 1 to 4096.
+    key_dtype: tf.int64 or tf.string (exact keys, no hashing into buckets).
+    value_dtype: tf.float32.
+    initializer: initial rows of missing ids: None (uniform in [-0.05, 0.05)), "zeros",
+      a number (constant), "uniform"/"normal"/"truncated_normal", or a TF/Keras initializer
+      object (Zeros, Ones, Constant, RandomUniform, RandomNormal, TruncatedNormal) whose seed
+      is used. Deterministic per id and seed.
+    trainable: whether optimizers update it.
+
+  An existing table is returned when its dim and dtypes match; otherwise InvalidArgumentError.
+  """
+  scope = tf.compat.v1.get_variable_scope().name
+  full_name = f"{scope}/{name}" if scope else name
+  key = (_scope_key(), full_name)
+  with _registry_lock:
+    table = _registry.get(key)
+    if table is not None:
+      if table.dim != dim or table.key_dtype != tf.as_dtype(key_dtype):
+        raise invalid_argument(
+            full_name, f"exists with dim {table.dim} and key_dtype {table.key_dtype.name}; asked "
+            f"for dim {dim} and key_dtype {tf.as_dtype(key_dtype).name}")
+      return table
+    table = DynamicEmbeddingVariable(full_name, dim, key_dtype, value_dtype, initializer,
+                                     trainable, gradient_anchor)
+    _registry[key] = table
+    return table
+
+
+@ops.RegisterGradient("TfExtTableFind")
+def _table_find_gradient(op, grad):
+  """The gradient of a lookup, as IndexedSlices keyed by the looked-up ids, to the anchor."""
+  dim = op.get_attr("dim")
+  keys = tf.reshape(op.inputs[1], [-1])
+  rows = tf.reshape(grad, [-1, dim])
+  dense_shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(dim, tf.int64)])
+  return [None, None, tf.IndexedSlices(rows, keys, dense_shape)]

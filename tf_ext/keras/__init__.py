@@ -1,0 +1,2 @@
+"""Keras integration of tf_ext."""
+from tf_ext.keras import layers
