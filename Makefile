@@ -8,7 +8,7 @@
 #   make clean   bazel clean + built artefacts
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
-#        TESTS="//tests:..." (targets for `make test`).
+#        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra".
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -20,6 +20,8 @@ PYTHON      ?= python3.11
 BAZEL       ?= bazel
 BAZEL_FLAGS ?=
 TESTS       ?= //...
+DEMO_ARGS   ?=
+BENCH_ARGS  ?=
 APT_PKGS    := bazel-bootstrap bazel-bootstrap-source libgtest-dev build-essential
 STAMP       := $(ROOT)/.setup-stamp
 BENCH_STAMP := $(ROOT)/.bench-stamp
@@ -27,8 +29,9 @@ SO_TARGET   := //:tf_ext/_tf_ext_ops.so
 SO          := tf_ext/_tf_ext_ops.so
 
 # Every command (bazel included) sees the venv first: the @local_tensorflow repository rule and
-# py_test both use the first python3 on PATH. Keep PATH identical between runs, or Bazel re-runs
-# the TensorFlow probe and rebuilds (see --action_env=PATH in .bazelrc).
+# py_test both use the first python3 on PATH. Build actions run with a fixed PATH
+# (--incompatible_strict_action_env), so a different PATH costs only a re-run of the TensorFlow
+# probe (seconds) and of the tests (--test_env=PATH), never a rebuild.
 export PATH := $(VENV)/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 1
 
@@ -58,7 +61,7 @@ apt:
 
 # The stamp records the interpreter and a hash of requirements.txt: pip runs only when either changed
 # or the venv is missing.
-venv:
+venv: apt
 	@want="$$($(PYTHON) -c 'import sys; print(sys.version.split()[0])') $$(sha256sum requirements.txt | cut -d' ' -f1)"; \
 	if [ -x "$(VENV)/bin/python" ] && [ -f "$(STAMP)" ] && [ "$$(cat $(STAMP))" = "$$want" ]; then \
 	  echo "[setup] .venv up to date"; \
@@ -94,10 +97,10 @@ test: setup
 	exit $$rc
 
 demo: build
-	cd $(ROOT) && PYTHONPATH=$(ROOT) $(VENV)/bin/python examples/train_ctr.py
+	cd $(ROOT) && PYTHONPATH=$(ROOT) $(VENV)/bin/python examples/train_ctr.py $(DEMO_ARGS)
 
 bench: build bench-deps
-	cd $(ROOT) && PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/lookup.py
+	cd $(ROOT) && PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/lookup.py $(BENCH_ARGS)
 
 clean:
 	-$(BAZEL) clean

@@ -97,7 +97,9 @@ void RunStress() {
       const auto it = expected[w].find(k);
       const bool found = table.Find(MakeKey<Key>(k), row.data());
       ASSERT_EQ(found, it != expected[w].end()) << "key " << k;
-      if (found) ASSERT_EQ(row[kDim - 1], it->second) << "key " << k;
+      if (found) {
+        ASSERT_EQ(row[kDim - 1], it->second) << "key " << k;
+      }
     }
   }
   EXPECT_EQ(table.Size(), total);
