@@ -139,3 +139,12 @@ def test_library_built_for_another_tensorflow_is_reported(tmp_path):
   assert "built for TensorFlow 9.99." in out and f"runs TensorFlow {tf.__version__}" in out
   missing = run_python(env_code.replace(str(fake), str(tmp_path / "nope.so"))).stdout
   assert "does not exist" in missing and "make build" in missing
+
+
+def test_dense_ids_with_a_combiner():
+  t = tf_ext.DynamicEmbeddingVariable("dense_combiner", 2, initializer="zeros")
+  t.insert([1, 2, 3], [[1.0, 1.0], [2.0, 2.0], [6.0, 6.0]])
+  np.testing.assert_allclose(tf_ext.embedding_lookup(t, [[1, 2], [3, 3]], combiner="mean").numpy(), [[1.5, 1.5], [6, 6]])
+  np.testing.assert_allclose(tf_ext.embedding_lookup(t, [[1, 2]], combiner="sqrtn").numpy(), [[3 / 2**0.5] * 2], rtol=1e-6)
+  # Rank-1 ids are one id per row: the combiner leaves them as they are.
+  np.testing.assert_allclose(tf_ext.embedding_lookup(t, [1, 3], combiner="sum").numpy(), [[1, 1], [6, 6]])

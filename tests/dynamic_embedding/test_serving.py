@@ -73,3 +73,25 @@ def test_tf_saved_model_save_and_load_serves_lookups(tmp_path):
   served = np.load(out)
   np.testing.assert_allclose(served["rows"], expected_rows, rtol=1e-6)
   np.testing.assert_allclose(served["pred"], expected_pred, rtol=1e-6)
+
+
+def test_keras_format_saves_tables_and_reloads_a_trainable_model(tmp_path):
+  model = _trained_model()
+  expected = model.predict(QUERY, verbose=0)
+  path = str(tmp_path / "model.keras")
+  model.save(path)
+  out = tmp_path / "pred.npy"
+  run_python(f"""
+    import numpy as np, tensorflow as tf, tf_ext
+    model = tf.keras.models.load_model({path!r})
+    query = {{"ids": np.array([1, 2, 3, 10**15]), "city": np.array([b"c1", b"c7", b"new", b"c3"])}}
+    np.save({str(out)!r}, model.predict(query, verbose=0))
+    assert int(model.get_layer("ids_emb").table.size()) == 100
+    assert int(model.get_layer("city_emb").table.size()) == 20
+    from tf_ext.dynamic_embedding.optimizer import _DynamicEmbeddingMixin
+    assert isinstance(model.optimizer, _DynamicEmbeddingMixin), type(model.optimizer).__mro__
+    before = model.get_layer("ids_emb").table.lookup([1]).numpy()
+    model.fit({{"ids": np.array([1, 2]), "city": np.array([b"c1", b"c2"])}}, np.ones(2), verbose=0)
+    assert not np.allclose(before, model.get_layer("ids_emb").table.lookup([1]).numpy())
+  """)
+  np.testing.assert_allclose(np.load(out), expected, rtol=1e-6)

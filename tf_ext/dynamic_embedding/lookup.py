@@ -19,7 +19,8 @@ def _combine(rows, segment_ids, num_segments, combiner):
 def embedding_lookup(table, ids, combiner=None, name=None):
   """Looks `ids` up in `table`.
 
-  - Tensor ids of shape S give S + [dim]; with a combiner, the last axis is combined: S[:-1] + [dim].
+  - Tensor ids of shape S give S + [dim]; with a combiner and rank >= 2, the last axis is
+    combined: S[:-1] + [dim] (rank-1 ids are one id per row, so [batch, dim] either way).
   - SparseTensor or RaggedTensor ids of shape [batch, None] give [batch, dim], combining each
     row's ids with `combiner` ("sum", "mean" (default) or "sqrtn"); empty rows give zeros.
   """
@@ -37,7 +38,7 @@ def embedding_lookup(table, ids, combiner=None, name=None):
       rows = table.lookup(ids.values)
       return _combine(rows, ids.value_rowids(), ids.nrows(), combiner or "mean")
     rows = table.lookup(ids)
-    if combiner is None:
+    if combiner is None or rows.shape.rank == 2:
       return rows
     if rows.shape.rank is not None and rows.shape.rank < 2:
       raise variable_lib.invalid_argument(table.name, "a combiner needs ids of rank >= 1")

@@ -147,17 +147,44 @@ class _DynamicEmbeddingMixin:
     return tf.group(updates + [increment]) if is_v1 else global_step
 
 
+_wrapped_classes = {}
+
+
+def _wrapped_class(base):
+  """The class that extends `base` with table updates, one per base class.
+
+  Keras optimizer classes are registered as "tf_ext>DynamicEmbedding[Legacy]<Name>", so a model
+  saved with a wrapped optimizer loads back (in a process that imports tf_ext) with the wrapper.
+  """
+  cls = _wrapped_classes.get(base)
+  if cls is None:
+    cls = type(base.__name__, (_DynamicEmbeddingMixin, base), {"__module__": base.__module__})
+    keras_kinds = {tf.keras.optimizers.Optimizer: "", tf.keras.optimizers.legacy.Optimizer: "Legacy"}
+    for keras_base, prefix in keras_kinds.items():
+      if issubclass(base, keras_base):
+        tf.keras.utils.register_keras_serializable(
+            "tf_ext", f"DynamicEmbedding{prefix}{base.__name__}")(cls)
+        break
+    _wrapped_classes[base] = cls
+  return cls
+
+
+for _base in (tf.keras.optimizers.SGD, tf.keras.optimizers.Adagrad, tf.keras.optimizers.Adam,
+              tf.keras.optimizers.legacy.SGD, tf.keras.optimizers.legacy.Adagrad,
+              tf.keras.optimizers.legacy.Adam):
+  _wrapped_class(_base)
+
+
 def DynamicEmbeddingOptimizer(optimizer):  # pylint: disable=invalid-name
   """Wraps `optimizer` so that it also trains dynamic embedding tables.
 
   Supported: tf.compat.v1.train.{GradientDescent,Adagrad,Adam}Optimizer and
   tf.keras.optimizers.{SGD,Adagrad,Adam} (also the .legacy ones). The optimizer object itself is
   returned, with its class extended, so Keras `compile`, Estimator and MonitoredTrainingSession
-  accept it and its config (and class name) stay the same.
+  accept it, its config stays the same, and a saved Keras model reloads with the wrapper.
   """
   if isinstance(optimizer, _DynamicEmbeddingMixin):
     return optimizer
   _hyperparameters(optimizer)  # fail now, not at the first step, for unsupported optimizers
-  base = type(optimizer)
-  optimizer.__class__ = type(base.__name__, (_DynamicEmbeddingMixin, base), {"__module__": base.__module__})
+  optimizer.__class__ = _wrapped_class(type(optimizer))
   return optimizer

@@ -1,4 +1,5 @@
 """Keras layers of tf_ext."""
+import numpy as np
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding import initializers
@@ -33,6 +34,34 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
   def call(self, ids):
     return lookup_lib.embedding_lookup(self.table, ids, combiner=self.combiner)
+
+  # The `.keras` format stores a layer's state as named arrays: the gradient anchor as Keras
+  # would, plus the table's content (string keys as one byte buffer and their lengths).
+  _TABLE_ARRAYS = ("values", "slots", "update_counts", "last_steps", "slot_initial_values")
+
+  def save_own_variables(self, store):
+    super().save_own_variables(store)
+    keys, *arrays = (t.numpy() for t in self.table.export_with_slots())
+    if self.key_dtype == tf.string:
+      store["table_key_bytes"] = np.frombuffer(b"".join(keys), np.uint8)
+      store["table_key_lengths"] = np.array([len(k) for k in keys], np.int64)
+    else:
+      store["table_keys"] = keys
+    for name, array in zip(self._TABLE_ARRAYS, arrays):
+      store[f"table_{name}"] = array
+
+  def load_own_variables(self, store):
+    table_entries = [k for k in store.keys() if k.startswith("table_")]
+    super().load_own_variables({k: store[k] for k in store.keys() if k not in table_entries})
+    if not table_entries:
+      return
+    if self.key_dtype == tf.string:
+      buffer = np.asarray(store["table_key_bytes"]).tobytes()
+      ends = np.cumsum(np.asarray(store["table_key_lengths"]))
+      keys = np.array([buffer[e - n:e] for e, n in zip(ends, np.asarray(store["table_key_lengths"]))], object)
+    else:
+      keys = np.asarray(store["table_keys"])
+    self.table.import_with_slots(keys, *(np.asarray(store[f"table_{name}"]) for name in self._TABLE_ARRAYS))
 
   def get_config(self):
     return {**super().get_config(), "dim": self.dim, "key_dtype": self.key_dtype.name,
