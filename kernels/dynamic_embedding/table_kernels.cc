@@ -131,6 +131,9 @@ class TableKernel : public OpKernel {
   RefCountPtr<DynamicTable> table;            \
   OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
 
+// Keys per FindBatch call: amortizes the shard locks while keeping writers' waits short.
+constexpr int64_t kLookupBlock = 4096;
+
 template <typename Key>
 class FindOp : public TableKernel {
  public:
@@ -147,8 +150,11 @@ class FindOp : public TableKernel {
     de::EmbeddingTable<Key>* core = table->template table<Key>();
     const int dim = dim_;
     ParallelFor(ctx, flat_keys.size(), 50 + 2 * dim, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        core->Find(KeyTensor<Key>::View(flat_keys(i)), values + i * dim);
+      for (int64_t block = begin; block < end; block += kLookupBlock) {
+        const int64_t count = std::min(kLookupBlock, end - block);
+        core->FindBatch(
+            count, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(block + i)); },
+            values + block * dim);
       }
     });
   }

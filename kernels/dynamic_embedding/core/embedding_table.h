@@ -19,11 +19,14 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/rw_spinlock.h"
@@ -33,6 +36,67 @@ namespace de {
 
 constexpr int kMaxDim = 4096;
 constexpr int kMaxSlots = 4;
+
+// Entry storage for one table: chunks are carved from slabs of an eighth of the memory already
+// reserved (64 KiB to 4 MiB, so the unused tail stays small), and slabs of 2 MiB and more are advised as
+// transparent huge pages: random lookups into a large table then miss the TLB far less.
+// Chunks are only given back all at once, when the arena is destroyed.
+class ChunkArena {
+ public:
+  ChunkArena() = default;
+  ~ChunkArena() {
+    for (const auto& slab : slabs_) munmap(slab.first, slab.second);
+  }
+  ChunkArena(const ChunkArena&) = delete;
+  ChunkArena& operator=(const ChunkArena&) = delete;
+
+  char* Allocate(size_t bytes) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (bytes > remaining_) NewSlab(bytes);
+    char* chunk = next_;
+    next_ += bytes;
+    remaining_ -= bytes;
+    return chunk;
+  }
+  size_t ReservedBytes() const {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return reserved_;
+  }
+
+ private:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  void NewSlab(size_t at_least) {
+    // An eighth of what is reserved already: the unused tail stays under 12.5%.
+    size_t slab_bytes = std::min<size_t>(std::max<size_t>(reserved_ / 8, 64 << 10), 4 << 20);
+    slab_bytes = slab_bytes >= kHugePage ? slab_bytes / kHugePage * kHugePage
+                                         : (slab_bytes + 0xFFFF) & ~size_t{0xFFFF};
+    const size_t bytes = std::max(slab_bytes, at_least);
+    // Huge pages need 2 MiB-aligned ranges: over-map, then trim the ends.
+    const bool huge = bytes >= kHugePage && bytes % kHugePage == 0;
+    const size_t mapped = huge ? bytes + kHugePage : bytes;
+    char* base = static_cast<char*>(
+        mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (base == MAP_FAILED) throw std::bad_alloc();
+    char* slab = base;
+    if (huge) {
+      slab = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) &
+                                     ~(kHugePage - 1));
+      if (slab > base) munmap(base, slab - base);
+      char* end = slab + bytes;
+      if (base + mapped > end) munmap(end, base + mapped - end);
+      madvise(slab, bytes, MADV_HUGEPAGE);
+    }
+    slabs_.emplace_back(slab, bytes);
+    reserved_ += bytes;
+    next_ = slab;
+    remaining_ = bytes;
+  }
+
+  mutable std::mutex mutex_;
+  std::vector<std::pair<char*, size_t>> slabs_;
+  char* next_ = nullptr;
+  size_t remaining_ = 0, reserved_ = 0;
+};
 
 template <typename Key>
 struct KeyTraits;
@@ -99,6 +163,44 @@ class EmbeddingTable {
     return false;
   }
 
+  // Find for keys key_at(0..n-1) into out[i * dim, (i + 1) * dim), returning how many were
+  // present. Every shard is read-locked once for the whole call (in the same order LockAll
+  // takes them, so it cannot deadlock with it) instead of once per key: under skewed ids the
+  // same few locks would otherwise bounce between cores on every lookup. Callers keep n
+  // moderate (a few thousand) so writers wait little.
+  template <typename KeyAt>
+  int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out) const {
+    // A two-stage software pipeline hides the two dependent cache misses of a cold key: the
+    // index slot is prefetched kIndexAhead keys ahead, then read and its entry prefetched
+    // kEntryAhead keys ahead, so both are in cache when the key's turn comes.
+    constexpr int64_t kIndexAhead = 16, kEntryAhead = 8, kRing = 16;
+    uint64_t hashes[kRing];
+    for (const auto& shard : shards_) shard.lock.lock_shared();
+    for (int64_t i = 0; i < std::min(n, kIndexAhead); ++i) {
+      hashes[i % kRing] = HashKey(key_at(i));
+      PrefetchIndex(hashes[i % kRing]);
+    }
+    for (int64_t i = 0; i < std::min(n, kEntryAhead); ++i) PrefetchEntry(hashes[i % kRing]);
+    int64_t found = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t hash = hashes[i % kRing];
+      if (i + kEntryAhead < n) PrefetchEntry(hashes[(i + kEntryAhead) % kRing]);
+      if (i + kIndexAhead < n) {
+        hashes[(i + kIndexAhead) % kRing] = HashKey(key_at(i + kIndexAhead));
+        PrefetchIndex(hashes[(i + kIndexAhead) % kRing]);
+      }
+      float* row = out + i * dim_;
+      if (const char* entry = FindEntry(ShardFor(hash), key_at(i), hash)) {
+        std::memcpy(row, EmbeddingOf(entry), sizeof(float) * dim_);
+        ++found;
+      } else {
+        FillInitialRow(init_, hash, row, dim_);
+      }
+    }
+    for (const auto& shard : shards_) shard.lock.unlock_shared();
+    return found;
+  }
+
   bool Contains(KeyView key) const {
     const uint64_t hash = HashKey(key);
     const Shard& shard = ShardFor(hash);
@@ -155,6 +257,7 @@ class EmbeddingTable {
       DestroyEntries(shard);
       shard = Shard();
     }
+    arena_ = std::make_unique<ChunkArena>();
     size_.store(0, std::memory_order_relaxed);
     UnlockAll();
   }
@@ -164,11 +267,10 @@ class EmbeddingTable {
     size_t bytes = shards_.size() * sizeof(Shard);
     for (const auto& shard : shards_) {
       SharedGuard guard(shard.lock);
-      bytes += shard.index.capacity() * sizeof(uint64_t) +
-               shard.chunks.size() * (chunk_bytes_ + sizeof(std::unique_ptr<char[]>)) +
+      bytes += shard.index.capacity() * sizeof(uint64_t) + shard.chunks.capacity() * sizeof(char*) +
                shard.free_ids.capacity() * sizeof(uint32_t) + shard.key_heap_bytes;
     }
-    return bytes;
+    return bytes + arena_->ReservedBytes();
   }
 
   // Makes every entry carry at least `num_slots` optimizer slots; new slots of existing
@@ -185,13 +287,15 @@ class EmbeddingTable {
     for (int i = old_slots; i < num_slots; ++i) new_init.push_back(slot_init[i]);
     slot_init_ = new_init;
     SetLayout(num_slots);
+    std::unique_ptr<ChunkArena> old_arena = std::move(arena_);
+    arena_ = std::make_unique<ChunkArena>();
     for (auto& shard : shards_) {
-      std::vector<std::unique_ptr<char[]>> old_chunks = std::move(shard.chunks);
+      std::vector<char*> old_chunks = std::move(shard.chunks);
       shard.chunks.clear();
       const uint32_t count = shard.allocated;
       for (uint32_t id = 0; id < count; ++id) {
-        if (id % entries_per_chunk_ == 0) shard.chunks.emplace_back(new char[chunk_bytes_]);
-        const char* from = old_chunks[id >> old_chunk_shift].get() +
+        if (id % entries_per_chunk_ == 0) shard.chunks.push_back(arena_->Allocate(chunk_bytes_));
+        const char* from = old_chunks[id >> old_chunk_shift] +
                            (id & ((size_t{1} << old_chunk_shift) - 1)) * old_stride;
         char* to = EntryAt(shard, id);
         new (to) Header(std::move(*reinterpret_cast<Header*>(const_cast<char*>(from))));
@@ -242,6 +346,7 @@ class EmbeddingTable {
       shards_[i] = std::move(other.shards_[i]);
       other.shards_[i] = std::move(held);
     }
+    std::swap(arena_, other.arena_);
     const int64_t other_size = other.size_.load();
     other.size_.store(size_.load());
     size_.store(other_size);
@@ -266,7 +371,7 @@ class EmbeddingTable {
     mutable RWSpinLock lock;
     std::vector<uint64_t> index;  // empty until the first insert
     size_t size = 0;
-    std::vector<std::unique_ptr<char[]>> chunks;
+    std::vector<char*> chunks;  // carved from the table's arena
     uint32_t allocated = 0;  // entry ids in [0, allocated) have storage
     std::vector<uint32_t> free_ids;
     size_t key_heap_bytes = 0;
@@ -303,9 +408,28 @@ class EmbeddingTable {
     return (hash >> shard_bits_) & (shard.index.size() - 1);
   }
   static uint32_t Tag(uint64_t hash) { return static_cast<uint32_t>(hash >> 32); }
+  // Prefetches, for FindBatch; the caller holds the shard's lock.
+  void PrefetchIndex(uint64_t hash) const {
+    const Shard& shard = ShardFor(hash);
+    if (!shard.index.empty()) __builtin_prefetch(&shard.index[HomeSlot(shard, hash)]);
+  }
+  void PrefetchEntry(uint64_t hash) const {  // the entry of the home slot's first tag match
+    const Shard& shard = ShardFor(hash);
+    if (shard.index.empty()) return;
+    const size_t mask = shard.index.size() - 1;
+    for (size_t pos = HomeSlot(shard, hash);; pos = (pos + 1) & mask) {
+      const uint64_t slot = shard.index[pos];
+      if (slot == 0) return;
+      if (static_cast<uint32_t>(slot >> 32) == Tag(hash)) {
+        const char* entry = EntryAt(shard, static_cast<uint32_t>(slot) - 1);
+        for (size_t line = 0; line < stride_; line += 64) __builtin_prefetch(entry + line);
+        return;
+      }
+    }
+  }
 
   char* EntryAt(const Shard& shard, uint32_t id) const {
-    return shard.chunks[id >> chunk_shift_].get() + (id & (entries_per_chunk_ - 1)) * stride_;
+    return shard.chunks[id >> chunk_shift_] + (id & (entries_per_chunk_ - 1)) * stride_;
   }
   static Key& KeyOf(char* entry) { return reinterpret_cast<Header*>(entry)->key; }
   static const float* EmbeddingOf(const char* entry) {
@@ -345,7 +469,7 @@ class EmbeddingTable {
       shard.free_ids.pop_back();
     } else {
       id = shard.allocated++;
-      if (id % entries_per_chunk_ == 0) shard.chunks.emplace_back(new char[chunk_bytes_]);
+      if (id % entries_per_chunk_ == 0) shard.chunks.push_back(arena_->Allocate(chunk_bytes_));
       new (EntryAt(shard, id)) Header();
     }
     char* entry = EntryAt(shard, id);
@@ -424,6 +548,7 @@ class EmbeddingTable {
   const InitializerSpec init_;
   const int shard_bits_;
   std::vector<Shard> shards_;
+  std::unique_ptr<ChunkArena> arena_ = std::make_unique<ChunkArena>();
   std::atomic<int64_t> size_{0};
   std::atomic<int> num_slots_{0};
   mutable std::mutex layout_mutex_;  // serializes EnsureSlots

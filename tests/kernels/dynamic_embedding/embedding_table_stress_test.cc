@@ -69,17 +69,29 @@ void RunStress() {
   for (int r = 0; r < kReaders; ++r) {
     threads.emplace_back([&, r] {
       std::mt19937_64 rng(100 + r);
-      std::vector<float> row(kDim);
+      // Half the readers use the per-key Find, half the batched FindBatch of the lookup kernel.
+      constexpr int kBatch = 64;
+      std::vector<float> rows(kDim * kBatch);
+      std::vector<Key> keys(kBatch);
       while (!stop.load()) {
-        const int64_t k = static_cast<int64_t>(rng() % (kWriters * kKeysPerWriter));
-        table.Find(MakeKey<Key>(k), row.data());
-        for (int j = 1; j < kDim; ++j) {
-          if (row[j] != row[0]) {
-            torn.fetch_add(1);
-            break;
+        if (r % 2 == 0) {
+          const int64_t k = static_cast<int64_t>(rng() % (kWriters * kKeysPerWriter));
+          table.Find(MakeKey<Key>(k), rows.data());
+        } else {
+          for (auto& key : keys) key = MakeKey<Key>(static_cast<int64_t>(rng() % (kWriters * kKeysPerWriter)));
+          table.FindBatch(kBatch, [&](int64_t i) { return typename KeyTraits<Key>::View(keys[i]); },
+                          rows.data());
+        }
+        const int rows_read = r % 2 == 0 ? 1 : kBatch;
+        for (int b = 0; b < rows_read; ++b) {
+          for (int j = 1; j < kDim; ++j) {
+            if (rows[b * kDim + j] != rows[b * kDim]) {
+              torn.fetch_add(1);
+              break;
+            }
           }
         }
-        reads.fetch_add(1, std::memory_order_relaxed);
+        reads.fetch_add(rows_read, std::memory_order_relaxed);
       }
     });
   }
