@@ -92,6 +92,8 @@ test: setup
 	echo; echo "================================ test summary ================================"; \
 	grep -E '^//[^ ]+ +.*(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|SKIPPED|INCOMPLETE|FAILED TO BUILD)' "$$log" || true; \
 	grep -E '^(Executed|INFO: Build completed|FAILED: Build did NOT complete)' "$$log" | awk '!seen[$$0]++' | tail -n 3 || true; \
+	labels=$$(grep -oE '^//[^ ]+' "$$log" | sort -u); \
+	$(VENV)/bin/python tests/count_results.py "$$($(BAZEL) info bazel-testlogs 2>/dev/null)" $$labels || true; \
 	if [ $$rc -eq 0 ]; then echo "RESULT: all tests passed"; \
 	else echo "RESULT: FAILED (bazel exit code $$rc; logs under bazel-testlogs/)"; fi; \
 	exit $$rc
