@@ -177,31 +177,28 @@ class InsertOp : public TableKernel {
     const float* rows = values.flat<float>().data();
     de::EmbeddingTable<Key>* core = table->template table<Key>();
     const int dim = dim_;
-    // Duplicate keys in one insert: the last row wins, as a sequential loop would do.
-    if (HasDuplicates(flat_keys)) {
-      for (int64_t i = 0; i < flat_keys.size(); ++i) {
-        core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
-      }
-      return;
-    }
-    ParallelFor(ctx, flat_keys.size(), 200 + 2 * dim, [&](int64_t begin, int64_t end) {
+    auto insert_range = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
       }
-    });
+    };
+    // Duplicate keys in one insert: in order, so the last row wins as in a sequential loop.
+    if (HasDuplicates(flat_keys)) {
+      insert_range(0, flat_keys.size());
+    } else {
+      ParallelFor(ctx, flat_keys.size(), 200 + 2 * dim, insert_range);
+    }
   }
 
  private:
   template <typename Flat>
   static bool HasDuplicates(const Flat& keys) {
-    return CountDistinct(keys) != keys.size();
-  }
-  template <typename Flat>
-  static int64_t CountDistinct(const Flat& keys) {
     std::unordered_set<typename de::KeyTraits<Key>::View> seen;
     seen.reserve(keys.size());
-    for (int64_t i = 0; i < keys.size(); ++i) seen.insert(KeyTensor<Key>::View(keys(i)));
-    return static_cast<int64_t>(seen.size());
+    for (int64_t i = 0; i < keys.size(); ++i) {
+      if (!seen.insert(KeyTensor<Key>::View(keys(i))).second) return true;
+    }
+    return false;
   }
 };
 
