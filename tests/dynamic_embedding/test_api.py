@@ -157,3 +157,18 @@ def test_dense_ids_with_a_combiner():
   np.testing.assert_allclose(tf_ext.embedding_lookup(t, [[1, 2]], combiner="sqrtn").numpy(), [[3 / 2**0.5] * 2], rtol=1e-6)
   # Rank-1 ids are one id per row: the combiner leaves them as they are.
   np.testing.assert_allclose(tf_ext.embedding_lookup(t, [1, 3], combiner="sum").numpy(), [[1, 1], [6, 6]])
+
+
+@pytest.mark.parametrize("dim,key_dtype", [(1, tf.int64), (4096, tf.string)])
+def test_extreme_dims_train_and_export(dim, key_dtype):
+  t = tf_ext.DynamicEmbeddingVariable(f"dim_{dim}", dim, key_dtype=key_dtype, initializer="zeros")
+  keys = tf.constant([5, 6, 5], tf.int64) if key_dtype == tf.int64 else tf.constant(["a", "b", "a"])
+  opt = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adagrad(1.0))
+  opt.apply_gradients([(tf.IndexedSlices(tf.ones([3, dim]), keys), t.gradient_anchor)])
+  rows = t.lookup(keys).numpy()
+  assert rows.shape == (3, dim)
+  # Key 5 / "a" had its two gradients summed (2), Adagrad: -lr * g / sqrt(0.1 + g^2).
+  np.testing.assert_allclose(rows[0], -2 / np.sqrt(0.1 + 4 + 1e-7), rtol=1e-5)
+  np.testing.assert_allclose(rows[1], -1 / np.sqrt(0.1 + 1 + 1e-7), rtol=1e-5)
+  keys_out, values, slots, *_ = t.export_with_slots()
+  assert values.shape == (2, dim) and slots.shape == (2, dim)
