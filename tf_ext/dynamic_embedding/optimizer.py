@@ -15,9 +15,10 @@ import tensorflow as tf
 from tf_ext import _ops_loader
 from tf_ext.dynamic_embedding import variable as variable_lib
 
+# learning_rate is a callable so that validating an optimizer creates no tensors or variables.
 _Hyper = collections.namedtuple(
     "_Hyper", ["kind", "learning_rate", "beta1", "beta2", "epsilon", "epsilon_inside_sqrt",
-               "initial_accumulator_value"])
+               "initial_accumulator_value"], defaults=(0.0, 0.0, 0.0, False, 0.0))
 
 
 def _unsupported(optimizer, why):
@@ -32,52 +33,53 @@ def _keras_current_lr(optimizer):
   return optimizer.learning_rate
 
 
+def _reject(optimizer, **unsupported):
+  for what, value in unsupported.items():
+    if value:
+      raise _unsupported(optimizer, f"with {what} is not supported for table rows yet")
+
+
 def _hyperparameters(optimizer):
-  """What the table update needs from the wrapped optimizer, as tensors where they may vary."""
-  v1 = tf.compat.v1.train
-  keras_new = tf.keras.optimizers.Optimizer
-  keras_legacy = tf.keras.optimizers.legacy.Optimizer
-  h = dict(beta1=0.0, beta2=0.0, epsilon=0.0, epsilon_inside_sqrt=False, initial_accumulator_value=0.0)
-  if isinstance(optimizer, v1.GradientDescentOptimizer):
-    return _Hyper("sgd", optimizer._call_if_callable(optimizer._learning_rate), **{**h})
-  if isinstance(optimizer, v1.AdagradOptimizer):
-    return _Hyper("adagrad", optimizer._call_if_callable(optimizer._learning_rate),
-                  **{**h, "initial_accumulator_value": optimizer._initial_accumulator_value})
-  if isinstance(optimizer, v1.AdamOptimizer):
-    c = optimizer._call_if_callable
-    return _Hyper("adam", c(optimizer._lr), **{**h, "beta1": c(optimizer._beta1),
-                                               "beta2": c(optimizer._beta2), "epsilon": c(optimizer._epsilon)})
-  if isinstance(optimizer, keras_new):
-    for attr in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay"):
-      if getattr(optimizer, attr, None):
-        raise _unsupported(optimizer, f"with {attr} set is not supported for table rows yet")
-    lr = _keras_current_lr(optimizer)
-    if isinstance(optimizer, tf.keras.optimizers.SGD):
-      if optimizer.momentum or optimizer.nesterov:
-        raise _unsupported(optimizer, "with momentum is not supported for table rows yet")
-      return _Hyper("sgd", lr, **h)
-    if isinstance(optimizer, tf.keras.optimizers.Adagrad):
-      return _Hyper("adagrad", lr, **{**h, "epsilon": optimizer.epsilon, "epsilon_inside_sqrt": True,
-                                      "initial_accumulator_value": optimizer.initial_accumulator_value})
-    if isinstance(optimizer, tf.keras.optimizers.Adam):
-      if optimizer.amsgrad:
-        raise _unsupported(optimizer, "with amsgrad is not supported for table rows yet")
-      return _Hyper("adam", lr, **{**h, "beta1": optimizer.beta_1, "beta2": optimizer.beta_2,
-                                   "epsilon": optimizer.epsilon})
-  if isinstance(optimizer, keras_legacy):
-    lr = optimizer._decayed_lr(tf.float32)
-    if isinstance(optimizer, tf.keras.optimizers.legacy.SGD):
-      if optimizer._momentum or optimizer.nesterov:
-        raise _unsupported(optimizer, "with momentum is not supported for table rows yet")
-      return _Hyper("sgd", lr, **h)
-    if isinstance(optimizer, tf.keras.optimizers.legacy.Adagrad):
-      return _Hyper("adagrad", lr, **{**h, "epsilon": optimizer.epsilon,
-                                      "initial_accumulator_value": optimizer._initial_accumulator_value})
-    if isinstance(optimizer, tf.keras.optimizers.legacy.Adam):
-      if optimizer.amsgrad:
-        raise _unsupported(optimizer, "with amsgrad is not supported for table rows yet")
-      return _Hyper("adam", lr, **{**h, "beta1": optimizer._get_hyper("beta_1"),
-                                   "beta2": optimizer._get_hyper("beta_2"), "epsilon": optimizer.epsilon})
+  """What the table update needs from the wrapped optimizer; raises for what it cannot do."""
+  v1, keras, legacy = tf.compat.v1.train, tf.keras.optimizers, tf.keras.optimizers.legacy
+  if isinstance(optimizer, v1.Optimizer):
+    value = optimizer._call_if_callable
+    if isinstance(optimizer, v1.GradientDescentOptimizer):
+      return _Hyper("sgd", lambda: value(optimizer._learning_rate))
+    if isinstance(optimizer, v1.AdagradOptimizer):
+      return _Hyper("adagrad", lambda: value(optimizer._learning_rate),
+                    initial_accumulator_value=optimizer._initial_accumulator_value)
+    if isinstance(optimizer, v1.AdamOptimizer):
+      return _Hyper("adam", lambda: value(optimizer._lr), beta1=value(optimizer._beta1),
+                    beta2=value(optimizer._beta2), epsilon=value(optimizer._epsilon))
+  elif isinstance(optimizer, keras.Optimizer):
+    _reject(optimizer, clipnorm=optimizer.clipnorm, clipvalue=optimizer.clipvalue,
+            global_clipnorm=optimizer.global_clipnorm, weight_decay=optimizer.weight_decay)
+    lr = lambda: _keras_current_lr(optimizer)
+    if isinstance(optimizer, keras.SGD):
+      _reject(optimizer, momentum=optimizer.momentum or optimizer.nesterov)
+      return _Hyper("sgd", lr)
+    if isinstance(optimizer, keras.Adagrad):
+      return _Hyper("adagrad", lr, epsilon=optimizer.epsilon, epsilon_inside_sqrt=True,
+                    initial_accumulator_value=optimizer.initial_accumulator_value)
+    if isinstance(optimizer, keras.Adam):
+      _reject(optimizer, amsgrad=optimizer.amsgrad)
+      return _Hyper("adam", lr, beta1=optimizer.beta_1, beta2=optimizer.beta_2,
+                    epsilon=optimizer.epsilon)
+  elif isinstance(optimizer, legacy.Optimizer):
+    _reject(optimizer, clipnorm=optimizer.clipnorm, clipvalue=optimizer.clipvalue,
+            global_clipnorm=optimizer.global_clipnorm)
+    lr = lambda: optimizer._decayed_lr(tf.float32)
+    if isinstance(optimizer, legacy.SGD):
+      _reject(optimizer, momentum=optimizer._momentum or optimizer.nesterov)
+      return _Hyper("sgd", lr)
+    if isinstance(optimizer, legacy.Adagrad):
+      return _Hyper("adagrad", lr, epsilon=optimizer.epsilon,
+                    initial_accumulator_value=optimizer._initial_accumulator_value)
+    if isinstance(optimizer, legacy.Adam):
+      _reject(optimizer, amsgrad=optimizer.amsgrad)
+      return _Hyper("adam", lr, beta1=optimizer._get_hyper("beta_1"),
+                    beta2=optimizer._get_hyper("beta_2"), epsilon=optimizer.epsilon)
   raise _unsupported(optimizer, "is not supported; use GradientDescent/SGD, Adagrad or Adam "
                      "(tf.compat.v1.train or tf.keras.optimizers)")
 
@@ -99,7 +101,7 @@ def apply_table_gradient(table, gradient, hyper, step):
     summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(unique_keys))
     as_float = lambda x: tf.cast(x, tf.float32)
     return _ops_loader.load().tf_ext_table_apply_gradient(
-        table.resource_handle, unique_keys, summed, as_float(hyper.learning_rate),
+        table.resource_handle, unique_keys, summed, as_float(hyper.learning_rate()),
         as_float(hyper.beta1), as_float(hyper.beta2), as_float(hyper.epsilon),
         tf.cast(step, tf.int64), dim=table.dim, optimizer=hyper.kind,
         epsilon_inside_sqrt=hyper.epsilon_inside_sqrt,
