@@ -8,6 +8,31 @@ import os
 from typing import Callable, Dict
 
 
+def _flag(raw):
+  value = raw.strip().lower()
+  if value in ("1", "true", "yes", "on"):
+    return True
+  if value in ("0", "false", "no", "off", ""):
+    return False
+  raise ValueError("expected 0 or 1")
+
+
+def _int_at_least(minimum):
+  def parse(raw):
+    value = int(raw)
+    if value < minimum:
+      raise ValueError(f"must be >= {minimum}")
+    return value
+  return parse
+
+
+def _fraction(raw):
+  value = float(raw)
+  if not 0.0 < value <= 1.0:
+    raise ValueError("must be in (0, 1]")
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
   name: str
@@ -22,14 +47,32 @@ SETTINGS: Dict[str, Setting] = {
         Setting(
             "TF_EXT_OPS_LIBRARY", "",
             "Path of the op library to load instead of the _tf_ext_ops.so inside the package."),
+        Setting(
+            "TF_EXT_CACHE_DIR", "~/.cache/tf_ext",
+            "Machine-wide cache of `make setup`, outside the work tree so fresh clones reuse it: "
+            "wheels/ holds the Horovod wheel built from source (empty means the default)."),
+        # LightCC (tf_ext.lightcc): read at hvd.init(); init(light_<name>=...) overrides them.
+        Setting("LIGHT_2D_ALLREDUCE", "0", "Use 2D allreduce: reduce-scatter in each group of "
+                "LIGHT_INTRA_SIZE ranks, allreduce across groups, allgather in the group.", _flag),
+        Setting("LIGHT_INTRA_SIZE", "8", "Ranks per group (node) in 2D allreduce; must divide "
+                "the world size.", _int_at_least(1)),
+        Setting("LIGHT_HIERARCHICAL_THRESHOLD", "1073741824", "Bytes; tensors up to this size "
+                "use 2D allreduce, larger ones Horovod's flat allreduce.", _int_at_least(0)),
+        Setting("LIGHT_TOPK_ALLREDUCE", "0", "Use TOPK compressed communication with error "
+                "feedback for gradients.", _flag),
+        Setting("LIGHT_TOPK_RATIO", "0.01", "Fraction of a gradient's entries sent, in (0, 1].",
+                _fraction),
+        Setting("LIGHT_TOPK_THRESHOLD", "1048576", "Bytes; gradients at least this size are "
+                "TOPK-compressed, smaller ones reduced densely.", _int_at_least(0)),
+        Setting("LIGHT_TOPK_FP16", "0", "Send TOPK values as float16.", _flag),
     ]
 }
 
 
-def get(name):
-  """The parsed value of setting `name`: the environment's if set, else its default."""
+def get(name, value=None):
+  """The parsed value of setting `name`: `value` if given, else the environment's, else the default."""
   setting = SETTINGS[name]
-  raw = os.environ.get(name, setting.default)
+  raw = value if value is not None else os.environ.get(name, setting.default)
   try:
     return setting.parse(raw)
   except ValueError as error:

@@ -1,0 +1,232 @@
+"""LightCC: `import tf_ext.lightcc as hvd` wherever `import horovod.tensorflow as hvd` works.
+
+Every public name of horovod.tensorflow is here. With every LIGHT_* setting off (the default),
+init, allreduce, DistributedOptimizer and DistributedGradientTape *are* Horovod's: same code,
+same numerics. With settings on (environment, or `hvd.init(light_2d_allreduce=1, ...)`):
+  - LIGHT_2D_ALLREDUCE: dense allreduces of Sum/Average go group-then-column (collectives.py),
+  - LIGHT_TOPK_ALLREDUCE: gradients of at least LIGHT_TOPK_THRESHOLD bytes send only their top
+    LIGHT_TOPK_RATIO entries, with error feedback (and fp16 values with LIGHT_TOPK_FP16); with 2D
+    on, only the inter-group leg is compressed.
+Per-step traffic: `hvd.traffic()` (bytes sent inside groups, across groups, and the compression
+ratio against Horovod's flat ring allreduce); `hvd.reset_traffic()` starts a new count.
+"""
+import types
+
+import horovod.tensorflow as _hvd
+import tensorflow as tf
+from horovod.runner.common.util import env as _horovod_env
+
+from tf_ext.lightcc import collectives as _collectives
+from tf_ext.lightcc import config as _config
+
+# Re-export Horovod's public API (functions, classes, constants and its submodules such as elastic).
+globals().update({
+    name: value for name, value in vars(_hvd).items()
+    if not name.startswith("_") and (not isinstance(value, types.ModuleType)
+                                     or value.__name__.startswith("horovod."))
+})
+
+
+class _State:
+  config = _config.LightConfig()
+  topology = None
+  traffic = None
+  residuals = _collectives.Residuals()
+
+
+_state = _State()
+
+
+def init(*args, **kwargs):
+  """horovod.tensorflow.init, plus LightCC's settings (light_<name>=... keywords override env)."""
+  env_rank_size = _horovod_env.get_env_rank_and_size()
+  world_size = env_rank_size[1] if env_rank_size else 1
+  config = _config.resolve(world_size, kwargs)
+  topology = None
+  if config.two_d:
+    topology = _collectives.Topology(world_size, config.intra_size)
+    process_sets = kwargs.get("process_sets", args[1] if len(args) > 1 else None)
+    if process_sets == "dynamic":
+      raise ValueError("LIGHT_2D_ALLREDUCE needs static process sets; drop process_sets='dynamic'")
+    if len(args) > 1:
+      args = args[:1]
+    kwargs["process_sets"] = list(process_sets or []) + topology.process_sets
+  _hvd.init(*args, **kwargs)
+  if topology is not None:
+    if _hvd.size() != world_size:
+      raise ValueError(f"LIGHT_2D_ALLREDUCE: the launcher announced {world_size} ranks but Horovod "
+                       f"has {_hvd.size()}")
+    topology.bind(_hvd.rank())
+  _state.config, _state.topology = config, topology
+  _state.traffic = _collectives.Traffic() if config.enabled else None
+
+
+def light_config():
+  """The LightCC configuration in force (a LightConfig)."""
+  return _state.config
+
+
+def traffic():
+  """Bytes this rank sent since the last reset_traffic(): intra-group, inter-group, and the ratio
+  of what Horovod's flat allreduce would have sent to what was sent. Zeros with LightCC off."""
+  if _state.traffic is None:
+    return {"intra_bytes": 0, "inter_bytes": 0, "dense_equivalent_bytes": 0, "compression_ratio": 1.0}
+  return _state.traffic.snapshot()
+
+
+def reset_traffic():
+  if _state.traffic is not None:
+    _state.traffic.reset()
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none,
+              op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
+              process_set=global_process_set, ignore_name_scope=False):
+  """horovod.tensorflow.allreduce; dense Sum/Average go 2D with LIGHT_2D_ALLREDUCE on."""
+  op = handle_average_backwards_compatibility(op, average)
+  if (isinstance(tensor, tf.IndexedSlices) or process_set is not global_process_set
+      or op not in (Sum, Average) or prescale_factor != 1.0 or postscale_factor != 1.0
+      or not _collectives.uses_2d(tf.convert_to_tensor(tensor), _state.config, _state.topology)):
+    return _hvd.allreduce(tensor, device_dense=device_dense, device_sparse=device_sparse,
+                          compression=compression, op=op, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor, name=name, process_set=process_set,
+                          ignore_name_scope=ignore_name_scope)
+  compressed, context = compression.compress(tf.convert_to_tensor(tensor))
+  reduced = _collectives.allreduce_2d(compressed, op, _state.topology, _state.traffic, name)
+  return compression.decompress(reduced, context)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set):
+  """horovod.tensorflow.grouped_allreduce; each tensor goes 2D when allreduce would."""
+  op = handle_average_backwards_compatibility(op, average)
+  if not _state.config.two_d:
+    return _hvd.grouped_allreduce(tensors, device_dense=device_dense, device_sparse=device_sparse,
+                                  compression=compression, op=op, prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor, process_set=process_set)
+  return [allreduce(t, device_dense=device_dense, device_sparse=device_sparse,
+                    compression=compression, op=op, prescale_factor=prescale_factor,
+                    postscale_factor=postscale_factor, process_set=process_set) for t in tensors]
+
+
+def reduce_gradients(gradients, variables, op=Average, compression=Compression.none,
+                     sparse_as_dense=False):
+  """Reduces one step's gradients over all ranks the LightCC way (TOPK, 2D, or Horovod's)."""
+  config, reduced = _state.config, []
+  for index, (gradient, variable) in enumerate(zip(gradients, variables)):
+    if gradient is None:
+      reduced.append(None)
+      continue
+    if isinstance(gradient, tf.IndexedSlices) and sparse_as_dense:
+      gradient = tf.convert_to_tensor(gradient)
+    name = f"lightcc_grad_{index}"
+    if isinstance(gradient, tf.IndexedSlices):  # sparse (e.g. tf_ext tables): allgather, as Horovod
+      reduced.append(_hvd.allreduce(gradient, op=op, name=name))
+    elif _collectives.is_compressible(gradient, config):
+      key = variable.ref() if hasattr(variable, "ref") else id(variable)
+      reduced.append(_topk(gradient, op, key, name))
+    else:
+      reduced.append(allreduce(gradient, op=op, compression=compression, name=name))
+  return reduced
+
+
+def _topk(gradient, op, key, name):
+  config, topology = _state.config, _state.topology
+  if config.two_d and topology is not None:
+    return _collectives.topk_allreduce_2d(gradient, op, config, topology, _state.residuals, key,
+                                          _state.traffic, name)
+  n = gradient.shape.num_elements()
+  flat = _collectives.topk_allreduce(
+      tf.reshape(gradient, [-1]), op, config, _state.residuals.get(key, n), global_process_set,
+      size(), _state.traffic,
+      _collectives.ring_allreduce_bytes(n * gradient.dtype.size, size()), inter=True, name=name)
+  return tf.cast(tf.reshape(flat, gradient.shape), gradient.dtype)
+
+
+def _check_supported(process_set, gradient_predivide_factor, backward_passes_per_step=1,
+                     groups=None, num_groups=0):
+  if process_set is not global_process_set or gradient_predivide_factor != 1.0:
+    raise NotImplementedError("LightCC compression/2D works on the global process set without "
+                              "gradient_predivide_factor; turn LIGHT_* settings off for these")
+  if backward_passes_per_step != 1 or groups or num_groups:
+    raise NotImplementedError("LightCC: backward_passes_per_step > 1 and explicit groups are not "
+                              "supported with LIGHT_* settings on yet")
+
+
+class _LightGradientTape(tf.GradientTape):
+  """A GradientTape whose gradient() reduces over all ranks with reduce_gradients."""
+
+  def gradient(self, target, sources, output_gradients=None,
+               unconnected_gradients=tf.UnconnectedGradients.NONE):
+    grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
+    flat = reduce_gradients(tf.nest.flatten(grads), tf.nest.flatten(sources),
+                            op=self._lightcc_op, compression=self._lightcc_compression,
+                            sparse_as_dense=self._lightcc_sparse_as_dense)
+    return tf.nest.pack_sequence_as(grads, flat)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
+                            num_groups=0, groups=None, process_set=global_process_set, **kwargs):
+  """horovod.tensorflow.DistributedGradientTape; LightCC's reduction when settings are on."""
+  if not _state.config.enabled:
+    return _hvd.DistributedGradientTape(
+        gradtape, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+        sparse_as_dense=sparse_as_dense, op=op, gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups, groups=groups, process_set=process_set, **kwargs)
+  _check_supported(process_set, gradient_predivide_factor, groups=groups, num_groups=num_groups)
+  tape = _LightGradientTape.__new__(_LightGradientTape)
+  tape.__dict__.update(gradtape.__dict__)
+  tape._lightcc_op, tape._lightcc_compression = op, compression
+  tape._lightcc_sparse_as_dense = sparse_as_dense
+  return tape
+
+
+class _LightOptimizer(tf.compat.v1.train.Optimizer):
+  """Wraps a tf.compat.v1.train optimizer: gradients are reduced in compute_gradients."""
+
+  def __init__(self, optimizer, name, op, compression, sparse_as_dense):
+    super().__init__(name=name or f"LightCC{type(optimizer).__name__}", use_locking=False)
+    self._optimizer = optimizer
+    self._op, self._compression, self._sparse_as_dense = op, compression, sparse_as_dense
+
+  def compute_gradients(self, *args, **kwargs):
+    grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
+    grads = reduce_gradients([g for g, _ in grads_and_vars], [v for _, v in grads_and_vars],
+                             self._op, self._compression, self._sparse_as_dense)
+    return list(zip(grads, [v for _, v in grads_and_vars]))
+
+  def apply_gradients(self, *args, **kwargs):
+    return self._optimizer.apply_gradients(*args, **kwargs)
+
+  def get_slot(self, *args, **kwargs):
+    return self._optimizer.get_slot(*args, **kwargs)
+
+  def get_slot_names(self, *args, **kwargs):
+    return self._optimizer.get_slot_names(*args, **kwargs)
+
+  def variables(self, *args, **kwargs):
+    return self._optimizer.variables(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, **kwargs):
+  """horovod.tensorflow.DistributedOptimizer; LightCC's reduction when settings are on."""
+  if not _state.config.enabled:
+    return _hvd.DistributedOptimizer(
+        optimizer, name=name, use_locking=use_locking, device_dense=device_dense,
+        device_sparse=device_sparse, compression=compression, sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step, op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+        groups=groups, process_set=process_set, **kwargs)
+  _check_supported(process_set, gradient_predivide_factor, backward_passes_per_step, groups, num_groups)
+  if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+    return _LightOptimizer(optimizer, name, op, compression, sparse_as_dense)
+  from tf_ext.lightcc import keras as _keras  # Keras optimizers, as horovod.tensorflow does
+  return _keras.DistributedOptimizer(optimizer, name=name, compression=compression,
+                                     sparse_as_dense=sparse_as_dense, op=op)

@@ -1,0 +1,40 @@
+"""Horovod's Keras callbacks, plus LightCC's traffic figures as TensorBoard scalars."""
+import types
+
+import horovod.tensorflow.keras.callbacks as _hvd_callbacks
+import tensorflow as tf
+
+import tf_ext.lightcc as _lightcc
+
+globals().update({
+    name: value for name, value in vars(_hvd_callbacks).items()
+    if not name.startswith("_") and not isinstance(value, types.ModuleType)
+})
+
+
+class LightCCTrafficCallback(tf.keras.callbacks.Callback):
+  """Writes per-step bytes sent intra-group, inter-group and the compression ratio.
+
+  Scalars `lightcc/intra_bytes_per_step`, `lightcc/inter_bytes_per_step` and
+  `lightcc/compression_ratio`, every `every_n_batches` batches, to `log_dir` (rank 0 only).
+  """
+
+  def __init__(self, log_dir, every_n_batches=10):
+    super().__init__()
+    self._writer = tf.summary.create_file_writer(log_dir) if _lightcc.rank() == 0 else None
+    self._every = every_n_batches
+    self._step = 0
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._step += 1
+    if self._step % self._every:
+      return
+    figures = _lightcc.traffic()
+    _lightcc.reset_traffic()
+    if self._writer is None:
+      return
+    with self._writer.as_default(step=self._step):
+      tf.summary.scalar("lightcc/intra_bytes_per_step", figures["intra_bytes"] / self._every)
+      tf.summary.scalar("lightcc/inter_bytes_per_step", figures["inter_bytes"] / self._every)
+      tf.summary.scalar("lightcc/compression_ratio", figures["compression_ratio"])
+    self._writer.flush()
