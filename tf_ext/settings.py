@@ -33,6 +33,13 @@ def _fraction(raw):
   return value
 
 
+def _positive_list(raw):
+  values = [float(item) for item in raw.split(",") if item.strip()]
+  if not values or any(v <= 0 for v in values) or values != sorted(values):
+    raise ValueError("must be positive numbers in increasing order, e.g. 1,4,16")
+  return values
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
   name: str
@@ -65,6 +72,15 @@ SETTINGS: Dict[str, Setting] = {
         Setting("LIGHT_TOPK_THRESHOLD", "1048576", "Bytes; gradients at least this size are "
                 "TOPK-compressed, smaller ones reduced densely.", _int_at_least(0)),
         Setting("LIGHT_TOPK_FP16", "0", "Send TOPK values as float16.", _flag),
+        # Adaptive gradient fusion (tf_ext/lightcc/fusion.py has the policy).
+        Setting("LIGHT_FUSION", "0", "Reduce dense gradients in buckets, in backprop order, with "
+                "the bucket size chosen from measured step times.", _flag),
+        Setting("LIGHT_FUSION_BUCKETS_MB", "1,4,16,64", "Candidate bucket sizes in MiB, in "
+                "increasing order.", _positive_list),
+        Setting("LIGHT_FUSION_PROBE_STEPS", "5", "Steps each candidate runs when probed (the "
+                "first is not counted).", _int_at_least(2)),
+        Setting("LIGHT_FUSION_REPROBE_STEPS", "200", "Steps between re-probes of the chosen "
+                "size's neighbours; 0 never re-probes.", _int_at_least(0)),
     ]
 }
 

@@ -42,8 +42,11 @@ else:  # momentum SGD, the optimizer top-k compression with error feedback is kn
   optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
 model.compile(hvd.DistributedOptimizer(optimizer), "sparse_categorical_crossentropy",
               metrics=["accuracy"])
+callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+if os.environ.get("LOG_DIR"):
+  callbacks.append(hvd.callbacks.LightCCTrafficCallback(os.environ["LOG_DIR"], every_n_batches=5))
 model.fit(x_train[shard], y_train[shard], batch_size=32, epochs=epochs, verbose=0,
-          callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+          callbacks=callbacks)
 accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
 
 # Replicas must be identical: dense weights and, with a table, its rows.

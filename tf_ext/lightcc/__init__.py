@@ -11,6 +11,7 @@ Per-step traffic: `hvd.traffic()` (bytes sent inside groups, across groups, and 
 ratio against Horovod's flat ring allreduce); `hvd.reset_traffic()` starts a new count.
 """
 import types
+import weakref
 
 import horovod.tensorflow as _hvd
 import tensorflow as tf
@@ -18,6 +19,7 @@ from horovod.runner.common.util import env as _horovod_env
 
 from tf_ext.lightcc import collectives as _collectives
 from tf_ext.lightcc import config as _config
+from tf_ext.lightcc import fusion as _fusion
 
 # Re-export Horovod's public API (functions, classes, constants and its submodules such as elastic).
 globals().update({
@@ -30,11 +32,36 @@ globals().update({
 class _State:
   config = _config.LightConfig()
   topology = None
-  traffic = None
-  residuals = _collectives.Residuals()
 
 
 _state = _State()
+
+
+class _GraphState:
+  """What LightCC keeps per graph (eager code shares one): traffic counters, error-feedback
+  residuals and fusion policies. TF1 programs often build several graphs in one process."""
+
+  def __init__(self):
+    self.traffic = _collectives.Traffic()
+    self.residuals = _collectives.Residuals()
+    self.fusions = {}
+
+
+_graph_states = weakref.WeakKeyDictionary()
+_EAGER = type("_Eager", (), {})()
+
+
+def _graph_state():
+  with tf.init_scope():
+    key = _EAGER if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    state = _graph_states.get(key)
+    if state is None:
+      state = _graph_states[key] = _GraphState()
+    return state
+
+
+def _traffic():
+  return _graph_state().traffic if _state.config.enabled else None
 
 
 def init(*args, **kwargs):
@@ -58,7 +85,6 @@ def init(*args, **kwargs):
                        f"has {_hvd.size()}")
     topology.bind(_hvd.rank())
   _state.config, _state.topology = config, topology
-  _state.traffic = _collectives.Traffic() if config.enabled else None
 
 
 def light_config():
@@ -68,15 +94,19 @@ def light_config():
 
 def traffic():
   """Bytes this rank sent since the last reset_traffic(): intra-group, inter-group, and the ratio
-  of what Horovod's flat allreduce would have sent to what was sent. Zeros with LightCC off."""
-  if _state.traffic is None:
+  of what Horovod's flat allreduce would have sent to what was sent. Zeros with LightCC off.
+
+  Eager: Python numbers. Graph mode: tensors of the current graph, to run in its session.
+  """
+  if not _state.config.enabled:
     return {"intra_bytes": 0, "inter_bytes": 0, "dense_equivalent_bytes": 0, "compression_ratio": 1.0}
-  return _state.traffic.snapshot()
+  return _traffic().snapshot()
 
 
 def reset_traffic():
-  if _state.traffic is not None:
-    _state.traffic.reset()
+  """Starts a new count (eager: now; graph mode: returns the op to run)."""
+  if _state.config.enabled:
+    return _traffic().reset()
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none,
@@ -92,7 +122,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
                           postscale_factor=postscale_factor, name=name, process_set=process_set,
                           ignore_name_scope=ignore_name_scope)
   compressed, context = compression.compress(tf.convert_to_tensor(tensor))
-  reduced = _collectives.allreduce_2d(compressed, op, _state.topology, _state.traffic, name)
+  reduced = _collectives.allreduce_2d(compressed, op, _state.topology, _traffic())
   return compression.decompress(reduced, context)
 
 
@@ -101,19 +131,24 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       postscale_factor=1.0, process_set=global_process_set):
   """horovod.tensorflow.grouped_allreduce; each tensor goes 2D when allreduce would."""
   op = handle_average_backwards_compatibility(op, average)
-  if not _state.config.two_d:
+  tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
+  if (process_set is not global_process_set or op not in (Sum, Average) or prescale_factor != 1.0
+      or postscale_factor != 1.0 or not all(
+          not isinstance(t, tf.IndexedSlices)
+          and _collectives.uses_2d(t, _state.config, _state.topology) for t in tensors)):
     return _hvd.grouped_allreduce(tensors, device_dense=device_dense, device_sparse=device_sparse,
                                   compression=compression, op=op, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, process_set=process_set)
-  return [allreduce(t, device_dense=device_dense, device_sparse=device_sparse,
-                    compression=compression, op=op, prescale_factor=prescale_factor,
-                    postscale_factor=postscale_factor, process_set=process_set) for t in tensors]
+  compressed = [compression.compress(t) for t in tensors]
+  reduced = _collectives.grouped_allreduce_2d([c for c, _ in compressed], op, _state.topology,
+                                              _traffic())
+  return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 
 
 def reduce_gradients(gradients, variables, op=Average, compression=Compression.none,
                      sparse_as_dense=False):
   """Reduces one step's gradients over all ranks the LightCC way (TOPK, 2D, or Horovod's)."""
-  config, reduced = _state.config, []
+  config, reduced, fused = _state.config, [], []
   for index, (gradient, variable) in enumerate(zip(gradients, variables)):
     if gradient is None:
       reduced.append(None)
@@ -126,20 +161,47 @@ def reduce_gradients(gradients, variables, op=Average, compression=Compression.n
     elif _collectives.is_compressible(gradient, config):
       key = variable.ref() if hasattr(variable, "ref") else id(variable)
       reduced.append(_topk(gradient, op, key, name))
+    elif config.fusion and gradient.shape.is_fully_defined():
+      fused.append(index)
+      reduced.append(gradient)  # replaced below, bucket by bucket
     else:
       reduced.append(allreduce(gradient, op=op, compression=compression, name=name))
+  if fused:
+    bucketed = _fusion_for([reduced[i] for i in fused]).reduce(
+        [reduced[i] for i in fused],
+        lambda bucket, name: grouped_allreduce(bucket, op=op, compression=compression))
+    for i, r in zip(fused, bucketed):
+      reduced[i] = r
   return reduced
+
+
+def _fusion_for(tensors):
+  """The AdaptiveFusion of this set of gradients (one per model), created on first use."""
+  key = tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+  fusions = _graph_state().fusions
+  fusion = fusions.get(key)
+  if fusion is None:
+    config = _state.config
+    fusion = _fusion.AdaptiveFusion([int(mb * (1 << 20)) for mb in config.fusion_buckets_mb],
+                                    config.fusion_probe_steps, config.fusion_reprobe_steps)
+    fusions[key] = fusion
+  return fusion
+
+
+def fusion_policies():
+  """The adaptive fusion policies in use (their probed medians and history), for inspection."""
+  return [f.policy for f in _graph_state().fusions.values()]
 
 
 def _topk(gradient, op, key, name):
   config, topology = _state.config, _state.topology
   if config.two_d and topology is not None:
-    return _collectives.topk_allreduce_2d(gradient, op, config, topology, _state.residuals, key,
-                                          _state.traffic, name)
+    return _collectives.topk_allreduce_2d(gradient, op, config, topology, _graph_state().residuals, key,
+                                          _traffic(), name)
   n = gradient.shape.num_elements()
   flat = _collectives.topk_allreduce(
-      tf.reshape(gradient, [-1]), op, config, _state.residuals.get(key, n), global_process_set,
-      size(), _state.traffic,
+      tf.reshape(gradient, [-1]), op, config, _graph_state().residuals.get(key, n), global_process_set,
+      size(), _traffic(),
       _collectives.ring_allreduce_bytes(n * gradient.dtype.size, size()), inter=True, name=name)
   return tf.cast(tf.reshape(flat, gradient.shape), gradient.dtype)
 

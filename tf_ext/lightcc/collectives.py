@@ -67,10 +67,14 @@ class Traffic:
                     self.dense_bytes.assign_add(int(dense)))
 
   def reset(self):
-    for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes):
-      v.assign(0)
+    return tf.group([v.assign(0) for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes)])
 
   def snapshot(self):
+    if not tf.executing_eagerly():  # graph mode: tensors to run
+      sent = tf.cast(self.intra_bytes + self.inter_bytes, tf.float64)
+      ratio = tf.where(sent > 0, tf.cast(self.dense_bytes, tf.float64) / tf.maximum(sent, 1.0), 1.0)
+      return {"intra_bytes": self.intra_bytes.read_value(), "inter_bytes": self.inter_bytes.read_value(),
+              "dense_equivalent_bytes": self.dense_bytes.read_value(), "compression_ratio": ratio}
     intra, inter, dense = (int(v.numpy()) for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes))
     sent = intra + inter
     return {"intra_bytes": intra, "inter_bytes": inter, "dense_equivalent_bytes": dense,
@@ -87,30 +91,34 @@ def _static_bytes(tensor):
   return tensor.shape.num_elements() * tensor.dtype.size
 
 
-def allreduce_2d(tensor, op, topology, traffic=None, name=None):
-  """Sum or Average of `tensor` over all ranks through the group-then-column path."""
-  shape = tf.shape(tensor)
-  flat = tf.reshape(tensor, [-1])
+def grouped_allreduce_2d(tensors, op, topology, traffic=None):
+  """Sum or Average of each tensor over all ranks through the group-then-column path, as one
+  group per leg (Horovod fuses a group into one collective)."""
+  shapes = [tf.shape(t) for t in tensors]
+  flats = [tf.reshape(t, [-1]) for t in tensors]
   if topology.intra_set is not None:
-    flat = _hvd.reducescatter(flat, op=_hvd.Sum, process_set=topology.intra_set,
-                              name=f"{name}_intra_rs" if name else None)
+    flats = _hvd.grouped_reducescatter(flats, op=_hvd.Sum, process_set=topology.intra_set)
   # Average scales once, by the world size, as Horovod's own allreduce does (postscale).
   scale = 1.0 / topology.world_size if op == _hvd.Average else 1.0
   if topology.inter_set is not None:
-    flat = _hvd.allreduce(flat, op=_hvd.Sum, postscale_factor=scale, process_set=topology.inter_set,
-                          name=f"{name}_inter_ar" if name else None)
+    flats = _hvd.grouped_allreduce(flats, op=_hvd.Sum, postscale_factor=scale,
+                                   process_set=topology.inter_set)
   elif scale != 1.0:
-    flat = _scale(flat, scale)
+    flats = [_scale(f, scale) for f in flats]
   if topology.intra_set is not None:
-    flat = _hvd.allgather(flat, process_set=topology.intra_set, name=f"{name}_intra_ag" if name else None)
-  result = tf.reshape(flat, shape)
-  if traffic is not None:
-    size = _static_bytes(tensor) or 0
-    L, G = topology.intra_size, topology.num_groups
-    intra = 2 * (L - 1) / L * size
-    inter = ring_allreduce_bytes(size / L, G)
-    return _after(traffic.record(intra, inter, ring_allreduce_bytes(size, topology.world_size)), result)
-  return result
+    flats = _hvd.grouped_allgather(flats, process_set=topology.intra_set)
+  results = [tf.reshape(f, shape) for f, shape in zip(flats, shapes)]
+  if traffic is None:
+    return results
+  size = sum(_static_bytes(t) or 0 for t in tensors)
+  L, G = topology.intra_size, topology.num_groups
+  record = traffic.record(2 * (L - 1) / L * size, ring_allreduce_bytes(size / L, G),
+                          ring_allreduce_bytes(size, topology.world_size))
+  return [_after(record, r) for r in results]
+
+
+def allreduce_2d(tensor, op, topology, traffic=None):
+  return grouped_allreduce_2d([tensor], op, topology, traffic)[0]
 
 
 def _scale(tensor, factor):

@@ -9,7 +9,9 @@ import dataclasses
 from tf_ext import settings
 
 _NAMES = ("LIGHT_2D_ALLREDUCE", "LIGHT_INTRA_SIZE", "LIGHT_HIERARCHICAL_THRESHOLD",
-          "LIGHT_TOPK_ALLREDUCE", "LIGHT_TOPK_RATIO", "LIGHT_TOPK_THRESHOLD", "LIGHT_TOPK_FP16")
+          "LIGHT_TOPK_ALLREDUCE", "LIGHT_TOPK_RATIO", "LIGHT_TOPK_THRESHOLD", "LIGHT_TOPK_FP16",
+          "LIGHT_FUSION", "LIGHT_FUSION_BUCKETS_MB", "LIGHT_FUSION_PROBE_STEPS",
+          "LIGHT_FUSION_REPROBE_STEPS")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,11 +23,15 @@ class LightConfig:
   topk_ratio: float = 0.01
   topk_threshold: int = 1 << 20
   topk_fp16: bool = False
+  fusion: bool = False
+  fusion_buckets_mb: tuple = (1.0, 4.0, 16.0, 64.0)
+  fusion_probe_steps: int = 5
+  fusion_reprobe_steps: int = 200
 
   @property
   def enabled(self):
     """Whether anything differs from plain Horovod."""
-    return self.two_d or self.topk
+    return self.two_d or self.topk or self.fusion
 
 
 def resolve(world_size, keywords):
@@ -33,6 +39,8 @@ def resolve(world_size, keywords):
   values = {}
   for name in _NAMES:
     override = keywords.pop(name.lower(), None)
+    if isinstance(override, (list, tuple)):
+      override = ",".join(str(v) for v in override)
     values[name] = settings.get(name, None if override is None else str(override))
   unknown = [k for k in keywords if k.startswith("light_")]
   if unknown:
@@ -41,7 +49,10 @@ def resolve(world_size, keywords):
       two_d=values["LIGHT_2D_ALLREDUCE"], intra_size=values["LIGHT_INTRA_SIZE"],
       hierarchical_threshold=values["LIGHT_HIERARCHICAL_THRESHOLD"],
       topk=values["LIGHT_TOPK_ALLREDUCE"], topk_ratio=values["LIGHT_TOPK_RATIO"],
-      topk_threshold=values["LIGHT_TOPK_THRESHOLD"], topk_fp16=values["LIGHT_TOPK_FP16"])
+      topk_threshold=values["LIGHT_TOPK_THRESHOLD"], topk_fp16=values["LIGHT_TOPK_FP16"],
+      fusion=values["LIGHT_FUSION"], fusion_buckets_mb=tuple(values["LIGHT_FUSION_BUCKETS_MB"]),
+      fusion_probe_steps=values["LIGHT_FUSION_PROBE_STEPS"],
+      fusion_reprobe_steps=values["LIGHT_FUSION_REPROBE_STEPS"])
   if config.two_d and world_size % config.intra_size:
     raise ValueError(
         f"LIGHT_INTRA_SIZE={config.intra_size} does not divide the world size {world_size}: 2D "

@@ -1,0 +1,35 @@
+"""Keras fit with LightCC on digits, and replicas with tf_ext tables (real ranks)."""
+import re
+
+import tensorflow as tf
+
+from _launch import assert_ok, horovodrun
+
+
+def _keras_run(**env):
+  proc = horovodrun("_worker_keras.py", **env)
+  assert_ok(proc)
+  results = re.findall(r"RESULT rank=(\d) accuracy=([\d.]+) identical=(\w+) table_size=(\d+)", proc.stdout)
+  assert len(results) == 4 and all(r[2] == "True" for r in results), proc.stdout
+  return float(results[0][1]), int(results[0][3])
+
+
+def test_keras_digits_topk_1_percent_fp16_within_half_a_percent_of_dense():
+  (dense, _), (compressed, _) = _keras_run(TOPK=0), _keras_run(TOPK=1)
+  print(f"digits accuracy: dense {dense:.4f}, TOPK 1% + fp16 {compressed:.4f}")
+  assert dense > 0.9
+  assert compressed >= dense - 0.005
+
+
+def test_replicas_with_a_dynamic_embedding_table_stay_identical_and_traffic_reaches_tensorboard(tmp_path):
+  # The worker exits non-zero unless every rank holds the same weights and table rows.
+  _, table_size = _keras_run(TOPK=1, TABLE=1, EPOCHS=5, LOG_DIR=tmp_path)
+  assert table_size > 5
+  scalars = {}
+  for event_file in tmp_path.iterdir():
+    for event in tf.compat.v1.train.summary_iterator(str(event_file)):
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
+  assert {"lightcc/intra_bytes_per_step", "lightcc/inter_bytes_per_step",
+          "lightcc/compression_ratio"} <= set(scalars), scalars.keys()
+  assert min(scalars["lightcc/compression_ratio"]) > 2  # TOPK 1 % on the dense layers

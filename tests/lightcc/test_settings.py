@@ -1,0 +1,61 @@
+"""LightCC settings, errors and the drop-in API."""
+import pytest
+
+from _launch import horovodrun, init_in_subprocess
+
+
+INVALID = [
+    ({"LIGHT_TOPK_RATIO": "0"}, "LIGHT_TOPK_RATIO"),
+    ({"LIGHT_TOPK_RATIO": "1.5"}, "LIGHT_TOPK_RATIO"),
+    ({"LIGHT_TOPK_RATIO": "abc"}, "LIGHT_TOPK_RATIO"),
+    ({"LIGHT_INTRA_SIZE": "x"}, "LIGHT_INTRA_SIZE"),
+    ({"LIGHT_INTRA_SIZE": "0"}, "LIGHT_INTRA_SIZE"),
+    ({"LIGHT_2D_ALLREDUCE": "maybe"}, "LIGHT_2D_ALLREDUCE"),
+    ({"LIGHT_HIERARCHICAL_THRESHOLD": "-1"}, "LIGHT_HIERARCHICAL_THRESHOLD"),
+    ({"LIGHT_TOPK_THRESHOLD": "1e3x"}, "LIGHT_TOPK_THRESHOLD"),
+    ({"LIGHT_TOPK_FP16": "2"}, "LIGHT_TOPK_FP16"),
+    ({"LIGHT_FUSION_BUCKETS_MB": "4,1"}, "LIGHT_FUSION_BUCKETS_MB"),
+    ({"LIGHT_FUSION_PROBE_STEPS": "1"}, "LIGHT_FUSION_PROBE_STEPS"),
+]
+
+
+@pytest.mark.parametrize("env,variable", INVALID)
+def test_invalid_settings_fail_at_init_naming_the_variable(env, variable):
+  proc = init_in_subprocess(env)
+  assert proc.returncode != 0 and "ValueError" in proc.stderr and variable in proc.stderr, proc.stderr[-2000:]
+
+
+def test_keyword_settings_are_checked_too():
+  proc = init_in_subprocess({}, "hvd.init(light_topk_ratio=-1)")
+  assert proc.returncode != 0 and "LIGHT_TOPK_RATIO" in proc.stderr
+  proc = init_in_subprocess({}, "hvd.init(light_topk_ratoi=0.5)")
+  assert proc.returncode != 0 and "light_topk_ratoi" in proc.stderr
+
+
+def test_world_size_not_a_multiple_of_intra_size_fails_at_init():
+  proc = horovodrun("_worker_2d.py", INTRA=3)
+  assert proc.returncode != 0
+  assert "LIGHT_INTRA_SIZE=3 does not divide the world size 4" in proc.stdout + proc.stderr
+
+
+def test_drop_in_api_and_horovod_behaviour_with_settings_off():
+  code = """
+import horovod.tensorflow as h, horovod.tensorflow.keras as hk, tensorflow as tf
+import tf_ext.lightcc.keras as lk
+import types
+public = lambda m: {n for n, v in vars(m).items() if not n.startswith('_') and not isinstance(v, types.ModuleType)}
+assert not public(h) - set(dir(hvd)), public(h) - set(dir(hvd))
+assert not public(hk) - set(dir(lk)), public(hk) - set(dir(lk))
+for name in ('elastic', 'callbacks'):
+  assert hasattr(hvd if name == 'elastic' else lk, name)
+hvd.init()
+assert not hvd.light_config().enabled
+opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+assert type(opt).__module__.startswith('horovod.'), type(opt)
+tape = hvd.DistributedGradientTape(tf.GradientTape())
+assert type(tape).__module__.startswith('horovod.'), type(tape)
+assert float(hvd.allreduce(tf.constant(3.0))) == 3.0
+print('OK')
+"""
+  proc = init_in_subprocess({}, code)
+  assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]

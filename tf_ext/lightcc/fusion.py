@@ -1,0 +1,132 @@
+"""Adaptive gradient fusion: gradients go out in buckets, in the order backprop produces them, and
+the bucket size follows the measured step time.
+
+Why buckets: a bucket's collective can start as soon as its gradients exist (TensorFlow runs
+it when its inputs are ready), so communication overlaps the rest of backprop; one bucket per
+tensor pays the per-collective latency many times, one bucket for everything overlaps nothing.
+Which size is best depends on the model, the link and the machine, so it is measured:
+
+Policy (settings in tf_ext/settings.py, LIGHT_FUSION_*):
+  1. explore: each candidate size of LIGHT_FUSION_BUCKETS_MB runs LIGHT_FUSION_PROBE_STEPS steps
+     (its first step is not counted: it may pay for the switch); the median step time is kept;
+  2. exploit the fastest; every LIGHT_FUSION_REPROBE_STEPS steps its neighbours in the candidate
+     list are probed again and the fastest of the three is kept (the network and the load change).
+All bucketings exist in the graph behind one tf.switch_case, so switching needs no retracing and
+works in TF1 sessions too. Every rank must pick the same branch: the step time the policy sees is
+the average over ranks (one scalar allreduce per step), so all ranks make identical decisions.
+"""
+import itertools
+import statistics
+import threading
+
+import horovod.tensorflow as _hvd
+import tensorflow as tf
+
+
+class FusionPolicy:
+  """Chooses a candidate index from a stream of (rank-averaged) step times. Pure Python."""
+
+  def __init__(self, num_candidates, probe_steps, reprobe_steps):
+    self.num_candidates = num_candidates
+    self.probe_steps = max(2, probe_steps)
+    self.reprobe_steps = reprobe_steps
+    self.medians = {}
+    self._queue = list(range(num_candidates))  # candidates still to probe, in order
+    self._current = self._queue.pop(0)
+    self._samples = []
+    self._since_decision = 0
+    self.history = []  # (step_seconds, index that produced it)
+
+  @property
+  def current(self):
+    return self._current
+
+  def observe(self, step_seconds):
+    """Records the time of a step run with `current`; returns the index for the next step."""
+    self.history.append((step_seconds, self._current))
+    self._samples.append(step_seconds)
+    if self._queue or len(self.medians) < self.num_candidates or self._probing():
+      if len(self._samples) >= self.probe_steps:
+        self.medians[self._current] = statistics.median(self._samples[1:])
+        self._samples = []
+        if self._queue:
+          self._current = self._queue.pop(0)
+        else:
+          self._current = min(self.medians, key=self.medians.get)
+          self._since_decision = 0
+      return self._current
+    self._since_decision += 1
+    self._samples = []
+    if self.reprobe_steps and self._since_decision >= self.reprobe_steps:
+      best = self._current
+      self._queue = [i for i in (best - 1, best + 1) if 0 <= i < self.num_candidates] + [best]
+      for i in self._queue:
+        self.medians.pop(i, None)
+      self._current = self._queue.pop(0)
+    return self._current
+
+  def _probing(self):
+    return self._current not in self.medians
+
+
+def buckets_in_backprop_order(sizes, bucket_bytes):
+  """Indices of tensors grouped into buckets of about bucket_bytes, last tensor first (backprop
+  computes the gradients of the last layers first)."""
+  buckets, current, filled = [], [], 0
+  for index in reversed(range(len(sizes))):
+    if current and filled + sizes[index] > bucket_bytes:
+      buckets.append(current)
+      current, filled = [], 0
+    current.append(index)
+    filled += sizes[index]
+  if current:
+    buckets.append(current)
+  return buckets
+
+
+class AdaptiveFusion:
+  """The bucketed reduction of one model's dense gradients, with its policy and step clock."""
+
+  _instances = itertools.count()
+
+  def __init__(self, candidates_bytes, probe_steps, reprobe_steps):
+    self.candidates = list(candidates_bytes)
+    self._number = next(self._instances)
+    self.policy = FusionPolicy(len(self.candidates), probe_steps, reprobe_steps)
+    self._lock = threading.Lock()
+    with tf.init_scope():
+      self.choice = tf.Variable(self.policy.current, dtype=tf.int32, trainable=False,
+                                name="lightcc_fusion_choice")
+      self.last_time = tf.Variable(-1.0, dtype=tf.float64, trainable=False,
+                                   name="lightcc_fusion_last_time")
+
+  def _observe(self, seconds):
+    with self._lock:
+      return self.policy.observe(float(seconds)) if seconds > 0 else self.policy.current
+
+  def reduce(self, tensors, reduce_bucket):
+    """reduce_bucket(list of tensors) -> list of reduced tensors; returns them in input order."""
+    sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
+
+    def branch(bucket_bytes, tag):
+      def run():
+        out = [None] * len(tensors)
+        for number, bucket in enumerate(buckets_in_backprop_order(sizes, bucket_bytes)):
+          reduced = reduce_bucket([tensors[i] for i in bucket], f"fusion{tag}_b{number}")
+          for i, r in zip(bucket, reduced):
+            out[i] = r
+        return out
+      return run
+
+    reduced = tf.switch_case(tf.convert_to_tensor(self.choice),
+                             [branch(b, i) for i, b in enumerate(self.candidates)])
+    with tf.control_dependencies(reduced):
+      now = tf.timestamp()
+      elapsed = tf.where(self.last_time > 0, now - self.last_time, tf.constant(-1.0, tf.float64))
+      # All ranks decide on the same (averaged) number, so they switch together.
+      elapsed = _hvd.allreduce(elapsed, op=_hvd.Average,
+                               name=f"lightcc_fusion_step_time_{self._number}")
+      next_choice = tf.py_function(self._observe, [elapsed], tf.int32)
+      update = tf.group(self.choice.assign(tf.reshape(next_choice, [])), self.last_time.assign(now))
+    with tf.control_dependencies([update]):
+      return [tf.identity(r) for r in reduced]
