@@ -10,23 +10,19 @@ same numerics. With settings on (environment, or `hvd.init(light_2d_allreduce=1,
 Per-step traffic: `hvd.traffic()` (bytes sent inside groups, across groups, and the compression
 ratio against Horovod's flat ring allreduce); `hvd.reset_traffic()` starts a new count.
 """
-import types
 import weakref
 
 import horovod.tensorflow as _hvd
 import tensorflow as tf
 from horovod.runner.common.util import env as _horovod_env
 
+from tf_ext.lightcc import _reexport
 from tf_ext.lightcc import collectives as _collectives
 from tf_ext.lightcc import config as _config
 from tf_ext.lightcc import fusion as _fusion
 
 # Re-export Horovod's public API (functions, classes, constants and its submodules such as elastic).
-globals().update({
-    name: value for name, value in vars(_hvd).items()
-    if not name.startswith("_") and (not isinstance(value, types.ModuleType)
-                                     or value.__name__.startswith("horovod."))
-})
+globals().update(_reexport.public_names(_hvd))
 
 
 class _State:

@@ -4,18 +4,13 @@ Every public name of horovod.tensorflow.keras is here; init and the LightCC extr
 tf_ext.lightcc's, and DistributedOptimizer reduces gradients the LightCC way when LIGHT_*
 settings are on (Horovod's own optimizer otherwise).
 """
-import types
-
 import horovod.tensorflow.keras as _hvd_keras
 
 import tf_ext.lightcc as _lightcc
+from tf_ext.lightcc import _reexport
 from tf_ext.lightcc.keras import callbacks
 
-globals().update({
-    name: value for name, value in vars(_hvd_keras).items()
-    if not name.startswith("_") and name != "callbacks"
-    and (not isinstance(value, types.ModuleType) or value.__name__.startswith("horovod."))
-})
+globals().update(_reexport.public_names(_hvd_keras, exclude=("callbacks",)))
 init, light_config, traffic, reset_traffic = (_lightcc.init, _lightcc.light_config,
                                               _lightcc.traffic, _lightcc.reset_traffic)
 allreduce_gradients = _lightcc.reduce_gradients

@@ -1,15 +1,11 @@
 """Horovod's Keras callbacks, plus LightCC's traffic figures as TensorBoard scalars."""
-import types
-
 import horovod.tensorflow.keras.callbacks as _hvd_callbacks
 import tensorflow as tf
 
 import tf_ext.lightcc as _lightcc
+from tf_ext.lightcc import _reexport
 
-globals().update({
-    name: value for name, value in vars(_hvd_callbacks).items()
-    if not name.startswith("_") and not isinstance(value, types.ModuleType)
-})
+globals().update(_reexport.public_names(_hvd_callbacks))
 
 
 class LightCCTrafficCallback(tf.keras.callbacks.Callback):
