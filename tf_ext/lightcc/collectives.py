@@ -10,7 +10,6 @@ import math
 import threading
 
 import horovod.tensorflow as _hvd
-import numpy as np
 import tensorflow as tf
 
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -220,7 +219,3 @@ def uses_2d(tensor, config, topology):
   size = _static_bytes(tensor)
   return (config.two_d and topology is not None and size is not None
           and size <= config.hierarchical_threshold)
-
-
-def as_numpy_ratio(snapshot):
-  return np.float64(snapshot["compression_ratio"])
