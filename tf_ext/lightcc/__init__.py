@@ -112,14 +112,13 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
               process_set=global_process_set, ignore_name_scope=False):
   """horovod.tensorflow.allreduce; dense Sum/Average go 2D with LIGHT_2D_ALLREDUCE on."""
   op = handle_average_backwards_compatibility(op, average)
-  if (isinstance(tensor, tf.IndexedSlices) or process_set is not global_process_set
-      or op not in (Sum, Average) or prescale_factor != 1.0 or postscale_factor != 1.0
-      or not _collectives.uses_2d(tf.convert_to_tensor(tensor), _state.config, _state.topology)):
+  dense = tensor if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
+  if not _goes_2d([dense], op, prescale_factor, postscale_factor, process_set):
     return _hvd.allreduce(tensor, device_dense=device_dense, device_sparse=device_sparse,
                           compression=compression, op=op, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, name=name, process_set=process_set,
                           ignore_name_scope=ignore_name_scope)
-  compressed, context = compression.compress(tf.convert_to_tensor(tensor))
+  compressed, context = compression.compress(dense)
   reduced = _collectives.allreduce_2d(compressed, op, _state.topology, _traffic())
   return compression.decompress(reduced, context)
 
@@ -130,10 +129,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
   """horovod.tensorflow.grouped_allreduce; each tensor goes 2D when allreduce would."""
   op = handle_average_backwards_compatibility(op, average)
   tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
-  if (process_set is not global_process_set or op not in (Sum, Average) or prescale_factor != 1.0
-      or postscale_factor != 1.0 or not all(
-          not isinstance(t, tf.IndexedSlices)
-          and _collectives.uses_2d(t, _state.config, _state.topology) for t in tensors)):
+  if not _goes_2d(tensors, op, prescale_factor, postscale_factor, process_set):
     return _hvd.grouped_allreduce(tensors, device_dense=device_dense, device_sparse=device_sparse,
                                   compression=compression, op=op, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, process_set=process_set)
@@ -141,6 +137,14 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
   reduced = _collectives.grouped_allreduce_2d([c for c, _ in compressed], op, _state.topology,
                                               _traffic())
   return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+
+
+def _goes_2d(tensors, op, prescale_factor, postscale_factor, process_set):
+  """Whether 2D allreduce serves this call; everything else is left to Horovod."""
+  return (process_set is global_process_set and op in (Sum, Average)
+          and prescale_factor == 1.0 and postscale_factor == 1.0
+          and all(not isinstance(t, tf.IndexedSlices)
+                  and _collectives.uses_2d(t, _state.config, _state.topology) for t in tensors))
 
 
 def reduce_gradients(gradients, variables, op=Average, compression=Compression.none,
@@ -167,7 +171,7 @@ def reduce_gradients(gradients, variables, op=Average, compression=Compression.n
   if fused:
     bucketed = _fusion_for([reduced[i] for i in fused]).reduce(
         [reduced[i] for i in fused],
-        lambda bucket, name: grouped_allreduce(bucket, op=op, compression=compression))
+        lambda bucket: grouped_allreduce(bucket, op=op, compression=compression))
     for i, r in zip(fused, bucketed):
       reduced[i] = r
   return reduced
@@ -200,7 +204,7 @@ def _topk(gradient, op, key, name):
   flat = _collectives.topk_allreduce(
       tf.reshape(gradient, [-1]), op, config, _graph_state().residuals.get(key, n), global_process_set,
       size(), _traffic(),
-      _collectives.ring_allreduce_bytes(n * gradient.dtype.size, size()), inter=True, name=name)
+      _collectives.ring_allreduce_bytes(n * gradient.dtype.size, size()), name=name)
   return tf.cast(tf.reshape(flat, gradient.shape), gradient.dtype)
 
 

@@ -151,7 +151,7 @@ class Residuals:
 
 
 def topk_allreduce(gradient, op, config, residual, process_set, world_ranks, traffic=None,
-                   dense_bytes=0, inter=True, name=None):
+                   dense_bytes=0, name=None):
   """Sparse exchange of the k largest |g + r| entries of a flat float gradient.
 
   Each rank sends (indices, values) by allgather; everyone scatter-adds what all ranks sent.
@@ -178,7 +178,7 @@ def topk_allreduce(gradient, op, config, residual, process_set, world_ranks, tra
   deps = [update_residual]
   if traffic is not None:
     wire = k * (wire_values.dtype.size + indices.dtype.size) * (ranks - 1)
-    deps.append(traffic.record(0 if inter else wire, wire if inter else 0, dense_bytes))
+    deps.append(traffic.record(0, wire, dense_bytes))  # TOPK always runs on the inter-group leg
   with tf.control_dependencies(deps):
     return tf.identity(reduced)
 
@@ -199,7 +199,7 @@ def topk_allreduce_2d(gradient, op, config, topology, residuals, key, traffic=No
   record_intra = traffic.record(intra_bytes, 0, 0) if traffic is not None else tf.no_op()
   reduced = topk_allreduce(flat, _hvd.Sum, config, residuals.get(key, chunk_length),
                            topology.inter_set, topology.num_groups, traffic,
-                           ring_allreduce_bytes(size, topology.world_size), inter=True, name=name)
+                           ring_allreduce_bytes(size, topology.world_size), name=name)
   if op == _hvd.Average:
     reduced = reduced / float(topology.world_size)
   if topology.intra_set is not None:

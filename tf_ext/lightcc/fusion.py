@@ -44,8 +44,8 @@ class FusionPolicy:
   def observe(self, step_seconds):
     """Records the time of a step run with `current`; returns the index for the next step."""
     self.history.append((step_seconds, self._current))
-    self._samples.append(step_seconds)
-    if self._queue or len(self.medians) < self.num_candidates or self._probing():
+    if self._current not in self.medians:  # probing it
+      self._samples.append(step_seconds)
       if len(self._samples) >= self.probe_steps:
         self.medians[self._current] = statistics.median(self._samples[1:])
         self._samples = []
@@ -56,7 +56,6 @@ class FusionPolicy:
           self._since_decision = 0
       return self._current
     self._since_decision += 1
-    self._samples = []
     if self.reprobe_steps and self._since_decision >= self.reprobe_steps:
       best = self._current
       self._queue = [i for i in (best - 1, best + 1) if 0 <= i < self.num_candidates] + [best]
@@ -64,9 +63,6 @@ class FusionPolicy:
         self.medians.pop(i, None)
       self._current = self._queue.pop(0)
     return self._current
-
-  def _probing(self):
-    return self._current not in self.medians
 
 
 def buckets_in_backprop_order(sizes, bucket_bytes):
@@ -108,18 +104,18 @@ class AdaptiveFusion:
     """reduce_bucket(list of tensors) -> list of reduced tensors; returns them in input order."""
     sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
 
-    def branch(bucket_bytes, tag):
+    def branch(bucket_bytes):
       def run():
         out = [None] * len(tensors)
-        for number, bucket in enumerate(buckets_in_backprop_order(sizes, bucket_bytes)):
-          reduced = reduce_bucket([tensors[i] for i in bucket], f"fusion{tag}_b{number}")
+        for bucket in buckets_in_backprop_order(sizes, bucket_bytes):
+          reduced = reduce_bucket([tensors[i] for i in bucket])
           for i, r in zip(bucket, reduced):
             out[i] = r
         return out
       return run
 
     reduced = tf.switch_case(tf.convert_to_tensor(self.choice),
-                             [branch(b, i) for i, b in enumerate(self.candidates)])
+                             [branch(b) for b in self.candidates])
     with tf.control_dependencies(reduced):
       now = tf.timestamp()
       elapsed = tf.where(self.last_time > 0, now - self.last_time, tf.constant(-1.0, tf.float64))
