@@ -149,32 +149,54 @@ def _goes_2d(tensors, op, prescale_factor, postscale_factor, process_set):
 
 def reduce_gradients(gradients, variables, op=Average, compression=Compression.none,
                      sparse_as_dense=False):
-  """Reduces one step's gradients over all ranks the LightCC way (TOPK, 2D, or Horovod's)."""
-  config, reduced, fused = _state.config, [], []
-  for index, (gradient, variable) in enumerate(zip(gradients, variables)):
+  """Reduces one step's gradients over all ranks the LightCC way.
+
+  Sparse gradients are allgathered as Horovod does. Gradients of at least LIGHT_TOPK_THRESHOLD
+  bytes go TOPK together, as one buffer. The other dense ones go in adaptive buckets with
+  LIGHT_FUSION, else together as one grouped (2D) allreduce when 2D is on, else one by one.
+  """
+  config, reduced = _state.config, list(gradients)
+  compressible, fused, grouped = [], [], []
+  for index, gradient in enumerate(gradients):
     if gradient is None:
-      reduced.append(None)
       continue
     if isinstance(gradient, tf.IndexedSlices) and sparse_as_dense:
-      gradient = tf.convert_to_tensor(gradient)
-    name = f"lightcc_grad_{index}"
+      gradient = reduced[index] = tf.convert_to_tensor(gradient)
     if isinstance(gradient, tf.IndexedSlices):  # sparse (e.g. tf_ext tables): allgather, as Horovod
-      reduced.append(_hvd.allreduce(gradient, op=op, name=name))
+      reduced[index] = _hvd.allreduce(gradient, op=op, name=f"lightcc_grad_{index}")
     elif _collectives.is_compressible(gradient, config):
-      key = variable.ref() if hasattr(variable, "ref") else id(variable)
-      reduced.append(_topk(gradient, op, key, name))
+      compressible.append(index)
     elif config.fusion and gradient.shape.is_fully_defined():
       fused.append(index)
-      reduced.append(gradient)  # replaced below, bucket by bucket
+    elif _collectives.uses_2d(gradient, config, _state.topology):
+      grouped.append(index)
     else:
-      reduced.append(allreduce(gradient, op=op, compression=compression, name=name))
+      reduced[index] = allreduce(gradient, op=op, compression=compression,
+                                 name=f"lightcc_grad_{index}")
+  if compressible:
+    key = tuple(_variable_key(variables[i]) for i in compressible)
+    residuals = _graph_state().residuals
+    results = _collectives.topk_grouped_allreduce(
+        [reduced[i] for i in compressible], op, config,
+        _state.topology if config.two_d else None,
+        lambda length: residuals.get((key, length), length), _traffic())
+    for i, r in zip(compressible, results):
+      reduced[i] = r
   if fused:
     bucketed = _fusion_for([reduced[i] for i in fused]).reduce(
         [reduced[i] for i in fused],
         lambda bucket: grouped_allreduce(bucket, op=op, compression=compression))
     for i, r in zip(fused, bucketed):
       reduced[i] = r
+  if grouped:
+    for i, r in zip(grouped, grouped_allreduce([reduced[i] for i in grouped], op=op,
+                                               compression=compression)):
+      reduced[i] = r
   return reduced
+
+
+def _variable_key(variable):
+  return variable.ref() if hasattr(variable, "ref") else id(variable)
 
 
 def _fusion_for(tensors):
@@ -193,19 +215,6 @@ def _fusion_for(tensors):
 def fusion_policies():
   """The adaptive fusion policies in use (their probed medians and history), for inspection."""
   return [f.policy for f in _graph_state().fusions.values()]
-
-
-def _topk(gradient, op, key, name):
-  config, topology = _state.config, _state.topology
-  if config.two_d and topology is not None:
-    return _collectives.topk_allreduce_2d(gradient, op, config, topology, _graph_state().residuals, key,
-                                          _traffic(), name)
-  n = gradient.shape.num_elements()
-  flat = _collectives.topk_allreduce(
-      tf.reshape(gradient, [-1]), op, config, _graph_state().residuals.get(key, n), global_process_set,
-      size(), _traffic(),
-      _collectives.ring_allreduce_bytes(n * gradient.dtype.size, size()), name=name)
-  return tf.cast(tf.reshape(flat, gradient.shape), gradient.dtype)
 
 
 def _check_supported(process_set, gradient_predivide_factor, backward_passes_per_step=1,
