@@ -62,14 +62,15 @@ _2D = {"LIGHT_2D_ALLREDUCE": "1", "LIGHT_INTRA_SIZE": str(RANKS_PER_NODE)}
 _TOPK = {"LIGHT_TOPK_ALLREDUCE": "1", "LIGHT_TOPK_RATIO": "0.01"}
 # Configuration name -> LIGHT_* settings (every LIGHT_* not named is unset, i.e. at its default).
 # Add entries here (e.g. "2d+fusion": {**_2D, "LIGHT_FUSION": "1"}) or with --extra-config.
-_FUSION = {"LIGHT_FUSION": "1", "LIGHT_FUSION_BUCKETS_MB": "4,16,64",
+# 128 MiB (Horovod's default fusion threshold) holds the whole step: one bucket, as Horovod fuses it.
+_FUSION = {"LIGHT_FUSION": "1", "LIGHT_FUSION_BUCKETS_MB": "4,16,64,128",
            "LIGHT_FUSION_PROBE_STEPS": "2", "LIGHT_FUSION_REPROBE_STEPS": "0"}
 CONFIGS = {
     "horovod": {},
     "2d": dict(_2D),
     "2d+topk": {**_2D, **_TOPK},
     "2d+topk+fp16": {**_2D, **_TOPK, "LIGHT_TOPK_FP16": "1"},
-    # Adaptive fusion: short probes so that exploring 3 sizes fits in a warm-up of >= 6 steps.
+    # Adaptive fusion: short probes so that exploring 4 sizes fits in a warm-up of >= 8 steps.
     "fusion": dict(_FUSION),
     "2d+fusion": {**_2D, **_FUSION},
     "2d+topk+fusion": {**_2D, **_TOPK, **_FUSION},
@@ -155,6 +156,8 @@ def worker(args):
       "counters": {k: after[k] - before[k] for k in after},
       "traffic": traffic,
       "light_config": repr(hvd.light_config()),
+      "fusion": [{"candidates_mb": [float(c) for c in hvd.light_config().fusion_buckets_mb],
+                  "chosen": p.current, "median_step_s": p.medians} for p in hvd.fusion_policies()],
   }
   with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
@@ -347,7 +350,7 @@ def summarize(name, env_light, results, args):
       "name": name, "env": env_light,
       "steps_per_s": steps / results[0]["elapsed_s"], "step_s": results[0]["elapsed_s"] / steps,
       "warmup_s": results[0]["warmup_s"], "nodes": per_node, "analytic_is_model": model,
-      "light_config": results[0]["light_config"],
+      "light_config": results[0]["light_config"], "fusion": results[0]["fusion"],
   }
 
 
@@ -537,6 +540,10 @@ def main(argv=None):
         print(f"   FAILED after {time.time() - t:.0f}s: {row['error']}\n{row['logs']}", flush=True)
       else:
         n = row["nodes"]
+        for policy in row["fusion"]:
+          mb = policy["candidates_mb"]
+          print(f"   fusion: bucket {mb[policy['chosen']]:g} MiB chosen; median step s by size: "
+                + ", ".join(f"{mb[int(i)]:g}: {t:.3f}" for i, t in sorted(policy["median_step_s"].items())))
         print(f"   {row['steps_per_s']:.3f} steps/s; link bytes/step node0->1 "
               f"{n[0]['link_tx'] / 1e6:.2f} MB, node1->0 {n[1]['link_tx'] / 1e6:.2f} MB; "
               f"lo bytes/step {n[0]['lo_tx'] / 1e6:.2f} / {n[1]['lo_tx'] / 1e6:.2f} MB; "

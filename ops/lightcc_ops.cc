@@ -48,12 +48,14 @@ REGISTER_OP("TfExtTopKCompress")
     .Attr("segment_lengths: list(int)")
     .Attr("segment_counts: list(int)")
     .Attr("half_values: bool = false")
+    .Attr("residual_offset: int >= 0 = 0")
     .SetIsStateful()
     .SetShapeFn(CompressShape)
     .Doc(R"doc(
 TOPK compression with error feedback of a flat float buffer cut into segments.
 
-The float32 variable `residual` (same length as `gradient`) becomes gradient + residual; from
+The float32 variable `residual` holds the buffer's residual at [residual_offset, residual_offset
++ len(gradient)); that part becomes gradient + residual; from
 segment s the segment_counts[s] entries of largest magnitude are written to `payload` (their
 int32 indices into the buffer, then their values: float32, or fp16 two per word when
 half_values) and taken out of the residual, so that the residual keeps what was not sent,

@@ -73,8 +73,8 @@ SETTINGS: Dict[str, Setting] = {
                 "TOPK-compressed, smaller ones reduced densely.", _int_at_least(0)),
         Setting("LIGHT_TOPK_FP16", "0", "Send TOPK values as float16.", _flag),
         # Adaptive gradient fusion (tf_ext/lightcc/fusion.py has the policy).
-        Setting("LIGHT_FUSION", "0", "Reduce dense gradients in buckets, in backprop order, with "
-                "the bucket size chosen from measured step times.", _flag),
+        Setting("LIGHT_FUSION", "0", "Reduce dense gradients (TOPK ones included) in buckets, in "
+                "backprop order, with the bucket size chosen from measured step times.", _flag),
         Setting("LIGHT_FUSION_BUCKETS_MB", "1,4,16,64", "Candidate bucket sizes in MiB, in "
                 "increasing order.", _positive_list),
         Setting("LIGHT_FUSION_PROBE_STEPS", "5", "Steps each candidate runs when probed (the "

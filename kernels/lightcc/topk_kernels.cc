@@ -31,6 +31,7 @@ class TopKCompressOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_lengths", &lengths));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_counts", &counts));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("half_values", &layout_.half_values));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("residual_offset", &residual_offset_));
     std::string error;
     OP_REQUIRES(ctx, lightcc::MakeSegmentPlan(lengths, counts, &plan_, &error),
                 InvalidArgument("TOPK compression '", name(), "': ", error));
@@ -49,11 +50,12 @@ class TopKCompressOp : public OpKernel {
     OP_REQUIRES(ctx, var->is_initialized,
                 FailedPrecondition("TOPK compression '", name(), "': residual not initialized"));
     Tensor* residual = var->tensor();
-    OP_REQUIRES(ctx, residual->dtype() == ::tensorflow::DT_FLOAT &&
-                         residual->dims() == 1 && residual->NumElements() == plan_.total_length,
-                InvalidArgument("TOPK compression '", name(), "': residual must be float32 [",
-                                plan_.total_length, "], got ",
-                                ::tensorflow::DataTypeString(residual->dtype()), " ",
+    OP_REQUIRES(ctx, residual->dtype() == ::tensorflow::DT_FLOAT && residual->dims() == 1 &&
+                         residual->NumElements() >= residual_offset_ + plan_.total_length,
+                InvalidArgument("TOPK compression '", name(), "': residual must be a float32 "
+                                "vector of at least ", residual_offset_ + plan_.total_length,
+                                " entries (offset ", residual_offset_, " + ", plan_.total_length,
+                                "), got ", ::tensorflow::DataTypeString(residual->dtype()), " ",
                                 residual->shape().DebugString()));
     if (!residual->RefCountIsOne()) {  // someone still reads the old value: update a copy
       Tensor copy;
@@ -64,7 +66,7 @@ class TopKCompressOp : public OpKernel {
     Tensor* payload = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({layout_.words()}), &payload));
     const float* g = gradient.flat<float>().data();
-    float* r = residual->flat<float>().data();
+    float* r = residual->flat<float>().data() + residual_offset_;
     int32_t* out = payload->flat<int32_t>().data();
     const int64_t segments = static_cast<int64_t>(plan_.lengths.size());
     const int64_t cost = segments ? 20 * (plan_.total_length / segments + 1) : 0;
@@ -80,6 +82,7 @@ class TopKCompressOp : public OpKernel {
  private:
   lightcc::SegmentPlan plan_;
   lightcc::PayloadLayout layout_;
+  int64_t residual_offset_ = 0;
 };
 
 class TopKDecompressOp : public OpKernel {

@@ -4,6 +4,6 @@ import pytest
 from _launch import assert_ok, horovodrun
 
 
-@pytest.mark.parametrize("two_d", [0, 1])
-def test_adaptive_fusion_reduces_like_horovod_and_ranks_switch_together(two_d):
-  assert_ok(horovodrun("_worker_fusion.py", TWO_D=two_d))
+@pytest.mark.parametrize("two_d,topk", [(0, 0), (1, 0), (1, 1)])
+def test_adaptive_fusion_reduces_like_horovod_and_ranks_switch_together(two_d, topk):
+  assert_ok(horovodrun("_worker_fusion.py", TWO_D=two_d, TOPK=topk))

@@ -7,8 +7,8 @@ same numerics. With settings on (environment, or `hvd.init(light_2d_allreduce=1,
   - LIGHT_TOPK_ALLREDUCE: gradients of at least LIGHT_TOPK_THRESHOLD bytes send only their top
     LIGHT_TOPK_RATIO entries, with error feedback (and fp16 values with LIGHT_TOPK_FP16); with 2D
     on, only the inter-group leg is compressed,
-  - LIGHT_FUSION: dense gradients go out in buckets whose size follows the measured step time
-    (fusion.py).
+  - LIGHT_FUSION: dense gradients (TOPK ones included) go out in buckets whose size follows the
+    measured step time (fusion.py).
 Per-step traffic: `hvd.traffic()` (bytes sent inside groups, across groups, and the compression
 ratio against Horovod's flat ring allreduce); `hvd.reset_traffic()` starts a new count.
 """
@@ -151,12 +151,13 @@ def reduce_gradients(gradients, variables, op=Average, compression=Compression.n
                      sparse_as_dense=False):
   """Reduces one step's gradients over all ranks the LightCC way.
 
-  Sparse gradients are allgathered as Horovod does. Gradients of at least LIGHT_TOPK_THRESHOLD
-  bytes go TOPK together, as one buffer. The other dense ones go in adaptive buckets with
-  LIGHT_FUSION, else together as one grouped (2D) allreduce when 2D is on, else one by one.
+  Sparse gradients are allgathered as Horovod does. Dense ones of at least LIGHT_TOPK_THRESHOLD
+  bytes go TOPK, the others 2D when it is on (else Horovod's allreduce). With LIGHT_FUSION both
+  kinds go out in adaptive buckets; without it, all TOPK gradients travel together, and so do all
+  2D ones.
   """
   config, reduced = _state.config, list(gradients)
-  compressible, fused, grouped = [], [], []
+  compressible, dense = [], []  # indices into gradients
   for index, gradient in enumerate(gradients):
     if gradient is None:
       continue
@@ -166,33 +167,59 @@ def reduce_gradients(gradients, variables, op=Average, compression=Compression.n
       reduced[index] = _hvd.allreduce(gradient, op=op, name=f"lightcc_grad_{index}")
     elif _collectives.is_compressible(gradient, config):
       compressible.append(index)
-    elif config.fusion and gradient.shape.is_fully_defined():
-      fused.append(index)
-    elif _collectives.uses_2d(gradient, config, _state.topology):
-      grouped.append(index)
+    elif (config.fusion and gradient.shape.is_fully_defined()) or _collectives.uses_2d(
+        gradient, config, _state.topology):
+      dense.append(index)
     else:
       reduced[index] = allreduce(gradient, op=op, compression=compression,
                                  name=f"lightcc_grad_{index}")
-  if compressible:
-    key = tuple(_variable_key(variables[i]) for i in compressible)
-    residuals = _graph_state().residuals
-    results = _collectives.topk_grouped_allreduce(
-        [reduced[i] for i in compressible], op, config,
-        _state.topology if config.two_d else None,
-        lambda length: residuals.get((key, length), length), _traffic())
-    for i, r in zip(compressible, results):
-      reduced[i] = r
-  if fused:
-    bucketed = _fusion_for([reduced[i] for i in fused]).reduce(
-        [reduced[i] for i in fused],
-        lambda bucket: grouped_allreduce(bucket, op=op, compression=compression))
-    for i, r in zip(fused, bucketed):
-      reduced[i] = r
-  if grouped:
-    for i, r in zip(grouped, grouped_allreduce([reduced[i] for i in grouped], op=op,
-                                               compression=compression)):
+  topk = _TopKGroup(compressible, list(reduced), variables, op) if compressible else None
+
+  def reduce_bucket(indices):
+    """Reduced gradients of these indices, in their order (TOPK ones together, dense together)."""
+    out = {}
+    comp = sorted(i for i in indices if topk is not None and i in topk.position)
+    if comp:
+      out.update(zip(comp, topk.reduce(comp)))
+    rest = [i for i in indices if i not in out]
+    if rest:
+      out.update(zip(rest, grouped_allreduce([reduced[i] for i in rest], op=op,
+                                             compression=compression)))
+    return [out[i] for i in indices]
+
+  bucketed = sorted(compressible + dense)
+  if bucketed:
+    if config.fusion:
+      results = _fusion_for([reduced[i] for i in bucketed]).reduce(
+          [reduced[i] for i in bucketed], lambda bucket: reduce_bucket([bucketed[b] for b in bucket]))
+    else:
+      results = (reduce_bucket(compressible) if compressible else []) + (
+          reduce_bucket(dense) if dense else [])
+      bucketed = compressible + dense
+    for i, r in zip(bucketed, results):
       reduced[i] = r
   return reduced
+
+
+class _TopKGroup:
+  """One step's TOPK gradients and their residual variable (this rank's pieces, in index order)."""
+
+  def __init__(self, indices, gradients, variables, op):
+    config = _state.config
+    self.topology = _state.topology if config.two_d else None
+    self.gradients, self.op = gradients, op
+    lengths = _collectives.topk_piece_lengths(
+        [gradients[i].shape.num_elements() for i in indices], self.topology)
+    self.position = {i: p for p, i in enumerate(indices)}
+    self.offsets = [sum(lengths[:p]) for p in range(len(indices))]
+    key = (tuple(_variable_key(variables[i]) for i in indices), sum(lengths))
+    self.residual = _graph_state().residuals.get(key, sum(lengths))
+
+  def reduce(self, indices):
+    """TOPK exchange of consecutive TOPK gradients (ascending indices)."""
+    return _collectives.topk_grouped_allreduce(
+        [self.gradients[i] for i in indices], self.op, _state.config, self.topology, self.residual,
+        self.offsets[self.position[indices[0]]], _traffic())
 
 
 def _variable_key(variable):

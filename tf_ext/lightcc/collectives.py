@@ -109,7 +109,8 @@ def grouped_allreduce_2d(tensors, op, topology, traffic=None):
     total = sum(lengths)
     flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], 0)
     if topology.intra_set is not None:
-      flat = reduce_scatter_in_group(flat, total, topology)
+      splits = [topology.chunk_range(total, q)[1] for q in range(topology.intra_size)]
+      flat = reduce_scatter_in_group(flat, splits, topology)
     if topology.inter_set is not None:
       flat = _hvd.allreduce(flat, op=_hvd.Sum, postscale_factor=scale,
                             process_set=topology.inter_set)
@@ -128,19 +129,16 @@ def grouped_allreduce_2d(tensors, op, topology, traffic=None):
   return [_after(record, r) for r in results]
 
 
-def reduce_scatter_in_group(flat, total, topology):
-  """Sum over this rank's group of a flat buffer of `total` elements, of which this rank keeps
-  its chunk (Horovod's reducescatter split, Topology.chunk_range).
+def reduce_scatter_in_group(send, splits, topology):
+  """Sum over this rank's group of `send`, whose first splits[0] elements belong to position 0,
+  the next splits[1] to position 1, ...; returns this rank's sum (splits[position] elements).
 
-  Done as Horovod's alltoall (each rank sends every peer that peer's chunk: the (L-1)/L·S bytes
+  Done as Horovod's alltoall (each rank sends every peer that peer's part: the (L-1)/L·S bytes
   of a reduce-scatter) plus a local sum: Horovod 0.28's Gloo reducescatter took 4-5x longer
   for the same result on 2-rank groups (731-867 ms against 180 ms for 102 MB).
   """
-  L = topology.intra_size
-  splits = [topology.chunk_range(total, position)[1] for position in range(L)]
-  received, _ = _hvd.alltoall(flat, splits=splits, process_set=topology.intra_set)
-  chunk = splits[topology.position]
-  return tf.reduce_sum(tf.reshape(received, [L, chunk]), axis=0)
+  received, _ = _hvd.alltoall(send, splits=splits, process_set=topology.intra_set)
+  return tf.reduce_sum(tf.reshape(received, [topology.intra_size, splits[topology.position]]), 0)
 
 
 def allreduce_2d(tensor, op, topology, traffic=None):
@@ -178,52 +176,68 @@ class Residuals:
       return residual
 
 
-def topk_grouped_allreduce(gradients, op, config, topology, residual_for, traffic=None):
-  """TOPK exchange with error feedback of a group of float gradients, as one buffer.
+def topk_piece_lengths(lengths, topology):
+  """Per gradient, the number of its elements this rank compresses: with 2D each gradient is
+  split over the group's positions (its own piece, whatever the bucketing), else all of it."""
+  if topology is None or topology.intra_set is None:
+    return list(lengths)
+  return [topology.chunk_range(n)[1] for n in lengths]
 
-  The gradients are concatenated as float32. With 2D (a topology), the buffer is reduce-scattered
-  densely inside the group, this rank's chunk goes TOPK across groups, and the reduced chunk is
-  allgathered inside the group; without 2D the whole buffer goes TOPK over all ranks. Each
-  gradient (or the part of it in this rank's chunk) is a segment that sends ceil(ratio·m) of its
-  m entries; one allgather carries every segment's indices and values (kernels/lightcc/core).
-  `residual_for(length)` gives this rank's float32 residual variable for a chunk of that length.
+
+def topk_grouped_allreduce(gradients, op, config, topology, residual, residual_offset,
+                           traffic=None):
+  """TOPK exchange with error feedback of a group of float gradients (float32 on the wire).
+
+  With 2D (a topology), every gradient is reduce-scattered densely inside the group (this rank
+  keeps its piece of each), the pieces go TOPK across groups, and the reduced pieces are
+  allgathered inside the group; without 2D whole gradients go TOPK over all ranks. Each piece
+  sends ceil(ratio·m) of its m entries; one allgather carries every piece's indices and values
+  (kernels/lightcc/core). This rank's pieces of the group occupy
+  residual[residual_offset : residual_offset + sum(topk_piece_lengths(...))], a float32 variable
+  whose layout does not depend on how gradients are grouped (so fusion may regroup freely).
   """
   ops = _ops_loader.load()
   lengths = [g.shape.num_elements() for g in gradients]
-  total = sum(lengths)
-  buffer = tf.concat([tf.reshape(tf.cast(g, tf.float32), [-1]) for g in gradients], 0)
+  flats = [tf.reshape(tf.cast(g, tf.float32), [-1]) for g in gradients]
+  two_d = topology is not None and topology.intra_set is not None
   if topology is not None:
-    intra_set, inter_set = topology.intra_set, topology.inter_set
-    world, inter_ranks, intra_ranks = topology.world_size, topology.num_groups, topology.intra_size
-    start, chunk = topology.chunk_range(total)
+    world, inter_ranks, inter_set = topology.world_size, topology.num_groups, topology.inter_set
   else:
     world = inter_ranks = _hvd.size()
-    intra_set, inter_set, intra_ranks = None, _hvd.global_process_set, 1
-    start, chunk = 0, total
-  if intra_set is not None:
-    buffer = reduce_scatter_in_group(buffer, total, topology)
-  segment_lengths, segment_counts, offset = [], [], 0
-  for n in lengths:  # the part of each gradient inside [start, start + chunk)
-    piece = max(0, min(offset + n, start + chunk) - max(offset, start))
-    offset += n
-    segment_lengths.append(piece)
-    segment_counts.append(min(piece, max(1, math.ceil(config.topk_ratio * piece))) if piece else 0)
-  payload = ops.tf_ext_top_k_compress(buffer, residual_for(chunk).handle,
-                                      segment_lengths=segment_lengths,
-                                      segment_counts=segment_counts, half_values=config.topk_fp16)
+    inter_set = _hvd.global_process_set
+  L = topology.intra_size if two_d else 1
+  # ranges[t][q]: (start, length) of gradient t's piece at group position q.
+  ranges = [[topology.chunk_range(n, q) for q in range(L)] if two_d else [(0, n)] for n in lengths]
+  mine = topology.position if two_d else 0
+  piece_lengths = [r[mine][1] for r in ranges]
+  if two_d:  # position-major: everything for position 0, then position 1, ...
+    send = tf.concat([flats[t][a:a + m] for q in range(L) for t, r in enumerate(ranges)
+                      for a, m in [r[q]]], 0)
+    chunk = reduce_scatter_in_group(send, [sum(r[q][1] for r in ranges) for q in range(L)],
+                                    topology)
+  else:
+    chunk = tf.concat(flats, 0)
+  counts = [min(m, max(1, math.ceil(config.topk_ratio * m))) if m else 0 for m in piece_lengths]
+  payload = ops.tf_ext_top_k_compress(chunk, residual.handle, segment_lengths=piece_lengths,
+                                      segment_counts=counts, half_values=config.topk_fp16,
+                                      residual_offset=residual_offset)
   payload_bytes = payload.shape.num_elements() * 4
   if inter_ranks > 1:
     payload = _hvd.allgather(payload, process_set=inter_set)
   reduced = ops.tf_ext_top_k_decompress(
-      payload, num_selected=sum(segment_counts), half_values=config.topk_fp16, length=chunk,
+      payload, num_selected=sum(counts), half_values=config.topk_fp16, length=sum(piece_lengths),
       scale=1.0 / world if op == _hvd.Average else 1.0)
-  if intra_set is not None:
-    reduced = tf.ensure_shape(_hvd.allgather(reduced, process_set=intra_set), [total])
-  results = [tf.cast(tf.reshape(piece, g.shape), g.dtype)
-             for piece, g in zip(tf.split(reduced, lengths), gradients)]
+  if two_d:
+    gathered = tf.split(_hvd.allgather(reduced, process_set=topology.intra_set),
+                        [r[q][1] for q in range(L) for r in ranges])
+    pieces = [tf.concat([gathered[q * len(ranges) + t] for q in range(L)], 0)
+              for t in range(len(ranges))]
+  else:
+    pieces = tf.split(reduced, lengths)
+  results = [tf.cast(tf.reshape(piece, g.shape), g.dtype) for piece, g in zip(pieces, gradients)]
   if traffic is None:
     return results
-  intra = 2 * (intra_ranks - 1) / intra_ranks * total * 4 if intra_set is not None else 0
+  intra = 2 * (L - 1) / L * sum(lengths) * 4
   dense = ring_allreduce_bytes(sum(_static_bytes(g) for g in gradients), world)
   record = traffic.record(intra, payload_bytes * (inter_ranks - 1), dense)
   return [_after(record, r) for r in results]

@@ -81,7 +81,7 @@ def buckets_in_backprop_order(sizes, bucket_bytes):
 
 
 class AdaptiveFusion:
-  """The bucketed reduction of one model's dense gradients, with its policy and step clock."""
+  """The bucketed reduction of one model's gradients, with its policy and step clock."""
 
   _instances = itertools.count()
 
@@ -101,15 +101,15 @@ class AdaptiveFusion:
       return self.policy.observe(float(seconds)) if seconds > 0 else self.policy.current
 
   def reduce(self, tensors, reduce_bucket):
-    """reduce_bucket(list of tensors) -> list of reduced tensors; returns them in input order."""
+    """reduce_bucket(positions in `tensors`) -> their reduced tensors, in that order; returns all
+    reduced tensors in input order."""
     sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
 
     def branch(bucket_bytes):
       def run():
         out = [None] * len(tensors)
         for bucket in buckets_in_backprop_order(sizes, bucket_bytes):
-          reduced = reduce_bucket([tensors[i] for i in bucket])
-          for i, r in zip(bucket, reduced):
+          for i, r in zip(bucket, reduce_bucket(bucket)):
             out[i] = r
         return out
       return run

@@ -145,7 +145,9 @@ TEST(Select, ResidualKeepsExactlyWhatWasNotSent) {
       }
     }
     // Few Gaussian floats are exact halves: nearly every sent entry leaves its rounding behind.
-    if (half) EXPECT_GT(rounding_kept, k * 9 / 10);
+    if (half) {
+      EXPECT_GT(rounding_kept, k * 9 / 10);
+    }
   }
 }
 
