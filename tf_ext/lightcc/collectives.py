@@ -208,11 +208,10 @@ def topk_grouped_allreduce(gradients, op, config, topology, residual, residual_o
   L = topology.intra_size if two_d else 1
   # ranges[t][q]: (start, length) of gradient t's piece at group position q.
   ranges = [[topology.chunk_range(n, q) for q in range(L)] if two_d else [(0, n)] for n in lengths]
-  mine = topology.position if two_d else 0
-  piece_lengths = [r[mine][1] for r in ranges]
+  piece_lengths = topk_piece_lengths(lengths, topology)  # the residual layout, as callers see it
   if two_d:  # position-major: everything for position 0, then position 1, ...
-    send = tf.concat([flats[t][a:a + m] for q in range(L) for t, r in enumerate(ranges)
-                      for a, m in [r[q]]], 0)
+    send = tf.concat([flats[t][r[q][0]:r[q][0] + r[q][1]] for q in range(L)
+                      for t, r in enumerate(ranges)], 0)
     chunk = reduce_scatter_in_group(send, [sum(r[q][1] for r in ranges) for q in range(L)],
                                     topology)
   else:
