@@ -3,7 +3,8 @@
 #   make setup   system packages (apt) + .venv with requirements.txt + Horovod (built from source
 #                once per machine, wheel cached in TF_EXT_CACHE_DIR); a no-op when already done
 #   make build   bazel build the op library, copy it to tf_ext/_tf_ext_ops.so
-#   make test    bazel test //... (googletest for the core, pytest for the Python package)
+#   make lint    ruff (format check + lint) and clang-format --dry-run; `make format` fixes
+#   make test    lint, then bazel test //... (googletest for the core, pytest for the Python package)
 #   make demo    examples/train_ctr.py
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
 #   make clean   bazel clean + built artefacts
@@ -24,7 +25,7 @@ TESTS       ?= //...
 DEMO_ARGS   ?=
 BENCH_ARGS  ?=
 APT_PKGS    := bazel-bootstrap bazel-bootstrap-source libgtest-dev build-essential \
-               cmake libopenmpi-dev openmpi-bin
+               cmake libopenmpi-dev openmpi-bin clang-format
 STAMP       := $(ROOT)/.setup-stamp
 BENCH_STAMP := $(ROOT)/.bench-stamp
 SO_TARGET   := //:tf_ext/_tf_ext_ops.so
@@ -53,7 +54,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 1
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: all setup apt venv horovod bench-deps build test demo bench clean distclean
+.PHONY: all setup apt venv horovod bench-deps build lint format test demo bench clean distclean
 
 all: build
 
@@ -142,7 +143,21 @@ build: setup
 	install -m 0755 bazel-bin/$(SO) $(SO); \
 	echo "[build] $(SO) ($$(( $$(date +%s) - start ))s)"
 
-test: setup
+# C++ sources under the project's own folders (not bazel-*, not .venv).
+CXX_SOURCES = $$(find kernels ops tests -name '*.cc' -o -name '*.h')
+
+lint: venv
+	@$(VENV)/bin/ruff format --check --quiet . || { echo "[lint] Python is not formatted: run make format"; exit 1; }
+	@$(VENV)/bin/ruff check --quiet .
+	@clang-format --dry-run --Werror $(CXX_SOURCES)
+	@echo "[lint] ok"
+
+format: venv
+	@$(VENV)/bin/ruff format --quiet .
+	@$(VENV)/bin/ruff check --quiet --fix . || true
+	@clang-format -i $(CXX_SOURCES)
+
+test: setup lint
 	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	rc=0; $(BAZEL) test $(BAZEL_FLAGS) $(TESTS) 2>&1 | tee "$$log" || rc=$$?; \
 	echo; echo "================================ test summary ================================"; \
