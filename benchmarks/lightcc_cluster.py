@@ -38,6 +38,7 @@ Targets (informational, exit status 0): 2D + TOPK >= 2x Horovod steps/s; 2D inte
   .venv/bin/python benchmarks/lightcc_cluster.py --rate 500mbit --steps 10 --configs horovod,2d
   .venv/bin/python benchmarks/lightcc_cluster.py --extra-config fusion:LIGHT_2D_ALLREDUCE=1,LIGHT_INTRA_SIZE=2,LIGHT_FUSION=1
 """
+
 import argparse
 import atexit
 import json
@@ -63,25 +64,42 @@ _TOPK = {"LIGHT_TOPK_ALLREDUCE": "1", "LIGHT_TOPK_RATIO": "0.01"}
 # Configuration name -> LIGHT_* settings (every LIGHT_* not named is unset, i.e. at its default).
 # Add entries here (e.g. "2d+fusion": {**_2D, "LIGHT_FUSION": "1"}) or with --extra-config.
 # 128 MiB (Horovod's default fusion threshold) holds the whole step: one bucket, as Horovod fuses it.
-_FUSION = {"LIGHT_FUSION": "1", "LIGHT_FUSION_BUCKETS_MB": "4,16,64,128",
-           "LIGHT_FUSION_PROBE_STEPS": "2", "LIGHT_FUSION_REPROBE_STEPS": "0"}
-CONFIGS = {
-    "horovod": {},
-    "2d": dict(_2D),
-    "2d+topk": {**_2D, **_TOPK},
-    "2d+topk+fp16": {**_2D, **_TOPK, "LIGHT_TOPK_FP16": "1"},
-    # Adaptive fusion: short probes so that exploring 4 sizes fits in a warm-up of >= 8 steps.
-    "fusion": dict(_FUSION),
-    "2d+fusion": {**_2D, **_FUSION},
-    "2d+topk+fusion": {**_2D, **_TOPK, **_FUSION},
+_FUSION = {
+  "LIGHT_FUSION": "1",
+  "LIGHT_FUSION_BUCKETS_MB": "4,16,64,128",
+  "LIGHT_FUSION_PROBE_STEPS": "2",
+  "LIGHT_FUSION_REPROBE_STEPS": "0",
 }
-LABELS = {"horovod": "Horovod", "2d": "LightCC 2D", "2d+topk": "2D + TOPK",
-          "2d+topk+fp16": "2D + TOPK + FP16", "fusion": "adaptive fusion",
-          "2d+fusion": "2D + fusion", "2d+topk+fusion": "2D + TOPK + fusion"}
+CONFIGS = {
+  "horovod": {},
+  "2d": dict(_2D),
+  "2d+topk": {**_2D, **_TOPK},
+  "2d+topk+fp16": {**_2D, **_TOPK, "LIGHT_TOPK_FP16": "1"},
+  # Adaptive fusion: short probes so that exploring 4 sizes fits in a warm-up of >= 8 steps.
+  "fusion": dict(_FUSION),
+  "2d+fusion": {**_2D, **_FUSION},
+  "2d+topk+fusion": {**_2D, **_TOPK, **_FUSION},
+}
+LABELS = {
+  "horovod": "Horovod",
+  "2d": "LightCC 2D",
+  "2d+topk": "2D + TOPK",
+  "2d+topk+fp16": "2D + TOPK + FP16",
+  "fusion": "adaptive fusion",
+  "2d+fusion": "2D + fusion",
+  "2d+topk+fusion": "2D + TOPK + fusion",
+}
 DEFAULT_CONFIGS = ["horovod", "2d", "2d+topk", "2d+topk+fp16"]
 
-_SLOT_VARS = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
-              "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+_SLOT_VARS = (
+  "HOROVOD_HOSTNAME",
+  "HOROVOD_RANK",
+  "HOROVOD_SIZE",
+  "HOROVOD_LOCAL_RANK",
+  "HOROVOD_LOCAL_SIZE",
+  "HOROVOD_CROSS_RANK",
+  "HOROVOD_CROSS_SIZE",
+)
 
 RENDEZVOUS_CODE = r"""
 import sys
@@ -97,6 +115,7 @@ server.stop()
 
 
 # ----------------------------------------------------------------------------------- rank side
+
 
 def _read_counters():
   """Bytes counters of this namespace's lcc0 and lo (/sys as remounted by `ip netns exec`)."""
@@ -151,13 +170,23 @@ def worker(args):
   after = _read_counters()
   traffic = hvd.traffic()
   result = {
-      "rank": rank, "local_rank": local_rank, "node": rank // RANKS_PER_NODE,
-      "steps": args.steps, "elapsed_s": elapsed, "warmup_s": warmup_s,
-      "counters": {k: after[k] - before[k] for k in after},
-      "traffic": traffic,
-      "light_config": repr(hvd.light_config()),
-      "fusion": [{"candidates_mb": [float(c) for c in hvd.light_config().fusion_buckets_mb],
-                  "chosen": p.current, "median_step_s": p.medians} for p in hvd.fusion_policies()],
+    "rank": rank,
+    "local_rank": local_rank,
+    "node": rank // RANKS_PER_NODE,
+    "steps": args.steps,
+    "elapsed_s": elapsed,
+    "warmup_s": warmup_s,
+    "counters": {k: after[k] - before[k] for k in after},
+    "traffic": traffic,
+    "light_config": repr(hvd.light_config()),
+    "fusion": [
+      {
+        "candidates_mb": [float(c) for c in hvd.light_config().fusion_buckets_mb],
+        "chosen": p.current,
+        "median_step_s": p.medians,
+      }
+      for p in hvd.fusion_policies()
+    ],
   }
   with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
     json.dump(result, f)
@@ -165,6 +194,7 @@ def worker(args):
 
 
 # --------------------------------------------------------------------------------- parent side
+
 
 def sh(cmd, check=True):
   proc = subprocess.run(cmd, shell=isinstance(cmd, str), capture_output=True, text=True)
@@ -188,8 +218,23 @@ class Cluster:
     assert NODES == 2, "one veth pair joins exactly two nodes (use a bridge for more)"
     for ns in self.netns:
       sh(["ip", "netns", "add", ns])
-    sh(["ip", "link", "add", IFACE, "netns", self.netns[0], "type", "veth",
-        "peer", "name", IFACE, "netns", self.netns[1]])
+    sh(
+      [
+        "ip",
+        "link",
+        "add",
+        IFACE,
+        "netns",
+        self.netns[0],
+        "type",
+        "veth",
+        "peer",
+        "name",
+        IFACE,
+        "netns",
+        self.netns[1],
+      ]
+    )
     # Horovod 0.28 builds the Gloo device of every process set (the global one included) without
     # HOROVOD_GLOO_IFACE (GlooContext::InitializeForProcessSet reads its own, empty gloo_iface_),
     # so Gloo falls back to resolving gethostname(). On a real cluster that is the host's address;
@@ -206,11 +251,30 @@ class Cluster:
       sh(["ip", "-n", ns, "link", "set", "lo", "up"])
       sh(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", IFACE])
       sh(["ip", "-n", ns, "link", "set", IFACE, "up"])
-      sh(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "root", "tbf", "rate", self.rate,
-          "burst", self.burst, "latency", self.latency])
+      sh(
+        [
+          "tc",
+          "-n",
+          ns,
+          "qdisc",
+          "add",
+          "dev",
+          IFACE,
+          "root",
+          "tbf",
+          "rate",
+          self.rate,
+          "burst",
+          self.burst,
+          "latency",
+          self.latency,
+        ]
+      )
     # The link works both ways before anything is timed.
-    sh(["ip", "netns", "exec", self.netns[0], "ping", "-c", "1", "-W", "2", self.addr[1]],
-       check=False)
+    sh(
+      ["ip", "netns", "exec", self.netns[0], "ping", "-c", "1", "-W", "2", self.addr[1]],
+      check=False,
+    )
 
   def describe(self):
     lines = []
@@ -221,8 +285,9 @@ class Cluster:
     return "\n".join(lines)
 
   def popen(self, node, argv, **kwargs):
-    proc = subprocess.Popen(["ip", "netns", "exec", self.netns[node]] + argv,
-                            start_new_session=True, **kwargs)
+    proc = subprocess.Popen(
+      ["ip", "netns", "exec", self.netns[node]] + argv, start_new_session=True, **kwargs
+    )
     self.procs.append(proc)
     return proc
 
@@ -258,7 +323,10 @@ class Cluster:
 def model_shapes(model, input_size):
   """Shapes of the Keras model's trainable variables (built once, no weights downloaded)."""
   import tensorflow as tf
-  builder = {"resnet50": tf.keras.applications.ResNet50, "vgg16": tf.keras.applications.VGG16}[model]
+
+  builder = {"resnet50": tf.keras.applications.ResNet50, "vgg16": tf.keras.applications.VGG16}[
+    model
+  ]
   m = builder(weights=None, include_top=True, input_shape=(input_size, input_size, 3))
   shapes = [list(v.shape) for v in m.trainable_variables]
   del m
@@ -273,14 +341,22 @@ def run_config(cluster, name, env_light, args, spec_path, workdir):
   result_dir = os.path.join(workdir, name.replace("+", "_"))
   os.makedirs(result_dir, exist_ok=True)
   hosts = ",".join(f"node{i}:{RANKS_PER_NODE}" for i in range(NODES))
-  server = cluster.popen(0, [sys.executable, "-c", RENDEZVOUS_CODE, hosts, str(WORLD)],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  server = cluster.popen(
+    0,
+    [sys.executable, "-c", RENDEZVOUS_CODE, hosts, str(WORLD)],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   port = int(server.stdout.readline())
   run_env = {k: str(v) for k, v in create_run_env_vars(cluster.addr[0], [IFACE], port).items()}
   # The caller's LIGHT_* settings never leak into a configuration; other HOROVOD_* knobs (e.g.
   # HOROVOD_LOG_LEVEL, HOROVOD_FUSION_THRESHOLD) pass through, as with horovodrun.
-  base = {k: v for k, v in os.environ.items()
-          if not k.startswith("LIGHT_") and k not in run_env and k not in _SLOT_VARS}
+  base = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith("LIGHT_") and k not in run_env and k not in _SLOT_VARS
+  }
   base.update(env_light)
   base.update(run_env)
   base["PYTHONUNBUFFERED"] = "1"
@@ -289,12 +365,28 @@ def run_config(cluster, name, env_light, args, spec_path, workdir):
   ranks = []
   for slot in get_host_assignments(parse_hosts(hosts), WORLD):
     env = dict(base, **create_slot_env_vars(slot))
-    node = int(slot.hostname[len("node"):])
+    node = int(slot.hostname[len("node") :])
     log = open(os.path.join(result_dir, f"rank{slot.rank}.log"), "w")
-    argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path,
-            "--result-dir", result_dir, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    ranks.append((slot.rank, cluster.popen(node, argv, env=env, stdout=log,
-                                           stderr=subprocess.STDOUT, cwd=REPO), log))
+    argv = [
+      sys.executable,
+      os.path.abspath(__file__),
+      "--worker",
+      "--spec",
+      spec_path,
+      "--result-dir",
+      result_dir,
+      "--steps",
+      str(args.steps),
+      "--warmup",
+      str(args.warmup),
+    ]
+    ranks.append(
+      (
+        slot.rank,
+        cluster.popen(node, argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO),
+        log,
+      )
+    )
   deadline = time.time() + args.timeout
   failed = None
   while any(p.poll() is None for _, p, _ in ranks):
@@ -335,22 +427,32 @@ def summarize(name, env_light, results, args):
   for node in range(NODES):
     rs = [results[r] for r in range(WORLD) if r // RANKS_PER_NODE == node]
     c = rs[0]["counters"]
-    per_node.append({
-        "link_tx": c[f"{IFACE}_tx_bytes"] / steps, "link_rx": c[f"{IFACE}_rx_bytes"] / steps,
+    per_node.append(
+      {
+        "link_tx": c[f"{IFACE}_tx_bytes"] / steps,
+        "link_rx": c[f"{IFACE}_rx_bytes"] / steps,
         "lo_tx": c["lo_tx_bytes"] / steps,
         "analytic_inter": sum(r["traffic"]["inter_bytes"] for r in rs) / steps,
         "analytic_intra": sum(r["traffic"]["intra_bytes"] for r in rs) / steps,
-    })
-  two_d_or_topk = any(env_light.get(k) == "1" for k in ("LIGHT_2D_ALLREDUCE", "LIGHT_TOPK_ALLREDUCE"))
+      }
+    )
+  two_d_or_topk = any(
+    env_light.get(k) == "1" for k in ("LIGHT_2D_ALLREDUCE", "LIGHT_TOPK_ALLREDUCE")
+  )
   model = not two_d_or_topk
   if model:  # Horovod: flat ring over WORLD ranks ordered by node: one crossing edge per node
     for n in per_node:
       n["analytic_inter"] = 2 * (WORLD - 1) / WORLD * S
   return {
-      "name": name, "env": env_light,
-      "steps_per_s": steps / results[0]["elapsed_s"], "step_s": results[0]["elapsed_s"] / steps,
-      "warmup_s": results[0]["warmup_s"], "nodes": per_node, "analytic_is_model": model,
-      "light_config": results[0]["light_config"], "fusion": results[0]["fusion"],
+    "name": name,
+    "env": env_light,
+    "steps_per_s": steps / results[0]["elapsed_s"],
+    "step_s": results[0]["elapsed_s"] / steps,
+    "warmup_s": results[0]["warmup_s"],
+    "nodes": per_node,
+    "analytic_is_model": model,
+    "light_config": results[0]["light_config"],
+    "fusion": results[0]["fusion"],
   }
 
 
@@ -359,15 +461,23 @@ def report(rows, args):
   lb = 2 * (NODES - 1) / NODES * S
   mb = lambda b: f"{b / 1e6:9.2f}"
   base = next((r for r in rows if r["name"] == "horovod" and "error" not in r), None)
-  print(f"\nWorkload: {args.model_desc}: {args.num_tensors} gradient tensors, "
-        f"{args.num_params:,} float32 = S = {S / 1e6:.2f} MB per step")
-  print(f"Cluster: {NODES} nodes x {RANKS_PER_NODE} ranks, link {args.rate} (tbf) each direction; "
-        f"lower bound 2(n-1)/n*S = {lb / 1e6:.2f} MB per node and direction "
-        f"(link time at rate: {lb * 8 / args.rate_bps:.3f} s)")
-  print("Bytes are per step; 'node0->1' is node 0's lcc0 tx_bytes (headers included), "
-        "'analytic' is hvd.traffic() summed per node (max of the nodes)\n")
-  hdr = (f"{'config':<18} {'steps/s':>8} {'vs hvd':>7} {'node0->1 MB':>12} {'node1->0 MB':>12} "
-         f"{'analytic MB':>12} {'meas/LB':>8} {'anal/LB':>8} {'lo MB/node':>11}")
+  print(
+    f"\nWorkload: {args.model_desc}: {args.num_tensors} gradient tensors, "
+    f"{args.num_params:,} float32 = S = {S / 1e6:.2f} MB per step"
+  )
+  print(
+    f"Cluster: {NODES} nodes x {RANKS_PER_NODE} ranks, link {args.rate} (tbf) each direction; "
+    f"lower bound 2(n-1)/n*S = {lb / 1e6:.2f} MB per node and direction "
+    f"(link time at rate: {lb * 8 / args.rate_bps:.3f} s)"
+  )
+  print(
+    "Bytes are per step; 'node0->1' is node 0's lcc0 tx_bytes (headers included), "
+    "'analytic' is hvd.traffic() summed per node (max of the nodes)\n"
+  )
+  hdr = (
+    f"{'config':<18} {'steps/s':>8} {'vs hvd':>7} {'node0->1 MB':>12} {'node1->0 MB':>12} "
+    f"{'analytic MB':>12} {'meas/LB':>8} {'anal/LB':>8} {'lo MB/node':>11}"
+  )
   print(hdr)
   print("-" * len(hdr))
   for r in rows:
@@ -379,12 +489,16 @@ def report(rows, args):
     meas = max(n0["link_tx"], n1["link_tx"])
     anal = max(n0["analytic_inter"], n1["analytic_inter"])
     ratio = f"{r['steps_per_s'] / base['steps_per_s']:6.2f}x" if base else "    n/a"
-    print(f"{label:<18} {r['steps_per_s']:8.3f} {ratio:>7} {mb(n0['link_tx']):>12} "
-          f"{mb(n1['link_tx']):>12} {mb(anal):>11}{'*' if r['analytic_is_model'] else ' '} "
-          f"{meas / lb:8.3f} {anal / lb:8.3f} {mb(max(n0['lo_tx'], n1['lo_tx'])):>11}")
+    print(
+      f"{label:<18} {r['steps_per_s']:8.3f} {ratio:>7} {mb(n0['link_tx']):>12} "
+      f"{mb(n1['link_tx']):>12} {mb(anal):>11}{'*' if r['analytic_is_model'] else ' '} "
+      f"{meas / lb:8.3f} {anal / lb:8.3f} {mb(max(n0['lo_tx'], n1['lo_tx'])):>11}"
+    )
   print("  * Horovod: flat-ring model 2(W-1)/W*S per node (hvd.traffic() counts only LightCC)")
-  print(f"{'lower bound':<18} {'':>8} {'':>7} {mb(lb):>12} {mb(lb):>12} {mb(lb):>11}  "
-        f"{1.0:8.3f} {1.0:8.3f}")
+  print(
+    f"{'lower bound':<18} {'':>8} {'':>7} {mb(lb):>12} {mb(lb):>12} {mb(lb):>11}  "
+    f"{1.0:8.3f} {1.0:8.3f}"
+  )
   print()
   by = {r["name"]: r for r in rows if "error" not in r}
   if base and "2d+topk" in by:
@@ -396,16 +510,20 @@ def report(rows, args):
     n0, n1 = by["2d"]["nodes"]
     meas = max(n0["link_tx"], n1["link_tx"]) / lb
     anal = max(n0["analytic_inter"], n1["analytic_inter"]) / lb
-    print(f"{'PASS' if meas <= 1.1 else 'MISS'}: 2D inter-node bytes = {meas:.3f}x the lower bound "
-          f"measured on the link ({anal:.3f}x analytic) (target <= 1.1x)")
+    print(
+      f"{'PASS' if meas <= 1.1 else 'MISS'}: 2D inter-node bytes = {meas:.3f}x the lower bound "
+      f"measured on the link ({anal:.3f}x analytic) (target <= 1.1x)"
+    )
   else:
     print("----: 2D inter-node bytes not measured")
 
 
 def plot(rows, args):
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   ok = [r for r in rows if "error" not in r]
   if not ok:
     return None
@@ -415,16 +533,31 @@ def plot(rows, args):
   x = range(len(ok))
   bars = a1.bar(x, [r["steps_per_s"] for r in ok], color="tab:blue")
   for b, r in zip(bars, ok):
-    a1.annotate(f"{r['steps_per_s']:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()),
-                ha="center", va="bottom", fontsize=9)
+    a1.annotate(
+      f"{r['steps_per_s']:.2f}",
+      (b.get_x() + b.get_width() / 2, b.get_height()),
+      ha="center",
+      va="bottom",
+      fontsize=9,
+    )
   a1.set_xticks(list(x), names, rotation=15)
   a1.set_ylabel("steps/s (rank 0)")
   a1.set_title("Throughput")
   w = 0.27
-  a2.bar([i - w for i in x], [r["nodes"][0]["link_tx"] / 1e6 for r in ok], w, label="measured node0→node1")
+  a2.bar(
+    [i - w for i in x],
+    [r["nodes"][0]["link_tx"] / 1e6 for r in ok],
+    w,
+    label="measured node0→node1",
+  )
   a2.bar(list(x), [r["nodes"][1]["link_tx"] / 1e6 for r in ok], w, label="measured node1→node0")
-  a2.bar([i + w for i in x], [max(n["analytic_inter"] for n in r["nodes"]) / 1e6 for r in ok], w,
-         label="analytic (hvd.traffic / ring model)", color="tab:gray")
+  a2.bar(
+    [i + w for i in x],
+    [max(n["analytic_inter"] for n in r["nodes"]) / 1e6 for r in ok],
+    w,
+    label="analytic (hvd.traffic / ring model)",
+    color="tab:gray",
+  )
   a2.axhline(lb, color="red", ls="--", label=f"lower bound 2(n-1)/n·S = {lb:.1f} MB")
   a2.set_xticks(list(x), names, rotation=15)
   a2.set_ylabel("inter-node MB per step (per direction)")
@@ -432,8 +565,10 @@ def plot(rows, args):
   a2.set_ylim(1, 6 * max(lb, max(r["nodes"][0]["link_tx"] / 1e6 for r in ok)))
   a2.set_title("Inter-node bytes per step")
   a2.legend(fontsize=8, loc="upper right", ncol=2)
-  fig.suptitle(f"LightCC vs Horovod: {NODES} nodes x {RANKS_PER_NODE} ranks, {args.rate} link, "
-               f"{args.model_desc} (S = {args.total_bytes / 1e6:.1f} MB)")
+  fig.suptitle(
+    f"LightCC vs Horovod: {NODES} nodes x {RANKS_PER_NODE} ranks, {args.rate} link, "
+    f"{args.model_desc} (S = {args.total_bytes / 1e6:.1f} MB)"
+  )
   fig.tight_layout()
   fig.savefig(args.out, dpi=110)
   plt.close(fig)
@@ -444,26 +579,39 @@ def rate_to_bps(rate):
   units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1}
   for u, m in units.items():
     if rate.lower().endswith(u):
-      return float(rate[:-len(u)]) * m
+      return float(rate[: -len(u)]) * m
   raise ValueError(f"--rate like 1gbit / 500mbit, got {rate!r}")
 
 
 def parse_args(argv):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   p.add_argument("--rate", default="1gbit", help="tc tbf rate of the inter-node link (each way)")
   p.add_argument("--burst", default="512kb", help="tc tbf burst")
   p.add_argument("--latency", default="20ms", help="tc tbf latency (queue limit)")
   p.add_argument("--steps", type=int, default=10)
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--model", choices=("resnet50", "vgg16"), default="resnet50")
-  p.add_argument("--input-size", type=int, default=32,
-                 help="input side for building the model (VGG16's fc1 depends on it: 224 = the "
-                      "real 138M-parameter VGG16, 32 = 37.7M)")
-  p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                 help=f"comma-separated subset of {list(CONFIGS)} (plus --extra-config names)")
-  p.add_argument("--extra-config", action="append", default=[], metavar="NAME:VAR=V,VAR=V",
-                 help="add a configuration (also run, after --configs)")
+  p.add_argument(
+    "--input-size",
+    type=int,
+    default=32,
+    help="input side for building the model (VGG16's fc1 depends on it: 224 = the "
+    "real 138M-parameter VGG16, 32 = 37.7M)",
+  )
+  p.add_argument(
+    "--configs",
+    default=",".join(DEFAULT_CONFIGS),
+    help=f"comma-separated subset of {list(CONFIGS)} (plus --extra-config names)",
+  )
+  p.add_argument(
+    "--extra-config",
+    action="append",
+    default=[],
+    metavar="NAME:VAR=V,VAR=V",
+    help="add a configuration (also run, after --configs)",
+  )
   p.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
   p.add_argument("--out", default="lightcc_cluster.png", help="PNG chart path")
   p.add_argument("--json", help="also write the results here")
@@ -479,8 +627,10 @@ def parse_args(argv):
 def preflight():
   problems = []
   if os.geteuid() != 0:
-    problems.append("must run as root (it creates network namespaces, veth links and tc qdiscs): "
-                    "sudo " + " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv))
+    problems.append(
+      "must run as root (it creates network namespaces, veth links and tc qdiscs): "
+      "sudo " + " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)
+    )
   for tool in ("ip", "tc"):
     if shutil.which(tool) is None:
       problems.append(f"`{tool}` not found (Debian: apt-get install iproute2)")
@@ -509,7 +659,9 @@ def main(argv=None):
   args.num_tensors = len(shapes)
   args.num_params = sum(int(__import__("math").prod(s)) for s in shapes)
   args.total_bytes = 4 * args.num_params
-  args.model_desc = f"{args.model} (Keras, weights=None, include_top, {args.input_size}x{args.input_size} input)"
+  args.model_desc = (
+    f"{args.model} (Keras, weights=None, include_top, {args.input_size}x{args.input_size} input)"
+  )
   workdir = args.workdir or tempfile.mkdtemp(prefix="lcc_cluster_")
   os.makedirs(workdir, exist_ok=True)
   spec_path = os.path.join(workdir, "spec.json")
@@ -529,8 +681,10 @@ def main(argv=None):
   try:
     cluster.setup()
     print(f"Emulated cluster ({time.time() - started:.0f}s):\n{cluster.describe()}")
-    print(f"Workload {args.model_desc}: {len(shapes)} tensors, S = {args.total_bytes / 1e6:.2f} MB; "
-          f"{args.warmup} warm-up + {args.steps} timed steps per config; work dir {workdir}")
+    print(
+      f"Workload {args.model_desc}: {len(shapes)} tensors, S = {args.total_bytes / 1e6:.2f} MB; "
+      f"{args.warmup} warm-up + {args.steps} timed steps per config; work dir {workdir}"
+    )
     for name in selected:
       t = time.time()
       print(f"\n== {name}: {configs[name] or '(all LIGHT_* unset)'}", flush=True)
@@ -542,12 +696,19 @@ def main(argv=None):
         n = row["nodes"]
         for policy in row["fusion"]:
           mb = policy["candidates_mb"]
-          print(f"   fusion: bucket {mb[policy['chosen']]:g} MiB chosen; median step s by size: "
-                + ", ".join(f"{mb[int(i)]:g}: {t:.3f}" for i, t in sorted(policy["median_step_s"].items())))
-        print(f"   {row['steps_per_s']:.3f} steps/s; link bytes/step node0->1 "
-              f"{n[0]['link_tx'] / 1e6:.2f} MB, node1->0 {n[1]['link_tx'] / 1e6:.2f} MB; "
-              f"lo bytes/step {n[0]['lo_tx'] / 1e6:.2f} / {n[1]['lo_tx'] / 1e6:.2f} MB; "
-              f"{row['light_config']} ({time.time() - t:.0f}s)", flush=True)
+          print(
+            f"   fusion: bucket {mb[policy['chosen']]:g} MiB chosen; median step s by size: "
+            + ", ".join(
+              f"{mb[int(i)]:g}: {t:.3f}" for i, t in sorted(policy["median_step_s"].items())
+            )
+          )
+        print(
+          f"   {row['steps_per_s']:.3f} steps/s; link bytes/step node0->1 "
+          f"{n[0]['link_tx'] / 1e6:.2f} MB, node1->0 {n[1]['link_tx'] / 1e6:.2f} MB; "
+          f"lo bytes/step {n[0]['lo_tx'] / 1e6:.2f} / {n[1]['lo_tx'] / 1e6:.2f} MB; "
+          f"{row['light_config']} ({time.time() - t:.0f}s)",
+          flush=True,
+        )
   finally:
     if args.keep_netns:
       for proc in cluster.procs:
@@ -560,8 +721,12 @@ def main(argv=None):
   print(f"\nChart: {png}" if png else "\nChart: none (no configuration succeeded)")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-                 "rows": rows}, f, indent=1, default=str)
+      json.dump(
+        {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "rows": rows},
+        f,
+        indent=1,
+        default=str,
+      )
   print(f"Total time {time.time() - started:.0f}s; rank logs in {workdir}")
   return 0
 

@@ -28,6 +28,7 @@ noisy machine; absolute times are context.
 
 TFRA is optional: `pip install -r requirements-bench.txt` (or `pip install .[bench]`).
 """
+
 import argparse
 import gc
 import json
@@ -63,25 +64,46 @@ TFRA_EMBEDDING_API = "de.shadow_ops.ShadowVariable + de.shadow_ops.embedding_loo
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   p.add_argument("--keys", type=int, default=1_000_000, help="distinct ids in the table")
   p.add_argument("--dim", type=int, default=64, help="embedding width (float32)")
   p.add_argument("--batch", type=int, default=65_536, help="ids per lookup")
-  p.add_argument("--zipf", type=float, default=1.2,
-                 help="Zipf exponent s of the id distribution, P(rank k) ~ 1/k^s over the vocabulary")
-  p.add_argument("--repeats", type=int, default=7,
-                 help="timed rounds; each round runs every method over all batches; medians reported")
+  p.add_argument(
+    "--zipf",
+    type=float,
+    default=1.2,
+    help="Zipf exponent s of the id distribution, P(rank k) ~ 1/k^s over the vocabulary",
+  )
+  p.add_argument(
+    "--repeats",
+    type=int,
+    default=7,
+    help="timed rounds; each round runs every method over all batches; medians reported",
+  )
   p.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed ones")
   p.add_argument("--num-batches", type=int, default=20, help="distinct pre-generated batches")
-  p.add_argument("--insert-batch", type=int, default=65_536, help="keys per insert/upsert/Adam step")
-  p.add_argument("--intra-op-threads", type=int, default=0,
-                 help="tf.config intra-op threads; 0 keeps TensorFlow's default (one per CPU)")
-  p.add_argument("--inter-op-threads", type=int, default=0,
-                 help="tf.config inter-op threads; 0 keeps TensorFlow's default")
+  p.add_argument(
+    "--insert-batch", type=int, default=65_536, help="keys per insert/upsert/Adam step"
+  )
+  p.add_argument(
+    "--intra-op-threads",
+    type=int,
+    default=0,
+    help="tf.config intra-op threads; 0 keeps TensorFlow's default (one per CPU)",
+  )
+  p.add_argument(
+    "--inter-op-threads",
+    type=int,
+    default=0,
+    help="tf.config inter-op threads; 0 keeps TensorFlow's default",
+  )
   p.add_argument("--seed", type=int, default=0, help="numpy seed for keys, rows and ids")
   p.add_argument("--no-tfra", action="store_true", help="skip the TFRA baselines")
-  p.add_argument("--no-adam", action="store_true", help="skip the memory measurement with Adam slots")
+  p.add_argument(
+    "--no-adam", action="store_true", help="skip the memory measurement with Adam slots"
+  )
   p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
   args = p.parse_args(argv)
   for name in ("keys", "dim", "batch", "repeats", "num_batches", "insert_batch"):
@@ -95,6 +117,7 @@ def parse_args(argv=None):
 
 
 # ---- small helpers --------------------------------------------------------------------------
+
 
 def log(msg):
   print(msg, file=sys.stderr, flush=True)
@@ -154,6 +177,7 @@ def verdict(ok):
 
 # ---- data -----------------------------------------------------------------------------------
 
+
 def make_keys(n, rng):
   """n distinct random non-negative 63-bit int64 ids, in random order."""
   keys = np.unique(rng.integers(0, 2**63 - 1, size=n + n // 64 + 16, dtype=np.int64))
@@ -178,6 +202,7 @@ def make_zipf_batches(n, batch, num_batches, s, rng):
 
 # ---- timing ---------------------------------------------------------------------------------
 
+
 def time_round(fn, batches):
   """(wall seconds, process CPU seconds) to run fn over every batch once (each call is
   synchronous on CPU). CPU time counts every thread of this process: on a shared machine it
@@ -200,7 +225,7 @@ def run_interleaved(methods, warmup, repeats):
   times = {name: [] for name in names}
   cpu_times = {name: [] for name in names}
   for r in range(repeats):
-    order = names[r % len(names):] + names[:r % len(names)]
+    order = names[r % len(names) :] + names[: r % len(names)]
     for name in order:
       fn, batches = methods[name]
       wall, cpu = time_round(fn, batches)
@@ -211,11 +236,13 @@ def run_interleaved(methods, warmup, repeats):
 
 # ---- main -----------------------------------------------------------------------------------
 
+
 def main(argv=None):
   args = parse_args(argv)
   wall_start = time.perf_counter()
 
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
   if args.intra_op_threads:
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
   if args.inter_op_threads:
@@ -229,21 +256,41 @@ def main(argv=None):
     try:
       import tensorflow_recommenders_addons as tfra  # pylint: disable=import-outside-toplevel
       import tensorflow_recommenders_addons.dynamic_embedding as de  # pylint: disable=import-outside-toplevel
+
       tfra_version = getattr(tfra, "__version__", "unknown")
       tfra_status = f"tensorflow-recommenders-addons {tfra_version}"
     except Exception as error:  # ImportError, or a TFRA op library that fails to load
       de = None
       tfra_short = "TFRA not installed"
-      tfra_status = (f"not installed ({type(error).__name__}: {error}); skipping the TFRA column. "
-                     "Install it with `pip install -r requirements-bench.txt` or `pip install .[bench]`")
+      tfra_status = (
+        f"not installed ({type(error).__name__}: {error}); skipping the TFRA column. "
+        "Install it with `pip install -r requirements-bench.txt` or `pip install .[bench]`"
+      )
 
   n, dim, bsz = args.keys, args.dim, args.batch
   rng = np.random.default_rng(args.seed)
   results = {
-      "config": {k: getattr(args, k) for k in ("keys", "dim", "batch", "zipf", "repeats", "warmup",
-                                                "num_batches", "insert_batch", "seed")},
-      "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
-                   "tf_ext": tf_ext.__version__, "tfra": tfra_version, "numpy": np.__version__},
+    "config": {
+      k: getattr(args, k)
+      for k in (
+        "keys",
+        "dim",
+        "batch",
+        "zipf",
+        "repeats",
+        "warmup",
+        "num_batches",
+        "insert_batch",
+        "seed",
+      )
+    },
+    "versions": {
+      "python": platform.python_version(),
+      "tensorflow": tf.__version__,
+      "tf_ext": tf_ext.__version__,
+      "tfra": tfra_version,
+      "numpy": np.__version__,
+    },
   }
 
   # -- threads ------------------------------------------------------------------------------
@@ -251,25 +298,33 @@ def main(argv=None):
   intra_cfg = tf.config.threading.get_intra_op_parallelism_threads()
   inter_cfg = tf.config.threading.get_inter_op_parallelism_threads()
   threads = {
-      "cpus_available": cpus,
-      "intra_op_parallelism_threads": intra_cfg,
-      "inter_op_parallelism_threads": inter_cfg,
-      "intra_op_effective": intra_cfg or cpus,
-      "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    "cpus_available": cpus,
+    "intra_op_parallelism_threads": intra_cfg,
+    "inter_op_parallelism_threads": inter_cfg,
+    "intra_op_effective": intra_cfg or cpus,
+    "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
   }
   results["threads"] = threads
 
   print("== tf_ext lookup benchmark ==")
-  print(f"machine      : {cpu_model()}, {cpus} CPUs available, {platform.system()} {platform.release()}")
-  print(f"versions     : Python {platform.python_version()}, TensorFlow {tf.__version__}, "
-        f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}")
+  print(
+    f"machine      : {cpu_model()}, {cpus} CPUs available, {platform.system()} {platform.release()}"
+  )
+  print(
+    f"versions     : Python {platform.python_version()}, TensorFlow {tf.__version__}, "
+    f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}"
+  )
   print(f"TFRA         : {tfra_status}")
-  print(f"threads      : intra_op_parallelism_threads={intra_cfg}"
-        f"{' (TensorFlow default: one per available CPU -> ' + str(cpus) + ')' if not intra_cfg else ''}, "
-        f"inter_op_parallelism_threads={inter_cfg}{' (default)' if not inter_cfg else ''}, "
-        f"OMP_NUM_THREADS={threads['omp_num_threads'] or 'unset'}")
-  print(f"workload     : {n:,} keys x dim {dim} float32; {args.num_batches} batches of {bsz:,} "
-        f"Zipf({args.zipf:g}) ids; {args.warmup} warm-up + {args.repeats} timed rounds, interleaved")
+  print(
+    f"threads      : intra_op_parallelism_threads={intra_cfg}"
+    f"{' (TensorFlow default: one per available CPU -> ' + str(cpus) + ')' if not intra_cfg else ''}, "
+    f"inter_op_parallelism_threads={inter_cfg}{' (default)' if not inter_cfg else ''}, "
+    f"OMP_NUM_THREADS={threads['omp_num_threads'] or 'unset'}"
+  )
+  print(
+    f"workload     : {n:,} keys x dim {dim} float32; {args.num_batches} batches of {bsz:,} "
+    f"Zipf({args.zipf:g}) ids; {args.warmup} warm-up + {args.repeats} timed rounds, interleaved"
+  )
 
   # -- data ---------------------------------------------------------------------------------
   t0 = time.perf_counter()
@@ -282,17 +337,23 @@ def main(argv=None):
   top = np.sort(counts)[::-1]
   hot_share = top[: max(1, n // 1000)].sum() / bsz
   log(f"[data] generated keys, rows and batches in {time.perf_counter() - t0:.1f}s")
-  print(f"id stats     : ~{statistics.mean(uniques):,.0f} distinct ids per batch "
-        f"({statistics.mean(uniques) / bsz:.1%}); the hottest 0.1% of rows get {hot_share:.1%} of lookups")
-  results["id_stats"] = {"distinct_per_batch": statistics.mean(uniques),
-                         "top_0.1pct_share": float(hot_share)}
+  print(
+    f"id stats     : ~{statistics.mean(uniques):,.0f} distinct ids per batch "
+    f"({statistics.mean(uniques) / bsz:.1%}); the hottest 0.1% of rows get {hot_share:.1%} of lookups"
+  )
+  results["id_stats"] = {
+    "distinct_per_batch": statistics.mean(uniques),
+    "top_0.1pct_share": float(hot_share),
+  }
 
   tf_row_batches = [tf.constant(b) for b in row_batches]
   tf_key_batches = [tf.constant(b) for b in key_batches]
 
   # -- tf_ext table -------------------------------------------------------------------------
   rss0 = rss_bytes()
-  table = tf_ext.DynamicEmbeddingVariable("bench_lookup", dim, key_dtype=tf.int64, initializer="zeros")
+  table = tf_ext.DynamicEmbeddingVariable(
+    "bench_lookup", dim, key_dtype=tf.int64, initializer="zeros"
+  )
   progress = Progress("tf_ext insert", n)
   t0 = time.perf_counter()
   for start in range(0, n, args.insert_batch):
@@ -304,22 +365,31 @@ def main(argv=None):
   rss1 = rss_bytes()
   size = int(table.size())
   table_bytes = int(table.memory_bytes())
-  print(f"tf_ext table : size {size:,}, built in {build_s:.2f}s ({n / build_s / 1e6:.2f} M keys/s insert), "
-        f"memory_bytes {mib(table_bytes)}, RSS growth {mib(None if rss0 is None else rss1 - rss0)} (context)")
+  print(
+    f"tf_ext table : size {size:,}, built in {build_s:.2f}s ({n / build_s / 1e6:.2f} M keys/s insert), "
+    f"memory_bytes {mib(table_bytes)}, RSS growth {mib(None if rss0 is None else rss1 - rss0)} (context)"
+  )
   if size != n:
     print(f"WARNING: tf_ext table size {size} != {n} inserted distinct keys")
 
   # -- dense variable -----------------------------------------------------------------------
   dense = tf.Variable(rows, name="bench_dense")
-  print(f"dense        : tf.Variable {list(dense.shape)} float32, {mib(dense.shape.num_elements() * 4)}")
+  print(
+    f"dense        : tf.Variable {list(dense.shape)} float32, {mib(dense.shape.num_elements() * 4)}"
+  )
 
   # -- TFRA ---------------------------------------------------------------------------------
   tfra_var = tfra_shadow = None
   if de is not None:
     try:
       rss0 = rss_bytes()
-      tfra_var = de.get_variable("bench_tfra", key_dtype=tf.int64, value_dtype=tf.float32, dim=dim,
-                                 initializer=tf.keras.initializers.Zeros())
+      tfra_var = de.get_variable(
+        "bench_tfra",
+        key_dtype=tf.int64,
+        value_dtype=tf.float32,
+        dim=dim,
+        initializer=tf.keras.initializers.Zeros(),
+      )
       progress = Progress("TFRA upsert", n)
       t0 = time.perf_counter()
       for start in range(0, n, args.insert_batch):
@@ -330,17 +400,23 @@ def main(argv=None):
       gc.collect()
       rss1 = rss_bytes()
       tfra_size = int(tfra_var.size())
-      print(f"TFRA table   : size {tfra_size:,}, built in {tfra_build_s:.2f}s "
-            f"({n / tfra_build_s / 1e6:.2f} M keys/s upsert), RSS growth "
-            f"{mib(None if rss0 is None else rss1 - rss0)} (context)")
+      print(
+        f"TFRA table   : size {tfra_size:,}, built in {tfra_build_s:.2f}s "
+        f"({n / tfra_build_s / 1e6:.2f} M keys/s upsert), RSS growth "
+        f"{mib(None if rss0 is None else rss1 - rss0)} (context)"
+      )
       # The training-path lookup's trainable: created eagerly, once, outside the tf.function.
       tfra_mode = de.ModelMode.CURRENT_SETTING
       if tfra_mode != de.ModelMode.TRAIN:
-        print(f"WARNING: TFRA ModelMode is {tfra_mode!r}, not {de.ModelMode.TRAIN!r}: "
-              "embedding_lookup would skip the training-path copy")
+        print(
+          f"WARNING: TFRA ModelMode is {tfra_mode!r}, not {de.ModelMode.TRAIN!r}: "
+          "embedding_lookup would skip the training-path copy"
+        )
       tfra_shadow = de.shadow_ops.ShadowVariable(tfra_var, name="bench_tfra_shadow", trainable=True)
-      print(f"TFRA train   : {TFRA_EMBEDDING_API}; ShadowVariable {tfra_shadow.name!r} "
-            f"(trainable={tfra_shadow.trainable}) created eagerly before tracing; ModelMode {tfra_mode!r}")
+      print(
+        f"TFRA train   : {TFRA_EMBEDDING_API}; ShadowVariable {tfra_shadow.name!r} "
+        f"(trainable={tfra_shadow.trainable}) created eagerly before tracing; ModelMode {tfra_mode!r}"
+      )
     except Exception as error:  # pylint: disable=broad-except
       print(f"TFRA: failed to build the baseline ({type(error).__name__}: {error}); skipping it")
       tfra_status = f"failed: {type(error).__name__}: {error}"
@@ -360,17 +436,22 @@ def main(argv=None):
   def dense_gather(rows_idx):
     return tf.gather(dense, rows_idx)
 
-  methods = {"tf_ext": (tf_ext_lookup, tf_key_batches),
-             "dense_gather": (dense_gather, tf_row_batches)}
+  methods = {
+    "tf_ext": (tf_ext_lookup, tf_key_batches),
+    "dense_gather": (dense_gather, tf_row_batches),
+  }
   if tfra_var is not None:
+
     @tf.function(input_signature=[spec_ids], jit_compile=False)
     def tfra_lookup(ids):
       return tfra_var.lookup(ids)
+
     methods["tfra"] = (tfra_lookup, tf_key_batches)
 
     @tf.function(input_signature=[spec_ids], jit_compile=False)
     def tfra_embedding_lookup(ids):
       return de.shadow_ops.embedding_lookup(tfra_shadow, ids, name="bench_tfra_embedding_lookup")
+
     methods["tfra_embedding_lookup"] = (tfra_embedding_lookup, tf_key_batches)
 
   # Correctness first: every method must return the same rows.
@@ -390,32 +471,47 @@ def main(argv=None):
   keys_per_round = args.num_batches * bsz
   throughput = {}
   print()
-  print(f"lookup throughput ({args.num_batches} x {bsz:,} ids per round; median of {args.repeats} rounds; "
-        f"CPU-ns/key = process CPU time, all threads; min..max M keys/s in brackets):")
-  labels = {"tf_ext": "tf_ext table.lookup", "dense_gather": "dense tf.gather",
-            "tfra": "TFRA Variable.lookup (raw hashtable find)",
-            "tfra_embedding_lookup": "TFRA embedding_lookup (training path, shadow_ops.ShadowVariable)"}
+  print(
+    f"lookup throughput ({args.num_batches} x {bsz:,} ids per round; median of {args.repeats} rounds; "
+    f"CPU-ns/key = process CPU time, all threads; min..max M keys/s in brackets):"
+  )
+  labels = {
+    "tf_ext": "tf_ext table.lookup",
+    "dense_gather": "dense tf.gather",
+    "tfra": "TFRA Variable.lookup (raw hashtable find)",
+    "tfra_embedding_lookup": "TFRA embedding_lookup (training path, shadow_ops.ShadowVariable)",
+  }
   width = max(len(v) for v in labels.values()) + 2
   for name, ts in times.items():
     med = statistics.median(ts)
     cpu_ns = statistics.median(cpu_times[name]) / keys_per_round * 1e9
-    throughput[name] = {"keys_per_s": keys_per_round / med,
-                        "median_round_s": med, "round_s": ts,
-                        "median_batch_ms": med / args.num_batches * 1e3,
-                        "cpu_ns_per_key": cpu_ns, "round_cpu_s": cpu_times[name]}
-    print(f"  {labels[name]:<{width}}{fmt_rate(keys_per_round / med)}   "
-          f"{med / args.num_batches * 1e3:7.2f} ms/batch  {cpu_ns:6.1f} CPU-ns/key  "
-          f"[{keys_per_round / max(ts) / 1e6:.2f}..{keys_per_round / min(ts) / 1e6:.2f}]")
+    throughput[name] = {
+      "keys_per_s": keys_per_round / med,
+      "median_round_s": med,
+      "round_s": ts,
+      "median_batch_ms": med / args.num_batches * 1e3,
+      "cpu_ns_per_key": cpu_ns,
+      "round_cpu_s": cpu_times[name],
+    }
+    print(
+      f"  {labels[name]:<{width}}{fmt_rate(keys_per_round / med)}   "
+      f"{med / args.num_batches * 1e3:7.2f} ms/batch  {cpu_ns:6.1f} CPU-ns/key  "
+      f"[{keys_per_round / max(ts) / 1e6:.2f}..{keys_per_round / min(ts) / 1e6:.2f}]"
+    )
   for name in ("tfra", "tfra_embedding_lookup"):
     if name not in times:
       print(f"  {labels[name]:<{width}}     n/a         ({tfra_short})")
   if "tfra_embedding_lookup" in times:
-    print(f"  training path = {TFRA_EMBEDDING_API}\n"
-          "    (the TF2 route: ShadowVariable created once, eagerly, before tracing; in the tf.function each\n"
-          "    call assigns the ids, runs CuckooHashTableFind, assigns the rows to the ShadowVariable and\n"
-          "    reads them back; forward only, no GradientTape)")
+    print(
+      f"  training path = {TFRA_EMBEDDING_API}\n"
+      "    (the TF2 route: ShadowVariable created once, eagerly, before tracing; in the tf.function each\n"
+      "    call assigns the ids, runs CuckooHashTableFind, assigns the rows to the ShadowVariable and\n"
+      "    reads them back; forward only, no GradientTape)"
+    )
   results["throughput"] = throughput
-  results["tfra_embedding_api"] = None if "tfra_embedding_lookup" not in times else TFRA_EMBEDDING_API
+  results["tfra_embedding_api"] = (
+    None if "tfra_embedding_lookup" not in times else TFRA_EMBEDDING_API
+  )
 
   def ratio(a, b):
     """Median ratio of keys/s a/b, and the per-round median (robust to drifting noise)."""
@@ -437,7 +533,9 @@ def main(argv=None):
   c_gather, c_tfra = cpu_ratio("tf_ext", "dense_gather"), cpu_ratio("tf_ext", "tfra")
   c_emb = cpu_ratio("tf_ext", "tfra_embedding_lookup")
   print()
-  print("ratios (wall keys/s of tf_ext over the baseline; [per-round median], (CPU-time ratio, context)):")
+  print(
+    "ratios (wall keys/s of tf_ext over the baseline; [per-round median], (CPU-time ratio, context)):"
+  )
 
   def ratio_line(label, value, rounds, cpu, note):
     if value is None:
@@ -445,20 +543,38 @@ def main(argv=None):
     else:
       print(f"  {label:<38}: {value:6.2f}x  [{rounds:.2f}x]  ({cpu:.2f}x CPU)   {note}")
 
-  ratio_line("tf_ext / dense gather", r_gather, r_gather_rounds, c_gather,
-             f"target >= {LOOKUP_VS_GATHER_TARGET}")
-  ratio_line("tf_ext / TFRA embedding_lookup (train)", r_emb, r_emb_rounds, c_emb,
-             f"target >= {LOOKUP_VS_TFRA_TARGET:g} (the TFRA target is judged on this training-path ratio)")
-  ratio_line("tf_ext / TFRA Variable.lookup (raw)", r_tfra, r_tfra_rounds, c_tfra,
-             "context only (raw hashtable find, not what a TFRA model calls)")
-  results["ratios"] = {"tf_ext_over_dense_gather": r_gather,
-                       "tf_ext_over_dense_gather_per_round_median": r_gather_rounds,
-                       "tf_ext_over_tfra_embedding_lookup": r_emb,
-                       "tf_ext_over_tfra_embedding_lookup_per_round_median": r_emb_rounds,
-                       "tf_ext_over_tfra": r_tfra, "tf_ext_over_tfra_per_round_median": r_tfra_rounds,
-                       "cpu_time_tf_ext_over_dense_gather": c_gather,
-                       "cpu_time_tf_ext_over_tfra_embedding_lookup": c_emb,
-                       "cpu_time_tf_ext_over_tfra": c_tfra}
+  ratio_line(
+    "tf_ext / dense gather",
+    r_gather,
+    r_gather_rounds,
+    c_gather,
+    f"target >= {LOOKUP_VS_GATHER_TARGET}",
+  )
+  ratio_line(
+    "tf_ext / TFRA embedding_lookup (train)",
+    r_emb,
+    r_emb_rounds,
+    c_emb,
+    f"target >= {LOOKUP_VS_TFRA_TARGET:g} (the TFRA target is judged on this training-path ratio)",
+  )
+  ratio_line(
+    "tf_ext / TFRA Variable.lookup (raw)",
+    r_tfra,
+    r_tfra_rounds,
+    c_tfra,
+    "context only (raw hashtable find, not what a TFRA model calls)",
+  )
+  results["ratios"] = {
+    "tf_ext_over_dense_gather": r_gather,
+    "tf_ext_over_dense_gather_per_round_median": r_gather_rounds,
+    "tf_ext_over_tfra_embedding_lookup": r_emb,
+    "tf_ext_over_tfra_embedding_lookup_per_round_median": r_emb_rounds,
+    "tf_ext_over_tfra": r_tfra,
+    "tf_ext_over_tfra_per_round_median": r_tfra_rounds,
+    "cpu_time_tf_ext_over_dense_gather": c_gather,
+    "cpu_time_tf_ext_over_tfra_embedding_lookup": c_emb,
+    "cpu_time_tf_ext_over_tfra": c_tfra,
+  }
 
   # Free the lookup structures before the Adam table.
   del methods, tf_ext_lookup, dense_gather, dense, table
@@ -473,23 +589,35 @@ def main(argv=None):
   mem_ratio = table_bytes / raw_lookup
   print()
   print("memory per entry (memory_bytes / raw payload):")
-  print(f"  lookup table (no slots)  : {table_bytes / n:7.1f} B/entry vs raw {8 + 4 * dim} B "
-        f"(key 8 + {dim} x 4)  -> {mem_ratio:.3f}   target <= {MEMORY_TARGET}")
-  results["memory"] = {"lookup_table_bytes": table_bytes, "lookup_bytes_per_entry": table_bytes / n,
-                       "lookup_raw_bytes_per_entry": 8 + 4 * dim, "lookup_ratio": mem_ratio}
+  print(
+    f"  lookup table (no slots)  : {table_bytes / n:7.1f} B/entry vs raw {8 + 4 * dim} B "
+    f"(key 8 + {dim} x 4)  -> {mem_ratio:.3f}   target <= {MEMORY_TARGET}"
+  )
+  results["memory"] = {
+    "lookup_table_bytes": table_bytes,
+    "lookup_bytes_per_entry": table_bytes / n,
+    "lookup_raw_bytes_per_entry": 8 + 4 * dim,
+    "lookup_ratio": mem_ratio,
+  }
 
   adam_ratio = None
   if not args.no_adam:
     rng_adam = np.random.default_rng(args.seed + 1)
-    adam_table = tf_ext.DynamicEmbeddingVariable("bench_adam", dim, key_dtype=tf.int64, initializer="zeros")
+    adam_table = tf_ext.DynamicEmbeddingVariable(
+      "bench_adam", dim, key_dtype=tf.int64, initializer="zeros"
+    )
     progress = Progress("Adam table insert", n)
     for start in range(0, n, args.insert_batch):
       stop = min(n, start + args.insert_batch)
-      adam_table.insert(keys[start:stop], rng_adam.standard_normal((stop - start, dim), dtype=np.float32))
+      adam_table.insert(
+        keys[start:stop], rng_adam.standard_normal((stop - start, dim), dtype=np.float32)
+      )
       progress.update(stop)
     opt = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(learning_rate=1e-3))
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, dim], tf.float32)])
+    @tf.function(
+      input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, dim], tf.float32)]
+    )
     def adam_step(step_keys, grads):
       return opt.apply_gradients([(tf.IndexedSlices(grads, step_keys), adam_table.gradient_anchor)])
 
@@ -497,8 +625,10 @@ def main(argv=None):
     t0 = time.perf_counter()
     for start in range(0, n, args.insert_batch):
       stop = min(n, start + args.insert_batch)
-      adam_step(tf.constant(keys[start:stop]),
-                tf.constant(rng_adam.standard_normal((stop - start, dim), dtype=np.float32)))
+      adam_step(
+        tf.constant(keys[start:stop]),
+        tf.constant(rng_adam.standard_normal((stop - start, dim), dtype=np.float32)),
+      )
       progress.update(stop)
     adam_s = time.perf_counter() - t0
     adam_size = int(adam_table.size())
@@ -508,32 +638,48 @@ def main(argv=None):
     del export
     raw_adam = n * (8 + 3 * 4 * dim)
     adam_ratio = adam_bytes / raw_adam
-    print(f"  with Adam slots (m, v)   : {adam_bytes / n:7.1f} B/entry vs raw {8 + 12 * dim} B "
-          f"(key 8 + 3 x {dim} x 4) -> {adam_ratio:.3f}   (size {adam_size:,}, "
-          f"slots {slots_shape}, Adam over all keys {adam_s:.1f}s)")
+    print(
+      f"  with Adam slots (m, v)   : {adam_bytes / n:7.1f} B/entry vs raw {8 + 12 * dim} B "
+      f"(key 8 + 3 x {dim} x 4) -> {adam_ratio:.3f}   (size {adam_size:,}, "
+      f"slots {slots_shape}, Adam over all keys {adam_s:.1f}s)"
+    )
     if adam_size != n:
       print(f"WARNING: Adam table size {adam_size} != {n}")
-    results["memory"].update({"adam_table_bytes": adam_bytes, "adam_bytes_per_entry": adam_bytes / n,
-                              "adam_raw_bytes_per_entry": 8 + 12 * dim, "adam_ratio": adam_ratio,
-                              "adam_slots_shape": slots_shape, "adam_apply_s": adam_s})
+    results["memory"].update(
+      {
+        "adam_table_bytes": adam_bytes,
+        "adam_bytes_per_entry": adam_bytes / n,
+        "adam_raw_bytes_per_entry": 8 + 12 * dim,
+        "adam_ratio": adam_ratio,
+        "adam_slots_shape": slots_shape,
+        "adam_apply_s": adam_s,
+      }
+    )
     del adam_table, adam_step, opt
     gc.collect()
 
   # -- summary ------------------------------------------------------------------------------
   targets = {
-      "tf_ext/dense_gather >= 0.6": (r_gather, r_gather >= LOOKUP_VS_GATHER_TARGET),
-      "tf_ext/TFRA embedding_lookup >= 10": (r_emb, None if r_emb is None else r_emb >= LOOKUP_VS_TFRA_TARGET),
-      "memory lookup table <= 1.25": (mem_ratio, mem_ratio <= MEMORY_TARGET),
+    "tf_ext/dense_gather >= 0.6": (r_gather, r_gather >= LOOKUP_VS_GATHER_TARGET),
+    "tf_ext/TFRA embedding_lookup >= 10": (
+      r_emb,
+      None if r_emb is None else r_emb >= LOOKUP_VS_TFRA_TARGET,
+    ),
+    "memory lookup table <= 1.25": (mem_ratio, mem_ratio <= MEMORY_TARGET),
   }
   print()
   print("targets (informational; the exit status is 0 regardless):")
   for name, (value, ok) in targets.items():
     shown = "n/a" if value is None else f"{value:.3f}"
-    print(f"  {'SKIP' if ok is None else verdict(ok)}  {name:<34} measured {shown}"
-          f"{'  (' + tfra_short + ')' if ok is None else ''}")
-  print(f"  INFO  {'tf_ext/TFRA Variable.lookup (raw)':<34} measured "
-        f"{'n/a' if r_tfra is None else f'{r_tfra:.3f}'}  (not the target: >= {LOOKUP_VS_TFRA_TARGET:g} is judged "
-        f"on the training-path embedding_lookup ratio above)")
+    print(
+      f"  {'SKIP' if ok is None else verdict(ok)}  {name:<34} measured {shown}"
+      f"{'  (' + tfra_short + ')' if ok is None else ''}"
+    )
+  print(
+    f"  INFO  {'tf_ext/TFRA Variable.lookup (raw)':<34} measured "
+    f"{'n/a' if r_tfra is None else f'{r_tfra:.3f}'}  (not the target: >= {LOOKUP_VS_TFRA_TARGET:g} is judged "
+    f"on the training-path embedding_lookup ratio above)"
+  )
   results["targets"] = {name: {"value": v, "pass": ok} for name, (v, ok) in targets.items()}
 
   command = shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv))

@@ -14,6 +14,7 @@ a ragged list of recently clicked items combined by "mean"), concatenated with t
 features into an MLP with a sigmoid output, trained by `model.fit` with
 `tf_ext.DynamicEmbeddingOptimizer(Adam)`.
 """
+
 import argparse
 import os
 import shutil
@@ -32,14 +33,28 @@ import tensorflow as tf  # pylint: disable=wrong-import-position
 import tf_ext  # pylint: disable=wrong-import-position
 
 # Vocabulary sizes (ids that exist in the hidden world) and model sizes, full and --quick.
-FULL = dict(rows=1_000_000, users=200_000, items=50_000, categories=1_000, cities=500,
-            batch_size=1024, eval_fraction=0.1)
-QUICK = dict(rows=20_000, users=5_000, items=2_000, categories=100, cities=50,
-             batch_size=512, eval_fraction=0.2)
-LATENT = 8             # rank of the hidden user x item interaction
+FULL = dict(
+  rows=1_000_000,
+  users=200_000,
+  items=50_000,
+  categories=1_000,
+  cities=500,
+  batch_size=1024,
+  eval_fraction=0.1,
+)
+QUICK = dict(
+  rows=20_000,
+  users=5_000,
+  items=2_000,
+  categories=100,
+  cities=50,
+  batch_size=512,
+  eval_fraction=0.2,
+)
+LATENT = 8  # rank of the hidden user x item interaction
 NEW_ID_FRACTION = 0.05  # last 5% of users / items exist only in the eval period
-EVAL_NEW_RATE = 0.08   # share of eval rows whose user (resp. item) is such a new id
-MAX_RECENT = 6         # recent_items has 0..MAX_RECENT ids per row
+EVAL_NEW_RATE = 0.08  # share of eval rows whose user (resp. item) is such a new id
+MAX_RECENT = 6  # recent_items has 0..MAX_RECENT ids per row
 NUM_DENSE = 4
 SPARSE = ("user_id", "item_id", "category", "city", "recent_items")
 
@@ -73,8 +88,8 @@ class World:
     self.user_vec = rng.normal(0, scale, (users, LATENT))
     self.item_vec = rng.normal(0, scale, (items, LATENT))
     self.item_cat = self._zipf(categories, items, 1.0)  # each item has one category
-    self.user_city = self._zipf(cities, users, 1.0)     # and each user a home city
-    self.dense_w = np.array([0.4, -0.3, -0.5, 0.0])      # the last dense feature is pure noise
+    self.user_city = self._zipf(cities, users, 1.0)  # and each user a home city
+    self.dense_w = np.array([0.4, -0.3, -0.5, 0.0])  # the last dense feature is pure noise
 
   def _zipf(self, n, size, exponent, offset=0):
     """`size` draws from {offset, .., offset + n - 1}, P(k) ~ 1 / (k + 2) ** exponent."""
@@ -97,14 +112,16 @@ class World:
     users = self._ids(self.old_users, self.n_users, size, 0.9, new_rate)
     items = self._ids(self.old_items, self.n_items, size, 1.0, new_rate)
     cats = self.item_cat[items]
-    cities = np.where(rng.random(size) < 0.9, self.user_city[users],
-                      rng.integers(0, self.n_cities, size))
+    cities = np.where(
+      rng.random(size) < 0.9, self.user_city[users], rng.integers(0, self.n_cities, size)
+    )
     lengths = rng.integers(0, MAX_RECENT + 1, size)
     recent = self._zipf(self.old_items, int(lengths.sum()), 1.0)
     # Dense features: hour of day (sin, cos), log price, and a noise feature.
     hour = rng.uniform(0, 2 * np.pi, size)
-    dense = np.stack([np.sin(hour), np.cos(hour), rng.normal(0, 1, size),
-                      rng.normal(0, 1, size)], axis=1)
+    dense = np.stack(
+      [np.sin(hour), np.cos(hour), rng.normal(0, 1, size), rng.normal(0, 1, size)], axis=1
+    )
 
     # Ground truth: a logistic function of hidden effects, plus noise.
     row_of_recent = np.repeat(np.arange(size), lengths)
@@ -112,19 +129,24 @@ class World:
     np.add.at(history, row_of_recent, self.item_vec[recent])
     history /= np.maximum(lengths, 1)[:, None]
     non_personal = self.item_bias[items] + self.cat_bias[cats] + dense @ self.dense_w
-    logit = (-1.6 + non_personal + self.user_bias[users] + self.city_bias[cities] +
-             np.sum(self.user_vec[users] * self.item_vec[items], 1) +
-             1.5 * np.sum(history * self.item_vec[items], 1))
+    logit = (
+      -1.6
+      + non_personal
+      + self.user_bias[users]
+      + self.city_bias[cities]
+      + np.sum(self.user_vec[users] * self.item_vec[items], 1)
+      + 1.5 * np.sum(history * self.item_vec[items], 1)
+    )
     prob = 1 / (1 + np.exp(-(logit + rng.normal(0, 0.3, size))))
     labels = (rng.random(size) < prob).astype(np.float32)
 
     features = {
-        "user_id": self.user_key[users],
-        "item_id": self.item_key[items],
-        "category": cats.astype(np.int64),
-        "city": np.char.add("city_", cities.astype(str)).astype(object),
-        "recent_items": (self.item_key[recent], lengths),
-        "dense_features": dense.astype(np.float32),
+      "user_id": self.user_key[users],
+      "item_id": self.item_key[items],
+      "category": cats.astype(np.int64),
+      "city": np.char.add("city_", cities.astype(str)).astype(object),
+      "recent_items": (self.item_key[recent], lengths),
+      "dense_features": dense.astype(np.float32),
     }
     truth = {"prob": prob, "non_personal": non_personal, "user": users, "item": items}
     return features, labels, truth
@@ -135,7 +157,8 @@ def _batches(features, labels, batch_size, shuffle_seed=None):
   values, lengths = features["recent_items"]
   tensors = {k: tf.constant(v) for k, v in features.items() if k != "recent_items"}
   tensors["recent_items"] = tf.RaggedTensor.from_row_lengths(
-      tf.constant(values), tf.constant(lengths, tf.int64))
+    tf.constant(values), tf.constant(lengths, tf.int64)
+  )
   labels = tf.constant(labels[:, None])
   n = len(labels)
   num_batches = (n + batch_size - 1) // batch_size
@@ -156,27 +179,31 @@ def _batches(features, labels, batch_size, shuffle_seed=None):
 
 def build_model(dim):
   inputs = {
-      "user_id": tf.keras.Input(shape=(), dtype=tf.int64, name="user_id"),
-      "item_id": tf.keras.Input(shape=(), dtype=tf.int64, name="item_id"),
-      "category": tf.keras.Input(shape=(), dtype=tf.int64, name="category"),
-      "city": tf.keras.Input(shape=(), dtype=tf.string, name="city"),
-      "recent_items": tf.keras.Input(shape=(None,), dtype=tf.int64, ragged=True,
-                                     name="recent_items"),
-      "dense_features": tf.keras.Input(shape=(NUM_DENSE,), dtype=tf.float32, name="dense_features"),
+    "user_id": tf.keras.Input(shape=(), dtype=tf.int64, name="user_id"),
+    "item_id": tf.keras.Input(shape=(), dtype=tf.int64, name="item_id"),
+    "category": tf.keras.Input(shape=(), dtype=tf.int64, name="category"),
+    "city": tf.keras.Input(shape=(), dtype=tf.string, name="city"),
+    "recent_items": tf.keras.Input(shape=(None,), dtype=tf.int64, ragged=True, name="recent_items"),
+    "dense_features": tf.keras.Input(shape=(NUM_DENSE,), dtype=tf.float32, name="dense_features"),
   }
   embedded = {
-      name: tf_ext.keras.layers.DynamicEmbedding(
-          dim, key_dtype=tf.string if name == "city" else tf.int64,
-          combiner="mean" if name == "recent_items" else None,
-          name=f"{name}_embedding")(inputs[name])
-      for name in SPARSE
+    name: tf_ext.keras.layers.DynamicEmbedding(
+      dim,
+      key_dtype=tf.string if name == "city" else tf.int64,
+      combiner="mean" if name == "recent_items" else None,
+      name=f"{name}_embedding",
+    )(inputs[name])
+    for name in SPARSE
   }
   # The dense tower gets the embeddings, the dense features and the user-item / history-item
   # dot products (cheap explicit interactions the MLP would otherwise have to discover).
-  dots = [tf.keras.layers.Dot(axes=1)([embedded["user_id"], embedded["item_id"]]),
-          tf.keras.layers.Dot(axes=1)([embedded["recent_items"], embedded["item_id"]])]
+  dots = [
+    tf.keras.layers.Dot(axes=1)([embedded["user_id"], embedded["item_id"]]),
+    tf.keras.layers.Dot(axes=1)([embedded["recent_items"], embedded["item_id"]]),
+  ]
   x = tf.keras.layers.Concatenate()(
-      [embedded[n] for n in SPARSE] + dots + [inputs["dense_features"]])
+    [embedded[n] for n in SPARSE] + dots + [inputs["dense_features"]]
+  )
   x = tf.keras.layers.Dense(128, activation="relu")(x)
   x = tf.keras.layers.Dense(64, activation="relu")(x)
   output = tf.keras.layers.Dense(1, activation="sigmoid", name="click_probability")(x)
@@ -214,6 +241,7 @@ class Throughput(tf.keras.callbacks.Callback):
 
 def _auc(labels, scores):
   from sklearn.metrics import roc_auc_score  # pylint: disable=import-outside-toplevel
+
   return roc_auc_score(labels, scores) if 0 < labels.sum() < len(labels) else float("nan")
 
 
@@ -239,25 +267,33 @@ def main(argv=None):
 
   # Data.
   t0 = time.perf_counter()
-  world = World(np.random.default_rng(args.seed), cfg["users"], cfg["items"], cfg["categories"],
-                cfg["cities"])
+  world = World(
+    np.random.default_rng(args.seed), cfg["users"], cfg["items"], cfg["categories"], cfg["cities"]
+  )
   train_x, train_y, train_ids = world.sample(rows)
   eval_x, eval_y, eval_ids = world.sample(eval_rows, new_rate=EVAL_NEW_RATE)
   unseen_user = ~np.isin(eval_ids["user"], train_ids["user"])
   unseen_item = ~np.isin(eval_ids["item"], train_ids["item"])
-  print(f"click log: {rows:,} train rows, {eval_rows:,} eval rows, CTR {train_y.mean():.3f} "
-        f"(generated in {time.perf_counter() - t0:.1f}s)")
-  print(f"  distinct in train: {len(np.unique(train_ids['user'])):,} users, "
-        f"{len(np.unique(train_ids['item'])):,} items; eval rows with a user / item unseen in "
-        f"train: {unseen_user.mean():.1%} / {unseen_item.mean():.1%}")
+  print(
+    f"click log: {rows:,} train rows, {eval_rows:,} eval rows, CTR {train_y.mean():.3f} "
+    f"(generated in {time.perf_counter() - t0:.1f}s)"
+  )
+  print(
+    f"  distinct in train: {len(np.unique(train_ids['user'])):,} users, "
+    f"{len(np.unique(train_ids['item'])):,} items; eval rows with a user / item unseen in "
+    f"train: {unseen_user.mean():.1%} / {unseen_item.mean():.1%}"
+  )
   train_ds = _batches(train_x, train_y, batch_size, shuffle_seed=args.seed)
   eval_ds = _batches(eval_x, eval_y, 4 * batch_size)
 
   # Model.
   model = build_model(args.dim)
   optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(args.learning_rate))
-  model.compile(optimizer=optimizer, loss="binary_crossentropy",
-                metrics=[tf.keras.metrics.AUC(name="auc", num_thresholds=1000)])
+  model.compile(
+    optimizer=optimizer,
+    loss="binary_crossentropy",
+    metrics=[tf.keras.metrics.AUC(name="auc", num_thresholds=1000)],
+  )
 
   # Train.
   throughput = Throughput(batch_size)
@@ -266,9 +302,11 @@ def main(argv=None):
   fit_s = throughput.end - throughput.start
   steady_s = throughput.end - throughput.first_step_end
   steady_examples = total_examples - batch_size
-  print(f"\ntraining: {total_examples:,} examples in {fit_s:.1f}s = "
-        f"{total_examples / fit_s:,.0f} examples/s ({steady_examples / steady_s:,.0f} examples/s "
-        f"after the first step; {throughput.steps} steps of {batch_size})")
+  print(
+    f"\ntraining: {total_examples:,} examples in {fit_s:.1f}s = "
+    f"{total_examples / fit_s:,.0f} examples/s ({steady_examples / steady_s:,.0f} examples/s "
+    f"after the first step; {throughput.steps} steps of {batch_size})"
+  )
 
   # Tables after training.
   print("\ndynamic embedding tables (dim %d):" % args.dim)
@@ -277,8 +315,10 @@ def main(argv=None):
   for layer in embedding_layers(model):
     size, mem = int(layer.table.size()), int(layer.table.memory_bytes())
     total_mem += mem
-    print(f"  {layer.name:<26}{layer.table.key_dtype.name:>10}{size:>12,}"
-          f"{mem / 2**20:>10.2f}MB{mem / max(size, 1):>10.0f}")
+    print(
+      f"  {layer.name:<26}{layer.table.key_dtype.name:>10}{size:>12,}"
+      f"{mem / 2**20:>10.2f}MB{mem / max(size, 1):>10.0f}"
+    )
   total_ids = sum(table_sizes(model).values())
   print(f"  {'total':<26}{'':>10}{total_ids:>12,}{total_mem / 2**20:>10.2f}MB")
 
@@ -287,23 +327,31 @@ def main(argv=None):
   results = model.evaluate(eval_ds, verbose=0, return_dict=True)
   scores = model.predict(eval_ds, verbose=0)[:, 0]
   after = table_sizes(model)
-  print(f"\neval ({eval_rows:,} rows): loss {results['loss']:.4f}, AUC {results['auc']:.4f} "
-        f"(keras), {_auc(eval_y, scores):.4f} (sklearn)")
+  print(
+    f"\neval ({eval_rows:,} rows): loss {results['loss']:.4f}, AUC {results['auc']:.4f} "
+    f"(keras), {_auc(eval_y, scores):.4f} (sklearn)"
+  )
   seen_auc = _auc(eval_y[~unseen_user], scores[~unseen_user])
   unseen_auc = _auc(eval_y[unseen_user], scores[unseen_user])
   print(f"  AUC on rows with seen / unseen users: {seen_auc:.4f} / {unseen_auc:.4f}")
-  print(f"  reference AUCs: the true click probability {_auc(eval_y, eval_ids['prob']):.4f} "
-        f"(a perfect model), its non-personalized part (item, category, dense) "
-        f"{_auc(eval_y, eval_ids['non_personal']):.4f}, random 0.5")
+  print(
+    f"  reference AUCs: the true click probability {_auc(eval_y, eval_ids['prob']):.4f} "
+    f"(a perfect model), its non-personalized part (item, category, dense) "
+    f"{_auc(eval_y, eval_ids['non_personal']):.4f}, random 0.5"
+  )
   missing = {}
   for field in ("user_id", "item_id"):
     table_keys = model.get_layer(f"{field}_embedding").table.export()[0].numpy()
     missing[field] = int(np.sum(~np.isin(np.unique(eval_x[field]), table_keys)))
-  print(f"  eval looked up {missing['user_id']:,} user ids and {missing['item_id']:,} item ids "
-        f"that are not in the tables (served from their initial rows)")
+  print(
+    f"  eval looked up {missing['user_id']:,} user ids and {missing['item_id']:,} item ids "
+    f"that are not in the tables (served from their initial rows)"
+  )
   grew = {k: after[k] - before[k] for k in before if after[k] != before[k]}
-  print(f"  table sizes before / after evaluate + predict: "
-        f"{'equal' if not grew else 'CHANGED ' + str(grew)} ({sum(after.values()):,} ids)")
+  print(
+    f"  table sizes before / after evaluate + predict: "
+    f"{'equal' if not grew else 'CHANGED ' + str(grew)} ({sum(after.values()):,} ids)"
+  )
 
   # Checkpoint: save, restore into a fresh model, compare predictions.
   ckpt_dir = tempfile.mkdtemp(prefix="tf_ext_ctr_")
@@ -318,9 +366,11 @@ def main(argv=None):
     diff = np.max(np.abs(model(sample).numpy() - restored(sample).numpy()))
     same_sizes = table_sizes(restored) == after
     ckpt_mb = sum(os.path.getsize(os.path.join(ckpt_dir, f)) for f in os.listdir(ckpt_dir)) / 2**20
-    print(f"\ncheckpoint: saved {ckpt_mb:.1f}MB, restored into a fresh model: table sizes "
-          f"{'equal' if same_sizes else 'DIFFER'}, max |prediction difference| on "
-          f"{len(sample['user_id'])} eval rows = {diff:.2e}")
+    print(
+      f"\ncheckpoint: saved {ckpt_mb:.1f}MB, restored into a fresh model: table sizes "
+      f"{'equal' if same_sizes else 'DIFFER'}, max |prediction difference| on "
+      f"{len(sample['user_id'])} eval rows = {diff:.2e}"
+    )
   finally:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
   print(f"\ntotal wall time {time.perf_counter() - wall_start:.1f}s")

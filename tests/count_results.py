@@ -2,6 +2,7 @@
 
 Usage: count_results.py TESTLOGS_DIR LABEL...   (the labels of the targets that ran)
 """
+
 import os
 import sys
 import xml.etree.ElementTree as ElementTree

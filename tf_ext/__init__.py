@@ -5,11 +5,17 @@ that uses tf_ext ops can only be loaded once they are registered; if that fails,
 still works and the reason (missing library, TensorFlow version or ABI mismatch) is raised at the
 first use of an op.
 """
+
 from tf_ext import _ops_loader
 from tf_ext import keras
-from tf_ext.dynamic_embedding import (DynamicEmbeddingOptimizer, DynamicEmbeddingVariable,
-                                      InitializerSpec, dynamic_embedding, embedding_lookup,
-                                      get_dynamic_embedding_variable)
+from tf_ext.dynamic_embedding import (
+  DynamicEmbeddingOptimizer,
+  DynamicEmbeddingVariable,
+  InitializerSpec,
+  dynamic_embedding,
+  embedding_lookup,
+  get_dynamic_embedding_variable,
+)
 
 __version__ = "0.1.0"
 

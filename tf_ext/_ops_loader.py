@@ -1,4 +1,5 @@
 """Loads the op library once, on first use, after checking it matches the running TensorFlow."""
+
 import os
 import re
 import threading
@@ -15,7 +16,8 @@ _error = None
 
 def _library_path():
   return settings.get("TF_EXT_OPS_LIBRARY") or os.path.join(
-      os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME)
+    os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME
+  )
 
 
 def _build_info(path):
@@ -59,14 +61,16 @@ def _load_checked():
   path = _library_path()
   if not os.path.exists(path):
     raise ImportError(
-        f"tf_ext: the op library {path} does not exist. Build it with `make build` "
-        "(source checkout) or reinstall with `pip install .`.")
+      f"tf_ext: the op library {path} does not exist. Build it with `make build` "
+      "(source checkout) or reinstall with `pip install .`."
+    )
   built = _build_info(path)
   running = {"tensorflow": tf.__version__, "cxx11_abi": str(tf.sysconfig.CXX11_ABI_FLAG)}
   if built != running:
     raise ImportError(
-        f"tf_ext: {path} was built for TensorFlow {built.get('tensorflow')} "
-        f"(_GLIBCXX_USE_CXX11_ABI={built.get('cxx11_abi')}) but this process runs "
-        f"TensorFlow {running['tensorflow']} (_GLIBCXX_USE_CXX11_ABI={running['cxx11_abi']}). "
-        "Rebuild tf_ext against the installed TensorFlow (`make build` or `pip install .`).")
+      f"tf_ext: {path} was built for TensorFlow {built.get('tensorflow')} "
+      f"(_GLIBCXX_USE_CXX11_ABI={built.get('cxx11_abi')}) but this process runs "
+      f"TensorFlow {running['tensorflow']} (_GLIBCXX_USE_CXX11_ABI={running['cxx11_abi']}). "
+      "Rebuild tf_ext against the installed TensorFlow (`make build` or `pip install .`)."
+    )
   return tf.load_op_library(path)

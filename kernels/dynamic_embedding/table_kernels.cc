@@ -70,14 +70,15 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES(ctx, dim_ >= 1 && dim_ <= de::kMaxDim,
                 ::tensorflow::errors::InvalidArgument(prefix, "dim must be in [1, ", de::kMaxDim,
                                                       "], got ", dim_));
-    OP_REQUIRES(ctx, de::ParseInitializerKind(initializer, &init_.kind),
-                ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '",
-                                                      initializer, "'"));
+    OP_REQUIRES(
+        ctx, de::ParseInitializerKind(initializer, &init_.kind),
+        ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '", initializer, "'"));
   }
 
   void Compute(OpKernelContext* ctx) override {
     ::tensorflow::ContainerInfo cinfo;
-    OP_REQUIRES_OK(ctx, cinfo.Init(ctx->resource_manager(), def(), /*use_node_name_as_default=*/true));
+    OP_REQUIRES_OK(ctx,
+                   cinfo.Init(ctx->resource_manager(), def(), /*use_node_name_as_default=*/true));
     DynamicTable* table = nullptr;
     OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<DynamicTable>(
                             cinfo.container(), cinfo.name(), &table, [this](DynamicTable** out) {
@@ -112,7 +113,8 @@ class TableKernel : public OpKernel {
 
  protected:
   Status GetTable(OpKernelContext* ctx, RefCountPtr<DynamicTable>* table) {
-    TF_RETURN_IF_ERROR(::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table));
+    TF_RETURN_IF_ERROR(
+        ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table));
     if (key_dtype_ != ::tensorflow::DT_INVALID && key_dtype_ != (*table)->key_dtype()) {
       return (*table)->Invalid("keys must be ", DataTypeString((*table)->key_dtype()), ", got ",
                                DataTypeString(key_dtype_));
@@ -127,8 +129,8 @@ class TableKernel : public OpKernel {
   DataType key_dtype_ = ::tensorflow::DT_INVALID;
 };
 
-#define TF_EXT_GET_TABLE(ctx, table)          \
-  RefCountPtr<DynamicTable> table;            \
+#define TF_EXT_GET_TABLE(ctx, table) \
+  RefCountPtr<DynamicTable> table;   \
   OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
 
 // Keys per FindBatch call: amortizes the shard locks while keeping writers' waits short.
@@ -279,8 +281,8 @@ class ExportOp : public TableKernel {
         });
     OP_REQUIRES_OK(ctx, status);
     const std::vector<float> init = core->slot_initial_values();
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({static_cast<int64_t>(init.size())}),
-                                             &slot_init));
+    OP_REQUIRES_OK(
+        ctx, ctx->allocate_output(5, TensorShape({static_cast<int64_t>(init.size())}), &slot_init));
     std::copy(init.begin(), init.end(), slot_init->flat<float>().data());
   }
 };
@@ -298,8 +300,8 @@ class ImportOp : public TableKernel {
     const Tensor& steps = ctx->input(5);
     const Tensor& slot_init = ctx->input(6);
     const int dim = dim_;
-    OP_REQUIRES(ctx, keys.dims() == 1, table->Invalid("import: keys must be 1-D, got shape ",
-                                                      keys.shape().DebugString()));
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                table->Invalid("import: keys must be 1-D, got shape ", keys.shape().DebugString()));
     const int64_t n = keys.dim_size(0);
     OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n,
                 table->Invalid("import: values must have shape [", n, ", ", dim, "], got ",
@@ -307,12 +309,13 @@ class ImportOp : public TableKernel {
     OP_REQUIRES(ctx, values.dim_size(1) == dim,
                 table->Invalid("import: the data has dim ", values.dim_size(1),
                                " but the table has dim ", dim));
-    OP_REQUIRES(ctx, slot_init.dims() == 1 && slot_init.NumElements() <= de::kMaxSlots,
-                table->Invalid("import: slot_initial_values must be a vector of at most ",
-                               de::kMaxSlots, " values, got shape ",
-                               slot_init.shape().DebugString()));
+    OP_REQUIRES(
+        ctx, slot_init.dims() == 1 && slot_init.NumElements() <= de::kMaxSlots,
+        table->Invalid("import: slot_initial_values must be a vector of at most ", de::kMaxSlots,
+                       " values, got shape ", slot_init.shape().DebugString()));
     const int num_slots = static_cast<int>(slot_init.NumElements());
-    OP_REQUIRES(ctx, slots.dims() == 2 && slots.dim_size(0) == n && slots.dim_size(1) == num_slots * dim,
+    OP_REQUIRES(ctx,
+                slots.dims() == 2 && slots.dim_size(0) == n && slots.dim_size(1) == num_slots * dim,
                 table->Invalid("import: slots must have shape [", n, ", ", num_slots * dim,
                                "], got ", slots.shape().DebugString()));
     OP_REQUIRES(ctx, counts.shape() == keys.shape() && steps.shape() == keys.shape(),
@@ -331,7 +334,8 @@ class ImportOp : public TableKernel {
       for (int64_t i = begin; i < end; ++i) {
         fresh.Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
           std::copy(rows + i * dim, rows + (i + 1) * dim, row.embedding);
-          std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim, row.slots);
+          std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim,
+                    row.slots);
           *row.update_count = count_values(i);
           *row.last_step = step_values(i);
         });
@@ -368,9 +372,10 @@ class ApplyGradientOp : public TableKernel {
     const int dim = dim_;
     OP_REQUIRES(ctx, keys.dims() == 1,
                 table->Invalid("apply: keys must be 1-D, got ", keys.shape().DebugString()));
-    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == dim,
-                table->Invalid("apply: gradients must have shape [", keys.dim_size(0), ", ", dim,
-                               "], got ", grads.shape().DebugString()));
+    OP_REQUIRES(
+        ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == dim,
+        table->Invalid("apply: gradients must have shape [", keys.dim_size(0), ", ", dim, "], got ",
+                       grads.shape().DebugString()));
     for (int i = 3; i <= 7; ++i) {
       OP_REQUIRES(ctx, ctx->input(i).NumElements() == 1,
                   table->Invalid("apply: hyperparameter input ", i, " must be a scalar"));
@@ -412,18 +417,18 @@ REGISTER_KERNEL_BUILDER(Name("TfExtTableSize").Device(DEVICE_CPU), SizeOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableMemoryBytes").Device(DEVICE_CPU), MemoryBytesOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableClear").Device(DEVICE_CPU), ClearOp);
 
-#define TF_EXT_REGISTER_KEYED(Key, TfType)                                                       \
-  REGISTER_KERNEL_BUILDER(Name("TfExtTableFind").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"),  \
-                          FindOp<Key>);                                                          \
-  REGISTER_KERNEL_BUILDER(                                                                       \
+#define TF_EXT_REGISTER_KEYED(Key, TfType)                                                        \
+  REGISTER_KERNEL_BUILDER(                                                                        \
+      Name("TfExtTableFind").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), FindOp<Key>);     \
+  REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableInsert").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), InsertOp<Key>); \
-  REGISTER_KERNEL_BUILDER(                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableRemove").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), RemoveOp<Key>); \
-  REGISTER_KERNEL_BUILDER(                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableExport").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), ExportOp<Key>); \
-  REGISTER_KERNEL_BUILDER(                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableImport").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), ImportOp<Key>); \
-  REGISTER_KERNEL_BUILDER(                                                                       \
+  REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableApplyGradient").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"),          \
       ApplyGradientOp<Key>);
 

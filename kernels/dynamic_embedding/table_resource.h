@@ -45,8 +45,8 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   // An InvalidArgument error that names this table.
   template <typename... Args>
   ::tensorflow::Status Invalid(Args&&... args) const {
-    return ::tensorflow::errors::InvalidArgument("dynamic embedding table '", name_, "': ",
-                                                 std::forward<Args>(args)...);
+    return ::tensorflow::errors::InvalidArgument("dynamic embedding table '", name_,
+                                                 "': ", std::forward<Args>(args)...);
   }
 
  private:

@@ -21,8 +21,8 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::Var;
-using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::errors::FailedPrecondition;
+using ::tensorflow::errors::InvalidArgument;
 
 class TopKCompressOp : public OpKernel {
  public:
@@ -40,22 +40,25 @@ class TopKCompressOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& gradient = ctx->input(0);
-    OP_REQUIRES(ctx, gradient.dims() == 1 && gradient.NumElements() == plan_.total_length,
-                InvalidArgument("TOPK compression '", name(), "': gradient must be a vector of ",
-                                plan_.total_length, " floats, got shape ",
-                                gradient.shape().DebugString()));
+    OP_REQUIRES(
+        ctx, gradient.dims() == 1 && gradient.NumElements() == plan_.total_length,
+        InvalidArgument("TOPK compression '", name(), "': gradient must be a vector of ",
+                        plan_.total_length, " floats, got shape ", gradient.shape().DebugString()));
     ::tensorflow::core::RefCountPtr<Var> var;
     OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &var));
     ::tensorflow::mutex_lock lock(*var->mu());
     OP_REQUIRES(ctx, var->is_initialized,
                 FailedPrecondition("TOPK compression '", name(), "': residual not initialized"));
     Tensor* residual = var->tensor();
-    OP_REQUIRES(ctx, residual->dtype() == ::tensorflow::DT_FLOAT && residual->dims() == 1 &&
-                         residual->NumElements() >= residual_offset_ + plan_.total_length,
-                InvalidArgument("TOPK compression '", name(), "': residual must be a float32 "
-                                "vector of at least ", residual_offset_ + plan_.total_length,
-                                " entries (offset ", residual_offset_, " + ", plan_.total_length,
-                                "), got ", ::tensorflow::DataTypeString(residual->dtype()), " ",
+    OP_REQUIRES(ctx,
+                residual->dtype() == ::tensorflow::DT_FLOAT && residual->dims() == 1 &&
+                    residual->NumElements() >= residual_offset_ + plan_.total_length,
+                InvalidArgument("TOPK compression '", name(),
+                                "': residual must be a float32 "
+                                "vector of at least ",
+                                residual_offset_ + plan_.total_length, " entries (offset ",
+                                residual_offset_, " + ", plan_.total_length, "), got ",
+                                ::tensorflow::DataTypeString(residual->dtype()), " ",
                                 residual->shape().DebugString()));
     if (!residual->RefCountIsOne()) {  // someone still reads the old value: update a copy
       Tensor copy;
@@ -97,11 +100,13 @@ class TopKDecompressOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& payloads = ctx->input(0);
     const int64_t words = layout_.words();
-    OP_REQUIRES(ctx, payloads.dims() == 1 && (words == 0 ? payloads.NumElements() == 0
-                                                          : payloads.NumElements() % words == 0),
-                InvalidArgument("TOPK decompression '", name(), "': payloads must be a vector of "
-                                "whole payloads of ", words, " words, got shape ",
-                                payloads.shape().DebugString()));
+    OP_REQUIRES(ctx,
+                payloads.dims() == 1 && (words == 0 ? payloads.NumElements() == 0
+                                                    : payloads.NumElements() % words == 0),
+                InvalidArgument("TOPK decompression '", name(),
+                                "': payloads must be a vector of "
+                                "whole payloads of ",
+                                words, " words, got shape ", payloads.shape().DebugString()));
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({length_}), &dense));
     const int64_t num_payloads = words ? payloads.NumElements() / words : 0;

@@ -1,4 +1,5 @@
 """Runs a Python snippet in a fresh process that imports tf_ext from this source tree."""
+
 import os
 import subprocess
 import sys
@@ -8,10 +9,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def run_python(code, timeout=240, check=True):
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-             TF_CPP_MIN_LOG_LEVEL="2")
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=timeout,
-                        capture_output=True, text=True)
+  env = dict(
+    os.environ,
+    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    TF_CPP_MIN_LOG_LEVEL="2",
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(code)],
+    env=env,
+    timeout=timeout,
+    capture_output=True,
+    text=True,
+  )
   if check and proc.returncode != 0:
     raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
   return proc

@@ -1,4 +1,5 @@
 """The public API: get-or-create, table operations, initializers, placement, library loading."""
+
 import os
 import shutil
 
@@ -20,7 +21,10 @@ def test_get_or_create_by_name_with_variable_scope_reuse():
       c = tf_ext.get_dynamic_embedding_variable("user", 8)
     assert a is b and a is not c
     assert a.name == "tower/user" and c.name == "other/user"
-    with tf.compat.v1.variable_scope("tower"), pytest.raises(tf.errors.InvalidArgumentError, match="'tower/user'.*dim 8"):
+    with (
+      tf.compat.v1.variable_scope("tower"),
+      pytest.raises(tf.errors.InvalidArgumentError, match="'tower/user'.*dim 8"),
+    ):
       tf_ext.get_dynamic_embedding_variable("user", 16)
   with tf.Graph().as_default():  # another graph: another table
     assert tf_ext.get_dynamic_embedding_variable("tower/user", 8) is not a
@@ -72,14 +76,26 @@ def test_memory_grows_with_ids_and_is_reused_after_removal():
   assert int(t.memory_bytes()) <= full * 1.15
 
 
-@pytest.mark.parametrize("initializer,check", [
+@pytest.mark.parametrize(
+  "initializer,check",
+  [
     ("zeros", lambda v: np.all(v == 0)),
     (0.5, lambda v: np.all(v == 0.5)),
     (tf.keras.initializers.Constant(-2.0), lambda v: np.all(v == -2.0)),
-    (tf.keras.initializers.RandomUniform(-0.1, 0.3, seed=4), lambda v: v.min() >= -0.1 and v.max() < 0.3 and abs(v.mean() - 0.1) < 0.01),
-    (tf.compat.v1.random_normal_initializer(1.0, 0.5, seed=1), lambda v: abs(v.mean() - 1) < 0.02 and abs(v.std() - 0.5) < 0.02),
-    (tf.keras.initializers.TruncatedNormal(0.0, 1.0, seed=2), lambda v: np.abs(v).max() <= 2.0 and abs(v.std() - 0.88) < 0.03),
-])
+    (
+      tf.keras.initializers.RandomUniform(-0.1, 0.3, seed=4),
+      lambda v: v.min() >= -0.1 and v.max() < 0.3 and abs(v.mean() - 0.1) < 0.01,
+    ),
+    (
+      tf.compat.v1.random_normal_initializer(1.0, 0.5, seed=1),
+      lambda v: abs(v.mean() - 1) < 0.02 and abs(v.std() - 0.5) < 0.02,
+    ),
+    (
+      tf.keras.initializers.TruncatedNormal(0.0, 1.0, seed=2),
+      lambda v: np.abs(v).max() <= 2.0 and abs(v.std() - 0.88) < 0.03,
+    ),
+  ],
+)
 def test_initializers_are_deterministic_per_key_and_seed(initializer, check):
   t = tf_ext.DynamicEmbeddingVariable("init", 64, initializer=initializer)
   ids = np.arange(1000) * 7919
@@ -93,12 +109,18 @@ def test_initializers_are_deterministic_per_key_and_seed(initializer, check):
 
 
 def test_seed_changes_initial_rows_and_training_starts_from_them():
-  a = tf_ext.DynamicEmbeddingVariable("seed_a", 8, initializer=tf.keras.initializers.RandomNormal(seed=1))
-  b = tf_ext.DynamicEmbeddingVariable("seed_b", 8, initializer=tf.keras.initializers.RandomNormal(seed=2))
+  a = tf_ext.DynamicEmbeddingVariable(
+    "seed_a", 8, initializer=tf.keras.initializers.RandomNormal(seed=1)
+  )
+  b = tf_ext.DynamicEmbeddingVariable(
+    "seed_b", 8, initializer=tf.keras.initializers.RandomNormal(seed=2)
+  )
   assert not np.allclose(a.lookup([5]).numpy(), b.lookup([5]).numpy())
   before = a.lookup([5]).numpy()
   opt = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0))
-  opt.apply_gradients([(tf.IndexedSlices(tf.ones([1, 8]), tf.constant([5], tf.int64)), a.gradient_anchor)])
+  opt.apply_gradients(
+    [(tf.IndexedSlices(tf.ones([1, 8]), tf.constant([5], tf.int64)), a.gradient_anchor)]
+  )
   np.testing.assert_allclose(a.lookup([5]).numpy(), before - 1.0, rtol=1e-6)
 
 
@@ -114,8 +136,9 @@ def test_device_placement():
 
 
 def test_keras_layer_config_round_trip():
-  layer = tf_ext.keras.layers.DynamicEmbedding(6, key_dtype=tf.string, combiner="mean",
-                                               initializer=tf.keras.initializers.RandomUniform(seed=3))
+  layer = tf_ext.keras.layers.DynamicEmbedding(
+    6, key_dtype=tf.string, combiner="mean", initializer=tf.keras.initializers.RandomUniform(seed=3)
+  )
   clone = tf_ext.keras.layers.DynamicEmbedding.from_config(layer.get_config())
   assert clone.get_config() == layer.get_config()
   ragged = tf.ragged.constant([["a", "b"], [], ["c"]])
@@ -126,14 +149,22 @@ def test_keras_layer_config_round_trip():
 def test_library_built_for_another_tensorflow_is_reported(tmp_path):
   fake = tmp_path / "_tf_ext_ops.so"
   raw = open(os.path.join(ROOT, "tf_ext", "_tf_ext_ops.so"), "rb").read()
-  fake.write_bytes(raw.replace(b"tensorflow=" + tf.__version__.encode(), b"tensorflow=9.99.0"[:len("tensorflow=" + tf.__version__)]))
-  proc = run_python("""
+  fake.write_bytes(
+    raw.replace(
+      b"tensorflow=" + tf.__version__.encode(),
+      b"tensorflow=9.99.0"[: len("tensorflow=" + tf.__version__)],
+    )
+  )
+  proc = run_python(
+    """
     import tf_ext  # importing must still work
     try:
       tf_ext.DynamicEmbeddingVariable("x", 4)
     except ImportError as error:
       print("ERROR:", error)
-  """, check=True)
+  """,
+    check=True,
+  )
   del proc  # the real library loads: no error expected there
   env_code = f"""
     import os
@@ -153,10 +184,16 @@ def test_library_built_for_another_tensorflow_is_reported(tmp_path):
 def test_dense_ids_with_a_combiner():
   t = tf_ext.DynamicEmbeddingVariable("dense_combiner", 2, initializer="zeros")
   t.insert([1, 2, 3], [[1.0, 1.0], [2.0, 2.0], [6.0, 6.0]])
-  np.testing.assert_allclose(tf_ext.embedding_lookup(t, [[1, 2], [3, 3]], combiner="mean").numpy(), [[1.5, 1.5], [6, 6]])
-  np.testing.assert_allclose(tf_ext.embedding_lookup(t, [[1, 2]], combiner="sqrtn").numpy(), [[3 / 2**0.5] * 2], rtol=1e-6)
+  np.testing.assert_allclose(
+    tf_ext.embedding_lookup(t, [[1, 2], [3, 3]], combiner="mean").numpy(), [[1.5, 1.5], [6, 6]]
+  )
+  np.testing.assert_allclose(
+    tf_ext.embedding_lookup(t, [[1, 2]], combiner="sqrtn").numpy(), [[3 / 2**0.5] * 2], rtol=1e-6
+  )
   # Rank-1 ids are one id per row: the combiner leaves them as they are.
-  np.testing.assert_allclose(tf_ext.embedding_lookup(t, [1, 3], combiner="sum").numpy(), [[1, 1], [6, 6]])
+  np.testing.assert_allclose(
+    tf_ext.embedding_lookup(t, [1, 3], combiner="sum").numpy(), [[1, 1], [6, 6]]
+  )
 
 
 @pytest.mark.parametrize("dim,key_dtype", [(1, tf.int64), (4096, tf.string)])

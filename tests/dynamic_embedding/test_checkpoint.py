@@ -1,4 +1,5 @@
 """Checkpoints: Saver and tf.train.Checkpoint keep rows, slots and metadata; failures are safe."""
+
 import json
 import os
 import signal
@@ -82,20 +83,22 @@ def test_fresh_process_restores_identical_lookups(tmp_path):
 def test_saver_in_graph_mode_with_monitored_training_session(tmp_path):
   def build():
     ids = tf.compat.v1.placeholder(tf.int64, [None])
-    table = tf_ext.get_dynamic_embedding_variable("saver_table", DIM, key_dtype=tf.int64,
-                                                  initializer="normal")
+    table = tf_ext.get_dynamic_embedding_variable(
+      "saver_table", DIM, key_dtype=tf.int64, initializer="normal"
+    )
     step = tf.compat.v1.train.get_or_create_global_step()
     loss = tf.reduce_sum(tf.square(table.lookup(ids) - 1.0))
     train = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(
-        loss, global_step=step)
+      loss, global_step=step
+    )
     return ids, table, train, table.export_with_slots()
 
   with tf.Graph().as_default():
     ids, table, train, export = build()
     saver = tf.compat.v1.train.Saver()
-    with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path),
-                                                     save_checkpoint_steps=None,
-                                                     save_checkpoint_secs=None) as sess:
+    with tf.compat.v1.train.MonitoredTrainingSession(
+      checkpoint_dir=str(tmp_path), save_checkpoint_steps=None, save_checkpoint_secs=None
+    ) as sess:
       for step in range(4):
         sess.run(train, {ids: _data(step)[0]})
       exported = sess.run(export)
@@ -130,7 +133,9 @@ def test_import_with_duplicate_keys_is_rejected_atomically():
   table = tf_ext.DynamicEmbeddingVariable("dups", 2, initializer="zeros")
   table.insert([5], [[1.0, 1.0]])
   with pytest.raises(tf.errors.InvalidArgumentError, match="'dups'.*duplicate"):
-    table.import_with_slots([1, 1], np.zeros([2, 2]), np.zeros([2, 0]), [0, 0], [0, 0], np.zeros([0]))
+    table.import_with_slots(
+      [1, 1], np.zeros([2, 2]), np.zeros([2, 0]), [0, 0], [0, 0], np.zeros([0])
+    )
   np.testing.assert_array_equal(table.export()[0].numpy(), [5])
 
 

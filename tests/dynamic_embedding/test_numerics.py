@@ -1,4 +1,5 @@
 """A table trained by each optimizer matches an equivalent dense tf.Variable + tf.gather model."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -27,24 +28,25 @@ def _loss(rows, dense_w, labels):
 
 
 KERAS = {
-    "sgd": lambda: tf.keras.optimizers.SGD(0.3),
-    "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3, initial_accumulator_value=0.2),
-    "adam": lambda: tf.keras.optimizers.Adam(0.05),
-    "legacy_sgd": lambda: tf.keras.optimizers.legacy.SGD(0.3),
-    "legacy_adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.3),
-    "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.05),
+  "sgd": lambda: tf.keras.optimizers.SGD(0.3),
+  "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3, initial_accumulator_value=0.2),
+  "adam": lambda: tf.keras.optimizers.Adam(0.05),
+  "legacy_sgd": lambda: tf.keras.optimizers.legacy.SGD(0.3),
+  "legacy_adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.3),
+  "legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.05),
 }
 V1 = {
-    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.3),
-    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.3, initial_accumulator_value=0.2),
-    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+  "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.3),
+  "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.3, initial_accumulator_value=0.2),
+  "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
 }
 
 
 # Dense Adam also decays the moments of rows absent from a batch; table Adam is lazy by design,
 # so Adam is compared with every row in every batch here and against a lazy reference below.
-@pytest.mark.parametrize("name,every_row", [(n, e) for n in sorted(KERAS) for e in (True, False)
-                                            if e or "adam" not in n])
+@pytest.mark.parametrize(
+  "name,every_row", [(n, e) for n in sorted(KERAS) for e in (True, False) if e or "adam" not in n]
+)
 def test_keras_optimizers_match_dense_in_eager(name, every_row):
   init = _initial_rows()
   table = tf_ext.DynamicEmbeddingVariable(f"num_{name}_{every_row}", DIM, initializer="zeros")
@@ -60,7 +62,9 @@ def test_keras_optimizers_match_dense_in_eager(name, every_row):
     vars_t = [table.gradient_anchor, w_table]
     opt_table.apply_gradients(zip(tape.gradient(loss_t, vars_t), vars_t))
     opt_dense.apply_gradients(zip(tape.gradient(loss_d, [dense, w_dense]), [dense, w_dense]))
-  np.testing.assert_allclose(table.lookup(np.arange(VOCAB)).numpy(), dense.numpy(), rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(
+    table.lookup(np.arange(VOCAB)).numpy(), dense.numpy(), rtol=2e-5, atol=2e-6
+  )
   np.testing.assert_allclose(w_table.numpy(), w_dense.numpy(), rtol=2e-5, atol=2e-6)
   assert int(opt_table.iterations) == STEPS
 
@@ -80,7 +84,8 @@ def test_v1_optimizers_match_dense_in_graph_mode(name):
     loss_t = _loss(table.lookup(ids_ph), w_t, labels_ph)
     loss_d = _loss(tf.gather(dense, ids_ph), w_d, labels_ph)
     train_t = tf_ext.DynamicEmbeddingOptimizer(V1[name]()).minimize(
-        loss_t, var_list=[table.gradient_anchor, w_t], global_step=step)
+      loss_t, var_list=[table.gradient_anchor, w_t], global_step=step
+    )
     train_d = V1[name]().minimize(loss_d, var_list=[dense, w_d])
     insert = table.insert(np.arange(VOCAB), init)
     with tf.compat.v1.Session() as sess:
@@ -136,5 +141,7 @@ def test_string_keys_train_like_int_keys():
       loss_s = tf.reduce_sum(tf.square(strs.lookup(tf.strings.as_string(ids)) - 1.0))
     opt_i.apply_gradients([(tape.gradient(loss_i, ints.gradient_anchor), ints.gradient_anchor)])
     opt_s.apply_gradients([(tape.gradient(loss_s, strs.gradient_anchor), strs.gradient_anchor)])
-  np.testing.assert_allclose(ints.lookup(ids).numpy(), strs.lookup(tf.strings.as_string(ids)).numpy())
+  np.testing.assert_allclose(
+    ints.lookup(ids).numpy(), strs.lookup(tf.strings.as_string(ids)).numpy()
+  )
   assert int(strs.size()) == 3

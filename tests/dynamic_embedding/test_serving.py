@@ -1,4 +1,5 @@
 """SavedModel export: a fresh process that imports tf_ext serves lookups from the saved tables."""
+
 import numpy as np
 import tensorflow as tf
 
@@ -13,9 +14,14 @@ def _trained_model():
   b = tf_ext.keras.layers.DynamicEmbedding(4, key_dtype=tf.string, name="city_emb")(city)
   out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.concat([a, b], -1))
   model = tf.keras.Model([ids, city], out)
-  model.compile(tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)), "binary_crossentropy")
+  model.compile(
+    tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)), "binary_crossentropy"
+  )
   rng = np.random.default_rng(0)
-  x = {"ids": rng.integers(0, 100, 2000), "city": np.array([f"c{i}" for i in rng.integers(0, 20, 2000)])}
+  x = {
+    "ids": rng.integers(0, 100, 2000),
+    "city": np.array([f"c{i}" for i in rng.integers(0, 20, 2000)]),
+  }
   model.fit(x, (x["ids"] % 2).astype(np.float32), batch_size=100, epochs=2, verbose=0)
   return model
 
@@ -51,7 +57,9 @@ def test_tf_saved_model_save_and_load_serves_lookups(tmp_path):
     def lookup(self, ids):
       return self.table.lookup(ids)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string)])
+    @tf.function(
+      input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.string)]
+    )
     def predict(self, ids, city):
       return self.model({"ids": ids, "city": city})
 

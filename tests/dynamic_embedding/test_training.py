@@ -1,4 +1,5 @@
 """Training works in Keras fit, Estimator, a TF1 session and a tf.function GradientTape loop."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -34,8 +35,10 @@ def _keras_model(optimizer):
   return model
 
 
-@pytest.mark.parametrize("make_opt", [lambda: tf.keras.optimizers.Adam(0.05),
-                                      lambda: tf.keras.optimizers.legacy.Adagrad(0.5)])
+@pytest.mark.parametrize(
+  "make_opt",
+  [lambda: tf.keras.optimizers.Adam(0.05), lambda: tf.keras.optimizers.legacy.Adagrad(0.5)],
+)
 def test_keras_fit_learns_and_evaluation_does_not_grow_table(make_opt):
   ids, labels = _click_data(6000)
   model = _keras_model(make_opt())
@@ -65,7 +68,7 @@ def test_tf_function_gradient_tape_loop():
     return loss
 
   ids, labels = _click_data(4000)
-  losses = [float(step(ids[i:i + 200], labels[i:i + 200])) for i in range(0, 4000, 200)]
+  losses = [float(step(ids[i : i + 200], labels[i : i + 200])) for i in range(0, 4000, 200)]
   assert np.mean(losses[-5:]) < np.mean(losses[:5])
   assert int(table.size()) == len(np.unique(ids))
 
@@ -90,8 +93,11 @@ def test_estimator_with_custom_model_fn(tmp_path):
 
   estimator = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path))
   estimator.train(input_fn)
-  result = estimator.evaluate(lambda: tf.data.Dataset.from_tensor_slices(
-      ({"ids": _click_data(2000, 1)[0]}, _click_data(2000, 1)[1])).batch(500))
+  result = estimator.evaluate(
+    lambda: tf.data.Dataset.from_tensor_slices(
+      ({"ids": _click_data(2000, 1)[0]}, _click_data(2000, 1)[1])
+    ).batch(500)
+  )
   assert result["global_step"] == 60
   assert result["auc"] > 0.75  # restored from the checkpoint the training wrote
 
@@ -103,12 +109,19 @@ def test_session_training_of_two_tables_and_ragged_sparse_combiners():
     a = tf_ext.dynamic_embedding(ragged_ph, 4, name="ragged_emb", combiner="sqrtn", initializer=0.5)
     b = tf_ext.dynamic_embedding(sparse_ph, 4, name="sparse_emb", combiner="sum", initializer=0.25)
     loss = tf.reduce_sum(tf.square(a + b - 2.0))
-    train = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.05)).minimize(loss)
+    train = tf_ext.DynamicEmbeddingOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.05)
+    ).minimize(loss)
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
-      feed = {ragged_ph: tf.compat.v1.ragged.RaggedTensorValue(
-                  np.array([1, 2, 3], np.int64), np.array([0, 2, 3], np.int64)),
-              sparse_ph: tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [1, 0]], [b"x", b"y", b"x"], [2, 2])}
+      feed = {
+        ragged_ph: tf.compat.v1.ragged.RaggedTensorValue(
+          np.array([1, 2, 3], np.int64), np.array([0, 2, 3], np.int64)
+        ),
+        sparse_ph: tf.compat.v1.SparseTensorValue(
+          [[0, 0], [0, 1], [1, 0]], [b"x", b"y", b"x"], [2, 2]
+        ),
+      }
       first = sess.run(loss, feed)
       for _ in range(30):
         sess.run(train, feed)

@@ -1,4 +1,5 @@
 """Rank program: 2D allreduce equals Horovod's flat allreduce (run by test_lightcc.py via horovodrun)."""
+
 import os
 import sys
 
@@ -16,7 +17,9 @@ for dtype in (tf.int32, tf.int64, tf.float16, tf.float32, tf.float64):
   for length in (1, 2, 3, 7, 64, 1001):
     for op in (hvd.Sum, hvd.Average):
       rng = np.random.default_rng(rank * 1000 + length)
-      values = rng.integers(-100, 100, size=(length,)) if dtype.is_integer else rng.normal(size=(length,))
+      values = (
+        rng.integers(-100, 100, size=(length,)) if dtype.is_integer else rng.normal(size=(length,))
+      )
       tensor = tf.constant(values.reshape(-1, 1) if length % 2 else values, dtype)
       ours = hvd.allreduce(tensor, op=op, name=f"t_{dtype.name}_{length}_{op}")
       theirs = flat_hvd.allreduce(tensor, op=op, name=f"f_{dtype.name}_{length}_{op}")
@@ -28,8 +31,10 @@ for dtype in (tf.int32, tf.int64, tf.float16, tf.float32, tf.float64):
       else:
         tol = 2e-2 if dtype == tf.float16 else 1e-5
         if not np.allclose(ours.numpy(), theirs.numpy(), rtol=tol, atol=tol):
-          failures.append(f"{dtype.name} n={length} op={op}: max diff "
-                          f"{np.abs(ours.numpy() - theirs.numpy()).max()}")
+          failures.append(
+            f"{dtype.name} n={length} op={op}: max diff "
+            f"{np.abs(ours.numpy() - theirs.numpy()).max()}"
+          )
 traffic = hvd.traffic()
 print(f"rank {rank}: {len(failures)} failures {failures[:3]} traffic {traffic}", flush=True)
 sys.exit(1 if failures else 0)

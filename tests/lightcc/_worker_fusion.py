@@ -4,6 +4,7 @@ TOPK=1 also sends the larger gradients through TOPK at ratio 1.0 (so still exact
 result): buckets then mix TOPK and dense gradients, and the TOPK residual's layout must not depend
 on the bucket size in force.
 """
+
 import os
 import sys
 
@@ -16,9 +17,17 @@ import tf_ext.lightcc as hvd
 
 two_d = int(os.environ.get("TWO_D", "0"))
 topk = int(os.environ.get("TOPK", "0"))
-hvd.init(light_fusion=1, light_fusion_buckets_mb=[0.001, 0.01, 1], light_fusion_probe_steps=2,
-         light_fusion_reprobe_steps=3, light_2d_allreduce=two_d, light_intra_size=2,
-         light_topk_allreduce=topk, light_topk_ratio=1.0, light_topk_threshold=400)
+hvd.init(
+  light_fusion=1,
+  light_fusion_buckets_mb=[0.001, 0.01, 1],
+  light_fusion_probe_steps=2,
+  light_fusion_reprobe_steps=3,
+  light_2d_allreduce=two_d,
+  light_intra_size=2,
+  light_topk_allreduce=topk,
+  light_topk_ratio=1.0,
+  light_topk_threshold=400,
+)
 rank = hvd.rank()
 shapes = [(40, 30), (30,), (30, 20), (20,), (7, 3, 5)]
 variables = [tf.Variable(tf.zeros(s)) for s in shapes]
@@ -47,6 +56,9 @@ if len(set(choices.tolist())) < 3:
   failures.append(f"not every candidate was tried: {choices.tolist()}")
 if not all(np.array_equal(everyone[0], row) for row in everyone):
   failures.append(f"ranks chose differently: {everyone.tolist()}")
-print(f"rank {rank}: choices {choices.tolist()} medians {policy.medians} "
-      f"{len(failures)} failures {failures[:3]}", flush=True)
+print(
+  f"rank {rank}: choices {choices.tolist()} medians {policy.medians} "
+  f"{len(failures)} failures {failures[:3]}",
+  flush=True,
+)
 sys.exit(1 if failures else 0)

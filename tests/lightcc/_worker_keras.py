@@ -4,6 +4,7 @@ TOPK=1 trains with TOPK 1 % + fp16 (threshold 0, so every gradient is compressed
 TABLE=1 also trains a tf_ext dynamic embedding table (Adam, through DynamicEmbeddingOptimizer)
 next to the dense layers. Every run checks that all ranks end with identical weights and rows.
 """
+
 import os
 import sys
 
@@ -19,12 +20,15 @@ import tf_ext.lightcc.keras as hvd
 topk = int(os.environ["TOPK"])
 with_table = int(os.environ.get("TABLE", "0"))
 epochs = int(os.environ.get("EPOCHS", "40"))
-hvd.init(light_topk_allreduce=topk, light_topk_ratio=0.01, light_topk_fp16=topk,
-         light_topk_threshold=0)
+hvd.init(
+  light_topk_allreduce=topk, light_topk_ratio=0.01, light_topk_fp16=topk, light_topk_threshold=0
+)
 tf.keras.utils.set_random_seed(1)
 digits = load_digits()
 x = (digits.data / 16.0).astype(np.float32)
-x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=0)
+x_train, x_test, y_train, y_test = train_test_split(
+  x, digits.target, test_size=0.25, random_state=0
+)
 shard = slice(hvd.rank(), None, hvd.size())  # each rank trains on its own quarter
 
 pixels = tf.keras.Input(shape=(64,))
@@ -32,7 +36,9 @@ features = pixels
 if with_table:
   # A dynamic table keyed by the quantized value of a pixel: exercises sparse gradients.
   pixel_id = tf.keras.layers.Lambda(lambda p: tf.cast(tf.round(p[:, 20] * 16), tf.int64))(pixels)
-  table_emb = tf_ext.keras.layers.DynamicEmbedding(4, initializer="zeros", name="pixel_emb")(pixel_id)
+  table_emb = tf_ext.keras.layers.DynamicEmbedding(4, initializer="zeros", name="pixel_emb")(
+    pixel_id
+  )
   features = tf.concat([pixels, table_emb], -1)
 hidden = tf.keras.layers.Dense(128, activation="relu")(features)
 model = tf.keras.Model(pixels, tf.keras.layers.Dense(10, activation="softmax")(hidden))
@@ -40,13 +46,15 @@ if with_table:
   optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.003))
 else:  # momentum SGD, the optimizer top-k compression with error feedback is known to suit
   optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
-model.compile(hvd.DistributedOptimizer(optimizer), "sparse_categorical_crossentropy",
-              metrics=["accuracy"])
+model.compile(
+  hvd.DistributedOptimizer(optimizer), "sparse_categorical_crossentropy", metrics=["accuracy"]
+)
 callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
 if os.environ.get("LOG_DIR"):
   callbacks.append(hvd.callbacks.LightCCTrafficCallback(os.environ["LOG_DIR"], every_n_batches=5))
-model.fit(x_train[shard], y_train[shard], batch_size=32, epochs=epochs, verbose=0,
-          callbacks=callbacks)
+model.fit(
+  x_train[shard], y_train[shard], batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks
+)
 accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
 
 # Replicas must be identical: dense weights and, with a table, its rows.
@@ -61,6 +69,9 @@ if with_table:
 fingerprint = np.concatenate(arrays)
 fingerprints = hvd.allgather(tf.constant(fingerprint[None, :])).numpy()
 identical = all(np.array_equal(fingerprints[0], f) for f in fingerprints)
-print(f"RESULT rank={hvd.rank()} accuracy={accuracy:.4f} identical={identical} "
-      f"table_size={table_size} traffic={hvd.traffic()}", flush=True)
+print(
+  f"RESULT rank={hvd.rank()} accuracy={accuracy:.4f} identical={identical} "
+  f"table_size={table_size} traffic={hvd.traffic()}",
+  flush=True,
+)
 sys.exit(0 if identical else 1)

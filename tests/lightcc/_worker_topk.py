@@ -4,6 +4,7 @@ MODE=dense_equal: ratio 1.0 gives exactly Horovod's dense average.
 MODE=feedback:    with error feedback the running sum of what was exchanged approaches the
                   running sum of gradients (the gap is the residual, which stays bounded).
 """
+
 import os
 import sys
 
@@ -16,9 +17,14 @@ import tf_ext.lightcc as hvd
 
 mode = os.environ["MODE"]
 two_d = int(os.environ.get("TWO_D", "0"))
-hvd.init(light_topk_allreduce=1, light_topk_threshold=0, light_2d_allreduce=two_d, light_intra_size=2,
-         light_topk_ratio=1.0 if mode == "dense_equal" else 0.05,
-         light_topk_fp16=int(os.environ.get("FP16", "0")))
+hvd.init(
+  light_topk_allreduce=1,
+  light_topk_threshold=0,
+  light_2d_allreduce=two_d,
+  light_intra_size=2,
+  light_topk_ratio=1.0 if mode == "dense_equal" else 0.05,
+  light_topk_fp16=int(os.environ.get("FP16", "0")),
+)
 rank, size = hvd.rank(), hvd.size()
 variable = tf.Variable(tf.zeros([37, 11]))  # 407 entries: odd, so the 2D chunks are uneven
 rng = np.random.default_rng(rank)

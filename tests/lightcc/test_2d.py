@@ -1,4 +1,5 @@
 """2D allreduce equals Horovod's flat allreduce (real ranks)."""
+
 import pytest
 
 from _launch import assert_ok, horovodrun

@@ -1,4 +1,5 @@
 """Adaptive gradient fusion with real ranks."""
+
 import pytest
 
 from _launch import assert_ok, horovodrun

@@ -1,4 +1,5 @@
 """The adaptive fusion policy and the bucketing, without ranks (pure Python)."""
+
 from tf_ext.lightcc.fusion import FusionPolicy, buckets_in_backprop_order
 
 

@@ -1,4 +1,5 @@
 """Keras fit with LightCC on digits, and replicas with tf_ext tables (real ranks)."""
+
 import re
 
 import tensorflow as tf
@@ -9,7 +10,9 @@ from _launch import assert_ok, horovodrun
 def _keras_run(**env):
   proc = horovodrun("_worker_keras.py", **env)
   assert_ok(proc)
-  results = re.findall(r"RESULT rank=(\d) accuracy=([\d.]+) identical=(\w+) table_size=(\d+)", proc.stdout)
+  results = re.findall(
+    r"RESULT rank=(\d) accuracy=([\d.]+) identical=(\w+) table_size=(\d+)", proc.stdout
+  )
   assert len(results) == 4 and all(r[2] == "True" for r in results), proc.stdout
   return float(results[0][1]), int(results[0][3])
 
@@ -21,7 +24,9 @@ def test_keras_digits_topk_1_percent_fp16_within_half_a_percent_of_dense():
   assert compressed >= dense - 0.005
 
 
-def test_replicas_with_a_dynamic_embedding_table_stay_identical_and_traffic_reaches_tensorboard(tmp_path):
+def test_replicas_with_a_dynamic_embedding_table_stay_identical_and_traffic_reaches_tensorboard(
+  tmp_path,
+):
   # The worker exits non-zero unless every rank holds the same weights and table rows.
   _, table_size = _keras_run(TOPK=1, TABLE=1, EPOCHS=5, LOG_DIR=tmp_path)
   assert table_size > 5
@@ -30,6 +35,9 @@ def test_replicas_with_a_dynamic_embedding_table_stay_identical_and_traffic_reac
     for event in tf.compat.v1.train.summary_iterator(str(event_file)):
       for value in event.summary.value:
         scalars.setdefault(value.tag, []).append(float(tf.make_ndarray(value.tensor)))
-  assert {"lightcc/intra_bytes_per_step", "lightcc/inter_bytes_per_step",
-          "lightcc/compression_ratio"} <= set(scalars), scalars.keys()
+  assert {
+    "lightcc/intra_bytes_per_step",
+    "lightcc/inter_bytes_per_step",
+    "lightcc/compression_ratio",
+  } <= set(scalars), scalars.keys()
   assert min(scalars["lightcc/compression_ratio"]) > 2  # TOPK 1 % on the dense layers

@@ -1,28 +1,31 @@
 """LightCC settings, errors and the drop-in API."""
+
 import pytest
 
 from _launch import horovodrun, init_in_subprocess
 
 
 INVALID = [
-    ({"LIGHT_TOPK_RATIO": "0"}, "LIGHT_TOPK_RATIO"),
-    ({"LIGHT_TOPK_RATIO": "1.5"}, "LIGHT_TOPK_RATIO"),
-    ({"LIGHT_TOPK_RATIO": "abc"}, "LIGHT_TOPK_RATIO"),
-    ({"LIGHT_INTRA_SIZE": "x"}, "LIGHT_INTRA_SIZE"),
-    ({"LIGHT_INTRA_SIZE": "0"}, "LIGHT_INTRA_SIZE"),
-    ({"LIGHT_2D_ALLREDUCE": "maybe"}, "LIGHT_2D_ALLREDUCE"),
-    ({"LIGHT_HIERARCHICAL_THRESHOLD": "-1"}, "LIGHT_HIERARCHICAL_THRESHOLD"),
-    ({"LIGHT_TOPK_THRESHOLD": "1e3x"}, "LIGHT_TOPK_THRESHOLD"),
-    ({"LIGHT_TOPK_FP16": "2"}, "LIGHT_TOPK_FP16"),
-    ({"LIGHT_FUSION_BUCKETS_MB": "4,1"}, "LIGHT_FUSION_BUCKETS_MB"),
-    ({"LIGHT_FUSION_PROBE_STEPS": "1"}, "LIGHT_FUSION_PROBE_STEPS"),
+  ({"LIGHT_TOPK_RATIO": "0"}, "LIGHT_TOPK_RATIO"),
+  ({"LIGHT_TOPK_RATIO": "1.5"}, "LIGHT_TOPK_RATIO"),
+  ({"LIGHT_TOPK_RATIO": "abc"}, "LIGHT_TOPK_RATIO"),
+  ({"LIGHT_INTRA_SIZE": "x"}, "LIGHT_INTRA_SIZE"),
+  ({"LIGHT_INTRA_SIZE": "0"}, "LIGHT_INTRA_SIZE"),
+  ({"LIGHT_2D_ALLREDUCE": "maybe"}, "LIGHT_2D_ALLREDUCE"),
+  ({"LIGHT_HIERARCHICAL_THRESHOLD": "-1"}, "LIGHT_HIERARCHICAL_THRESHOLD"),
+  ({"LIGHT_TOPK_THRESHOLD": "1e3x"}, "LIGHT_TOPK_THRESHOLD"),
+  ({"LIGHT_TOPK_FP16": "2"}, "LIGHT_TOPK_FP16"),
+  ({"LIGHT_FUSION_BUCKETS_MB": "4,1"}, "LIGHT_FUSION_BUCKETS_MB"),
+  ({"LIGHT_FUSION_PROBE_STEPS": "1"}, "LIGHT_FUSION_PROBE_STEPS"),
 ]
 
 
 @pytest.mark.parametrize("env,variable", INVALID)
 def test_invalid_settings_fail_at_init_naming_the_variable(env, variable):
   proc = init_in_subprocess(env)
-  assert proc.returncode != 0 and "ValueError" in proc.stderr and variable in proc.stderr, proc.stderr[-2000:]
+  assert proc.returncode != 0 and "ValueError" in proc.stderr and variable in proc.stderr, (
+    proc.stderr[-2000:]
+  )
 
 
 def test_keyword_settings_are_checked_too():

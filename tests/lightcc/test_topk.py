@@ -1,4 +1,5 @@
 """TOPK compression with error feedback (real ranks)."""
+
 import pytest
 
 from _launch import assert_ok, horovodrun

@@ -1,4 +1,5 @@
 """The TOPK compression ops (TfExtTopKCompress / TfExtTopKDecompress) in one process, no Horovod."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,15 +10,22 @@ ops = _ops_loader.load()
 
 
 def compress(gradient, residual, lengths, counts, half=False, offset=0):
-  return ops.tf_ext_top_k_compress(tf.constant(gradient, tf.float32), residual.handle,
-                                   segment_lengths=lengths, segment_counts=counts,
-                                   half_values=half, residual_offset=offset)
+  return ops.tf_ext_top_k_compress(
+    tf.constant(gradient, tf.float32),
+    residual.handle,
+    segment_lengths=lengths,
+    segment_counts=counts,
+    half_values=half,
+    residual_offset=offset,
+  )
 
 
 def decode(payload, k, half):
   payload = np.asarray(payload)
   indices = payload[:k]
-  values = payload[k:].view(np.float16)[:k].astype(np.float32) if half else payload[k:].view(np.float32)
+  values = (
+    payload[k:].view(np.float16)[:k].astype(np.float32) if half else payload[k:].view(np.float32)
+  )
   return indices, values
 
 
@@ -33,7 +41,7 @@ def test_selects_each_segments_largest_and_keeps_the_rest(half):
   indices, values = decode(payload, k, half)
   start = 0
   for length, count in zip(lengths, counts):
-    part = np.abs(g[start:start + length])
+    part = np.abs(g[start : start + length])
     expected = set((np.argsort(-part, kind="stable")[:count] + start).tolist())
     chosen = [i for i in indices.tolist() if start <= i < start + length]
     assert set(chosen) == expected
@@ -56,7 +64,9 @@ def test_decompress_sums_payloads_in_order_and_scales():
     for i, v in zip(indices, values):
       expected[i] += v * np.float32(0.25)
     payloads.append(payload)
-  dense = ops.tf_ext_top_k_decompress(np.concatenate(payloads), num_selected=k, length=n, scale=0.25)
+  dense = ops.tf_ext_top_k_decompress(
+    np.concatenate(payloads), num_selected=k, length=n, scale=0.25
+  )
   np.testing.assert_array_equal(dense.numpy(), expected)
 
 
@@ -89,8 +99,7 @@ def test_graph_mode_session():
   with tf.Graph().as_default():
     residual = tf.compat.v1.get_variable("r", initializer=tf.zeros([6]), use_resource=True)
     g = tf.compat.v1.placeholder(tf.float32, [6])
-    payload = ops.tf_ext_top_k_compress(g, residual.handle, segment_lengths=[6],
-                                        segment_counts=[2])
+    payload = ops.tf_ext_top_k_compress(g, residual.handle, segment_lengths=[6], segment_counts=[2])
     dense = ops.tf_ext_top_k_decompress(payload, num_selected=2, length=6)
     assert payload.shape.as_list() == [4] and dense.shape.as_list() == [6]
     with tf.compat.v1.Session() as session:
@@ -102,8 +111,9 @@ def test_graph_mode_session():
 def test_bad_inputs_raise_invalid_argument():
   residual = tf.Variable(tf.zeros([5]))
   with pytest.raises(tf.errors.InvalidArgumentError, match="gradient must be a vector of 5"):
-    ops.tf_ext_top_k_compress(tf.zeros([4]), residual.handle, segment_lengths=[5],
-                              segment_counts=[1])
+    ops.tf_ext_top_k_compress(
+      tf.zeros([4]), residual.handle, segment_lengths=[5], segment_counts=[1]
+    )
   with pytest.raises(tf.errors.InvalidArgumentError, match="count 6 must be in"):
     compress(np.zeros(5, np.float32), residual, [5], [6])
   with pytest.raises(tf.errors.InvalidArgumentError, match="differ in size"):

@@ -1,4 +1,5 @@
 """Initial rows of missing ids, as a (kind, a, b, seed) spec the kernels compute per key."""
+
 import collections
 import numbers
 
@@ -8,30 +9,35 @@ InitializerSpec = collections.namedtuple("InitializerSpec", ["kind", "a", "b", "
 
 KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 _DEFAULTS = {  # (a, b) for a kind given by name
-    "zeros": (0.0, 0.0),
-    "constant": (0.0, 0.0),
-    "uniform": (-0.05, 0.05),
-    "normal": (0.0, 0.05),
-    "truncated_normal": (0.0, 0.05),
+  "zeros": (0.0, 0.0),
+  "constant": (0.0, 0.0),
+  "uniform": (-0.05, 0.05),
+  "normal": (0.0, 0.05),
+  "truncated_normal": (0.0, 0.05),
 }
 # Class name of a TF / Keras initializer -> (kind, config key of a, config key of b).
 _BY_CLASS = {
-    "Zeros": ("zeros", None, None),
-    "Ones": ("constant", None, None),
-    "Constant": ("constant", "value", None),
-    "RandomUniform": ("uniform", "minval", "maxval"),
-    "RandomNormal": ("normal", "mean", "stddev"),
-    "TruncatedNormal": ("truncated_normal", "mean", "stddev"),
+  "Zeros": ("zeros", None, None),
+  "Ones": ("constant", None, None),
+  "Constant": ("constant", "value", None),
+  "RandomUniform": ("uniform", "minval", "maxval"),
+  "RandomNormal": ("normal", "mean", "stddev"),
+  "TruncatedNormal": ("truncated_normal", "mean", "stddev"),
 }
 _CLASS_ALIASES = {
-    "zeros_initializer": "Zeros", "ones_initializer": "Ones", "constant_initializer": "Constant",
-    "random_uniform_initializer": "RandomUniform", "random_normal_initializer": "RandomNormal",
-    "truncated_normal_initializer": "TruncatedNormal",
+  "zeros_initializer": "Zeros",
+  "ones_initializer": "Ones",
+  "constant_initializer": "Constant",
+  "random_uniform_initializer": "RandomUniform",
+  "random_normal_initializer": "RandomNormal",
+  "truncated_normal_initializer": "TruncatedNormal",
 }
 
 
 def _error(table_name, message):
-  return tf.errors.InvalidArgumentError(None, None, f"dynamic embedding table '{table_name}': {message}")
+  return tf.errors.InvalidArgumentError(
+    None, None, f"dynamic embedding table '{table_name}': {message}"
+  )
 
 
 def spec_from(initializer, dim, table_name):
@@ -42,12 +48,18 @@ def spec_from(initializer, dim, table_name):
   if isinstance(initializer, InitializerSpec):
     spec = initializer
   elif isinstance(initializer, dict):
-    spec = InitializerSpec(initializer.get("kind"), float(initializer.get("a", 0.0)),
-                           float(initializer.get("b", 0.0)), int(initializer.get("seed", 0)))
+    spec = InitializerSpec(
+      initializer.get("kind"),
+      float(initializer.get("a", 0.0)),
+      float(initializer.get("b", 0.0)),
+      int(initializer.get("seed", 0)),
+    )
   elif isinstance(initializer, str):
     if initializer not in _DEFAULTS:
-      raise _error(table_name, f"unknown initializer '{initializer}'; use one of {KINDS} or an "
-                   "initializer object")
+      raise _error(
+        table_name,
+        f"unknown initializer '{initializer}'; use one of {KINDS} or an initializer object",
+      )
     spec = InitializerSpec(initializer, *_DEFAULTS[initializer], 0)
   elif isinstance(initializer, numbers.Real) and not isinstance(initializer, bool):
     spec = InitializerSpec("constant", float(initializer), 0.0, 0)
@@ -65,11 +77,20 @@ def spec_from(initializer, dim, table_name):
 def _from_object(initializer, table_name):
   class_name = _CLASS_ALIASES.get(type(initializer).__name__, type(initializer).__name__)
   if class_name not in _BY_CLASS or not hasattr(initializer, "get_config"):
-    raise _error(table_name, f"unsupported initializer {initializer!r}; use Zeros, Ones, Constant, "
-                 "RandomUniform, RandomNormal or TruncatedNormal (TF or Keras), a number or a name")
+    raise _error(
+      table_name,
+      f"unsupported initializer {initializer!r}; use Zeros, Ones, Constant, "
+      "RandomUniform, RandomNormal or TruncatedNormal (TF or Keras), a number or a name",
+    )
   kind, a_key, b_key = _BY_CLASS[class_name]
   config = initializer.get_config()
-  a = 1.0 if class_name == "Ones" else float(_scalar(config.get(a_key, 0.0), table_name)) if a_key else 0.0
+  a = (
+    1.0
+    if class_name == "Ones"
+    else float(_scalar(config.get(a_key, 0.0), table_name))
+    if a_key
+    else 0.0
+  )
   b = float(config.get(b_key, 0.0)) if b_key else 0.0
   seed = config.get("seed") or 0
   return InitializerSpec(kind, a, b, int(seed))

@@ -1,4 +1,5 @@
 """Lookups with combiners over Tensor, SparseTensor and RaggedTensor ids."""
+
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding import variable as variable_lib
@@ -10,8 +11,9 @@ def _combine(rows, segment_ids, num_segments, combiner):
   summed = tf.math.unsorted_segment_sum(rows, segment_ids, num_segments)
   if combiner == "sum":
     return summed
-  counts = tf.math.unsorted_segment_sum(tf.ones_like(segment_ids, tf.float32), segment_ids,
-                                        num_segments)
+  counts = tf.math.unsorted_segment_sum(
+    tf.ones_like(segment_ids, tf.float32), segment_ids, num_segments
+  )
   scale = counts if combiner == "mean" else tf.sqrt(counts)
   return summed / tf.expand_dims(tf.maximum(scale, 1.0), -1)  # empty rows stay zero
 
@@ -25,16 +27,22 @@ def embedding_lookup(table, ids, combiner=None, name=None):
     row's ids with `combiner` ("sum", "mean" (default) or "sqrtn"); empty rows give zeros.
   """
   if combiner is not None and combiner not in COMBINERS:
-    raise variable_lib.invalid_argument(table.name, f"combiner must be one of {COMBINERS}, got {combiner!r}")
+    raise variable_lib.invalid_argument(
+      table.name, f"combiner must be one of {COMBINERS}, got {combiner!r}"
+    )
   with tf.name_scope(name or f"{table.name}_embedding_lookup"):
     if isinstance(ids, tf.SparseTensor):
       if ids.shape.rank not in (None, 2):
-        raise variable_lib.invalid_argument(table.name, f"SparseTensor ids must have rank 2, got {ids.shape.rank}")
+        raise variable_lib.invalid_argument(
+          table.name, f"SparseTensor ids must have rank 2, got {ids.shape.rank}"
+        )
       rows = table.lookup(ids.values)
       return _combine(rows, ids.indices[:, 0], ids.dense_shape[0], combiner or "mean")
     if isinstance(ids, tf.RaggedTensor):
       if ids.shape.rank not in (None, 2):
-        raise variable_lib.invalid_argument(table.name, f"RaggedTensor ids must have rank 2, got {ids.shape.rank}")
+        raise variable_lib.invalid_argument(
+          table.name, f"RaggedTensor ids must have rank 2, got {ids.shape.rank}"
+        )
       rows = table.lookup(ids.values)
       return _combine(rows, ids.value_rowids(), ids.nrows(), combiner or "mean")
     rows = table.lookup(ids)
@@ -54,8 +62,9 @@ def _key_dtype_of(ids):
   return tf.string if dtype == tf.string else tf.int64
 
 
-def dynamic_embedding(ids, dim, name, initializer=None, combiner=None, key_dtype=None,
-                      trainable=True):
+def dynamic_embedding(
+  ids, dim, name, initializer=None, combiner=None, key_dtype=None, trainable=True
+):
   """Functional form: gets or creates the table `name` and looks `ids` up in it.
 
   key_dtype defaults to tf.string for string ids and tf.int64 otherwise.
@@ -63,6 +72,10 @@ def dynamic_embedding(ids, dim, name, initializer=None, combiner=None, key_dtype
   if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
     ids = tf.convert_to_tensor(ids)
   table = variable_lib.get_dynamic_embedding_variable(
-      name, dim, key_dtype=key_dtype or _key_dtype_of(ids), initializer=initializer,
-      trainable=trainable)
+    name,
+    dim,
+    key_dtype=key_dtype or _key_dtype_of(ids),
+    initializer=initializer,
+    trainable=trainable,
+  )
   return embedding_lookup(table, ids, combiner=combiner)

@@ -8,6 +8,7 @@ that are new). Every other variable goes to the wrapped optimizer unchanged.
 Adam on table rows is "lazy" (only rows in the batch move) and bias-corrects with each row's
 own update count, which equals the global step for a row seen in every batch.
 """
+
 import collections
 
 import tensorflow as tf
@@ -17,13 +18,24 @@ from tf_ext.dynamic_embedding import variable as variable_lib
 
 # learning_rate is a callable so that validating an optimizer creates no tensors or variables.
 _Hyper = collections.namedtuple(
-    "_Hyper", ["kind", "learning_rate", "beta1", "beta2", "epsilon", "epsilon_inside_sqrt",
-               "initial_accumulator_value"], defaults=(0.0, 0.0, 0.0, False, 0.0))
+  "_Hyper",
+  [
+    "kind",
+    "learning_rate",
+    "beta1",
+    "beta2",
+    "epsilon",
+    "epsilon_inside_sqrt",
+    "initial_accumulator_value",
+  ],
+  defaults=(0.0, 0.0, 0.0, False, 0.0),
+)
 
 
 def _unsupported(optimizer, why):
   return tf.errors.InvalidArgumentError(
-      None, None, f"tf_ext.DynamicEmbeddingOptimizer: {type(optimizer).__name__} {why}")
+    None, None, f"tf_ext.DynamicEmbeddingOptimizer: {type(optimizer).__name__} {why}"
+  )
 
 
 def _keras_current_lr(optimizer):
@@ -47,41 +59,76 @@ def _hyperparameters(optimizer):
     if isinstance(optimizer, v1.GradientDescentOptimizer):
       return _Hyper("sgd", lambda: value(optimizer._learning_rate))
     if isinstance(optimizer, v1.AdagradOptimizer):
-      return _Hyper("adagrad", lambda: value(optimizer._learning_rate),
-                    initial_accumulator_value=optimizer._initial_accumulator_value)
+      return _Hyper(
+        "adagrad",
+        lambda: value(optimizer._learning_rate),
+        initial_accumulator_value=optimizer._initial_accumulator_value,
+      )
     if isinstance(optimizer, v1.AdamOptimizer):
-      return _Hyper("adam", lambda: value(optimizer._lr), beta1=value(optimizer._beta1),
-                    beta2=value(optimizer._beta2), epsilon=value(optimizer._epsilon))
+      return _Hyper(
+        "adam",
+        lambda: value(optimizer._lr),
+        beta1=value(optimizer._beta1),
+        beta2=value(optimizer._beta2),
+        epsilon=value(optimizer._epsilon),
+      )
   elif isinstance(optimizer, keras.Optimizer):
-    _reject(optimizer, clipnorm=optimizer.clipnorm, clipvalue=optimizer.clipvalue,
-            global_clipnorm=optimizer.global_clipnorm, weight_decay=optimizer.weight_decay)
+    _reject(
+      optimizer,
+      clipnorm=optimizer.clipnorm,
+      clipvalue=optimizer.clipvalue,
+      global_clipnorm=optimizer.global_clipnorm,
+      weight_decay=optimizer.weight_decay,
+    )
     lr = lambda: _keras_current_lr(optimizer)
     if isinstance(optimizer, keras.SGD):
       _reject(optimizer, momentum=optimizer.momentum or optimizer.nesterov)
       return _Hyper("sgd", lr)
     if isinstance(optimizer, keras.Adagrad):
-      return _Hyper("adagrad", lr, epsilon=optimizer.epsilon, epsilon_inside_sqrt=True,
-                    initial_accumulator_value=optimizer.initial_accumulator_value)
+      return _Hyper(
+        "adagrad",
+        lr,
+        epsilon=optimizer.epsilon,
+        epsilon_inside_sqrt=True,
+        initial_accumulator_value=optimizer.initial_accumulator_value,
+      )
     if isinstance(optimizer, keras.Adam):
       _reject(optimizer, amsgrad=optimizer.amsgrad)
-      return _Hyper("adam", lr, beta1=optimizer.beta_1, beta2=optimizer.beta_2,
-                    epsilon=optimizer.epsilon)
+      return _Hyper(
+        "adam", lr, beta1=optimizer.beta_1, beta2=optimizer.beta_2, epsilon=optimizer.epsilon
+      )
   elif isinstance(optimizer, legacy.Optimizer):
-    _reject(optimizer, clipnorm=optimizer.clipnorm, clipvalue=optimizer.clipvalue,
-            global_clipnorm=optimizer.global_clipnorm)
+    _reject(
+      optimizer,
+      clipnorm=optimizer.clipnorm,
+      clipvalue=optimizer.clipvalue,
+      global_clipnorm=optimizer.global_clipnorm,
+    )
     lr = lambda: optimizer._decayed_lr(tf.float32)
     if isinstance(optimizer, legacy.SGD):
       _reject(optimizer, momentum=optimizer._momentum or optimizer.nesterov)
       return _Hyper("sgd", lr)
     if isinstance(optimizer, legacy.Adagrad):
-      return _Hyper("adagrad", lr, epsilon=optimizer.epsilon,
-                    initial_accumulator_value=optimizer._initial_accumulator_value)
+      return _Hyper(
+        "adagrad",
+        lr,
+        epsilon=optimizer.epsilon,
+        initial_accumulator_value=optimizer._initial_accumulator_value,
+      )
     if isinstance(optimizer, legacy.Adam):
       _reject(optimizer, amsgrad=optimizer.amsgrad)
-      return _Hyper("adam", lr, beta1=optimizer._get_hyper("beta_1"),
-                    beta2=optimizer._get_hyper("beta_2"), epsilon=optimizer.epsilon)
-  raise _unsupported(optimizer, "is not supported; use GradientDescent/SGD, Adagrad or Adam "
-                     "(tf.compat.v1.train or tf.keras.optimizers)")
+      return _Hyper(
+        "adam",
+        lr,
+        beta1=optimizer._get_hyper("beta_1"),
+        beta2=optimizer._get_hyper("beta_2"),
+        epsilon=optimizer.epsilon,
+      )
+  raise _unsupported(
+    optimizer,
+    "is not supported; use GradientDescent/SGD, Adagrad or Adam "
+    "(tf.compat.v1.train or tf.keras.optimizers)",
+  )
 
 
 def table_of(variable):
@@ -94,18 +141,28 @@ def apply_table_gradient(table, gradient, hyper, step):
   """One optimizer step on `table`'s rows named by the IndexedSlices `gradient`."""
   if not isinstance(gradient, tf.IndexedSlices):
     raise variable_lib.invalid_argument(
-        table.name, f"expected an IndexedSlices gradient keyed by ids, got {type(gradient).__name__}; "
-        "was the lookup's gradient densified (e.g. by tf.convert_to_tensor or clipping)?")
+      table.name,
+      f"expected an IndexedSlices gradient keyed by ids, got {type(gradient).__name__}; "
+      "was the lookup's gradient densified (e.g. by tf.convert_to_tensor or clipping)?",
+    )
   with tf.name_scope(f"{table.name}_apply_gradient"), table.colocated():
     unique_keys, positions = tf.unique(gradient.indices)
     summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(unique_keys))
     as_float = lambda x: tf.cast(x, tf.float32)
     return _ops_loader.load().tf_ext_table_apply_gradient(
-        table.resource_handle, unique_keys, summed, as_float(hyper.learning_rate()),
-        as_float(hyper.beta1), as_float(hyper.beta2), as_float(hyper.epsilon),
-        tf.cast(step, tf.int64), dim=table.dim, optimizer=hyper.kind,
-        epsilon_inside_sqrt=hyper.epsilon_inside_sqrt,
-        initial_accumulator_value=float(hyper.initial_accumulator_value))
+      table.resource_handle,
+      unique_keys,
+      summed,
+      as_float(hyper.learning_rate()),
+      as_float(hyper.beta1),
+      as_float(hyper.beta2),
+      as_float(hyper.epsilon),
+      tf.cast(step, tf.int64),
+      dim=table.dim,
+      optimizer=hyper.kind,
+      epsilon_inside_sqrt=hyper.epsilon_inside_sqrt,
+      initial_accumulator_value=float(hyper.initial_accumulator_value),
+    )
 
 
 def _split(grads_and_vars):
@@ -161,19 +218,28 @@ def _wrapped_class(base):
   cls = _wrapped_classes.get(base)
   if cls is None:
     cls = type(base.__name__, (_DynamicEmbeddingMixin, base), {"__module__": base.__module__})
-    keras_kinds = {tf.keras.optimizers.Optimizer: "", tf.keras.optimizers.legacy.Optimizer: "Legacy"}
+    keras_kinds = {
+      tf.keras.optimizers.Optimizer: "",
+      tf.keras.optimizers.legacy.Optimizer: "Legacy",
+    }
     for keras_base, prefix in keras_kinds.items():
       if issubclass(base, keras_base):
         tf.keras.utils.register_keras_serializable(
-            "tf_ext", f"DynamicEmbedding{prefix}{base.__name__}")(cls)
+          "tf_ext", f"DynamicEmbedding{prefix}{base.__name__}"
+        )(cls)
         break
     _wrapped_classes[base] = cls
   return cls
 
 
-for _base in (tf.keras.optimizers.SGD, tf.keras.optimizers.Adagrad, tf.keras.optimizers.Adam,
-              tf.keras.optimizers.legacy.SGD, tf.keras.optimizers.legacy.Adagrad,
-              tf.keras.optimizers.legacy.Adam):
+for _base in (
+  tf.keras.optimizers.SGD,
+  tf.keras.optimizers.Adagrad,
+  tf.keras.optimizers.Adam,
+  tf.keras.optimizers.legacy.SGD,
+  tf.keras.optimizers.legacy.Adagrad,
+  tf.keras.optimizers.legacy.Adam,
+):
   _wrapped_class(_base)
 
 

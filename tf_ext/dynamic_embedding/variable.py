@@ -4,6 +4,7 @@ The table lives in a TensorFlow resource (kernels/dynamic_embedding). This modul
 over its ops: argument checks with errors that name the table, get-or-create by name,
 checkpointing (tf.compat.v1.train.Saver and tf.train.Checkpoint) and SavedModel export.
 """
+
 import contextlib
 import threading
 import weakref
@@ -25,8 +26,9 @@ _SAVE_SUFFIXES = ("keys", "values", "slots", "update_counts", "last_steps", "slo
 
 def invalid_argument(table_name, message):
   """The error raised for bad input: InvalidArgumentError naming the table."""
-  return tf.errors.InvalidArgumentError(None, None,
-                                        f"dynamic embedding table '{table_name}': {message}")
+  return tf.errors.InvalidArgumentError(
+    None, None, f"dynamic embedding table '{table_name}': {message}"
+  )
 
 
 class DynamicEmbeddingVariable(resource.TrackableResource):
@@ -42,8 +44,16 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
   Create it with `tf_ext.get_dynamic_embedding_variable` (get-or-create by name).
   """
 
-  def __init__(self, name, dim, key_dtype=tf.int64, value_dtype=tf.float32, initializer=None,
-               trainable=True, gradient_anchor=None):
+  def __init__(
+    self,
+    name,
+    dim,
+    key_dtype=tf.int64,
+    value_dtype=tf.float32,
+    initializer=None,
+    trainable=True,
+    gradient_anchor=None,
+  ):
     self._name = name
     self._validate(dim, key_dtype, value_dtype)
     self._dim = int(dim)
@@ -58,13 +68,13 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
       self.resource_handle  # Created now, under the caller's device scope.
       if gradient_anchor is None:
         with tf.compat.v1.name_scope(None):
-          gradient_anchor = tf.Variable(0.0, trainable=trainable, dtype=tf.float32,
-                                        name=f"{name}/gradient_anchor")
+          gradient_anchor = tf.Variable(
+            0.0, trainable=trainable, dtype=tf.float32, name=f"{name}/gradient_anchor"
+          )
       self._gradient_anchor = gradient_anchor
       setattr(gradient_anchor, TABLE_OF_ANCHOR, weakref.ref(self))
       if not executing_eagerly:
-        ops.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
-                              _TableSaveable(self, name))
+        ops.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(self, name))
 
   def _validate(self, dim, key_dtype, value_dtype):
     try:
@@ -73,7 +83,9 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     except TypeError as error:
       raise invalid_argument(self._name, f"bad dtype: {error}") from None
     if key_dtype not in _KEY_DTYPES:
-      raise invalid_argument(self._name, f"key_dtype must be tf.int64 or tf.string, got {key_dtype.name}")
+      raise invalid_argument(
+        self._name, f"key_dtype must be tf.int64 or tf.string, got {key_dtype.name}"
+      )
     if value_dtype != tf.float32:
       raise invalid_argument(self._name, f"value_dtype must be tf.float32, got {value_dtype.name}")
     if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= MAX_DIM:
@@ -119,16 +131,25 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     return self.resource_handle.device
 
   def __repr__(self):
-    return (f"<tf_ext.DynamicEmbeddingVariable '{self._name}' dim={self._dim} "
-            f"key_dtype={self._key_dtype.name}>")
+    return (
+      f"<tf_ext.DynamicEmbeddingVariable '{self._name}' dim={self._dim} "
+      f"key_dtype={self._key_dtype.name}>"
+    )
 
   # ---- resource ---------------------------------------------------------------------------
 
   def _create_resource(self):
     spec = self._initializer
     return _ops_loader.load().tf_ext_dynamic_table(
-        table_name=self._name, shared_name=self._shared_name, key_dtype=self._key_dtype,
-        dim=self._dim, initializer=spec.kind, init_a=spec.a, init_b=spec.b, seed=spec.seed)
+      table_name=self._name,
+      shared_name=self._shared_name,
+      key_dtype=self._key_dtype,
+      dim=self._dim,
+      initializer=spec.kind,
+      init_a=spec.a,
+      init_b=spec.b,
+      seed=spec.seed,
+    )
 
   def _destroy_resource(self):
     if tf.executing_eagerly():
@@ -146,34 +167,56 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     """Converts keys to a Tensor of the table's key dtype; int32 ids are widened."""
     if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
       raise invalid_argument(
-          self._name, f"{what} is a {type(keys).__name__}; use tf_ext.embedding_lookup(table, "
-          f"{what}, combiner=...) or tf_ext.dynamic_embedding(..., combiner=...) for it")
+        self._name,
+        f"{what} is a {type(keys).__name__}; use tf_ext.embedding_lookup(table, "
+        f"{what}, combiner=...) or tf_ext.dynamic_embedding(..., combiner=...) for it",
+      )
     try:
       keys = tf.convert_to_tensor(keys)
     except (TypeError, ValueError) as error:
-      raise invalid_argument(self._name, f"{what} cannot be converted to a tensor: {error}") from None
+      raise invalid_argument(
+        self._name, f"{what} cannot be converted to a tensor: {error}"
+      ) from None
     if keys.dtype == self._key_dtype:
       return keys
-    if self._key_dtype == tf.int64 and keys.dtype in (tf.int32, tf.uint8, tf.int16, tf.int8,
-                                                      tf.uint16, tf.uint32):
+    if self._key_dtype == tf.int64 and keys.dtype in (
+      tf.int32,
+      tf.uint8,
+      tf.int16,
+      tf.int8,
+      tf.uint16,
+      tf.uint32,
+    ):
       return tf.cast(keys, tf.int64)
-    raise invalid_argument(self._name, f"{what} must be {self._key_dtype.name}, got {keys.dtype.name}")
+    raise invalid_argument(
+      self._name, f"{what} must be {self._key_dtype.name}, got {keys.dtype.name}"
+    )
 
   def _check_rows(self, keys, values):
     try:
       values = tf.convert_to_tensor(values, dtype_hint=tf.float32)
     except (TypeError, ValueError) as error:
-      raise invalid_argument(self._name, f"values cannot be converted to a tensor: {error}") from None
+      raise invalid_argument(
+        self._name, f"values cannot be converted to a tensor: {error}"
+      ) from None
     if values.dtype != tf.float32:
       raise invalid_argument(self._name, f"values must be float32, got {values.dtype.name}")
     keys_rank, values_rank = keys.shape.rank, values.shape.rank
     if keys_rank is not None and values_rank is not None:
       if values_rank != keys_rank + 1:
         raise invalid_argument(
-            self._name, f"values must have rank keys.rank + 1 = {keys_rank + 1} "
-            f"(shape keys.shape + [{self._dim}]), got rank {values_rank}")
-    if values.shape.rank is not None and values.shape[-1] is not None and values.shape[-1] != self._dim:
-      raise invalid_argument(self._name, f"values have dim {values.shape[-1]}, the table has dim {self._dim}")
+          self._name,
+          f"values must have rank keys.rank + 1 = {keys_rank + 1} "
+          f"(shape keys.shape + [{self._dim}]), got rank {values_rank}",
+        )
+    if (
+      values.shape.rank is not None
+      and values.shape[-1] is not None
+      and values.shape[-1] != self._dim
+    ):
+      raise invalid_argument(
+        self._name, f"values have dim {values.shape[-1]}, the table has dim {self._dim}"
+      )
     return values
 
   # ---- table operations -------------------------------------------------------------------
@@ -193,7 +236,9 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     keys = self._check_keys(keys, "keys")
     values = self._check_rows(keys, values)
     with tf.name_scope(name or f"{self._name}_insert"), self.colocated():
-      return _ops_loader.load().tf_ext_table_insert(self.resource_handle, keys, values, dim=self._dim)
+      return _ops_loader.load().tf_ext_table_insert(
+        self.resource_handle, keys, values, dim=self._dim
+      )
 
   def remove(self, keys, name=None):
     """Removes `keys`; missing keys are ignored. Their memory is reused by later ids."""
@@ -224,19 +269,28 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
   def export_with_slots(self, name=None):
     """(keys, values, slots, update_counts, last_steps, slot_initial_values)."""
     with tf.name_scope(name or f"{self._name}_export"), self.colocated():
-      return tuple(_ops_loader.load().tf_ext_table_export(
-          self.resource_handle, Tkey=self._key_dtype, dim=self._dim))
+      return tuple(
+        _ops_loader.load().tf_ext_table_export(
+          self.resource_handle, Tkey=self._key_dtype, dim=self._dim
+        )
+      )
 
-  def import_with_slots(self, keys, values, slots, update_counts, last_steps,
-                        slot_initial_values, name=None):
+  def import_with_slots(
+    self, keys, values, slots, update_counts, last_steps, slot_initial_values, name=None
+  ):
     """Replaces the whole content with the given snapshot, atomically (all or nothing)."""
     keys = self._check_keys(keys, "keys")
     with tf.name_scope(name or f"{self._name}_import"), self.colocated():
       return _ops_loader.load().tf_ext_table_import(
-          self.resource_handle, keys, tf.convert_to_tensor(values, tf.float32),
-          tf.convert_to_tensor(slots, tf.float32), tf.convert_to_tensor(update_counts, tf.int64),
-          tf.convert_to_tensor(last_steps, tf.int64),
-          tf.convert_to_tensor(slot_initial_values, tf.float32), dim=self._dim)
+        self.resource_handle,
+        keys,
+        tf.convert_to_tensor(values, tf.float32),
+        tf.convert_to_tensor(slots, tf.float32),
+        tf.convert_to_tensor(update_counts, tf.int64),
+        tf.convert_to_tensor(last_steps, tf.int64),
+        tf.convert_to_tensor(slot_initial_values, tf.float32),
+        dim=self._dim,
+      )
 
   # ---- checkpoints (TF2 object-based and SavedModel) ---------------------------------------
 
@@ -252,8 +306,10 @@ class _TableSaveable(saveable_object.SaveableObject):
 
   def __init__(self, table, name):
     tensors = table.export_with_slots()
-    specs = [saveable_object.SaveSpec(t, "", f"{name}-{suffix}")
-             for t, suffix in zip(tensors, _SAVE_SUFFIXES)]
+    specs = [
+      saveable_object.SaveSpec(t, "", f"{name}-{suffix}")
+      for t, suffix in zip(tensors, _SAVE_SUFFIXES)
+    ]
     super().__init__(table, specs, name)
     self._table = table
 
@@ -274,8 +330,15 @@ def _scope_key():
     return "eager" if tf.executing_eagerly() else ops.get_default_graph()
 
 
-def get_dynamic_embedding_variable(name, dim, key_dtype=tf.int64, value_dtype=tf.float32,
-                                   initializer=None, trainable=True, gradient_anchor=None):
+def get_dynamic_embedding_variable(
+  name,
+  dim,
+  key_dtype=tf.int64,
+  value_dtype=tf.float32,
+  initializer=None,
+  trainable=True,
+  gradient_anchor=None,
+):
   """Returns the table named `name` in the current variable scope, creating it if needed.
 
   Args:
@@ -299,11 +362,14 @@ def get_dynamic_embedding_variable(name, dim, key_dtype=tf.int64, value_dtype=tf
     if table is not None:
       if table.dim != dim or table.key_dtype != tf.as_dtype(key_dtype):
         raise invalid_argument(
-            full_name, f"exists with dim {table.dim} and key_dtype {table.key_dtype.name}; asked "
-            f"for dim {dim} and key_dtype {tf.as_dtype(key_dtype).name}")
+          full_name,
+          f"exists with dim {table.dim} and key_dtype {table.key_dtype.name}; asked "
+          f"for dim {dim} and key_dtype {tf.as_dtype(key_dtype).name}",
+        )
       return table
-    table = DynamicEmbeddingVariable(full_name, dim, key_dtype, value_dtype, initializer,
-                                     trainable, gradient_anchor)
+    table = DynamicEmbeddingVariable(
+      full_name, dim, key_dtype, value_dtype, initializer, trainable, gradient_anchor
+    )
     _registry[key] = table
     return table
 

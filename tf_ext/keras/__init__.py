@@ -1,2 +1,3 @@
 """Keras integration of tf_ext."""
+
 from tf_ext.keras import layers

@@ -1,4 +1,5 @@
 """Keras layers of tf_ext."""
+
 import numpy as np
 import tensorflow as tf
 
@@ -25,11 +26,17 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     self.table = None
 
   def build(self, input_shape):
-    anchor = self.add_weight(name="gradient_anchor", shape=(), initializer="zeros",
-                             trainable=self.trainable)
+    anchor = self.add_weight(
+      name="gradient_anchor", shape=(), initializer="zeros", trainable=self.trainable
+    )
     self.table = variable_lib.DynamicEmbeddingVariable(
-        self.name, self.dim, key_dtype=self.key_dtype, initializer=self._initializer_spec,
-        trainable=self.trainable, gradient_anchor=anchor)
+      self.name,
+      self.dim,
+      key_dtype=self.key_dtype,
+      initializer=self._initializer_spec,
+      trainable=self.trainable,
+      gradient_anchor=anchor,
+    )
     super().build(input_shape)
 
   def call(self, ids):
@@ -58,12 +65,20 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     if self.key_dtype == tf.string:
       buffer = np.asarray(store["table_key_bytes"]).tobytes()
       ends = np.cumsum(np.asarray(store["table_key_lengths"]))
-      keys = np.array([buffer[e - n:e] for e, n in zip(ends, np.asarray(store["table_key_lengths"]))], object)
+      keys = np.array(
+        [buffer[e - n : e] for e, n in zip(ends, np.asarray(store["table_key_lengths"]))], object
+      )
     else:
       keys = np.asarray(store["table_keys"])
-    self.table.import_with_slots(keys, *(np.asarray(store[f"table_{name}"]) for name in self._TABLE_ARRAYS))
+    self.table.import_with_slots(
+      keys, *(np.asarray(store[f"table_{name}"]) for name in self._TABLE_ARRAYS)
+    )
 
   def get_config(self):
-    return {**super().get_config(), "dim": self.dim, "key_dtype": self.key_dtype.name,
-            "initializer": initializers.to_config(self._initializer_spec),
-            "combiner": self.combiner}
+    return {
+      **super().get_config(),
+      "dim": self.dim,
+      "key_dtype": self.key_dtype.name,
+      "initializer": initializers.to_config(self._initializer_spec),
+      "combiner": self.combiner,
+    }

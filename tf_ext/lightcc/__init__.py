@@ -12,6 +12,7 @@ same numerics. With settings on (environment, or `hvd.init(light_2d_allreduce=1,
 Per-step traffic: `hvd.traffic()` (bytes sent inside groups, across groups, and the compression
 ratio against Horovod's flat ring allreduce); `hvd.reset_traffic()` starts a new count.
 """
+
 import weakref
 
 import horovod.tensorflow as _hvd
@@ -79,8 +80,10 @@ def init(*args, **kwargs):
   _hvd.init(*args, **kwargs)
   if topology is not None:
     if _hvd.size() != world_size:
-      raise ValueError(f"LIGHT_2D_ALLREDUCE: the launcher announced {world_size} ranks but Horovod "
-                       f"has {_hvd.size()}")
+      raise ValueError(
+        f"LIGHT_2D_ALLREDUCE: the launcher announced {world_size} ranks but Horovod "
+        f"has {_hvd.size()}"
+      )
     topology.bind(_hvd.rank())
   _state.config, _state.topology = config, topology
 
@@ -97,7 +100,12 @@ def traffic():
   Eager: Python numbers. Graph mode: tensors of the current graph, to run in its session.
   """
   if not _state.config.enabled:
-    return {"intra_bytes": 0, "inter_bytes": 0, "dense_equivalent_bytes": 0, "compression_ratio": 1.0}
+    return {
+      "intra_bytes": 0,
+      "inter_bytes": 0,
+      "dense_equivalent_bytes": 0,
+      "compression_ratio": 1.0,
+    }
   return _traffic().snapshot()
 
 
@@ -107,48 +115,90 @@ def reset_traffic():
     return _traffic().reset()
 
 
-def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none,
-              op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
-              process_set=global_process_set, ignore_name_scope=False):
+def allreduce(
+  tensor,
+  average=None,
+  device_dense="",
+  device_sparse="",
+  compression=Compression.none,
+  op=None,
+  prescale_factor=1.0,
+  postscale_factor=1.0,
+  name=None,
+  process_set=global_process_set,
+  ignore_name_scope=False,
+):
   """horovod.tensorflow.allreduce; dense Sum/Average go 2D with LIGHT_2D_ALLREDUCE on."""
   op = handle_average_backwards_compatibility(op, average)
   dense = tensor if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
   if not _goes_2d([dense], op, prescale_factor, postscale_factor, process_set):
-    return _hvd.allreduce(tensor, device_dense=device_dense, device_sparse=device_sparse,
-                          compression=compression, op=op, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor, name=name, process_set=process_set,
-                          ignore_name_scope=ignore_name_scope)
+    return _hvd.allreduce(
+      tensor,
+      device_dense=device_dense,
+      device_sparse=device_sparse,
+      compression=compression,
+      op=op,
+      prescale_factor=prescale_factor,
+      postscale_factor=postscale_factor,
+      name=name,
+      process_set=process_set,
+      ignore_name_scope=ignore_name_scope,
+    )
   compressed, context = compression.compress(dense)
   reduced = _collectives.allreduce_2d(compressed, op, _state.topology, _traffic())
   return compression.decompress(reduced, context)
 
 
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
-                      compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set):
+def grouped_allreduce(
+  tensors,
+  average=None,
+  device_dense="",
+  device_sparse="",
+  compression=Compression.none,
+  op=None,
+  prescale_factor=1.0,
+  postscale_factor=1.0,
+  process_set=global_process_set,
+):
   """horovod.tensorflow.grouped_allreduce; each tensor goes 2D when allreduce would."""
   op = handle_average_backwards_compatibility(op, average)
   tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
   if not _goes_2d(tensors, op, prescale_factor, postscale_factor, process_set):
-    return _hvd.grouped_allreduce(tensors, device_dense=device_dense, device_sparse=device_sparse,
-                                  compression=compression, op=op, prescale_factor=prescale_factor,
-                                  postscale_factor=postscale_factor, process_set=process_set)
+    return _hvd.grouped_allreduce(
+      tensors,
+      device_dense=device_dense,
+      device_sparse=device_sparse,
+      compression=compression,
+      op=op,
+      prescale_factor=prescale_factor,
+      postscale_factor=postscale_factor,
+      process_set=process_set,
+    )
   compressed = [compression.compress(t) for t in tensors]
-  reduced = _collectives.grouped_allreduce_2d([c for c, _ in compressed], op, _state.topology,
-                                              _traffic())
+  reduced = _collectives.grouped_allreduce_2d(
+    [c for c, _ in compressed], op, _state.topology, _traffic()
+  )
   return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
 
 
 def _goes_2d(tensors, op, prescale_factor, postscale_factor, process_set):
   """Whether 2D allreduce serves this call; everything else is left to Horovod."""
-  return (process_set is global_process_set and op in (Sum, Average)
-          and prescale_factor == 1.0 and postscale_factor == 1.0
-          and all(not isinstance(t, tf.IndexedSlices)
-                  and _collectives.uses_2d(t, _state.config, _state.topology) for t in tensors))
+  return (
+    process_set is global_process_set
+    and op in (Sum, Average)
+    and prescale_factor == 1.0
+    and postscale_factor == 1.0
+    and all(
+      not isinstance(t, tf.IndexedSlices)
+      and _collectives.uses_2d(t, _state.config, _state.topology)
+      for t in tensors
+    )
+  )
 
 
-def reduce_gradients(gradients, variables, op=Average, compression=Compression.none,
-                     sparse_as_dense=False):
+def reduce_gradients(
+  gradients, variables, op=Average, compression=Compression.none, sparse_as_dense=False
+):
   """Reduces one step's gradients over all ranks the LightCC way.
 
   Sparse gradients are allgathered as Horovod does. Dense ones of at least LIGHT_TOPK_THRESHOLD
@@ -168,11 +218,13 @@ def reduce_gradients(gradients, variables, op=Average, compression=Compression.n
     elif _collectives.is_compressible(gradient, config):
       compressible.append(index)
     elif (config.fusion and gradient.shape.is_fully_defined()) or _collectives.uses_2d(
-        gradient, config, _state.topology):
+      gradient, config, _state.topology
+    ):
       dense.append(index)
     else:
-      reduced[index] = allreduce(gradient, op=op, compression=compression,
-                                 name=f"lightcc_grad_{index}")
+      reduced[index] = allreduce(
+        gradient, op=op, compression=compression, name=f"lightcc_grad_{index}"
+      )
   topk = _TopKGroup(compressible, list(reduced), variables, op) if compressible else None
 
   def reduce_bucket(indices):
@@ -183,18 +235,21 @@ def reduce_gradients(gradients, variables, op=Average, compression=Compression.n
       out.update(zip(comp, topk.reduce(comp)))
     rest = [i for i in indices if i not in out]
     if rest:
-      out.update(zip(rest, grouped_allreduce([reduced[i] for i in rest], op=op,
-                                             compression=compression)))
+      out.update(
+        zip(rest, grouped_allreduce([reduced[i] for i in rest], op=op, compression=compression))
+      )
     return [out[i] for i in indices]
 
   bucketed = sorted(compressible + dense)
   if bucketed:
     if config.fusion:
       results = _fusion_for([reduced[i] for i in bucketed]).reduce(
-          [reduced[i] for i in bucketed], lambda bucket: reduce_bucket([bucketed[b] for b in bucket]))
+        [reduced[i] for i in bucketed], lambda bucket: reduce_bucket([bucketed[b] for b in bucket])
+      )
     else:
       results = (reduce_bucket(compressible) if compressible else []) + (
-          reduce_bucket(dense) if dense else [])
+        reduce_bucket(dense) if dense else []
+      )
       bucketed = compressible + dense
     for i, r in zip(bucketed, results):
       reduced[i] = r
@@ -209,7 +264,8 @@ class _TopKGroup:
     self.topology = _state.topology if config.two_d else None
     self.gradients, self.op = gradients, op
     lengths = _collectives.topk_piece_lengths(
-        [gradients[i].shape.num_elements() for i in indices], self.topology)
+      [gradients[i].shape.num_elements() for i in indices], self.topology
+    )
     self.position = {i: p for p, i in enumerate(indices)}
     self.offsets = [sum(lengths[:p]) for p in range(len(indices))]
     key = (tuple(_variable_key(variables[i]) for i in indices), sum(lengths))
@@ -218,8 +274,14 @@ class _TopKGroup:
   def reduce(self, indices):
     """TOPK exchange of consecutive TOPK gradients (ascending indices)."""
     return _collectives.topk_grouped_allreduce(
-        [self.gradients[i] for i in indices], self.op, _state.config, self.topology, self.residual,
-        self.offsets[self.position[indices[0]]], _traffic())
+      [self.gradients[i] for i in indices],
+      self.op,
+      _state.config,
+      self.topology,
+      self.residual,
+      self.offsets[self.position[indices[0]]],
+      _traffic(),
+    )
 
 
 def _variable_key(variable):
@@ -233,8 +295,11 @@ def _fusion_for(tensors):
   fusion = fusions.get(key)
   if fusion is None:
     config = _state.config
-    fusion = _fusion.AdaptiveFusion([int(mb * (1 << 20)) for mb in config.fusion_buckets_mb],
-                                    config.fusion_probe_steps, config.fusion_reprobe_steps)
+    fusion = _fusion.AdaptiveFusion(
+      [int(mb * (1 << 20)) for mb in config.fusion_buckets_mb],
+      config.fusion_probe_steps,
+      config.fusion_reprobe_steps,
+    )
     fusions[key] = fusion
   return fusion
 
@@ -244,37 +309,66 @@ def fusion_policies():
   return [f.policy for f in _graph_state().fusions.values()]
 
 
-def _check_supported(process_set, gradient_predivide_factor, backward_passes_per_step=1,
-                     groups=None, num_groups=0):
+def _check_supported(
+  process_set, gradient_predivide_factor, backward_passes_per_step=1, groups=None, num_groups=0
+):
   if process_set is not global_process_set or gradient_predivide_factor != 1.0:
-    raise NotImplementedError("LightCC compression/2D works on the global process set without "
-                              "gradient_predivide_factor; turn LIGHT_* settings off for these")
+    raise NotImplementedError(
+      "LightCC compression/2D works on the global process set without "
+      "gradient_predivide_factor; turn LIGHT_* settings off for these"
+    )
   if backward_passes_per_step != 1 or groups or num_groups:
-    raise NotImplementedError("LightCC: backward_passes_per_step > 1 and explicit groups are not "
-                              "supported with LIGHT_* settings on yet")
+    raise NotImplementedError(
+      "LightCC: backward_passes_per_step > 1 and explicit groups are not "
+      "supported with LIGHT_* settings on yet"
+    )
 
 
 class _LightGradientTape(tf.GradientTape):
   """A GradientTape whose gradient() reduces over all ranks with reduce_gradients."""
 
-  def gradient(self, target, sources, output_gradients=None,
-               unconnected_gradients=tf.UnconnectedGradients.NONE):
+  def gradient(
+    self, target, sources, output_gradients=None, unconnected_gradients=tf.UnconnectedGradients.NONE
+  ):
     grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
-    flat = reduce_gradients(tf.nest.flatten(grads), tf.nest.flatten(sources),
-                            op=self._lightcc_op, compression=self._lightcc_compression,
-                            sparse_as_dense=self._lightcc_sparse_as_dense)
+    flat = reduce_gradients(
+      tf.nest.flatten(grads),
+      tf.nest.flatten(sources),
+      op=self._lightcc_op,
+      compression=self._lightcc_compression,
+      sparse_as_dense=self._lightcc_sparse_as_dense,
+    )
     return tf.nest.pack_sequence_as(grads, flat)
 
 
-def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
-                            sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0,
-                            num_groups=0, groups=None, process_set=global_process_set, **kwargs):
+def DistributedGradientTape(
+  gradtape,
+  device_dense="",
+  device_sparse="",
+  compression=Compression.none,
+  sparse_as_dense=False,
+  op=Average,
+  gradient_predivide_factor=1.0,
+  num_groups=0,
+  groups=None,
+  process_set=global_process_set,
+  **kwargs,
+):
   """horovod.tensorflow.DistributedGradientTape; LightCC's reduction when settings are on."""
   if not _state.config.enabled:
     return _hvd.DistributedGradientTape(
-        gradtape, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
-        sparse_as_dense=sparse_as_dense, op=op, gradient_predivide_factor=gradient_predivide_factor,
-        num_groups=num_groups, groups=groups, process_set=process_set, **kwargs)
+      gradtape,
+      device_dense=device_dense,
+      device_sparse=device_sparse,
+      compression=compression,
+      sparse_as_dense=sparse_as_dense,
+      op=op,
+      gradient_predivide_factor=gradient_predivide_factor,
+      num_groups=num_groups,
+      groups=groups,
+      process_set=process_set,
+      **kwargs,
+    )
   _check_supported(process_set, gradient_predivide_factor, groups=groups, num_groups=num_groups)
   tape = _LightGradientTape.__new__(_LightGradientTape)
   tape.__dict__.update(gradtape.__dict__)
@@ -293,8 +387,13 @@ class _LightOptimizer(tf.compat.v1.train.Optimizer):
 
   def compute_gradients(self, *args, **kwargs):
     grads_and_vars = self._optimizer.compute_gradients(*args, **kwargs)
-    grads = reduce_gradients([g for g, _ in grads_and_vars], [v for _, v in grads_and_vars],
-                             self._op, self._compression, self._sparse_as_dense)
+    grads = reduce_gradients(
+      [g for g, _ in grads_and_vars],
+      [v for _, v in grads_and_vars],
+      self._op,
+      self._compression,
+      self._sparse_as_dense,
+    )
     return list(zip(grads, [v for _, v in grads_and_vars]))
 
   def apply_gradients(self, *args, **kwargs):
@@ -310,23 +409,49 @@ class _LightOptimizer(tf.compat.v1.train.Optimizer):
     return self._optimizer.variables(*args, **kwargs)
 
 
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
-                         compression=Compression.none, sparse_as_dense=False,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, **kwargs):
+def DistributedOptimizer(
+  optimizer,
+  name=None,
+  use_locking=False,
+  device_dense="",
+  device_sparse="",
+  compression=Compression.none,
+  sparse_as_dense=False,
+  backward_passes_per_step=1,
+  op=Average,
+  gradient_predivide_factor=1.0,
+  average_aggregated_gradients=False,
+  num_groups=0,
+  groups=None,
+  process_set=global_process_set,
+  **kwargs,
+):
   """horovod.tensorflow.DistributedOptimizer; LightCC's reduction when settings are on."""
   if not _state.config.enabled:
     return _hvd.DistributedOptimizer(
-        optimizer, name=name, use_locking=use_locking, device_dense=device_dense,
-        device_sparse=device_sparse, compression=compression, sparse_as_dense=sparse_as_dense,
-        backward_passes_per_step=backward_passes_per_step, op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
-        groups=groups, process_set=process_set, **kwargs)
-  _check_supported(process_set, gradient_predivide_factor, backward_passes_per_step, groups, num_groups)
+      optimizer,
+      name=name,
+      use_locking=use_locking,
+      device_dense=device_dense,
+      device_sparse=device_sparse,
+      compression=compression,
+      sparse_as_dense=sparse_as_dense,
+      backward_passes_per_step=backward_passes_per_step,
+      op=op,
+      gradient_predivide_factor=gradient_predivide_factor,
+      average_aggregated_gradients=average_aggregated_gradients,
+      num_groups=num_groups,
+      groups=groups,
+      process_set=process_set,
+      **kwargs,
+    )
+  _check_supported(
+    process_set, gradient_predivide_factor, backward_passes_per_step, groups, num_groups
+  )
   if isinstance(optimizer, tf.compat.v1.train.Optimizer):
     return _LightOptimizer(optimizer, name, op, compression, sparse_as_dense)
   from tf_ext.lightcc import keras as _keras  # Keras optimizers, as horovod.tensorflow does
-  return _keras.DistributedOptimizer(optimizer, name=name, compression=compression,
-                                     sparse_as_dense=sparse_as_dense, op=op)
+
+  return _keras.DistributedOptimizer(
+    optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense, op=op
+  )

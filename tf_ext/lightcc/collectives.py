@@ -6,6 +6,7 @@ host. For a tensor of S bytes on G groups of L ranks, 2D allreduce sends per ran
 1/L-th) + (L-1)/L·S inside the group (allgather): the slow inter-node link carries 1/L of what a
 flat ring allreduce would put on it.
 """
+
 import math
 import threading
 
@@ -67,8 +68,11 @@ class Traffic:
       self.dense_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="lightcc_dense_bytes")
 
   def record(self, intra, inter, dense):
-    return tf.group(self.intra_bytes.assign_add(int(intra)), self.inter_bytes.assign_add(int(inter)),
-                    self.dense_bytes.assign_add(int(dense)))
+    return tf.group(
+      self.intra_bytes.assign_add(int(intra)),
+      self.inter_bytes.assign_add(int(inter)),
+      self.dense_bytes.assign_add(int(dense)),
+    )
 
   def reset(self):
     return tf.group([v.assign(0) for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes)])
@@ -77,12 +81,22 @@ class Traffic:
     if not tf.executing_eagerly():  # graph mode: tensors to run
       sent = tf.cast(self.intra_bytes + self.inter_bytes, tf.float64)
       ratio = tf.where(sent > 0, tf.cast(self.dense_bytes, tf.float64) / tf.maximum(sent, 1.0), 1.0)
-      return {"intra_bytes": self.intra_bytes.read_value(), "inter_bytes": self.inter_bytes.read_value(),
-              "dense_equivalent_bytes": self.dense_bytes.read_value(), "compression_ratio": ratio}
-    intra, inter, dense = (int(v.numpy()) for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes))
+      return {
+        "intra_bytes": self.intra_bytes.read_value(),
+        "inter_bytes": self.inter_bytes.read_value(),
+        "dense_equivalent_bytes": self.dense_bytes.read_value(),
+        "compression_ratio": ratio,
+      }
+    intra, inter, dense = (
+      int(v.numpy()) for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes)
+    )
     sent = intra + inter
-    return {"intra_bytes": intra, "inter_bytes": inter, "dense_equivalent_bytes": dense,
-            "compression_ratio": dense / sent if sent else 1.0}
+    return {
+      "intra_bytes": intra,
+      "inter_bytes": inter,
+      "dense_equivalent_bytes": dense,
+      "compression_ratio": dense / sent if sent else 1.0,
+    }
 
 
 def ring_allreduce_bytes(size_bytes, ranks):
@@ -112,8 +126,9 @@ def grouped_allreduce_2d(tensors, op, topology, traffic=None):
       splits = [topology.chunk_range(total, q)[1] for q in range(topology.intra_size)]
       flat = reduce_scatter_in_group(flat, splits, topology)
     if topology.inter_set is not None:
-      flat = _hvd.allreduce(flat, op=_hvd.Sum, postscale_factor=scale,
-                            process_set=topology.inter_set)
+      flat = _hvd.allreduce(
+        flat, op=_hvd.Sum, postscale_factor=scale, process_set=topology.inter_set
+      )
     elif scale != 1.0:
       flat = _scale(flat, scale)
     if topology.intra_set is not None:
@@ -124,8 +139,11 @@ def grouped_allreduce_2d(tensors, op, topology, traffic=None):
     return results
   size = sum(_static_bytes(t) for t in tensors)
   L, G = topology.intra_size, topology.num_groups
-  record = traffic.record(2 * (L - 1) / L * size, ring_allreduce_bytes(size / L, G),
-                          ring_allreduce_bytes(size, topology.world_size))
+  record = traffic.record(
+    2 * (L - 1) / L * size,
+    ring_allreduce_bytes(size / L, G),
+    ring_allreduce_bytes(size, topology.world_size),
+  )
   return [_after(record, r) for r in results]
 
 
@@ -170,8 +188,11 @@ class Residuals:
       residual = self._by_key.get(key)
       if residual is None:
         with tf.init_scope():
-          residual = tf.Variable(tf.zeros([length], tf.float32), trainable=False,
-                                 name=f"lightcc_residual_{len(self._by_key)}")
+          residual = tf.Variable(
+            tf.zeros([length], tf.float32),
+            trainable=False,
+            name=f"lightcc_residual_{len(self._by_key)}",
+          )
         self._by_key[key] = residual
       return residual
 
@@ -184,8 +205,9 @@ def topk_piece_lengths(lengths, topology):
   return [topology.chunk_range(n)[1] for n in lengths]
 
 
-def topk_grouped_allreduce(gradients, op, config, topology, residual, residual_offset,
-                           traffic=None):
+def topk_grouped_allreduce(
+  gradients, op, config, topology, residual, residual_offset, traffic=None
+):
   """TOPK exchange with error feedback of a group of float gradients (float32 on the wire).
 
   With 2D (a topology), every gradient is reduce-scattered densely inside the group (this rank
@@ -210,27 +232,41 @@ def topk_grouped_allreduce(gradients, op, config, topology, residual, residual_o
   ranges = [[topology.chunk_range(n, q) for q in range(L)] if two_d else [(0, n)] for n in lengths]
   piece_lengths = topk_piece_lengths(lengths, topology)  # the residual layout, as callers see it
   if two_d:  # position-major: everything for position 0, then position 1, ...
-    send = tf.concat([flats[t][r[q][0]:r[q][0] + r[q][1]] for q in range(L)
-                      for t, r in enumerate(ranges)], 0)
-    chunk = reduce_scatter_in_group(send, [sum(r[q][1] for r in ranges) for q in range(L)],
-                                    topology)
+    send = tf.concat(
+      [flats[t][r[q][0] : r[q][0] + r[q][1]] for q in range(L) for t, r in enumerate(ranges)], 0
+    )
+    chunk = reduce_scatter_in_group(
+      send, [sum(r[q][1] for r in ranges) for q in range(L)], topology
+    )
   else:
     chunk = tf.concat(flats, 0)
   counts = [min(m, max(1, math.ceil(config.topk_ratio * m))) if m else 0 for m in piece_lengths]
-  payload = ops.tf_ext_top_k_compress(chunk, residual.handle, segment_lengths=piece_lengths,
-                                      segment_counts=counts, half_values=config.topk_fp16,
-                                      residual_offset=residual_offset)
+  payload = ops.tf_ext_top_k_compress(
+    chunk,
+    residual.handle,
+    segment_lengths=piece_lengths,
+    segment_counts=counts,
+    half_values=config.topk_fp16,
+    residual_offset=residual_offset,
+  )
   payload_bytes = payload.shape.num_elements() * 4
   if inter_ranks > 1:
     payload = _hvd.allgather(payload, process_set=inter_set)
   reduced = ops.tf_ext_top_k_decompress(
-      payload, num_selected=sum(counts), half_values=config.topk_fp16, length=sum(piece_lengths),
-      scale=1.0 / world if op == _hvd.Average else 1.0)
+    payload,
+    num_selected=sum(counts),
+    half_values=config.topk_fp16,
+    length=sum(piece_lengths),
+    scale=1.0 / world if op == _hvd.Average else 1.0,
+  )
   if two_d:
-    gathered = tf.split(_hvd.allgather(reduced, process_set=topology.intra_set),
-                        [r[q][1] for q in range(L) for r in ranges])
-    pieces = [tf.concat([gathered[q * len(ranges) + t] for q in range(L)], 0)
-              for t in range(len(ranges))]
+    gathered = tf.split(
+      _hvd.allgather(reduced, process_set=topology.intra_set),
+      [r[q][1] for q in range(L) for r in ranges],
+    )
+    pieces = [
+      tf.concat([gathered[q * len(ranges) + t] for q in range(L)], 0) for t in range(len(ranges))
+    ]
   else:
     pieces = tf.split(reduced, lengths)
   results = [tf.cast(tf.reshape(piece, g.shape), g.dtype) for piece, g in zip(pieces, gradients)]
@@ -244,11 +280,19 @@ def topk_grouped_allreduce(gradients, op, config, topology, residual, residual_o
 
 def is_compressible(gradient, config):
   size = _static_bytes(gradient)
-  return (config.topk and size is not None and size >= config.topk_threshold
-          and gradient.dtype in _FLOAT_DTYPES)
+  return (
+    config.topk
+    and size is not None
+    and size >= config.topk_threshold
+    and gradient.dtype in _FLOAT_DTYPES
+  )
 
 
 def uses_2d(tensor, config, topology):
   size = _static_bytes(tensor)
-  return (config.two_d and topology is not None and size is not None
-          and size <= config.hierarchical_threshold)
+  return (
+    config.two_d
+    and topology is not None
+    and size is not None
+    and size <= config.hierarchical_threshold
+  )

@@ -4,14 +4,24 @@ Keywords are the variables' names in lower case, e.g. `hvd.init(light_topk_allre
 override the environment. Every value is checked at init, and a bad one raises ValueError naming
 the variable.
 """
+
 import dataclasses
 
 from tf_ext import settings
 
-_NAMES = ("LIGHT_2D_ALLREDUCE", "LIGHT_INTRA_SIZE", "LIGHT_HIERARCHICAL_THRESHOLD",
-          "LIGHT_TOPK_ALLREDUCE", "LIGHT_TOPK_RATIO", "LIGHT_TOPK_THRESHOLD", "LIGHT_TOPK_FP16",
-          "LIGHT_FUSION", "LIGHT_FUSION_BUCKETS_MB", "LIGHT_FUSION_PROBE_STEPS",
-          "LIGHT_FUSION_REPROBE_STEPS")
+_NAMES = (
+  "LIGHT_2D_ALLREDUCE",
+  "LIGHT_INTRA_SIZE",
+  "LIGHT_HIERARCHICAL_THRESHOLD",
+  "LIGHT_TOPK_ALLREDUCE",
+  "LIGHT_TOPK_RATIO",
+  "LIGHT_TOPK_THRESHOLD",
+  "LIGHT_TOPK_FP16",
+  "LIGHT_FUSION",
+  "LIGHT_FUSION_BUCKETS_MB",
+  "LIGHT_FUSION_PROBE_STEPS",
+  "LIGHT_FUSION_REPROBE_STEPS",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,15 +56,21 @@ def resolve(world_size, keywords):
   if unknown:
     raise ValueError(f"unknown LightCC setting(s) {unknown}; known: {[n.lower() for n in _NAMES]}")
   config = LightConfig(
-      two_d=values["LIGHT_2D_ALLREDUCE"], intra_size=values["LIGHT_INTRA_SIZE"],
-      hierarchical_threshold=values["LIGHT_HIERARCHICAL_THRESHOLD"],
-      topk=values["LIGHT_TOPK_ALLREDUCE"], topk_ratio=values["LIGHT_TOPK_RATIO"],
-      topk_threshold=values["LIGHT_TOPK_THRESHOLD"], topk_fp16=values["LIGHT_TOPK_FP16"],
-      fusion=values["LIGHT_FUSION"], fusion_buckets_mb=tuple(values["LIGHT_FUSION_BUCKETS_MB"]),
-      fusion_probe_steps=values["LIGHT_FUSION_PROBE_STEPS"],
-      fusion_reprobe_steps=values["LIGHT_FUSION_REPROBE_STEPS"])
+    two_d=values["LIGHT_2D_ALLREDUCE"],
+    intra_size=values["LIGHT_INTRA_SIZE"],
+    hierarchical_threshold=values["LIGHT_HIERARCHICAL_THRESHOLD"],
+    topk=values["LIGHT_TOPK_ALLREDUCE"],
+    topk_ratio=values["LIGHT_TOPK_RATIO"],
+    topk_threshold=values["LIGHT_TOPK_THRESHOLD"],
+    topk_fp16=values["LIGHT_TOPK_FP16"],
+    fusion=values["LIGHT_FUSION"],
+    fusion_buckets_mb=tuple(values["LIGHT_FUSION_BUCKETS_MB"]),
+    fusion_probe_steps=values["LIGHT_FUSION_PROBE_STEPS"],
+    fusion_reprobe_steps=values["LIGHT_FUSION_REPROBE_STEPS"],
+  )
   if config.two_d and world_size % config.intra_size:
     raise ValueError(
-        f"LIGHT_INTRA_SIZE={config.intra_size} does not divide the world size {world_size}: 2D "
-        "allreduce needs groups of equal size (set LIGHT_INTRA_SIZE to the ranks per host)")
+      f"LIGHT_INTRA_SIZE={config.intra_size} does not divide the world size {world_size}: 2D "
+      "allreduce needs groups of equal size (set LIGHT_INTRA_SIZE to the ranks per host)"
+    )
   return config

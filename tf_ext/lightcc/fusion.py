@@ -15,6 +15,7 @@ All bucketings exist in the graph behind one tf.switch_case, so switching needs 
 works in TF1 sessions too. Every rank must pick the same branch: the step time the policy sees is
 the average over ranks (one scalar allreduce per step), so all ranks make identical decisions.
 """
+
 import itertools
 import statistics
 import threading
@@ -91,10 +92,12 @@ class AdaptiveFusion:
     self.policy = FusionPolicy(len(self.candidates), probe_steps, reprobe_steps)
     self._lock = threading.Lock()
     with tf.init_scope():
-      self.choice = tf.Variable(self.policy.current, dtype=tf.int32, trainable=False,
-                                name="lightcc_fusion_choice")
-      self.last_time = tf.Variable(-1.0, dtype=tf.float64, trainable=False,
-                                   name="lightcc_fusion_last_time")
+      self.choice = tf.Variable(
+        self.policy.current, dtype=tf.int32, trainable=False, name="lightcc_fusion_choice"
+      )
+      self.last_time = tf.Variable(
+        -1.0, dtype=tf.float64, trainable=False, name="lightcc_fusion_last_time"
+      )
 
   def _observe(self, seconds):
     with self._lock:
@@ -112,16 +115,19 @@ class AdaptiveFusion:
           for i, r in zip(bucket, reduce_bucket(bucket)):
             out[i] = r
         return out
+
       return run
 
-    reduced = tf.switch_case(tf.convert_to_tensor(self.choice),
-                             [branch(b) for b in self.candidates])
+    reduced = tf.switch_case(
+      tf.convert_to_tensor(self.choice), [branch(b) for b in self.candidates]
+    )
     with tf.control_dependencies(reduced):
       now = tf.timestamp()
       elapsed = tf.where(self.last_time > 0, now - self.last_time, tf.constant(-1.0, tf.float64))
       # All ranks decide on the same (averaged) number, so they switch together.
-      elapsed = _hvd.allreduce(elapsed, op=_hvd.Average,
-                               name=f"lightcc_fusion_step_time_{self._number}")
+      elapsed = _hvd.allreduce(
+        elapsed, op=_hvd.Average, name=f"lightcc_fusion_step_time_{self._number}"
+      )
       next_choice = tf.py_function(self._observe, [elapsed], tf.int32)
       update = tf.group(self.choice.assign(tf.reshape(next_choice, [])), self.last_time.assign(now))
     with tf.control_dependencies([update]):

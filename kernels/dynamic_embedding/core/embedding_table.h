@@ -4,7 +4,8 @@
 // Layout. The table is split into shards, each guarded by its own reader-writer spinlock, so
 // lookups of different keys never contend on a global lock. A shard has
 //   - an open-addressing index of 8-byte slots: (32-bit hash tag << 32) | (entry id + 1),
-//   - entries stored back to back in fixed-size chunks (about 16 KiB), so memory grows with the number of
+//   - entries stored back to back in fixed-size chunks (about 16 KiB), so memory grows with the
+//   number of
 //     ids, pointers stay valid when the index grows, and ids of removed entries are reused.
 // One entry holds everything about a key contiguously: the key, its update count, the step
 // of its last update, the embedding and then the optimizer slots. A lookup or an update is
@@ -12,10 +13,12 @@
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_EMBEDDING_TABLE_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_EMBEDDING_TABLE_H_
 
+#include <sys/mman.h>
+
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -25,8 +28,6 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
-
-#include <sys/mman.h>
 
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/rw_spinlock.h"
@@ -38,8 +39,8 @@ constexpr int kMaxDim = 4096;
 constexpr int kMaxSlots = 4;
 
 // Entry storage for one table: chunks are carved from slabs of an eighth of the memory already
-// reserved (64 KiB to 4 MiB, so the unused tail stays small), and slabs of 2 MiB and more are advised as
-// transparent huge pages: random lookups into a large table then miss the TLB far less.
+// reserved (64 KiB to 4 MiB, so the unused tail stays small), and slabs of 2 MiB and more are
+// advised as transparent huge pages: random lookups into a large table then miss the TLB far less.
 // Chunks are only given back all at once, when the arena is destroyed.
 class ChunkArena {
  public:
@@ -227,9 +228,8 @@ class EmbeddingTable {
 
   // Sets the embedding; slots and metadata are kept for an existing key, initial for a new one.
   void InsertOrAssign(KeyView key, const float* embedding) {
-    Upsert(key, [&](RowRef& row, bool) {
-      std::memcpy(row.embedding, embedding, sizeof(float) * dim_);
-    });
+    Upsert(key,
+           [&](RowRef& row, bool) { std::memcpy(row.embedding, embedding, sizeof(float) * dim_); });
   }
 
   bool Remove(KeyView key) {
@@ -372,7 +372,7 @@ class EmbeddingTable {
     std::vector<uint64_t> index;  // empty until the first insert
     size_t size = 0;
     std::vector<char*> chunks;  // carved from the table's arena
-    uint32_t allocated = 0;  // entry ids in [0, allocated) have storage
+    uint32_t allocated = 0;     // entry ids in [0, allocated) have storage
     std::vector<uint32_t> free_ids;
     size_t key_heap_bytes = 0;
 
@@ -411,12 +411,23 @@ class EmbeddingTable {
   // Common widths get a fixed-size copy the compiler inlines, instead of a memcpy call per row.
   void CopyRow(float* to, const float* from) const {
     switch (dim_) {
-      case 8: std::memcpy(to, from, 8 * sizeof(float)); return;
-      case 16: std::memcpy(to, from, 16 * sizeof(float)); return;
-      case 32: std::memcpy(to, from, 32 * sizeof(float)); return;
-      case 64: std::memcpy(to, from, 64 * sizeof(float)); return;
-      case 128: std::memcpy(to, from, 128 * sizeof(float)); return;
-      default: std::memcpy(to, from, dim_ * sizeof(float));
+      case 8:
+        std::memcpy(to, from, 8 * sizeof(float));
+        return;
+      case 16:
+        std::memcpy(to, from, 16 * sizeof(float));
+        return;
+      case 32:
+        std::memcpy(to, from, 32 * sizeof(float));
+        return;
+      case 64:
+        std::memcpy(to, from, 64 * sizeof(float));
+        return;
+      case 128:
+        std::memcpy(to, from, 128 * sizeof(float));
+        return;
+      default:
+        std::memcpy(to, from, dim_ * sizeof(float));
     }
   }
 
@@ -510,7 +521,8 @@ class EmbeddingTable {
     const size_t mask = shard.index.size() - 1;
     for (uint64_t slot : old) {
       if (slot == 0) continue;
-      const uint64_t hash = HashKey(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
+      const uint64_t hash =
+          HashKey(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
       size_t pos = HomeSlot(shard, hash);
       while (shard.index[pos] != 0) pos = (pos + 1) & mask;
       shard.index[pos] = slot;
@@ -524,11 +536,12 @@ class EmbeddingTable {
     shard.index[hole] = 0;
     for (size_t pos = (hole + 1) & mask; shard.index[pos] != 0; pos = (pos + 1) & mask) {
       const uint64_t slot = shard.index[pos];
-      const uint64_t hash = HashKey(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
+      const uint64_t hash =
+          HashKey(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
       const size_t home = HomeSlot(shard, hash);
       // Move it if its home is not cyclically inside (hole, pos].
-      const bool home_in_range = hole < pos ? (home > hole && home <= pos)
-                                            : (home > hole || home <= pos);
+      const bool home_in_range =
+          hole < pos ? (home > hole && home <= pos) : (home > hole || home <= pos);
       if (!home_in_range) {
         shard.index[hole] = slot;
         shard.index[pos] = 0;

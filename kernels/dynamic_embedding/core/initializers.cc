@@ -26,11 +26,16 @@ bool ParseInitializerKind(std::string_view name, InitializerKind* kind) {
 
 const char* InitializerKindName(InitializerKind kind) {
   switch (kind) {
-    case InitializerKind::kZeros: return "zeros";
-    case InitializerKind::kConstant: return "constant";
-    case InitializerKind::kUniform: return "uniform";
-    case InitializerKind::kNormal: return "normal";
-    case InitializerKind::kTruncatedNormal: return "truncated_normal";
+    case InitializerKind::kZeros:
+      return "zeros";
+    case InitializerKind::kConstant:
+      return "constant";
+    case InitializerKind::kUniform:
+      return "uniform";
+    case InitializerKind::kNormal:
+      return "normal";
+    case InitializerKind::kTruncatedNormal:
+      return "truncated_normal";
   }
   return "unknown";
 }

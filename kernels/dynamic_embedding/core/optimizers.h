@@ -26,9 +26,12 @@ struct OptimizerParams {
 
 inline int NumSlots(OptimizerKind kind) {
   switch (kind) {
-    case OptimizerKind::kSgd: return 0;
-    case OptimizerKind::kAdagrad: return 1;
-    case OptimizerKind::kAdam: return 2;
+    case OptimizerKind::kSgd:
+      return 0;
+    case OptimizerKind::kAdagrad:
+      return 1;
+    case OptimizerKind::kAdam:
+      return 2;
   }
   return 0;
 }
@@ -44,8 +47,8 @@ inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const
       float* acc = slots;
       for (int j = 0; j < dim; ++j) {
         acc[j] += grad[j] * grad[j];
-        const float denom = p.epsilon_inside_sqrt ? std::sqrt(acc[j] + p.epsilon)
-                                                  : std::sqrt(acc[j]) + p.epsilon;
+        const float denom =
+            p.epsilon_inside_sqrt ? std::sqrt(acc[j] + p.epsilon) : std::sqrt(acc[j]) + p.epsilon;
         embedding[j] -= p.learning_rate * grad[j] / denom;
       }
       return;
@@ -54,8 +57,8 @@ inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const
       float* m = slots;
       float* v = slots + dim;
       const double t = static_cast<double>(prior_updates + 1);
-      const float lr_t = static_cast<float>(p.learning_rate * std::sqrt(1.0 - std::pow(p.beta2, t)) /
-                                            (1.0 - std::pow(p.beta1, t)));
+      const float lr_t = static_cast<float>(
+          p.learning_rate * std::sqrt(1.0 - std::pow(p.beta2, t)) / (1.0 - std::pow(p.beta1, t)));
       for (int j = 0; j < dim; ++j) {
         m[j] = p.beta1 * m[j] + (1.0f - p.beta1) * grad[j];
         v[j] = p.beta2 * v[j] + (1.0f - p.beta2) * grad[j] * grad[j];

@@ -104,7 +104,7 @@ uint16_t FloatToHalf(float value) {
   }
   if (magnitude >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504
   if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal half (units of 2^-24) or zero
-    const float scaled = BitsToFloat(magnitude) * 16777216.0f;  // exact: a power-of-two scale
+    const float scaled = BitsToFloat(magnitude) * 16777216.0f;    // exact: a power-of-two scale
     return sign | static_cast<uint16_t>(std::nearbyint(scaled));  // ties to even
   }
   // Normal: rebias the exponent (127 -> 15) and round the 13 dropped mantissa bits to even; a

@@ -26,9 +26,13 @@ constexpr int64_t kKeysPerWriter = 5000;
 template <typename Key>
 Key MakeKey(int64_t k);
 template <>
-int64_t MakeKey<int64_t>(int64_t k) { return k * 1000003; }
+int64_t MakeKey<int64_t>(int64_t k) {
+  return k * 1000003;
+}
 template <>
-std::string MakeKey<std::string>(int64_t k) { return "user-" + std::to_string(k) + "-suffix-long-enough"; }
+std::string MakeKey<std::string>(int64_t k) {
+  return "user-" + std::to_string(k) + "-suffix-long-enough";
+}
 
 template <typename Key>
 void RunStress() {
@@ -78,9 +82,11 @@ void RunStress() {
           const int64_t k = static_cast<int64_t>(rng() % (kWriters * kKeysPerWriter));
           table.Find(MakeKey<Key>(k), rows.data());
         } else {
-          for (auto& key : keys) key = MakeKey<Key>(static_cast<int64_t>(rng() % (kWriters * kKeysPerWriter)));
-          table.FindBatch(kBatch, [&](int64_t i) { return typename KeyTraits<Key>::View(keys[i]); },
-                          rows.data());
+          for (auto& key : keys)
+            key = MakeKey<Key>(static_cast<int64_t>(rng() % (kWriters * kKeysPerWriter)));
+          table.FindBatch(
+              kBatch, [&](int64_t i) { return typename KeyTraits<Key>::View(keys[i]); },
+              rows.data());
         }
         const int rows_read = r % 2 == 0 ? 1 : kBatch;
         for (int b = 0; b < rows_read; ++b) {
@@ -116,8 +122,12 @@ void RunStress() {
   }
   EXPECT_EQ(table.Size(), total);
   int64_t exported = 0;
-  table.Export([&](int64_t n) { EXPECT_EQ(n, total); return true; },
-               [&](int64_t, const Key&, const RowRef&) { ++exported; });
+  table.Export(
+      [&](int64_t n) {
+        EXPECT_EQ(n, total);
+        return true;
+      },
+      [&](int64_t, const Key&, const RowRef&) { ++exported; });
   EXPECT_EQ(exported, total);
 }
 

@@ -92,8 +92,9 @@ TEST(EmbeddingTableTest, InitializerDistributions) {
 
 TEST(EmbeddingTableTest, InsertFindRemoveExactInt64IncludingExtremes) {
   EmbeddingTable<int64_t> table(4, InitializerSpec());
-  const std::vector<int64_t> keys = {0, -1, 1, std::numeric_limits<int64_t>::max(),
-                                     std::numeric_limits<int64_t>::min(), 1LL << 62};
+  const std::vector<int64_t> keys = {
+      0,        -1, 1, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(),
+      1LL << 62};
   for (size_t i = 0; i < keys.size(); ++i) table.InsertOrAssign(keys[i], Row(4, i * 10.0f).data());
   EXPECT_EQ(table.Size(), static_cast<int64_t>(keys.size()));
   std::vector<float> out(4);
@@ -152,11 +153,15 @@ TEST(EmbeddingTableTest, ManyKeysMatchAReferenceMapThroughGrowthAndRemoval) {
     EXPECT_EQ(out[2], value);
   }
   int64_t exported = 0;
-  table.Export([&](int64_t n) { EXPECT_EQ(n, static_cast<int64_t>(reference.size())); return true; },
-               [&](int64_t, const int64_t& key, const RowRef& row) {
-                 ++exported;
-                 EXPECT_EQ(row.embedding[0], reference.at(key));
-               });
+  table.Export(
+      [&](int64_t n) {
+        EXPECT_EQ(n, static_cast<int64_t>(reference.size()));
+        return true;
+      },
+      [&](int64_t, const int64_t& key, const RowRef& row) {
+        ++exported;
+        EXPECT_EQ(row.embedding[0], reference.at(key));
+      });
   EXPECT_EQ(exported, static_cast<int64_t>(reference.size()));
 }
 

@@ -40,7 +40,8 @@ struct Decoded {
 Decoded Decode(const std::vector<int32_t>& payload, const PayloadLayout& layout) {
   Decoded out;
   out.indices.assign(payload.begin(), payload.begin() + layout.num_selected);
-  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(payload.data() + layout.num_selected);
+  const unsigned char* bytes =
+      reinterpret_cast<const unsigned char*>(payload.data() + layout.num_selected);
   for (int64_t j = 0; j < layout.num_selected; ++j) {
     if (layout.half_values) {
       uint16_t h;
@@ -183,7 +184,8 @@ TEST(Select, SegmentsAreIndependentAndIndicesAbsolute) {
     const int64_t begin = plan.buffer_offsets[s];
     std::vector<float> part(g.begin() + begin, g.begin() + begin + lengths[s]);
     std::set<int32_t> expected;
-    for (int32_t i : ReferenceTopK(part, counts[s])) expected.insert(static_cast<int32_t>(i + begin));
+    for (int32_t i : ReferenceTopK(part, counts[s]))
+      expected.insert(static_cast<int32_t>(i + begin));
     const int64_t from = plan.selected_offsets[s];
     std::set<int32_t> got(d.indices.begin() + from, d.indices.begin() + from + counts[s]);
     EXPECT_EQ(got, expected) << "segment " << s;
@@ -223,7 +225,8 @@ TEST(ErrorFeedback, RunningSumOfSentApproachesRunningSumOfGradients) {
   // The gap is exactly the residual, which stays bounded while the sums grow.
   EXPECT_LT(gap(), 0.5 * gap_early);
   for (int64_t i = 0; i < n; ++i) {
-    ASSERT_NEAR(sum_gradient[i] - sum_sent[i], residual[i], 1e-2f * (1 + std::fabs(sum_gradient[i])));
+    ASSERT_NEAR(sum_gradient[i] - sum_sent[i], residual[i],
+                1e-2f * (1 + std::fabs(sum_gradient[i])));
   }
 }
 

@@ -1,4 +1,5 @@
 """Horovod's Keras callbacks, plus LightCC's traffic figures as TensorBoard scalars."""
+
 import horovod.tensorflow.keras.callbacks as _hvd_callbacks
 import tensorflow as tf
 
