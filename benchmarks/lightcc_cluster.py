@@ -128,9 +128,10 @@ def _read_counters():
 
 
 def worker(args):
+  import horovod.tensorflow as horovod_hvd
   import numpy as np
   import tensorflow as tf
-  import horovod.tensorflow as horovod_hvd
+
   import tf_ext.lightcc as hvd
 
   with open(args.spec) as f:

@@ -462,7 +462,7 @@ def main(argv=None):
     correct[name] = bool(got.shape == reference.shape and np.array_equal(got, reference))
     if not correct[name]:
       print(f"WARNING: {name} returned different rows from the dense gather for batch 0")
-  print(f"same rows    : " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in correct.items()))
+  print("same rows    : " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in correct.items()))
   del reference, got
   results["outputs_match_dense"] = correct
 

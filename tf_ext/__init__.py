@@ -6,8 +6,7 @@ still works and the reason (missing library, TensorFlow version or ABI mismatch)
 first use of an op.
 """
 
-from tf_ext import _ops_loader
-from tf_ext import keras
+from tf_ext import _ops_loader, keras
 from tf_ext.dynamic_embedding import (
   DynamicEmbeddingOptimizer,
   DynamicEmbeddingVariable,

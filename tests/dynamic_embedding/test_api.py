@@ -1,14 +1,13 @@
 """The public API: get-or-create, table operations, initializers, placement, library loading."""
 
 import os
-import shutil
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from _subprocess import ROOT, run_python
 
 import tf_ext
-from _subprocess import ROOT, run_python
 
 
 def test_get_or_create_by_name_with_variable_scope_reuse():

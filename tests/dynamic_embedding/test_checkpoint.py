@@ -1,6 +1,5 @@
 """Checkpoints: Saver and tf.train.Checkpoint keep rows, slots and metadata; failures are safe."""
 
-import json
 import os
 import signal
 import subprocess
@@ -10,9 +9,9 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from _subprocess import ROOT, run_python
 
 import tf_ext
-from _subprocess import ROOT, run_python
 
 DIM = 4
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import tensorflow as tf
+from _subprocess import run_python
 
 import tf_ext
-from _subprocess import run_python
 
 
 def _trained_model():

@@ -4,10 +4,10 @@ import os
 import sys
 
 sys.path.insert(0, os.environ["TF_EXT_ROOT"])
+import horovod.tensorflow as flat_hvd
 import numpy as np
 import tensorflow as tf
 
-import horovod.tensorflow as flat_hvd
 import tf_ext.lightcc as hvd
 
 hvd.init(light_2d_allreduce=1, light_intra_size=int(os.environ.get("INTRA", "2")))

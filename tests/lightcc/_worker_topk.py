@@ -9,10 +9,10 @@ import os
 import sys
 
 sys.path.insert(0, os.environ["TF_EXT_ROOT"])
+import horovod.tensorflow as flat_hvd
 import numpy as np
 import tensorflow as tf
 
-import horovod.tensorflow as flat_hvd
 import tf_ext.lightcc as hvd
 
 mode = os.environ["MODE"]

@@ -1,7 +1,6 @@
 """2D allreduce equals Horovod's flat allreduce (real ranks)."""
 
 import pytest
-
 from _launch import assert_ok, horovodrun
 
 

@@ -1,7 +1,6 @@
 """Adaptive gradient fusion with real ranks."""
 
 import pytest
-
 from _launch import assert_ok, horovodrun
 
 

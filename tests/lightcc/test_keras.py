@@ -3,7 +3,6 @@
 import re
 
 import tensorflow as tf
-
 from _launch import assert_ok, horovodrun
 
 

@@ -1,9 +1,7 @@
 """LightCC settings, errors and the drop-in API."""
 
 import pytest
-
 from _launch import horovodrun, init_in_subprocess
-
 
 INVALID = [
   ({"LIGHT_TOPK_RATIO": "0"}, "LIGHT_TOPK_RATIO"),

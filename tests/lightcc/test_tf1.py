@@ -1,7 +1,6 @@
 """LightCC in TF1 graph mode: MonitoredTrainingSession and Estimator (real ranks)."""
 
 import numpy as np
-
 from _launch import assert_ok, horovodrun
 
 

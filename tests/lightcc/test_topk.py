@@ -1,7 +1,6 @@
 """TOPK compression with error feedback (real ranks)."""
 
 import pytest
-
 from _launch import assert_ok, horovodrun
 
 

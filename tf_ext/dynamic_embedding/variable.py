@@ -11,8 +11,8 @@ import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import ops
-from tensorflow.python.training.saving import saveable_object
 from tensorflow.python.trackable import resource
+from tensorflow.python.training.saving import saveable_object
 
 from tf_ext import _ops_loader
 from tf_ext.dynamic_embedding import initializers
