@@ -1,12 +1,39 @@
-"""Every TF_EXT_* / LIGHT_* setting of tf_ext, declared once: name, default, meaning.
+"""Every setting of tf_ext, declared once: name, default, meaning, parser and capability.
+
+This module is the one registry: the README's settings table is generated from it
+(`python -m tf_ext.settings` prints the table; tests/test_settings_registry.py checks that the
+README matches), and a capability's config object (e.g. LightCC's LightConfig) is derived from its
+declarations by `config_class`. Adding a setting is one `Setting(...)` below, plus the
+regenerated table.
 
 Read a setting with `get("NAME")`; the environment overrides the default. Code elsewhere must
 not read these variables from `os.environ` directly.
+
+Prefixes (enforced when a setting is declared, see CAPABILITIES):
+  TF_EXT_*  the package and its in-TensorFlow capabilities (dynamic embedding, AMP, graph passes)
+  LIGHT_*   LightCC (tf_ext.lightcc); its init() also takes them as light_<name> keywords
+  HARP_*    HARP, the NCCL network plugin: read by the plugin outside TensorFlow, declared here so
+            that they are documented with the rest
+
+A declaration gives the default as the raw string the environment would hold, and a parser from
+that string to the value (raising ValueError with the reason when the string is invalid). Where a
+capability has a config object, `attribute` is the setting's field name there.
 """
 
 import dataclasses
 import os
-from typing import Callable, Dict
+import re
+from typing import Callable, Dict, Optional, Tuple
+
+# Capability -> prefix of its settings' names.
+CAPABILITIES = {
+  "tf_ext": "TF_EXT_",  # the package itself: loading, set-up
+  "dynamic_embedding": "TF_EXT_",
+  "amp": "TF_EXT_",
+  "graph": "TF_EXT_",
+  "lightcc": "LIGHT_",
+  "harp": "HARP_",
+}
 
 
 def _flag(raw):
@@ -35,106 +62,230 @@ def _fraction(raw):
   return value
 
 
-def _positive_list(raw):
-  values = [float(item) for item in raw.split(",") if item.strip()]
-  if not values or any(v <= 0 for v in values) or values != sorted(values):
+def _increasing_positive_numbers(raw):
+  values = tuple(float(item) for item in raw.split(",") if item.strip())
+  if not values or any(v <= 0 for v in values) or list(values) != sorted(values):
     raise ValueError("must be positive numbers in increasing order, e.g. 1,4,16")
   return values
 
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
+  """One setting. Declaring it checks the name's prefix against its capability and its default."""
+
   name: str
-  default: str
-  meaning: str
+  default: str  # as the environment holds it; "" for empty
+  meaning: str  # one line; shown in the README table and in error messages
+  capability: str
   parse: Callable[[str], object] = str
+  attribute: Optional[str] = None  # field name in the capability's config object, if it has one
+
+  def __post_init__(self):
+    prefix = CAPABILITIES.get(self.capability)
+    if prefix is None:
+      raise ValueError(
+        f"setting {self.name}: unknown capability {self.capability!r}; known: {list(CAPABILITIES)}"
+      )
+    if not re.fullmatch(re.escape(prefix) + r"[A-Z0-9_]+", self.name):
+      raise ValueError(
+        f"setting {self.name!r} of capability {self.capability!r} must be named {prefix}<NAME> "
+        "(upper case, digits, underscores): TF_EXT_* for the package and its in-TensorFlow "
+        "capabilities, LIGHT_* for LightCC, HARP_* for HARP"
+      )
+    if self.attribute is not None and not self.attribute.isidentifier():
+      raise ValueError(f"setting {self.name}: attribute {self.attribute!r} is not an identifier")
+    for field in ("default", "meaning"):
+      if any(c in getattr(self, field) for c in "|\n"):
+        raise ValueError(f"setting {self.name}: its {field} must be one line without '|'")
+    if not self.meaning:
+      raise ValueError(f"setting {self.name}: its meaning is empty")
+    self.value(self.default)  # the default must parse
+
+  def value(self, raw):
+    """`raw` parsed; ValueError "NAME='raw' is invalid: why (meaning)" if it does not parse."""
+    try:
+      return self.parse(raw)
+    except ValueError as error:
+      raise ValueError(f"{self.name}={raw!r} is invalid: {error} ({self.meaning})") from None
+
+  def parsed_default(self):
+    return self.value(self.default)
 
 
-SETTINGS: Dict[str, Setting] = {
-  s.name: s
-  for s in [
+def registry(declarations):
+  """{name: Setting} in declaration order; ValueError if a name, or a config attribute within a
+  capability, is declared twice."""
+  by_name, attributes = {}, set()
+  for setting in declarations:
+    if setting.name in by_name:
+      raise ValueError(f"setting {setting.name} is declared twice")
+    if setting.attribute is not None:
+      if (setting.capability, setting.attribute) in attributes:
+        raise ValueError(
+          f"setting {setting.name}: attribute {setting.attribute!r} is already used by another "
+          f"setting of {setting.capability!r}"
+        )
+      attributes.add((setting.capability, setting.attribute))
+    by_name[setting.name] = setting
+  return by_name
+
+
+SETTINGS: Dict[str, Setting] = registry(
+  [
+    # tf_ext: the package itself.
     Setting(
       "TF_EXT_OPS_LIBRARY",
       "",
-      "Path of the op library to load instead of the _tf_ext_ops.so inside the package.",
+      "Path of the op library to load instead of the `_tf_ext_ops.so` inside the package.",
+      capability="tf_ext",
     ),
     Setting(
       "TF_EXT_CACHE_DIR",
       "~/.cache/tf_ext",
       "Machine-wide cache of `make setup`, outside the work tree so fresh clones reuse it: "
-      "wheels/ holds the Horovod wheel built from source (empty means the default).",
+      "`wheels/` holds the Horovod wheel built from source (empty means the default).",
+      capability="tf_ext",
     ),
-    # LightCC (tf_ext.lightcc): read at hvd.init(); init(light_<name>=...) overrides them.
+    # LightCC (tf_ext.lightcc): read at hvd.init(); init(light_<name>=...) overrides them. The
+    # attributes are LightConfig's fields (tf_ext/lightcc/config.py).
     Setting(
       "LIGHT_2D_ALLREDUCE",
       "0",
       "Use 2D allreduce: reduce-scatter in each group of "
       "LIGHT_INTRA_SIZE ranks, allreduce across groups, allgather in the group.",
-      _flag,
+      capability="lightcc",
+      parse=_flag,
+      attribute="two_d",
     ),
     Setting(
       "LIGHT_INTRA_SIZE",
       "8",
       "Ranks per group (node) in 2D allreduce; must divide the world size.",
-      _int_at_least(1),
+      capability="lightcc",
+      parse=_int_at_least(1),
+      attribute="intra_size",
     ),
     Setting(
       "LIGHT_HIERARCHICAL_THRESHOLD",
       "1073741824",
       "Bytes; tensors up to this size use 2D allreduce, larger ones Horovod's flat allreduce.",
-      _int_at_least(0),
+      capability="lightcc",
+      parse=_int_at_least(0),
+      attribute="hierarchical_threshold",
     ),
     Setting(
       "LIGHT_TOPK_ALLREDUCE",
       "0",
       "Use TOPK compressed communication with error feedback for gradients.",
-      _flag,
+      capability="lightcc",
+      parse=_flag,
+      attribute="topk",
     ),
     Setting(
-      "LIGHT_TOPK_RATIO", "0.01", "Fraction of a gradient's entries sent, in (0, 1].", _fraction
+      "LIGHT_TOPK_RATIO",
+      "0.01",
+      "Fraction of a gradient's entries sent, in (0, 1].",
+      capability="lightcc",
+      parse=_fraction,
+      attribute="topk_ratio",
     ),
     Setting(
       "LIGHT_TOPK_THRESHOLD",
       "1048576",
       "Bytes; gradients at least this size are TOPK-compressed, smaller ones reduced densely.",
-      _int_at_least(0),
+      capability="lightcc",
+      parse=_int_at_least(0),
+      attribute="topk_threshold",
     ),
-    Setting("LIGHT_TOPK_FP16", "0", "Send TOPK values as float16.", _flag),
+    Setting(
+      "LIGHT_TOPK_FP16",
+      "0",
+      "Send TOPK values as float16.",
+      capability="lightcc",
+      parse=_flag,
+      attribute="topk_fp16",
+    ),
     # Adaptive gradient fusion (tf_ext/lightcc/fusion.py has the policy).
     Setting(
       "LIGHT_FUSION",
       "0",
       "Reduce dense gradients (TOPK ones included) in buckets, in "
       "backprop order, with the bucket size chosen from measured step times.",
-      _flag,
+      capability="lightcc",
+      parse=_flag,
+      attribute="fusion",
     ),
     Setting(
       "LIGHT_FUSION_BUCKETS_MB",
       "1,4,16,64",
       "Candidate bucket sizes in MiB, in increasing order.",
-      _positive_list,
+      capability="lightcc",
+      parse=_increasing_positive_numbers,
+      attribute="fusion_buckets_mb",
     ),
     Setting(
       "LIGHT_FUSION_PROBE_STEPS",
       "5",
       "Steps each candidate runs when probed (the first is not counted).",
-      _int_at_least(2),
+      capability="lightcc",
+      parse=_int_at_least(2),
+      attribute="fusion_probe_steps",
     ),
     Setting(
       "LIGHT_FUSION_REPROBE_STEPS",
       "200",
       "Steps between re-probes of the chosen size's neighbours; 0 never re-probes.",
-      _int_at_least(0),
+      capability="lightcc",
+      parse=_int_at_least(0),
+      attribute="fusion_reprobe_steps",
     ),
   ]
-}
+)
 
 
 def get(name, value=None):
-  """The parsed value of setting `name`: `value` if given, else the environment's, else the default."""
-  setting = SETTINGS[name]
-  raw = value if value is not None else os.environ.get(name, setting.default)
-  try:
-    return setting.parse(raw)
-  except ValueError as error:
-    raise ValueError(f"{name}={raw!r} is invalid: {error} ({setting.meaning})") from None
+  """The parsed value of setting `name`: `value` if given, else the environment's, else the
+  default. ValueError "NAME='raw' is invalid: why (meaning)" if it does not parse."""
+  setting = SETTINGS.get(name)
+  if setting is None:
+    raise KeyError(f"{name} is not a declared setting (tf_ext/settings.py declares them)")
+  return setting.value(value if value is not None else os.environ.get(name, setting.default))
+
+
+def of(capability) -> Tuple[Setting, ...]:
+  """The settings of `capability`, in declaration order."""
+  if capability not in CAPABILITIES:
+    raise ValueError(f"unknown capability {capability!r}; known: {list(CAPABILITIES)}")
+  return tuple(s for s in SETTINGS.values() if s.capability == capability)
+
+
+def config_class(capability, class_name, namespace=None, module=None):
+  """A frozen dataclass with one field per setting of `capability` that has an attribute, typed
+  and defaulted by the setting's parsed default (so the config object cannot drift from here).
+  `namespace` adds members (properties, a docstring); `module` is the class's __module__."""
+  fields = []
+  for setting in of(capability):
+    if setting.attribute is not None:
+      default = setting.parsed_default()
+      fields.append((setting.attribute, type(default), dataclasses.field(default=default)))
+  namespace = dict(namespace or {})
+  if module is not None:
+    namespace["__module__"] = module
+  return dataclasses.make_dataclass(class_name, fields, namespace=namespace, frozen=True)
+
+
+def render_default(default):
+  """How the README table shows a default: `(empty)` for "", else in backticks."""
+  return "(empty)" if default == "" else f"`{default}`"
+
+
+def markdown_table():
+  """The README's settings table, one row per setting in declaration order."""
+  lines = ["| variable | capability | default | meaning |", "|---|---|---|---|"]
+  for s in SETTINGS.values():
+    lines.append(f"| `{s.name}` | {s.capability} | {render_default(s.default)} | {s.meaning} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  print(markdown_table())
