@@ -44,10 +44,20 @@ REGISTER_OP("TfExtDynamicTable")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
-Gets or creates a dynamic embedding table: an exact hash map from keys to float rows of
-`dim` values, growing with the number of keys. `initializer` (zeros, constant, uniform,
-normal, truncated_normal with parameters init_a, init_b and seed) gives a missing key's row,
-deterministically per key.
+Gets or creates a dynamic embedding table, by shared_name.
+
+The table is an exact hash map from int64 or string keys to rows of `dim` floats, growing with
+the number of keys. A missing key reads its initial row, a function of the key and the initializer
+alone (kernels/dynamic_embedding/core/initializers.h), so the same key reads the same row in any
+process and whatever the table holds.
+
+table: The table's resource handle.
+table_name: The table's name in error messages.
+key_dtype: The key type: int64 or string.
+dim: The row width, 1 to 4096.
+initializer: One of zeros, constant (init_a), uniform in [init_a, init_b), normal or
+truncated_normal (mean init_a, standard deviation init_b, redrawn beyond two standard deviations).
+seed: The seed of the random initializers.
 )doc");
 
 REGISTER_OP("TfExtTableFind")
@@ -59,9 +69,14 @@ REGISTER_OP("TfExtTableFind")
     .Attr("dim: int")
     .SetShapeFn(KeysThenDimShape)
     .Doc(R"doc(
-Looks keys up: values has shape keys.shape + [dim]. Never changes the table: a missing key
-reads its initial row. `gradient_anchor` is unused by the kernel; the Python gradient routes
-the gradient of `values` through it to the table's optimizer.
+Looks up the rows of `keys`, never changing the table.
+
+A missing key reads its initial row.
+
+keys: Any shape.
+gradient_anchor: Unused by the kernel; the Python gradient routes the gradient of `values`
+through it to the table's optimizer.
+values: Shape keys.shape + [dim].
 )doc");
 
 REGISTER_OP("TfExtTableInsert")
@@ -73,25 +88,44 @@ REGISTER_OP("TfExtTableInsert")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(ScalarHandle(c));
       return ::tensorflow::OkStatus();
-    });
+    })
+    .Doc(R"doc(
+Sets the rows of `keys` to `values`.
+
+A new key's optimizer slots start at their initial values; an existing key keeps its slots,
+update count and last step. Of duplicate keys, the last row wins.
+
+keys: Any shape.
+values: Shape keys.shape + [dim].
+)doc");
 
 REGISTER_OP("TfExtTableRemove")
     .Input("table: resource")
     .Input("keys: Tkey")
     .Attr("Tkey: {int64, string}")
-    .SetShapeFn(ScalarHandle);
+    .SetShapeFn(ScalarHandle)
+    .Doc(R"doc(
+Removes `keys` from the table; keys it does not hold are ignored.
+
+A removed key reads its initial row again. Its memory is reused by later keys.
+)doc");
 
 REGISTER_OP("TfExtTableSize")
     .Input("table: resource")
     .Output("size: int64")
-    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("The number of keys in the table.");
 
 REGISTER_OP("TfExtTableMemoryBytes")
     .Input("table: resource")
     .Output("bytes: int64")
-    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("The bytes the table holds for its entries and index.");
 
-REGISTER_OP("TfExtTableClear").Input("table: resource").SetShapeFn(ScalarHandle);
+REGISTER_OP("TfExtTableClear")
+    .Input("table: resource")
+    .SetShapeFn(ScalarHandle)
+    .Doc("Removes every key from the table.");
 
 REGISTER_OP("TfExtTableExport")
     .Input("table: resource")
@@ -116,7 +150,18 @@ REGISTER_OP("TfExtTableExport")
       c->set_output(5, c->Vector(c->UnknownDim()));
       return ::tensorflow::OkStatus();
     })
-    .Doc("A consistent snapshot of every entry: keys, embeddings, slots, metadata.");
+    .Doc(R"doc(
+Exports every entry of the table, a consistent snapshot.
+
+Row i of every output belongs to keys[i]. The outputs are TfExtTableImport's inputs and, in this
+order and with these names, the tensors of a checkpoint (tf_ext/dynamic_embedding/variable.py).
+
+values: The rows, [n, dim].
+slots: The optimizer slots of each row, [n, num_slots * dim].
+update_counts: How many optimizer steps updated each row.
+last_steps: The global step of each row's last update.
+slot_initial_values: The initial value of each slot, [num_slots].
+)doc");
 
 REGISTER_OP("TfExtTableImport")
     .Input("table: resource")
@@ -129,7 +174,12 @@ REGISTER_OP("TfExtTableImport")
     .Attr("Tkey: {int64, string}")
     .Attr("dim: int")
     .SetShapeFn(ScalarHandle)
-    .Doc("Replaces the whole content, atomically: on any validation error nothing changes.");
+    .Doc(R"doc(
+Replaces the whole content of the table with a snapshot, atomically.
+
+The inputs are TfExtTableExport's outputs. On any validation error nothing changes. Slots the
+table already has beyond the snapshot's are kept, at their initial values.
+)doc");
 
 REGISTER_OP("TfExtTableApplyGradient")
     .Input("table: resource")
@@ -147,8 +197,16 @@ REGISTER_OP("TfExtTableApplyGradient")
     .Attr("initial_accumulator_value: float = 0.0")
     .SetShapeFn(ScalarHandle)
     .Doc(R"doc(
-Applies one optimizer step to the rows of `keys` (expected unique) and their co-located
-slots, creating missing rows from the initializer. Records the update count and the step.
+Applies one optimizer step to the rows of `keys` and their co-located slots.
+
+Missing rows are created first, from the initializer. Each updated row records its update count
+and the step; Adam bias-corrects with the row's own update count.
+
+keys: 1-D, expected unique (the Python caller sums the gradients of duplicates).
+gradients: Shape [len(keys), dim].
+optimizer: One of sgd, adagrad, adam.
+epsilon_inside_sqrt: Adagrad divides by sqrt(acc + epsilon) if true, else sqrt(acc) + epsilon.
+initial_accumulator_value: Adagrad's initial accumulator.
 )doc");
 
 }  // namespace tf_ext

@@ -71,9 +71,11 @@ REGISTER_OP("TfExtTopKDecompress")
     .Attr("scale: float = 1.0")
     .SetShapeFn(DecompressShape)
     .Doc(R"doc(
-Sum of TOPK payloads (as made by TfExtTopKCompress with num_selected entries each, put back to
-back by an allgather): a dense float32 vector of `length` entries, every value multiplied by
-`scale`, added in payload order.
+Sums TOPK payloads into a dense float32 vector.
+
+The payloads are made by TfExtTopKCompress with num_selected entries each and put back to back
+by an allgather. The result has `length` entries; every value is multiplied by `scale` and added
+in payload order.
 )doc");
 
 }  // namespace tf_ext

@@ -70,9 +70,9 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES(ctx, dim_ >= 1 && dim_ <= de::kMaxDim,
                 ::tensorflow::errors::InvalidArgument(prefix, "dim must be in [1, ", de::kMaxDim,
                                                       "], got ", dim_));
-    OP_REQUIRES(
-        ctx, de::ParseInitializerKind(initializer, &init_.kind),
-        ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '", initializer, "'"));
+    OP_REQUIRES(ctx, de::ParseInitializerKind(initializer, &init_.kind),
+                ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '", initializer,
+                                                      "'; known: ", de::InitializerKindNames()));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -360,9 +360,9 @@ class ApplyGradientOp : public TableKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &optimizer));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon_inside_sqrt", &params_.epsilon_inside_sqrt));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator_));
-    params_.kind = optimizer == "adam"      ? de::OptimizerKind::kAdam
-                   : optimizer == "adagrad" ? de::OptimizerKind::kAdagrad
-                                            : de::OptimizerKind::kSgd;
+    OP_REQUIRES(ctx, de::ParseOptimizerKind(optimizer, &params_.kind),
+                ::tensorflow::errors::InvalidArgument("the table update has no optimizer '",
+                                                      optimizer, "'"));
   }
 
   void Compute(OpKernelContext* ctx) override {

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 InitializerSpec = collections.namedtuple("InitializerSpec", ["kind", "a", "b", "seed"])
 
+# The kernel's kinds (ParseInitializerKind), checked by tests/dynamic_embedding/test_op_facts.py.
 KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
 _DEFAULTS = {  # (a, b) for a kind given by name
   "zeros": (0.0, 0.0),

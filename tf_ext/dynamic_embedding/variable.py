@@ -17,11 +17,15 @@ from tensorflow.python.training.saving import saveable_object
 from tf_ext import _ops_loader
 from tf_ext.dynamic_embedding import initializers
 
+# Copies of facts of the op library, checked against it by tests/dynamic_embedding/
+# test_op_facts.py: the kernel's kMaxDim, and the outputs of TfExtTableExport (inputs of
+# TfExtTableImport). The suffixes name checkpoint tensors, so they are spelled out here rather
+# than read from the ops: renaming an op output must not silently rename saved tensors.
 MAX_DIM = 4096
+_SAVE_SUFFIXES = ("keys", "values", "slots", "update_counts", "last_steps", "slot_initial_values")
 _KEY_DTYPES = (tf.int64, tf.string)
 # Attribute set on a table's gradient anchor variable, pointing back at the table.
 TABLE_OF_ANCHOR = "_tf_ext_dynamic_embedding_table"
-_SAVE_SUFFIXES = ("keys", "values", "slots", "update_counts", "last_steps", "slot_initial_values")
 
 
 def invalid_argument(table_name, message):
@@ -65,7 +69,7 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
       # Eager resources are shared by name across the process: give each table its own.
       self._shared_name = f"{name}_{ops.uid()}" if executing_eagerly else name
       super().__init__()
-      self.resource_handle  # Created now, under the caller's device scope.
+      _ = self.resource_handle  # Created now, under the caller's device scope.
       if gradient_anchor is None:
         with tf.compat.v1.name_scope(None):
           gradient_anchor = tf.Variable(

@@ -43,7 +43,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     return lookup_lib.embedding_lookup(self.table, ids, combiner=self.combiner)
 
   # The `.keras` format stores a layer's state as named arrays: the gradient anchor as Keras
-  # would, plus the table's content (string keys as one byte buffer and their lengths).
+  # would, plus the table's content (string keys as one byte buffer and their lengths). The
+  # arrays are TfExtTableExport's outputs after the keys, in order (tests/dynamic_embedding/
+  # test_op_facts.py); their names are a file format, so they are spelled out here.
   _TABLE_ARRAYS = ("values", "slots", "update_counts", "last_steps", "slot_initial_values")
 
   def save_own_variables(self, store):

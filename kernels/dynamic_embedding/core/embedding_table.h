@@ -4,9 +4,10 @@
 // Layout. The table is split into shards, each guarded by its own reader-writer spinlock, so
 // lookups of different keys never contend on a global lock. A shard has
 //   - an open-addressing index of 8-byte slots: (32-bit hash tag << 32) | (entry id + 1),
-//   - entries stored back to back in fixed-size chunks (about 16 KiB), so memory grows with the
-//   number of
-//     ids, pointers stay valid when the index grows, and ids of removed entries are reused.
+//   - entries stored back to back in fixed-size chunks (about 16 KiB), so memory grows with
+//     the number of ids, pointers stay valid when the index grows, and ids of removed entries
+//     are reused.
+// Slots and shards come from StorageHash(key); a missing key's row from InitialRowKeyHash(key).
 // One entry holds everything about a key contiguously: the key, its update count, the step
 // of its last update, the embedding and then the optimizer slots. A lookup or an update is
 // therefore one probe and one (usually one cache line further) memory access.
@@ -37,6 +38,13 @@ namespace de {
 
 constexpr int kMaxDim = 4096;
 constexpr int kMaxSlots = 4;
+
+// Where a key is stored: the low bits pick its shard, the next its home slot, the high 32 its tag.
+// Nothing persisted depends on it (an import re-inserts every key), so it may change for speed or
+// spread. Initial rows never use it: they use the frozen InitialRowKeyHash (initializers.h), which
+// this equals today, so tuning this hash leaves every served row as it was.
+inline uint64_t StorageHash(int64_t key) { return InitialRowKeyHash(key); }
+inline uint64_t StorageHash(std::string_view key) { return InitialRowKeyHash(key); }
 
 // Entry storage for one table: chunks are carved from slabs of an eighth of the memory already
 // reserved (64 KiB to 4 MiB, so the unused tail stays small), and slabs of 2 MiB and more are
@@ -151,7 +159,7 @@ class EmbeddingTable {
   // Copies the key's embedding into out[0, dim). A missing key reads its initial value and
   // the table is left unchanged. Returns whether the key was present.
   bool Find(KeyView key, float* out) const {
-    const uint64_t hash = HashKey(key);
+    const uint64_t hash = StorageHash(key);
     const Shard& shard = ShardFor(hash);
     {
       SharedGuard guard(shard.lock);
@@ -160,7 +168,7 @@ class EmbeddingTable {
         return true;
       }
     }
-    FillInitialRow(init_, hash, out, dim_);
+    FillInitialRowOf(key, out);
     return false;
   }
 
@@ -178,7 +186,7 @@ class EmbeddingTable {
     uint64_t hashes[kRing];
     for (const auto& shard : shards_) shard.lock.lock_shared();
     for (int64_t i = 0; i < std::min(n, kIndexAhead); ++i) {
-      hashes[i % kRing] = HashKey(key_at(i));
+      hashes[i % kRing] = StorageHash(key_at(i));
       PrefetchIndex(hashes[i % kRing]);
     }
     for (int64_t i = 0; i < std::min(n, kEntryAhead); ++i) PrefetchEntry(hashes[i % kRing]);
@@ -187,7 +195,7 @@ class EmbeddingTable {
       const uint64_t hash = hashes[i % kRing];
       if (i + kEntryAhead < n) PrefetchEntry(hashes[(i + kEntryAhead) % kRing]);
       if (i + kIndexAhead < n) {
-        hashes[(i + kIndexAhead) % kRing] = HashKey(key_at(i + kIndexAhead));
+        hashes[(i + kIndexAhead) % kRing] = StorageHash(key_at(i + kIndexAhead));
         PrefetchIndex(hashes[(i + kIndexAhead) % kRing]);
       }
       float* row = out + i * dim_;
@@ -195,7 +203,7 @@ class EmbeddingTable {
         CopyRow(row, EmbeddingOf(entry));
         ++found;
       } else {
-        FillInitialRow(init_, hash, row, dim_);
+        FillInitialRowOf(key_at(i), row);
       }
     }
     for (const auto& shard : shards_) shard.lock.unlock_shared();
@@ -203,7 +211,7 @@ class EmbeddingTable {
   }
 
   bool Contains(KeyView key) const {
-    const uint64_t hash = HashKey(key);
+    const uint64_t hash = StorageHash(key);
     const Shard& shard = ShardFor(hash);
     SharedGuard guard(shard.lock);
     return FindEntry(shard, key, hash) != nullptr;
@@ -213,7 +221,7 @@ class EmbeddingTable {
   // creating the entry first (initial embedding, initial slots, zero metadata) if missing.
   template <typename Fn>
   void Upsert(KeyView key, Fn&& fn) {
-    const uint64_t hash = HashKey(key);
+    const uint64_t hash = StorageHash(key);
     Shard& shard = ShardFor(hash);
     ExclusiveGuard guard(shard.lock);
     bool created = false;
@@ -233,7 +241,7 @@ class EmbeddingTable {
   }
 
   bool Remove(KeyView key) {
-    const uint64_t hash = HashKey(key);
+    const uint64_t hash = StorageHash(key);
     Shard& shard = ShardFor(hash);
     ExclusiveGuard guard(shard.lock);
     size_t pos;
@@ -402,6 +410,11 @@ class EmbeddingTable {
     chunk_bytes_ = per_chunk * stride_;
   }
 
+  // The key's own hash, not the storage hash: see StorageHash. Computed only for missing keys.
+  void FillInitialRowOf(KeyView key, float* out) const {
+    FillInitialRow(init_, InitialRowKeyHash(key), out, dim_);
+  }
+
   const Shard& ShardFor(uint64_t hash) const { return shards_[hash & (shards_.size() - 1)]; }
   Shard& ShardFor(uint64_t hash) { return shards_[hash & (shards_.size() - 1)]; }
   size_t HomeSlot(const Shard& shard, uint64_t hash) const {
@@ -502,7 +515,7 @@ class EmbeddingTable {
     header->last_step = 0;
     shard.key_heap_bytes += KeyTraits<Key>::HeapBytes(header->key);
     RowRef row = RowOf(entry);
-    FillInitialRow(init_, hash, row.embedding, dim_);
+    FillInitialRowOf(key, row.embedding);
     for (int s = 0, n = num_slots_.load(std::memory_order_relaxed); s < n; ++s) {
       std::fill(row.slots + s * dim_, row.slots + (s + 1) * dim_, slot_init_[s]);
     }
@@ -522,7 +535,7 @@ class EmbeddingTable {
     for (uint64_t slot : old) {
       if (slot == 0) continue;
       const uint64_t hash =
-          HashKey(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
+          StorageHash(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
       size_t pos = HomeSlot(shard, hash);
       while (shard.index[pos] != 0) pos = (pos + 1) & mask;
       shard.index[pos] = slot;
@@ -537,7 +550,7 @@ class EmbeddingTable {
     for (size_t pos = (hole + 1) & mask; shard.index[pos] != 0; pos = (pos + 1) & mask) {
       const uint64_t slot = shard.index[pos];
       const uint64_t hash =
-          HashKey(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
+          StorageHash(KeyView(KeyOf(EntryAt(shard, static_cast<uint32_t>(slot) - 1))));
       const size_t home = HomeSlot(shard, hash);
       // Move it if its home is not cyclically inside (hole, pos].
       const bool home_in_range =

@@ -7,17 +7,9 @@ namespace tf_ext {
 namespace de {
 
 bool ParseInitializerKind(std::string_view name, InitializerKind* kind) {
-  static const struct {
-    const char* name;
-    InitializerKind kind;
-  } kKinds[] = {{"zeros", InitializerKind::kZeros},
-                {"constant", InitializerKind::kConstant},
-                {"uniform", InitializerKind::kUniform},
-                {"normal", InitializerKind::kNormal},
-                {"truncated_normal", InitializerKind::kTruncatedNormal}};
-  for (const auto& entry : kKinds) {
-    if (name == entry.name) {
-      *kind = entry.kind;
+  for (InitializerKind candidate : kInitializerKinds) {
+    if (name == InitializerKindName(candidate)) {
+      *kind = candidate;
       return true;
     }
   }
@@ -40,7 +32,16 @@ const char* InitializerKindName(InitializerKind kind) {
   return "unknown";
 }
 
-uint64_t HashKey(std::string_view key) {
+std::string InitializerKindNames() {
+  std::string names;
+  for (InitializerKind kind : kInitializerKinds) {
+    names += names.empty() ? "" : ", ";
+    names += InitializerKindName(kind);
+  }
+  return names;
+}
+
+uint64_t InitialRowKeyHash(std::string_view key) {  // frozen: see initializers.h
   // 8 bytes at a time through a multiply-xorshift; the length seeds the state so that
   // keys that differ only by trailing zero bytes hash apart.
   uint64_t h = Mix64(0x9e3779b97f4a7c15ULL ^ key.size());

@@ -22,9 +22,18 @@ struct InitializerSpec {
   int64_t seed = 0;
 };
 
-// Parses "zeros", "constant", "uniform", "normal", "truncated_normal". False if unknown.
+// Every kind. Their names (InitializerKindName) are what ParseInitializerKind accepts: "zeros",
+// "constant", "uniform", "normal", "truncated_normal" (tf_ext/dynamic_embedding/initializers.py
+// KINDS, checked by tests/dynamic_embedding/test_op_facts.py).
+constexpr InitializerKind kInitializerKinds[] = {
+    InitializerKind::kZeros, InitializerKind::kConstant, InitializerKind::kUniform,
+    InitializerKind::kNormal, InitializerKind::kTruncatedNormal};
+
+// False if `name` is not the name of a kind.
 bool ParseInitializerKind(std::string_view name, InitializerKind* kind);
 const char* InitializerKindName(InitializerKind kind);
+// "zeros, constant, ...": for error messages.
+std::string InitializerKindNames();
 
 inline uint64_t Mix64(uint64_t x) {  // splitmix64's finalizer: a bijection on 64 bits.
   x ^= x >> 30;
@@ -35,10 +44,18 @@ inline uint64_t Mix64(uint64_t x) {  // splitmix64's finalizer: a bijection on 6
   return x;
 }
 
-inline uint64_t HashKey(int64_t key) { return Mix64(static_cast<uint64_t>(key)); }
-uint64_t HashKey(std::string_view key);
+// The key hash of initial rows. FROZEN: the row a served model returns for an id it never
+// trained on, and the starting value of every new row, is
+//   FillInitialRow(spec, InitialRowKeyHash(key), row, dim),
+// so changing this function (or Mix64, or FillInitialRow) silently changes the untrained rows of
+// every saved model. tests/kernels/dynamic_embedding/initial_rows_golden_test.cc and
+// tests/dynamic_embedding/test_golden.py pin its values. Where a key is stored is decided by the
+// table's own StorageHash (embedding_table.h), which is free to change: tune that one.
+inline uint64_t InitialRowKeyHash(int64_t key) { return Mix64(static_cast<uint64_t>(key)); }
+uint64_t InitialRowKeyHash(std::string_view key);
 
-// Fills `dim` floats for the key whose HashKey is `key_hash`.
+// Fills `dim` floats: the initial row of the key whose InitialRowKeyHash is `key_hash`. Element j
+// depends only on (key_hash, spec, j), so a row of a smaller dim is a prefix of a wider one.
 void FillInitialRow(const InitializerSpec& spec, uint64_t key_hash, float* out, int dim);
 
 }  // namespace de

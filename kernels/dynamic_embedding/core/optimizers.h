@@ -7,11 +7,27 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 
 namespace tf_ext {
 namespace de {
 
 enum class OptimizerKind { kSgd, kAdagrad, kAdam };
+
+// The names of the op's `optimizer` attr (ops/dynamic_embedding_ops.cc). False if unknown, so a
+// name the op allows but the kernel lacks is an error, not a silent SGD step.
+inline bool ParseOptimizerKind(std::string_view name, OptimizerKind* kind) {
+  if (name == "sgd") {
+    *kind = OptimizerKind::kSgd;
+  } else if (name == "adagrad") {
+    *kind = OptimizerKind::kAdagrad;
+  } else if (name == "adam") {
+    *kind = OptimizerKind::kAdam;
+  } else {
+    return false;
+  }
+  return true;
+}
 
 struct OptimizerParams {
   OptimizerKind kind = OptimizerKind::kSgd;

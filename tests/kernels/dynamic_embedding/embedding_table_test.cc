@@ -71,7 +71,7 @@ TEST(EmbeddingTableTest, InitializerDistributions) {
     std::vector<float> row(dim);
     double sum = 0, sq = 0, max_dev = 0;
     for (int64_t key = 0; key < 16; ++key) {
-      FillInitialRow(spec, HashKey(key), row.data(), dim);
+      FillInitialRow(spec, InitialRowKeyHash(key), row.data(), dim);
       for (float v : row) {
         sum += v;
         sq += (v - 1.0) * (v - 1.0);
