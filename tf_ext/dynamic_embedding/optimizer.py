@@ -1,7 +1,8 @@
 """DynamicEmbeddingOptimizer: lets a TF1 or Keras optimizer train dynamic embedding tables.
 
 Gradients of table lookups reach the table's gradient anchor variable as IndexedSlices keyed
-by the looked-up ids. The wrapper splits them off in `apply_gradients`: duplicate ids are
+by the looked-up ids. The wrapper adds the "tables" stage to the optimizer's pipeline
+(tf_ext/optimizer_pipeline.py), which splits them off in `apply_gradients`: duplicate ids are
 summed and one fused op updates each row and its co-located slots in place (creating rows
 that are new). Every other variable goes to the wrapped optimizer unchanged.
 
@@ -13,7 +14,7 @@ import collections
 
 import tensorflow as tf
 
-from tf_ext import _ops_loader
+from tf_ext import _ops_loader, optimizer_pipeline
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 # learning_rate is a callable so that validating an optimizer creates no tensors or variables.
@@ -80,7 +81,10 @@ def _hyperparameters(optimizer):
       global_clipnorm=optimizer.global_clipnorm,
       weight_decay=optimizer.weight_decay,
     )
-    lr = lambda: _keras_current_lr(optimizer)
+
+    def lr():
+      return _keras_current_lr(optimizer)
+
     if isinstance(optimizer, keras.SGD):
       _reject(optimizer, momentum=optimizer.momentum or optimizer.nesterov)
       return _Hyper("sgd", lr)
@@ -104,7 +108,10 @@ def _hyperparameters(optimizer):
       clipvalue=optimizer.clipvalue,
       global_clipnorm=optimizer.global_clipnorm,
     )
-    lr = lambda: optimizer._decayed_lr(tf.float32)
+
+    def lr():
+      return optimizer._decayed_lr(tf.float32)
+
     if isinstance(optimizer, legacy.SGD):
       _reject(optimizer, momentum=optimizer._momentum or optimizer.nesterov)
       return _Hyper("sgd", lr)
@@ -148,7 +155,10 @@ def apply_table_gradient(table, gradient, hyper, step):
   with tf.name_scope(f"{table.name}_apply_gradient"), table.colocated():
     unique_keys, positions = tf.unique(gradient.indices)
     summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(unique_keys))
-    as_float = lambda x: tf.cast(x, tf.float32)
+
+    def as_float(x):
+      return tf.cast(x, tf.float32)
+
     return _ops_loader.load().tf_ext_table_apply_gradient(
       table.resource_handle,
       unique_keys,
@@ -176,83 +186,47 @@ def _split(grads_and_vars):
   return tables, dense
 
 
-class _DynamicEmbeddingMixin:
-  """Placed before the wrapped optimizer's class; only apply_gradients changes."""
+class TablesStage(optimizer_pipeline.Stage):
+  """The pipeline's "tables" step: table gradients update rows and their slots in place; the
+  other (dense) pairs go on to the wrapped optimizer."""
 
-  def apply_gradients(self, grads_and_vars, *args, **kwargs):
-    tables, dense = _split(list(grads_and_vars))
+  kind = "tables"
+  saved = True
+
+  def owns(self, variable):
+    return table_of(variable) is not None
+
+  def apply(self, optimizer, grads_and_vars, step):
+    tables, dense = _split(grads_and_vars)
     if not tables:
-      return super().apply_gradients(dense, *args, **kwargs)
-    is_v1 = isinstance(self, tf.compat.v1.train.Optimizer)
-    if is_v1:
-      global_step = kwargs.get("global_step", args[0] if args else None)
-      step = global_step if global_step is not None else tf.compat.v1.train.get_global_step()
-    else:
-      global_step = step = self.iterations
-    # Read the step before the wrapped optimizer increments it: the rows record this step.
-    step_value = tf.identity(step) if step is not None else tf.constant(0, tf.int64)
-    hyper = _hyperparameters(self)
-    with tf.control_dependencies([step_value]):
-      updates = [apply_table_gradient(t, g, hyper, step_value) for t, g in tables]
-    if dense:
-      with tf.control_dependencies(updates):
-        result = super().apply_gradients(dense, *args, **kwargs)
-      return tf.group(updates + [result]) if is_v1 else result
-    # Only tables: advance the step as the wrapped optimizer would have.
-    with tf.control_dependencies(updates):
-      if global_step is None:
-        return tf.group(updates)
-      increment = global_step.assign_add(tf.ones([], global_step.dtype))
-    return tf.group(updates + [increment]) if is_v1 else global_step
+      return [], dense
+    hyper = _hyperparameters(optimizer)
+    return [apply_table_gradient(t, g, hyper, step) for t, g in tables], dense
 
 
-_wrapped_classes = {}
+optimizer_pipeline.register_saved_stage(TablesStage.kind, TablesStage)
 
 
-def _wrapped_class(base):
-  """The class that extends `base` with table updates, one per base class.
-
-  Keras optimizer classes are registered as "tf_ext>DynamicEmbedding[Legacy]<Name>", so a model
-  saved with a wrapped optimizer loads back (in a process that imports tf_ext) with the wrapper.
-  """
-  cls = _wrapped_classes.get(base)
-  if cls is None:
-    cls = type(base.__name__, (_DynamicEmbeddingMixin, base), {"__module__": base.__module__})
-    keras_kinds = {
-      tf.keras.optimizers.Optimizer: "",
-      tf.keras.optimizers.legacy.Optimizer: "Legacy",
-    }
-    for keras_base, prefix in keras_kinds.items():
-      if issubclass(base, keras_base):
-        tf.keras.utils.register_keras_serializable(
-          "tf_ext", f"DynamicEmbedding{prefix}{base.__name__}"
-        )(cls)
-        break
-    _wrapped_classes[base] = cls
-  return cls
-
-
-for _base in (
-  tf.keras.optimizers.SGD,
-  tf.keras.optimizers.Adagrad,
-  tf.keras.optimizers.Adam,
-  tf.keras.optimizers.legacy.SGD,
-  tf.keras.optimizers.legacy.Adagrad,
-  tf.keras.optimizers.legacy.Adam,
-):
-  _wrapped_class(_base)
-
-
-def DynamicEmbeddingOptimizer(optimizer):  # pylint: disable=invalid-name
+def DynamicEmbeddingOptimizer(optimizer):  # noqa: N802 (a wrapper, named like a class)
   """Wraps `optimizer` so that it also trains dynamic embedding tables.
 
   Supported: tf.compat.v1.train.{GradientDescent,Adagrad,Adam}Optimizer and
-  tf.keras.optimizers.{SGD,Adagrad,Adam} (also the .legacy ones). The optimizer object itself is
-  returned, with its class extended, so Keras `compile`, Estimator and MonitoredTrainingSession
-  accept it, its config stays the same, and a saved Keras model reloads with the wrapper.
+  tf.keras.optimizers.{SGD,Adagrad,Adam} (also the .legacy ones), or any wrapper of one that
+  tf_ext.optimizer_pipeline recognises (tf_ext.lightcc's and Horovod's DistributedOptimizer, Keras'
+  LossScaleOptimizer), in any order. The optimizer object itself is returned, with its class
+  extended, so Keras `compile`, Estimator and MonitoredTrainingSession accept it, its config stays
+  the same, and a saved Keras model reloads with the wrapper.
   """
-  if isinstance(optimizer, _DynamicEmbeddingMixin):
-    return optimizer
-  _hyperparameters(optimizer)  # fail now, not at the first step, for unsupported optimizers
-  optimizer.__class__ = _wrapped_class(type(optimizer))
-  return optimizer
+  # Fail now, not at the first step, for unsupported optimizers.
+  _hyperparameters(optimizer_pipeline.wrapped_optimizer(optimizer))
+  return optimizer_pipeline.add_stage(optimizer, TablesStage())
+
+
+class _TrainsTables(type):
+  def __instancecheck__(cls, obj):
+    return optimizer_pipeline.find_stage(obj, TablesStage.kind) is not None
+
+
+class _DynamicEmbeddingMixin(metaclass=_TrainsTables):
+  """`isinstance(optimizer, _DynamicEmbeddingMixin)`: whether `optimizer` (or the optimizer it
+  wraps) trains tables. tf_ext 0.1's wrapper class had this name; the check keeps working."""
