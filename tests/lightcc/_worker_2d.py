@@ -1,4 +1,4 @@
-"""Rank program: 2D allreduce equals Horovod's flat allreduce (run by test_lightcc.py via horovodrun)."""
+"""Rank program: 2D allreduce equals Horovod's flat allreduce (run by test_2d.py)."""
 
 import os
 import sys

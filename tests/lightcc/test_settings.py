@@ -44,7 +44,8 @@ def test_drop_in_api_and_horovod_behaviour_with_settings_off():
 import horovod.tensorflow as h, horovod.tensorflow.keras as hk, tensorflow as tf
 import tf_ext.lightcc.keras as lk
 import types
-public = lambda m: {n for n, v in vars(m).items() if not n.startswith('_') and not isinstance(v, types.ModuleType)}
+public = lambda m: {n for n, v in vars(m).items()
+                    if not n.startswith('_') and not isinstance(v, types.ModuleType)}
 assert not public(h) - set(dir(hvd)), public(h) - set(dir(hvd))
 assert not public(hk) - set(dir(lk)), public(hk) - set(dir(lk))
 for name in ('elastic', 'callbacks'):

@@ -8,95 +8,21 @@ flat ring allreduce would put on it.
 """
 
 import math
-import threading
 
 import horovod.tensorflow as _hvd
 import tensorflow as tf
+from horovod.tensorflow import (
+  Average,
+  Compression,
+  Sum,
+  global_process_set,
+  handle_average_backwards_compatibility,
+)
 
 from tf_ext import _ops_loader
+from tf_ext.lightcc import state
 
 _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
-
-
-class Topology:
-  """The process sets of 2D allreduce for this rank."""
-
-  def __init__(self, world_size, intra_size):
-    self.world_size = world_size
-    self.intra_size = intra_size
-    self.num_groups = world_size // intra_size
-    groups = [list(range(g * intra_size, (g + 1) * intra_size)) for g in range(self.num_groups)]
-    columns = [list(range(p, world_size, intra_size)) for p in range(intra_size)]
-    # Singleton sets carry nothing; a set equal to the whole world is the global set.
-    self._intra_ranks = groups if 1 < intra_size < world_size else []
-    self._inter_ranks = columns if 1 < self.num_groups < world_size else []
-    self.process_sets = [_hvd.ProcessSet(r) for r in self._intra_ranks + self._inter_ranks]
-    self.intra_set = self.inter_set = None
-
-  def bind(self, rank):
-    """Picks this rank's sets once Horovod is initialized."""
-    sets = iter(self.process_sets)
-    intra = [next(sets) for _ in self._intra_ranks]
-    inter = [next(sets) for _ in self._inter_ranks]
-    if self.intra_size == self.world_size:
-      self.intra_set = _hvd.global_process_set
-    elif self.intra_size > 1:
-      self.intra_set = intra[rank // self.intra_size]
-    if self.num_groups == self.world_size:
-      self.inter_set = _hvd.global_process_set
-    elif self.num_groups > 1:
-      self.inter_set = inter[rank % self.intra_size]
-    self.position = rank % self.intra_size
-
-  def chunk_range(self, n, position=None):
-    """(start, length) of the elements the rank at `position` in its group (default: this rank)
-    holds after the in-group reduce-scatter of n elements: an even split, the first n % L
-    positions taking one more (as Horovod's reducescatter)."""
-    position = self.position if position is None else position
-    base, extra = divmod(n, self.intra_size)
-    return position * base + min(position, extra), base + (1 if position < extra else 0)
-
-
-class Traffic:
-  """Per-step bytes this rank sends, by link, as variables readable from Python and graphs."""
-
-  def __init__(self):
-    with tf.init_scope():
-      self.intra_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="lightcc_intra_bytes")
-      self.inter_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="lightcc_inter_bytes")
-      # What Horovod's flat ring allreduce would have sent for the same tensors.
-      self.dense_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="lightcc_dense_bytes")
-
-  def record(self, intra, inter, dense):
-    return tf.group(
-      self.intra_bytes.assign_add(int(intra)),
-      self.inter_bytes.assign_add(int(inter)),
-      self.dense_bytes.assign_add(int(dense)),
-    )
-
-  def reset(self):
-    return tf.group([v.assign(0) for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes)])
-
-  def snapshot(self):
-    if not tf.executing_eagerly():  # graph mode: tensors to run
-      sent = tf.cast(self.intra_bytes + self.inter_bytes, tf.float64)
-      ratio = tf.where(sent > 0, tf.cast(self.dense_bytes, tf.float64) / tf.maximum(sent, 1.0), 1.0)
-      return {
-        "intra_bytes": self.intra_bytes.read_value(),
-        "inter_bytes": self.inter_bytes.read_value(),
-        "dense_equivalent_bytes": self.dense_bytes.read_value(),
-        "compression_ratio": ratio,
-      }
-    intra, inter, dense = (
-      int(v.numpy()) for v in (self.intra_bytes, self.inter_bytes, self.dense_bytes)
-    )
-    sent = intra + inter
-    return {
-      "intra_bytes": intra,
-      "inter_bytes": inter,
-      "dense_equivalent_bytes": dense,
-      "compression_ratio": dense / sent if sent else 1.0,
-    }
 
 
 def ring_allreduce_bytes(size_bytes, ranks):
@@ -173,28 +99,6 @@ def _scale(tensor, factor):
 def _after(dependency, tensor):
   with tf.control_dependencies([dependency]):
     return tf.identity(tensor)
-
-
-class Residuals:
-  """Error-feedback residuals, one float32 variable per group of gradients (and chunk length),
-  created on first use."""
-
-  def __init__(self):
-    self._lock = threading.Lock()
-    self._by_key = {}
-
-  def get(self, key, length):
-    with self._lock:
-      residual = self._by_key.get(key)
-      if residual is None:
-        with tf.init_scope():
-          residual = tf.Variable(
-            tf.zeros([length], tf.float32),
-            trainable=False,
-            name=f"lightcc_residual_{len(self._by_key)}",
-          )
-        self._by_key[key] = residual
-      return residual
 
 
 def topk_piece_lengths(lengths, topology):
@@ -295,4 +199,88 @@ def uses_2d(tensor, config, topology):
     and topology is not None
     and size is not None
     and size <= config.hierarchical_threshold
+  )
+
+
+# ---- horovod.tensorflow's allreduce and grouped_allreduce, 2D when LIGHT_2D_ALLREDUCE is on --
+
+
+def allreduce(
+  tensor,
+  average=None,
+  device_dense="",
+  device_sparse="",
+  compression=Compression.none,
+  op=None,
+  prescale_factor=1.0,
+  postscale_factor=1.0,
+  name=None,
+  process_set=global_process_set,
+  ignore_name_scope=False,
+):
+  """horovod.tensorflow.allreduce; dense Sum/Average go 2D with LIGHT_2D_ALLREDUCE on."""
+  op = handle_average_backwards_compatibility(op, average)
+  dense = tensor if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
+  if not _goes_2d([dense], op, prescale_factor, postscale_factor, process_set):
+    return _hvd.allreduce(
+      tensor,
+      device_dense=device_dense,
+      device_sparse=device_sparse,
+      compression=compression,
+      op=op,
+      prescale_factor=prescale_factor,
+      postscale_factor=postscale_factor,
+      name=name,
+      process_set=process_set,
+      ignore_name_scope=ignore_name_scope,
+    )
+  compressed, context = compression.compress(dense)
+  reduced = allreduce_2d(compressed, op, state.process.topology, state.traffic_counter())
+  return compression.decompress(reduced, context)
+
+
+def grouped_allreduce(
+  tensors,
+  average=None,
+  device_dense="",
+  device_sparse="",
+  compression=Compression.none,
+  op=None,
+  prescale_factor=1.0,
+  postscale_factor=1.0,
+  process_set=global_process_set,
+):
+  """horovod.tensorflow.grouped_allreduce; each tensor goes 2D when allreduce would."""
+  op = handle_average_backwards_compatibility(op, average)
+  tensors = [t if isinstance(t, tf.IndexedSlices) else tf.convert_to_tensor(t) for t in tensors]
+  if not _goes_2d(tensors, op, prescale_factor, postscale_factor, process_set):
+    return _hvd.grouped_allreduce(
+      tensors,
+      device_dense=device_dense,
+      device_sparse=device_sparse,
+      compression=compression,
+      op=op,
+      prescale_factor=prescale_factor,
+      postscale_factor=postscale_factor,
+      process_set=process_set,
+    )
+  compressed = [compression.compress(t) for t in tensors]
+  reduced = grouped_allreduce_2d(
+    [c for c, _ in compressed], op, state.process.topology, state.traffic_counter()
+  )
+  return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, compressed)]
+
+
+def _goes_2d(tensors, op, prescale_factor, postscale_factor, process_set):
+  """Whether 2D allreduce serves this call; everything else is left to Horovod."""
+  return (
+    process_set is global_process_set
+    and op in (Sum, Average)
+    and prescale_factor == 1.0
+    and postscale_factor == 1.0
+    and all(
+      not isinstance(t, tf.IndexedSlices)
+      and uses_2d(t, state.process.config, state.process.topology)
+      for t in tensors
+    )
   )

@@ -1,12 +1,26 @@
 """Horovod's Keras callbacks, plus LightCC's traffic figures as TensorBoard scalars."""
 
+import horovod.tensorflow as _hvd
 import horovod.tensorflow.keras.callbacks as _hvd_callbacks
 import tensorflow as tf
+from horovod.tensorflow.keras.callbacks import (
+  BestModelCheckpoint,
+  BroadcastGlobalVariablesCallback,
+  LearningRateScheduleCallback,
+  LearningRateWarmupCallback,
+  MetricAverageCallback,
+)
 
-import tf_ext.lightcc as _lightcc
-from tf_ext.lightcc import _reexport
+from tf_ext.lightcc import _reexport, state
 
-globals().update(_reexport.public_names(_hvd_callbacks))
+__all__ = [
+  "BestModelCheckpoint",
+  "BroadcastGlobalVariablesCallback",
+  "LearningRateScheduleCallback",
+  "LearningRateWarmupCallback",
+  "LightCCTrafficCallback",
+  "MetricAverageCallback",
+]
 
 
 class LightCCTrafficCallback(tf.keras.callbacks.Callback):
@@ -18,7 +32,7 @@ class LightCCTrafficCallback(tf.keras.callbacks.Callback):
 
   def __init__(self, log_dir, every_n_batches=10):
     super().__init__()
-    self._writer = tf.summary.create_file_writer(log_dir) if _lightcc.rank() == 0 else None
+    self._writer = tf.summary.create_file_writer(log_dir) if _hvd.rank() == 0 else None
     self._every = every_n_batches
     self._step = 0
 
@@ -26,8 +40,8 @@ class LightCCTrafficCallback(tf.keras.callbacks.Callback):
     self._step += 1
     if self._step % self._every:
       return
-    figures = _lightcc.traffic()
-    _lightcc.reset_traffic()
+    figures = state.traffic()
+    state.reset_traffic()
     if self._writer is None:
       return
     with self._writer.as_default(step=self._step):
@@ -35,3 +49,6 @@ class LightCCTrafficCallback(tf.keras.callbacks.Callback):
       tf.summary.scalar("lightcc/inter_bytes_per_step", figures["inter_bytes"] / self._every)
       tf.summary.scalar("lightcc/compression_ratio", figures["compression_ratio"])
     self._writer.flush()
+
+
+__getattr__, __dir__ = _reexport.fallback(__name__, globals(), _hvd_callbacks)

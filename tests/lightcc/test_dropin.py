@@ -1,0 +1,59 @@
+"""The drop-in modules resolve every attribute of the Horovod modules they stand in for."""
+
+import types
+
+import horovod.tensorflow as horovod_tf
+import horovod.tensorflow.keras as horovod_keras
+import horovod.tensorflow.keras.callbacks as horovod_callbacks
+import pytest
+
+import tf_ext.lightcc as lightcc
+import tf_ext.lightcc.keras as lightcc_keras
+import tf_ext.lightcc.keras.callbacks as lightcc_callbacks
+
+PAIRS = [
+  (lightcc, horovod_tf),
+  (lightcc_keras, horovod_keras),
+  (lightcc_callbacks, horovod_callbacks),
+]
+# What LightCC implements itself (the rest must be Horovod's own objects).
+OURS = {
+  lightcc: {
+    "init",
+    "allreduce",
+    "grouped_allreduce",
+    "DistributedOptimizer",
+    "DistributedGradientTape",
+    "keras",
+  },
+  lightcc_keras: {"init", "DistributedOptimizer", "callbacks"},
+  lightcc_callbacks: set(),
+}
+
+
+@pytest.mark.parametrize("ours,theirs", PAIRS, ids=lambda m: m.__name__)
+def test_every_horovod_attribute_resolves_private_helpers_included(ours, theirs):
+  names = set(dir(theirs))
+  assert names <= set(dir(ours)), names - set(dir(ours))
+  for name in names:
+    value = getattr(ours, name)
+    if name not in OURS[ours] and not name.startswith("__"):
+      assert value is getattr(theirs, name), name
+
+
+def test_horovod_private_helpers_work_through_the_drop_in():
+  assert lightcc._executing_eagerly() is True
+  assert callable(lightcc._make_allreduce_grads_fn)
+  with pytest.raises(AttributeError, match="tf_ext.lightcc.*no_such_name"):
+    lightcc.no_such_name  # noqa: B018
+
+
+def test_lightcc_names_are_ours_and_keras_is_our_submodule():
+  assert lightcc.keras is lightcc_keras
+  assert lightcc_keras.callbacks is lightcc_callbacks
+  for module, names in OURS.items():
+    for name in names:
+      value = getattr(module, name)
+      origin = value.__name__ if isinstance(value, types.ModuleType) else value.__module__
+      assert origin.startswith("tf_ext."), (module, name)
+  assert lightcc_keras.callbacks.LightCCTrafficCallback.__module__.startswith("tf_ext.")

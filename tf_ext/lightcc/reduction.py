@@ -1,0 +1,126 @@
+"""Reduction of one step's gradients over all ranks the LightCC way: sparse ones allgathered as
+Horovod does, large dense ones TOPK-compressed with error feedback, the others 2D; with
+LIGHT_FUSION in adaptive buckets (fusion.py)."""
+
+import horovod.tensorflow as _hvd
+import tensorflow as tf
+from horovod.tensorflow import Average, Compression
+
+from tf_ext.lightcc import collectives, state
+from tf_ext.lightcc import fusion as _fusion
+
+
+def reduce_gradients(
+  gradients, variables, op=Average, compression=Compression.none, sparse_as_dense=False
+):
+  """Reduces one step's gradients over all ranks the LightCC way.
+
+  Sparse gradients are allgathered as Horovod does. Dense ones of at least LIGHT_TOPK_THRESHOLD
+  bytes go TOPK, the others 2D when it is on (else Horovod's allreduce). With LIGHT_FUSION both
+  kinds go out in adaptive buckets; without it, all TOPK gradients travel together, and so do all
+  2D ones.
+  """
+  config, reduced = state.process.config, list(gradients)
+  compressible, dense = [], []  # indices into gradients
+  for index, gradient in enumerate(gradients):
+    if gradient is None:
+      continue
+    if isinstance(gradient, tf.IndexedSlices) and sparse_as_dense:
+      gradient = reduced[index] = tf.convert_to_tensor(gradient)
+    if isinstance(gradient, tf.IndexedSlices):  # sparse (e.g. tf_ext tables): allgather, as Horovod
+      reduced[index] = _hvd.allreduce(gradient, op=op, name=f"lightcc_grad_{index}")
+    elif collectives.is_compressible(gradient, config):
+      compressible.append(index)
+    elif (config.fusion and gradient.shape.is_fully_defined()) or collectives.uses_2d(
+      gradient, config, state.process.topology
+    ):
+      dense.append(index)
+    else:
+      reduced[index] = collectives.allreduce(
+        gradient, op=op, compression=compression, name=f"lightcc_grad_{index}"
+      )
+  topk = _TopKGroup(compressible, list(reduced), variables, op) if compressible else None
+
+  def reduce_bucket(indices):
+    """Reduced gradients of these indices, in their order (TOPK ones together, dense together)."""
+    out = {}
+    comp = sorted(i for i in indices if topk is not None and i in topk.position)
+    if comp:
+      out.update(zip(comp, topk.reduce(comp)))
+    rest = [i for i in indices if i not in out]
+    if rest:
+      out.update(
+        zip(
+          rest,
+          collectives.grouped_allreduce([reduced[i] for i in rest], op=op, compression=compression),
+        )
+      )
+    return [out[i] for i in indices]
+
+  bucketed = sorted(compressible + dense)
+  if bucketed:
+    if config.fusion:
+      results = _fusion_for([reduced[i] for i in bucketed]).reduce(
+        [reduced[i] for i in bucketed], lambda bucket: reduce_bucket([bucketed[b] for b in bucket])
+      )
+    else:
+      results = (reduce_bucket(compressible) if compressible else []) + (
+        reduce_bucket(dense) if dense else []
+      )
+      bucketed = compressible + dense
+    for i, r in zip(bucketed, results):
+      reduced[i] = r
+  return reduced
+
+
+class _TopKGroup:
+  """One step's TOPK gradients and their residual variable (this rank's pieces, in index order)."""
+
+  def __init__(self, indices, gradients, variables, op):
+    config = state.process.config
+    self.topology = state.process.topology if config.two_d else None
+    self.gradients, self.op = gradients, op
+    lengths = collectives.topk_piece_lengths(
+      [gradients[i].shape.num_elements() for i in indices], self.topology
+    )
+    self.position = {i: p for p, i in enumerate(indices)}
+    self.offsets = [sum(lengths[:p]) for p in range(len(indices))]
+    key = (tuple(_variable_key(variables[i]) for i in indices), sum(lengths))
+    self.residual = state.graph_state().residuals.get(key, sum(lengths))
+
+  def reduce(self, indices):
+    """TOPK exchange of consecutive TOPK gradients (ascending indices)."""
+    return collectives.topk_grouped_allreduce(
+      [self.gradients[i] for i in indices],
+      self.op,
+      state.process.config,
+      self.topology,
+      self.residual,
+      self.offsets[self.position[indices[0]]],
+      state.traffic_counter(),
+    )
+
+
+def _variable_key(variable):
+  return variable.ref() if hasattr(variable, "ref") else id(variable)
+
+
+def _fusion_for(tensors):
+  """The AdaptiveFusion of this set of gradients (one per model), created on first use."""
+  key = tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+  fusions = state.graph_state().fusions
+  fusion = fusions.get(key)
+  if fusion is None:
+    config = state.process.config
+    fusion = _fusion.AdaptiveFusion(
+      [int(mb * (1 << 20)) for mb in config.fusion_buckets_mb],
+      config.fusion_probe_steps,
+      config.fusion_reprobe_steps,
+    )
+    fusions[key] = fusion
+  return fusion
+
+
+def fusion_policies():
+  """The adaptive fusion policies in use (their probed medians and history), for inspection."""
+  return [f.policy for f in state.graph_state().fusions.values()]
