@@ -2,15 +2,22 @@
 #
 #   make setup   system packages (apt) + .venv with requirements.txt + Horovod (built from source
 #                once per machine, wheel cached in TF_EXT_CACHE_DIR); a no-op when already done
-#   make build   bazel build the op library, copy it to tf_ext/_tf_ext_ops.so
+#   make build   bazel build the op library and HARP's plugin library, copy them into tf_ext/, then
+#                `make develop`
+#   make develop editable install of this checkout into .venv (pip install -e .; reuses the
+#                libraries make build copied), so .venv/bin/python imports tf_ext from anywhere
 #   make lint    ruff (format check + lint) and clang-format --dry-run; `make format` fixes
-#   make test    lint, then bazel test //... (googletest for the core, pytest for the Python package)
+#   make test    lint and build, then bazel test //... (googletest for the cores, pytest for the rest)
 #   make demo    examples/train_ctr.py
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
+#   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
+#                requirements-bench.txt: matplotlib for its chart)
 #   make clean   bazel clean + built artefacts
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
-#        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra".
+#        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra"
+#        (make bench) or "--configs horovod,2d" (make bench-cluster),
+#        VERBOSE=1 (TensorFlow's full C++ log; see "Quiet by default" below).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -28,8 +35,10 @@ APT_PKGS    := bazel-bootstrap bazel-bootstrap-source libgtest-dev build-essenti
                cmake libopenmpi-dev openmpi-bin clang-format
 STAMP       := $(ROOT)/.setup-stamp
 BENCH_STAMP := $(ROOT)/.bench-stamp
-SO_TARGET   := //:tf_ext/_tf_ext_ops.so
-SO          := tf_ext/_tf_ext_ops.so
+DEVELOP_STAMP := $(ROOT)/.develop-stamp
+# The built libraries, as paths in the package and (prefixed with //:) Bazel targets: OP_LIBRARY
+# and every plugin of third_party/sources.bzl (tests/build/test_capabilities.py checks the list).
+LIBRARIES   := tf_ext/_tf_ext_ops.so tf_ext/harp/libnccl-net-harp.so
 
 # Horovod: the PyPI sdist built against the venv's TensorFlow, CPU only, with the Gloo and MPI
 # (Open MPI from apt) controllers; Gloo runs the CPU collectives by default. This is its one pin.
@@ -50,11 +59,29 @@ HOROVOD_CHECK     := import json, os, tensorflow as tf, horovod, horovod.tensorf
 # (--incompatible_strict_action_env), so a different PATH costs only a re-run of the TensorFlow
 # probe (seconds) and of the tests (--test_env=PATH), never a rebuild.
 export PATH := $(VENV)/bin:$(PATH)
-export TF_CPP_MIN_LOG_LEVEL ?= 1
+
+# Quiet by default. TensorFlow's C++ log below ERROR is off (TF_CPP_MIN_LOG_LEVEL=2: INFO lines
+# such as the oneDNN and CPU-feature notices, WARNING lines such as "TF-TRT Warning: Could not
+# find TensorRT"); errors stay visible, except three ERROR lines that every `import tensorflow`
+# of TF 2.15 prints, GPU or not ("Unable to register cuDNN/cuFFT/cuBLAS factory": its XLA CUDA
+# plugins register twice; harmless), which `quiet` drops from the stderr of demo and benchmarks.
+# Level 3 would hide those too, but also every real C++ error. VERBOSE=1 shows everything, and a
+# TF_CPP_MIN_LOG_LEVEL in the environment is respected.
+TF_IMPORT_NOISE := Unable to register (cuDNN|cuFFT|cuBLAS) factory
+ifeq ($(VERBOSE),1)
+export TF_CPP_MIN_LOG_LEVEL := 0
+quiet = $(1)
+else
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+# $(call quiet,COMMAND): COMMAND with the lines above dropped from its stderr. Only stderr goes
+# through grep (stdout stays the terminal, for Keras's progress bar); the status is COMMAND's.
+quiet = { $(1) 2>&1 1>&3 3>&- | { grep --line-buffered -v -E '$(TF_IMPORT_NOISE)' || true; } 1>&2; } 3>&1
+endif
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: all setup apt venv horovod bench-deps build lint format test demo bench clean distclean
+.PHONY: all setup apt venv horovod bench-deps build develop lint format test demo bench \
+        bench-cluster clean distclean
 
 all: build
 
@@ -137,11 +164,30 @@ bench-deps: setup
 	  echo "$$want" > "$(BENCH_STAMP)"; \
 	fi
 
+# `install` replaces each file (a new inode, a fresh mtime): running processes keep the library they
+# loaded, and setup.py sees the copies as newer than the sources (so `develop` compiles nothing).
 build: setup
 	@start=$$(date +%s); \
-	$(BAZEL) build $(BAZEL_FLAGS) $(SO_TARGET); \
-	install -m 0755 bazel-bin/$(SO) $(SO); \
-	echo "[build] $(SO) ($$(( $$(date +%s) - start ))s)"
+	$(BAZEL) build $(BAZEL_FLAGS) $(addprefix //:,$(LIBRARIES)); \
+	for lib in $(LIBRARIES); do install -m 0755 "bazel-bin/$$lib" "$$lib"; done; \
+	echo "[build] $(LIBRARIES) ($$(( $$(date +%s) - start ))s)"
+	@$(MAKE) --no-print-directory develop
+
+# Editable install of this checkout into .venv: `.venv/bin/python my_script.py` imports tf_ext from
+# any directory. Runs pip only when the packaging inputs changed or .venv's tf_ext is not this
+# checkout (a new venv, another clone). Without `make build` first, pip compiles the libraries
+# itself with g++ (minutes).
+DEVELOP_CHECK := import json, sys, importlib.metadata as m; \
+                 url = json.loads(m.distribution("tf_ext").read_text("direct_url.json"))["url"]; \
+                 sys.exit(url != "file://$(ROOT)")
+develop:
+	@want="$(ROOT) $$(cd $(ROOT) && cat pyproject.toml setup.py third_party/sources.bzl | sha256sum | cut -c1-16)"; \
+	if [ -f "$(DEVELOP_STAMP)" ] && [ "$$(cat $(DEVELOP_STAMP))" = "$$want" ] && \
+	   "$(VENV)/bin/python" -c '$(DEVELOP_CHECK)' 2>/dev/null; then :; else \
+	  echo "[build] pip install -e . (editable tf_ext in .venv)"; \
+	  "$(VENV)/bin/python" -m pip install -q --no-build-isolation --no-deps -e "$(ROOT)"; \
+	  echo "$$want" > "$(DEVELOP_STAMP)"; \
+	fi
 
 # C++ sources under the project's own folders (not bazel-*, not .venv).
 CXX_SOURCES = $$(find kernels ops tests -name '*.cc' -o -name '*.h')
@@ -157,7 +203,8 @@ format: venv
 	@$(VENV)/bin/ruff check --quiet --fix . || true
 	@clang-format -i $(CXX_SOURCES)
 
-test: setup lint
+# build first: the tests of the editable install need it (and bazel test reuses the build).
+test: setup lint build
 	@log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	rc=0; $(BAZEL) test $(BAZEL_FLAGS) $(TESTS) 2>&1 | tee "$$log" || rc=$$?; \
 	echo; echo "================================ test summary ================================"; \
@@ -169,15 +216,22 @@ test: setup lint
 	else echo "RESULT: FAILED (bazel exit code $$rc; logs under bazel-testlogs/)"; fi; \
 	exit $$rc
 
+# tests/build/test_quiet_output.py runs `make -o build demo DEMO_ARGS=--quick` and checks its output.
 demo: build
-	cd $(ROOT) && PYTHONPATH=$(ROOT) $(VENV)/bin/python examples/train_ctr.py $(DEMO_ARGS)
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python examples/train_ctr.py $(DEMO_ARGS))
 
 bench: build bench-deps
-	cd $(ROOT) && PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/lookup.py $(BENCH_ARGS)
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/lookup.py $(BENCH_ARGS))
+
+# Needs root for its network namespaces: sudo when not root (sudo drops the environment, so the
+# settings it needs are passed explicitly).
+bench-cluster: build bench-deps
+	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
+	  $(VENV)/bin/python benchmarks/lightcc_cluster.py $(BENCH_ARGS))
 
 clean:
 	-$(BAZEL) clean
-	rm -rf $(SO) build/ dist/ *.egg-info .pytest_cache
+	rm -rf $(LIBRARIES) build/ dist/ *.egg-info .pytest_cache $(DEVELOP_STAMP)
 	find . -path ./.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Also drop the venv and Bazel's cached repositories.

@@ -1,13 +1,27 @@
-"""Builds tf_ext/_tf_ext_ops.so with g++ against the installed TensorFlow (pip install . / -e .).
+"""Builds tf_ext's C++ libraries with g++ for pip (pip install . / -e .).
 
-The sources are those of //third_party:sources.bzl (the same lists Bazel uses), read with `ast`.
-Compile and link flags come from tf.sysconfig, plus the optimisation flags of .bazelrc.
-TensorFlow must be importable at build time: see the comments in pyproject.toml.
+What is compiled comes from //third_party:sources.bzl, the description Bazel uses too, read here
+with `ast`:
+  tf_ext/_tf_ext_ops.so            the op library: every capability's ops, kernels and core, plus
+                                   OP_LIBRARY's own sources; tf.sysconfig's compile and link flags
+  tf_ext/harp/libnccl-net-harp.so  each capability's plugin library: its core and plugin sources,
+                                   plain `g++ -shared`, no TensorFlow
+Optimisation flags are those of .bazelrc. TensorFlow must be importable at build time: see the
+comments in pyproject.toml.
+
+Objects are kept in build_temp and recompiled only when their source or a header is newer. A
+library is not linked again when an up-to-date copy is already there (in the build directory, or
+in the source tree after `make build`): newer than every source, header and sources.bzl, and,
+for the op library, carrying the running TensorFlow's version and C++ ABI in its build-info
+marker. So `pip install -e .` after `make build` compiles nothing.
 """
 
 import ast
+import filecmp
 import os
+import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,54 +30,148 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 SOURCES_BZL = ROOT / "third_party" / "sources.bzl"
-EXT_NAME = "tf_ext._tf_ext_ops"
 # Keep in sync with the `build --copt` lines of .bazelrc.
 COMMON_FLAGS = ["-O3", "-march=x86-64-v2", "-fPIC", "-pthread", "-DNDEBUG"]
+# Keep in sync with _PLUGIN_COPTS of third_party/capabilities.bzl.
+PLUGIN_FLAGS = ["-fvisibility=hidden"]
+# The marker of kernels/build_info.cc, as tf_ext/_ops_loader.py reads it.
+BUILD_INFO = re.compile(rb"TF_EXT_BUILD_INFO\[([^\]]*)\]")
 
 
-def read_sources():
-  """The top-level `NAME = [...]` assignments of sources.bzl (plain Python syntax)."""
+def read_description():
+  """The top-level `NAME = <literal>` assignments of sources.bzl (plain Python syntax)."""
   tree = ast.parse(SOURCES_BZL.read_text(), str(SOURCES_BZL))
-  lists = {}
+  values = {}
   for node in tree.body:
     if (
       isinstance(node, ast.Assign)
       and len(node.targets) == 1
       and isinstance(node.targets[0], ast.Name)
     ):
-      lists[node.targets[0].id] = ast.literal_eval(node.value)
-  return lists
+      values[node.targets[0].id] = ast.literal_eval(node.value)
+  return values
 
 
-class BuildTfOps(build_ext):
-  """Compiles and links the op library with g++ (or $CXX) and the tf.sysconfig flags."""
+class SharedLibrary(Extension):
+  """A shared library at `path` (relative to the package root), not a Python extension module.
+
+  source_flags: extra compile flags per source; uses_tensorflow: compile and link with
+  tf.sysconfig's flags (and check the build-info marker of an existing copy).
+  """
+
+  def __init__(self, path, sources, headers, source_flags, uses_tensorflow):
+    # tf_ext/harp/libnccl-net-harp.so -> tf_ext.harp.libnccl-net-harp (see get_ext_filename).
+    super().__init__(path[: -len(".so")].replace("/", "."), sources, depends=headers)
+    self.path = path
+    self.source_flags = source_flags
+    self.uses_tensorflow = uses_tensorflow
+
+
+def libraries():
+  description = read_description()
+  capabilities = description["CAPABILITIES"]
+  op_library = description["OP_LIBRARY"]
+  plugin_core_flags = {
+    src: PLUGIN_FLAGS
+    for capability in capabilities.values()
+    if capability.get("plugin")
+    for src in capability["core_srcs"]
+  }
+  op_srcs, op_hdrs = list(op_library["srcs"]), []
+  result = []
+  for capability in capabilities.values():
+    if capability["kernel_srcs"] or capability["op_srcs"]:
+      op_srcs += capability["op_srcs"] + capability["kernel_srcs"] + capability["core_srcs"]
+      op_hdrs += capability["kernel_hdrs"] + capability["core_hdrs"]
+      for dep in capability["deps"]:
+        op_srcs += [s for s in capabilities[dep]["core_srcs"] if s not in op_srcs]
+        op_hdrs += [h for h in capabilities[dep]["core_hdrs"] if h not in op_hdrs]
+    plugin = capability.get("plugin")
+    if plugin:
+      srcs, hdrs = list(plugin["srcs"]) + capability["core_srcs"], list(capability["core_hdrs"])
+      for dep in capability["deps"]:
+        srcs += capabilities[dep]["core_srcs"]
+        hdrs += capabilities[dep]["core_hdrs"]
+      flags = dict(plugin_core_flags, **{src: PLUGIN_FLAGS for src in plugin["srcs"]})
+      result.append(SharedLibrary(plugin["path"], srcs, hdrs, flags, uses_tensorflow=False))
+  op_srcs, op_hdrs = list(dict.fromkeys(op_srcs)), list(dict.fromkeys(op_hdrs))
+  result.insert(0, SharedLibrary(op_library["path"], op_srcs, op_hdrs, plugin_core_flags, True))
+  return result
+
+
+def library_build_info(path):
+  """The key=value pairs of the build-info marker in the file, or None without one."""
+  found = BUILD_INFO.search(Path(path).read_bytes())
+  if not found:
+    return None
+  return dict(item.split("=", 1) for item in found.group(1).decode().split(";"))
+
+
+class BuildLibraries(build_ext):
+  """Compiles and links each SharedLibrary with g++ (or $CXX)."""
 
   def build_extension(self, ext):
-    import tensorflow as tf  # build-time requirement
-
     cxx = shlex.split(os.environ.get("CXX", "g++"))
-    cflags = (
-      tf.sysconfig.get_compile_flags() + COMMON_FLAGS + shlex.split(os.environ.get("CXXFLAGS", ""))
-    )
-    ldflags = tf.sysconfig.get_link_flags() + shlex.split(os.environ.get("LDFLAGS", ""))
     out = Path(self.get_ext_fullpath(ext.name))
-    tmp = Path(self.build_temp) / "tf_ext_ops"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir(parents=True, exist_ok=True)
+    inputs = [ROOT / p for p in ext.sources + ext.depends] + [SOURCES_BZL]
+    newest_input = max(p.stat().st_mtime for p in inputs)
+    cflags, ldflags, build_info = ["-std=c++17"], [], None
+    if ext.uses_tensorflow:
+      import tensorflow as tf  # build-time requirement
 
-    deps = [ROOT / h for h in ext.depends]
+      cflags = tf.sysconfig.get_compile_flags()
+      ldflags = tf.sysconfig.get_link_flags()
+      build_info = {"tensorflow": tf.__version__, "cxx11_abi": str(tf.sysconfig.CXX11_ABI_FLAG)}
+
+    def up_to_date(path):
+      return (
+        path.exists()
+        and path.stat().st_mtime >= newest_input
+        and (build_info is None or library_build_info(path) == build_info)
+      )
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ext.built_file = out
+    for existing in (out, ROOT / ext.path):
+      if up_to_date(existing):
+        print(f"{ext.path}: up to date ({existing}), not rebuilt", flush=True)
+        if existing != out:
+          shutil.copy2(existing, out)
+        return
+
+    cflags = cflags + COMMON_FLAGS + shlex.split(os.environ.get("CXXFLAGS", ""))
+    ldflags = ldflags + shlex.split(os.environ.get("LDFLAGS", ""))
+    tmp = Path(self.build_temp) / ext.name
+    tmp.mkdir(parents=True, exist_ok=True)
+    newest_header = max((ROOT / h).stat().st_mtime for h in ext.depends + ["setup.py"])
     objects = []
     for src in ext.sources:
       obj = tmp / (src.replace("/", "_") + ".o")
       srcp = ROOT / src
-      newest = max([srcp.stat().st_mtime] + [d.stat().st_mtime for d in deps])
+      newest = max(srcp.stat().st_mtime, newest_header)
       if self.force or not obj.exists() or obj.stat().st_mtime < newest:
-        self._run(cxx + cflags + ["-I", str(ROOT), "-c", str(srcp), "-o", str(obj)])
+        flags = cflags + ext.source_flags.get(src, [])
+        self._run(cxx + flags + ["-I", str(ROOT), "-c", str(srcp), "-o", str(obj)])
       objects.append(str(obj))
     self._run(cxx + ["-shared", "-o", str(out)] + objects + ldflags + ["-pthread"])
 
+  def copy_extensions_to_source(self):
+    """--inplace and editable installs: put each library into the source tree.
+
+    Skips a file that is already there with the same bytes, and otherwise replaces it atomically:
+    a running process that has the old library loaded keeps its mapping intact.
+    """
+    for ext in self.extensions:
+      target = ROOT / ext.path
+      if target.exists() and filecmp.cmp(ext.built_file, target, shallow=False):
+        continue
+      partial = target.with_name(target.name + ".partial")
+      shutil.copy2(ext.built_file, partial)
+      os.replace(partial, target)
+
   def get_ext_filename(self, ext_name):
-    # tf.load_op_library wants tf_ext/_tf_ext_ops.so, not the cpython-311-... suffix.
+    # The library's own file name (tf.load_op_library and NCCL want exactly these names), not
+    # the cpython-311-... suffix of extension modules.
     return os.path.join(*ext_name.split(".")) + ".so"
 
   def _run(self, cmd):
@@ -71,11 +179,4 @@ class BuildTfOps(build_ext):
     subprocess.check_call(cmd, cwd=ROOT)
 
 
-def op_library():
-  lists = read_sources()
-  srcs = lists["OP_LIBRARY_SRCS"] + lists["CORE_SRCS"]
-  hdrs = lists["OP_LIBRARY_HDRS"] + lists["CORE_HDRS"]
-  return Extension(EXT_NAME, sources=srcs, depends=hdrs, language="c++")
-
-
-setup(ext_modules=[op_library()], cmdclass={"build_ext": BuildTfOps})
+setup(ext_modules=libraries(), cmdclass={"build_ext": BuildLibraries})

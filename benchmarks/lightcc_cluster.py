@@ -34,13 +34,17 @@ and the ring-allreduce lower bound 2(n-1)/n * S per node and direction (n = 2 no
 Targets (informational, exit status 0): 2D + TOPK >= 2x Horovod steps/s; 2D inter-node bytes
 <= 1.1x the lower bound.
 
+  make bench-cluster                    # installs what it needs, then runs it (sudo if not root)
+  make bench-cluster BENCH_ARGS="--rate 500mbit --configs horovod,2d"
   sudo .venv/bin/python benchmarks/lightcc_cluster.py                      # ResNet50, 1 Gbit/s
   .venv/bin/python benchmarks/lightcc_cluster.py --rate 500mbit --steps 10 --configs horovod,2d
-  .venv/bin/python benchmarks/lightcc_cluster.py --extra-config fusion:LIGHT_2D_ALLREDUCE=1,LIGHT_INTRA_SIZE=2,LIGHT_FUSION=1
+  .venv/bin/python benchmarks/lightcc_cluster.py \
+      --extra-config fusion:LIGHT_2D_ALLREDUCE=1,LIGHT_INTRA_SIZE=2,LIGHT_FUSION=1
 """
 
 import argparse
 import atexit
+import importlib.util
 import json
 import os
 import shlex
@@ -63,7 +67,8 @@ _2D = {"LIGHT_2D_ALLREDUCE": "1", "LIGHT_INTRA_SIZE": str(RANKS_PER_NODE)}
 _TOPK = {"LIGHT_TOPK_ALLREDUCE": "1", "LIGHT_TOPK_RATIO": "0.01"}
 # Configuration name -> LIGHT_* settings (every LIGHT_* not named is unset, i.e. at its default).
 # Add entries here (e.g. "2d+fusion": {**_2D, "LIGHT_FUSION": "1"}) or with --extra-config.
-# 128 MiB (Horovod's default fusion threshold) holds the whole step: one bucket, as Horovod fuses it.
+# 128 MiB (Horovod's default fusion threshold) holds the whole step: one bucket, as Horovod
+# fuses it.
 _FUSION = {
   "LIGHT_FUSION": "1",
   "LIGHT_FUSION_BUCKETS_MB": "4,16,64,128",
@@ -90,6 +95,11 @@ LABELS = {
   "2d+topk+fusion": "2D + TOPK + fusion",
 }
 DEFAULT_CONFIGS = ["horovod", "2d", "2d+topk", "2d+topk+fp16"]
+
+# Third-party modules of the run (matplotlib for the chart at the very end), checked before
+# anything starts: `make bench-cluster` installs them (requirements.txt, Horovod from `make setup`,
+# requirements-bench.txt).
+REQUIRED_MODULES = ("numpy", "tensorflow", "horovod", "matplotlib")
 
 _SLOT_VARS = (
   "HOROVOD_HOSTNAME",
@@ -396,7 +406,7 @@ def run_config(cluster, name, env_light, args, spec_path, workdir):
       failed = f"rank {bad[0][0]} exited with {bad[0][1]}" if bad else f"timeout {args.timeout}s"
       break
     time.sleep(0.5)
-  for r, p, log in ranks:
+  for _, p, log in ranks:
     cluster.kill(p)
     log.close()
   server.stdin.close()
@@ -415,7 +425,7 @@ def run_config(cluster, name, env_light, args, spec_path, workdir):
     tails = []
     for r, _, _ in ranks:
       with open(os.path.join(result_dir, f"rank{r}.log")) as f:
-        lines = [l for l in f.read().splitlines() if l.strip()]
+        lines = [line for line in f.read().splitlines() if line.strip()]
       tails.append(f"--- rank {r} (last lines) ---\n" + "\n".join(lines[-15:]))
     return {"name": name, "error": failed or "missing results", "logs": "\n".join(tails)}
   return summarize(name, env_light, results, args)
@@ -460,7 +470,10 @@ def summarize(name, env_light, results, args):
 def report(rows, args):
   S = args.total_bytes
   lb = 2 * (NODES - 1) / NODES * S
-  mb = lambda b: f"{b / 1e6:9.2f}"
+
+  def mb(b):
+    return f"{b / 1e6:9.2f}"
+
   base = next((r for r in rows if r["name"] == "horovod" and "error" not in r), None)
   print(
     f"\nWorkload: {args.model_desc}: {args.num_tensors} gradient tensors, "
@@ -625,6 +638,16 @@ def parse_args(argv):
   return p.parse_args(argv)
 
 
+def check_modules():
+  missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+  if missing:
+    sys.exit(
+      f"lightcc_cluster.py: {sys.executable} lacks {', '.join(missing)}. Run the benchmark with "
+      "`make bench-cluster` (it installs requirements-bench.txt, then runs this script as root), "
+      "or install them with `make bench-deps`."
+    )
+
+
 def preflight():
   problems = []
   if os.geteuid() != 0:
@@ -643,6 +666,7 @@ def main(argv=None):
   args = parse_args(argv)
   if args.worker:
     return worker(args)
+  check_modules()
   preflight()
   configs = dict(CONFIGS)
   selected = [c for c in args.configs.split(",") if c]

@@ -1,5 +1,7 @@
 """Test macros: one Bazel test per test file, discovered by glob (tests mirror the code layout)."""
 
+load("//third_party:sources.bzl", "CAPABILITIES")
+
 def cc_tests(pattern = "kernels/**/*_test.cc", deps = [], **kwargs):
     """A cc_test per file matching `pattern`, named after its path without `.cc`."""
     for src in native.glob([pattern]):
@@ -10,12 +12,26 @@ def cc_tests(pattern = "kernels/**/*_test.cc", deps = [], **kwargs):
             **kwargs
         )
 
+def capability_cc_tests(deps = [], **kwargs):
+    """cc_tests for tests/kernels/<capability>/**/*_test.cc, linking only that capability's core.
+
+    tests/build/test_capabilities.py checks that every C++ test lies under a capability's folder.
+    """
+    for name in CAPABILITIES:
+        cc_tests(
+            pattern = "kernels/%s/**/*_test.cc" % name,
+            deps = ["//:%s_core" % name] + deps,
+            **kwargs
+        )
+
 def py_tests(
         pattern = "**/test_*.py",
         deps = [],
         data = [],
         size = "medium",
         sizes = {},
+        file_data = {},
+        file_tags = {},
         runner = "pytest_runner.py",
         **kwargs):
     """A py_test per file matching `pattern`, each running pytest on that one file.
@@ -27,6 +43,8 @@ def py_tests(
         are added automatically.
       size: default size ("medium" = 300 s timeout; importing TensorFlow alone takes a few seconds).
       sizes: per-file overrides, e.g. {"dynamic_embedding/test_training.py": "large"}.
+      file_data: per-file extra runtime files, e.g. {"build/test_x.py": ["//:setup.py"]}.
+      file_tags: per-file tags, e.g. {"build/test_x.py": ["external"]} (never cached).
       runner: the pytest entry point (calls pytest.main([file, ...])).
     """
     tests = native.glob([pattern])
@@ -39,9 +57,10 @@ def py_tests(
             srcs = [runner, src],
             main = runner,
             args = ["$(location %s)" % src],
-            data = data + helpers,
+            data = data + helpers + file_data.get(src, []),
             deps = deps,
             size = sizes.get(src, size),
+            tags = file_tags.get(src, []),
             python_version = "PY3",
             srcs_version = "PY3",
             # No generated __init__.py files: pytest must see tests/<dir>/ as a plain directory (as in

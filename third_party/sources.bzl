@@ -1,30 +1,82 @@
-# The one list of the op library's sources. Bazel loads this file; setup.py reads the same
-# assignments with Python's `ast` module, so both builds compile exactly these files.
+# The one description of what tf_ext compiles, read by both builds: Bazel loads it
+# (third_party/capabilities.bzl generates the targets) and setup.py reads it with
+# `ast.literal_eval`, so it holds plain literals only.
+#
+# CAPABILITIES: name -> what the capability compiles, all paths relative to the workspace root.
+#   core_hdrs, core_srcs      its TensorFlow-free core (//:<name>_core): plain C++17, unit-tested
+#                             alone by tests/kernels/<name>/*_test.cc (googletest)
+#   kernel_hdrs, kernel_srcs  its TensorFlow kernels, thin adapters over the core
+#   op_srcs                   its op interfaces (ops/*.cc: REGISTER_OP, shape functions, .Doc)
+#                             kernels and ops together are //:<name>_kernels (alwayslink)
+#   deps                      other capabilities whose cores this capability's core, kernels and
+#                             ops may include; nothing else of another capability is reachable
+#                             (Bazel enforces it, and tests/build/test_capabilities.py)
+#   plugin (optional)         a shared library of its own, without TensorFlow: {"path": output
+#                             path in the package, "srcs": [...]}; it links the capability's
+#                             core, and both are compiled with hidden symbol visibility, so the
+#                             library exports only what its sources mark as exported
+#
+# OP_LIBRARY: the one TensorFlow op library: every capability's kernels and ops plus these
+# common sources. `path` is both the Bazel target's name and the file tf_ext loads.
+CAPABILITIES = {
+    "dynamic_embedding": {
+        "core_hdrs": [
+            "kernels/dynamic_embedding/core/embedding_table.h",
+            "kernels/dynamic_embedding/core/initializers.h",
+            "kernels/dynamic_embedding/core/optimizers.h",
+            "kernels/dynamic_embedding/core/rw_spinlock.h",
+        ],
+        "core_srcs": [
+            "kernels/dynamic_embedding/core/initializers.cc",
+        ],
+        "kernel_hdrs": [
+            "kernels/dynamic_embedding/table_resource.h",
+        ],
+        "kernel_srcs": [
+            "kernels/dynamic_embedding/table_kernels.cc",
+        ],
+        "op_srcs": [
+            "ops/dynamic_embedding_ops.cc",
+        ],
+        "deps": [],
+    },
+    "lightcc": {
+        "core_hdrs": [
+            "kernels/lightcc/core/topk_compression.h",
+        ],
+        "core_srcs": [
+            "kernels/lightcc/core/topk_compression.cc",
+        ],
+        "kernel_hdrs": [],
+        "kernel_srcs": [
+            "kernels/lightcc/topk_kernels.cc",
+        ],
+        "op_srcs": [
+            "ops/lightcc_ops.cc",
+        ],
+        "deps": [],
+    },
+    # HARP, the NCCL network plugin: no TensorFlow at all. NCCL loads libnccl-net-<name>.so.
+    "harp": {
+        "core_hdrs": [
+            "kernels/harp/core/build_info.h",
+        ],
+        "core_srcs": [
+            "kernels/harp/core/build_info.cc",
+        ],
+        "kernel_hdrs": [],
+        "kernel_srcs": [],
+        "op_srcs": [],
+        "deps": [],
+        "plugin": {
+            "path": "tf_ext/harp/libnccl-net-harp.so",
+            "srcs": ["kernels/harp/nccl_net_plugin.cc"],
+        },
+    },
+}
 
-# The cores (embedding table, TOPK compression): no TensorFlow types, unit-tested alone with
-# googletest.
-CORE_HDRS = [
-    "kernels/dynamic_embedding/core/embedding_table.h",
-    "kernels/dynamic_embedding/core/initializers.h",
-    "kernels/dynamic_embedding/core/optimizers.h",
-    "kernels/dynamic_embedding/core/rw_spinlock.h",
-    "kernels/lightcc/core/topk_compression.h",
-]
-
-CORE_SRCS = [
-    "kernels/dynamic_embedding/core/initializers.cc",
-    "kernels/lightcc/core/topk_compression.cc",
-]
-
-# Thin TensorFlow adapters: op interfaces and kernels.
-OP_LIBRARY_HDRS = [
-    "kernels/dynamic_embedding/table_resource.h",
-]
-
-OP_LIBRARY_SRCS = [
-    "ops/dynamic_embedding_ops.cc",
-    "kernels/dynamic_embedding/table_kernels.cc",
-    "ops/lightcc_ops.cc",
-    "kernels/lightcc/topk_kernels.cc",
-    "kernels/build_info.cc",
-]
+OP_LIBRARY = {
+    "path": "tf_ext/_tf_ext_ops.so",
+    # The TensorFlow version and C++ ABI marker that tf_ext/_ops_loader.py checks before loading.
+    "srcs": ["kernels/build_info.cc"],
+}

@@ -1,0 +1,73 @@
+"""Generates the C++ targets of every capability from //third_party:sources.bzl.
+
+For each capability NAME (see sources.bzl for the fields):
+  //:NAME_core     cc_library, TensorFlow-free; deps: the cores of NAME's declared deps
+  //:NAME_kernels  cc_library (alwayslink), kernels and op interfaces; deps: NAME's core, the
+                   cores of its declared deps, TensorFlow's headers (only when NAME has kernels)
+  //:<plugin path> cc_binary (linkshared), NAME's plugin library without TensorFlow
+and the op library //:<OP_LIBRARY path> (//:tf_ext/_tf_ext_ops.so) linking every NAME_kernels.
+
+A capability reaches another capability's headers only through `deps`: Bazel's sandbox holds
+only the declared headers, and its undeclared-inclusion check rejects anything else.
+"""
+
+load("//third_party:sources.bzl", "CAPABILITIES", "OP_LIBRARY")
+
+_TF_HEADERS = "@local_tensorflow//:tf_headers"
+_TF_FRAMEWORK = "@local_tensorflow//:libtensorflow_framework"
+
+# A plugin is dlopen'ed into foreign processes (NCCL's): it exports only what it marks.
+_PLUGIN_COPTS = ["-fvisibility=hidden"]
+
+def _check(name, capability):
+    for dep in capability["deps"]:
+        if dep not in CAPABILITIES:
+            fail("capability %s depends on %s, which sources.bzl does not describe" % (name, dep))
+        if dep == name:
+            fail("capability %s depends on itself" % name)
+
+def capability_targets():
+    """Declares the targets above; call once, from //:BUILD."""
+    kernel_libraries = []
+    for name, capability in CAPABILITIES.items():
+        _check(name, capability)
+        dep_cores = [":%s_core" % dep for dep in capability["deps"]]
+        plugin = capability.get("plugin")
+        native.cc_library(
+            name = name + "_core",
+            srcs = capability["core_srcs"],
+            hdrs = capability["core_hdrs"],
+            copts = _PLUGIN_COPTS if plugin else [],
+            deps = dep_cores,
+        )
+        if capability["kernel_srcs"] or capability["op_srcs"]:
+            native.cc_library(
+                name = name + "_kernels",
+                srcs = capability["kernel_srcs"] + capability["op_srcs"],
+                hdrs = capability["kernel_hdrs"],
+                # Kernels and ops register themselves in static initializers: keep every object.
+                alwayslink = 1,
+                deps = [":%s_core" % name] + dep_cores + [_TF_HEADERS],
+            )
+            kernel_libraries.append(":%s_kernels" % name)
+        if plugin:
+            native.cc_binary(
+                name = plugin["path"],
+                srcs = plugin["srcs"],
+                copts = _PLUGIN_COPTS,
+                linkshared = 1,
+                deps = [":%s_core" % name],
+            )
+
+    # Loaded by tf_ext/_ops_loader.py via tf.load_op_library; `make build` copies it into the source
+    # tree (git-ignored).
+    native.cc_binary(
+        name = OP_LIBRARY["path"],
+        srcs = OP_LIBRARY["srcs"],
+        linkshared = 1,
+        deps = kernel_libraries + [_TF_FRAMEWORK, _TF_HEADERS],
+    )
+
+def plugin_paths():
+    """The output paths of the capabilities' plugin libraries (also their Bazel target names)."""
+    return [c["plugin"]["path"] for c in CAPABILITIES.values() if c.get("plugin")]
