@@ -315,9 +315,10 @@ def main(argv=None):
     f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}"
   )
   print(f"TFRA         : {tfra_status}")
+  intra_default = "" if intra_cfg else f" (TensorFlow default: one per available CPU -> {cpus})"
   print(
     f"threads      : intra_op_parallelism_threads={intra_cfg}"
-    f"{' (TensorFlow default: one per available CPU -> ' + str(cpus) + ')' if not intra_cfg else ''}, "
+    f"{intra_default}, "
     f"inter_op_parallelism_threads={inter_cfg}{' (default)' if not inter_cfg else ''}, "
     f"OMP_NUM_THREADS={threads['omp_num_threads'] or 'unset'}"
   )
@@ -339,7 +340,8 @@ def main(argv=None):
   log(f"[data] generated keys, rows and batches in {time.perf_counter() - t0:.1f}s")
   print(
     f"id stats     : ~{statistics.mean(uniques):,.0f} distinct ids per batch "
-    f"({statistics.mean(uniques) / bsz:.1%}); the hottest 0.1% of rows get {hot_share:.1%} of lookups"
+    f"({statistics.mean(uniques) / bsz:.1%}); "
+    f"the hottest 0.1% of rows get {hot_share:.1%} of lookups"
   )
   results["id_stats"] = {
     "distinct_per_batch": statistics.mean(uniques),
@@ -366,8 +368,10 @@ def main(argv=None):
   size = int(table.size())
   table_bytes = int(table.memory_bytes())
   print(
-    f"tf_ext table : size {size:,}, built in {build_s:.2f}s ({n / build_s / 1e6:.2f} M keys/s insert), "
-    f"memory_bytes {mib(table_bytes)}, RSS growth {mib(None if rss0 is None else rss1 - rss0)} (context)"
+    f"tf_ext table : size {size:,}, built in {build_s:.2f}s "
+    f"({n / build_s / 1e6:.2f} M keys/s insert), "
+    f"memory_bytes {mib(table_bytes)}, "
+    f"RSS growth {mib(None if rss0 is None else rss1 - rss0)} (context)"
   )
   if size != n:
     print(f"WARNING: tf_ext table size {size} != {n} inserted distinct keys")
@@ -415,7 +419,8 @@ def main(argv=None):
       tfra_shadow = de.shadow_ops.ShadowVariable(tfra_var, name="bench_tfra_shadow", trainable=True)
       print(
         f"TFRA train   : {TFRA_EMBEDDING_API}; ShadowVariable {tfra_shadow.name!r} "
-        f"(trainable={tfra_shadow.trainable}) created eagerly before tracing; ModelMode {tfra_mode!r}"
+        f"(trainable={tfra_shadow.trainable}) "
+        f"created eagerly before tracing; ModelMode {tfra_mode!r}"
       )
     except Exception as error:  # pylint: disable=broad-except
       print(f"TFRA: failed to build the baseline ({type(error).__name__}: {error}); skipping it")
@@ -430,11 +435,11 @@ def main(argv=None):
 
   @tf.function(input_signature=[spec_ids], jit_compile=False)
   def tf_ext_lookup(ids):
-    return table.lookup(ids)
+    return table.lookup(ids)  # noqa: F821 (deleted after the timings, below)
 
   @tf.function(input_signature=[spec_ids], jit_compile=False)
   def dense_gather(rows_idx):
-    return tf.gather(dense, rows_idx)
+    return tf.gather(dense, rows_idx)  # noqa: F821 (likewise)
 
   methods = {
     "tf_ext": (tf_ext_lookup, tf_key_batches),
@@ -472,7 +477,8 @@ def main(argv=None):
   throughput = {}
   print()
   print(
-    f"lookup throughput ({args.num_batches} x {bsz:,} ids per round; median of {args.repeats} rounds; "
+    f"lookup throughput ({args.num_batches} x {bsz:,} ids per round; "
+    f"median of {args.repeats} rounds; "
     f"CPU-ns/key = process CPU time, all threads; min..max M keys/s in brackets):"
   )
   labels = {
@@ -504,8 +510,10 @@ def main(argv=None):
   if "tfra_embedding_lookup" in times:
     print(
       f"  training path = {TFRA_EMBEDDING_API}\n"
-      "    (the TF2 route: ShadowVariable created once, eagerly, before tracing; in the tf.function each\n"
-      "    call assigns the ids, runs CuckooHashTableFind, assigns the rows to the ShadowVariable and\n"
+      "    (the TF2 route: ShadowVariable created once, eagerly, before tracing; "
+      "in the tf.function each\n"
+      "    call assigns the ids, runs CuckooHashTableFind, "
+      "assigns the rows to the ShadowVariable and\n"
       "    reads them back; forward only, no GradientTape)"
     )
   results["throughput"] = throughput
@@ -534,7 +542,8 @@ def main(argv=None):
   c_emb = cpu_ratio("tf_ext", "tfra_embedding_lookup")
   print()
   print(
-    "ratios (wall keys/s of tf_ext over the baseline; [per-round median], (CPU-time ratio, context)):"
+    "ratios (wall keys/s of tf_ext over the baseline; "
+    "[per-round median], (CPU-time ratio, context)):"
   )
 
   def ratio_line(label, value, rounds, cpu, note):
@@ -677,7 +686,8 @@ def main(argv=None):
     )
   print(
     f"  INFO  {'tf_ext/TFRA Variable.lookup (raw)':<34} measured "
-    f"{'n/a' if r_tfra is None else f'{r_tfra:.3f}'}  (not the target: >= {LOOKUP_VS_TFRA_TARGET:g} is judged "
+    f"{'n/a' if r_tfra is None else f'{r_tfra:.3f}'}  "
+    f"(not the target: >= {LOOKUP_VS_TFRA_TARGET:g} is judged "
     f"on the training-path embedding_lookup ratio above)"
   )
   results["targets"] = {name: {"value": v, "pass": ok} for name, (v, ok) in targets.items()}

@@ -211,11 +211,13 @@ def build_model(dim):
 
 
 def embedding_layers(model):
-  return [l for l in model.layers if isinstance(l, tf_ext.keras.layers.DynamicEmbedding)]
+  return [
+    layer for layer in model.layers if isinstance(layer, tf_ext.keras.layers.DynamicEmbedding)
+  ]
 
 
 def table_sizes(model):
-  return {l.name: int(l.table.size()) for l in embedding_layers(model)}
+  return {layer.name: int(layer.table.size()) for layer in embedding_layers(model)}
 
 
 class Throughput(tf.keras.callbacks.Callback):
