@@ -94,7 +94,10 @@ def register_saved_stage(kind, factory):
 
 def stages(obj):
   """The stages of `obj` (an optimizer or a tape, or a wrapper of one), in KINDS order."""
-  target = _pipeline_target(obj)
+  return _ordered_stages(_pipeline_target(obj))
+
+
+def _ordered_stages(target):
   by_kind = getattr(target, _STAGES_ATTRIBUTE, {})
   return [by_kind[kind] for kind in KINDS if kind in by_kind]
 
@@ -164,25 +167,27 @@ def _pipeline_target(obj):
 
 # ---- the pipeline classes ----------------------------------------------------------------------
 
-_class_lock = threading.Lock()
-_classes = {}
+_class_lock = threading.RLock()  # reentrant: a class for Horovod's needs one for its base
+_classes = {}  # a class -> its pipeline class
 
 
-def _extend_class(target, make_class):
-  cls = type(target)
-  if issubclass(cls, (_OptimizerPipeline, _TapePipeline)):
-    return
+def _pipeline_class(cls, make_class):
   with _class_lock:
     extended = _classes.get(cls)
     if extended is None:
       extended = _classes[cls] = make_class(cls)
-  target.__class__ = extended
+    return extended
+
+
+def _extend_class(target, make_class):
+  if not issubclass(type(target), (_OptimizerPipeline, _TapePipeline)):
+    target.__class__ = _pipeline_class(type(target), make_class)
 
 
 def _optimizer_pipeline_class(base):
   if _is_horovod_keras_class(base):
     # Horovod's class, rebuilt on top of the pipeline class of the optimizer it extends.
-    below = _optimizer_pipeline_class_cached(base.__base__)
+    below = _pipeline_class(base.__base__, _optimizer_pipeline_class)
     return type(base.__name__, (below,), dict(vars(base)))
   if issubclass(base, tf.compat.v1.train.Optimizer):
     mixin = _V1Pipeline
@@ -201,13 +206,6 @@ def _optimizer_pipeline_class(base):
   return cls
 
 
-def _optimizer_pipeline_class_cached(base):
-  extended = _classes.get(base)
-  if extended is None:
-    extended = _classes[base] = _optimizer_pipeline_class(base)
-  return extended
-
-
 def _register_keras_class(cls, base):
   """Keras saves an optimizer under its class's registered name: tf_ext>Pipeline[Legacy]<Name>;
   tf_ext>DynamicEmbedding[Legacy]<Name> (the name of tf_ext 0.1) loads into the same class."""
@@ -216,12 +214,11 @@ def _register_keras_class(cls, base):
   tf.keras.utils.get_custom_objects()[f"tf_ext>DynamicEmbedding{legacy}{base.__name__}"] = cls
 
 
-class _Pipeline:
+class _OptimizerPipeline:
   """Steps shared by every optimizer pipeline class."""
 
   def _pipeline_stages(self):
-    by_kind = getattr(self, _STAGES_ATTRIBUTE, {})
-    return [by_kind[kind] for kind in KINDS if kind in by_kind]
+    return _ordered_stages(self)
 
   def _pipeline_dense_variables(self, variables):
     """`variables` less those a stage applies itself."""
@@ -236,6 +233,13 @@ class _Pipeline:
       unscaled = loss
       return lambda: self._pipeline_scale_value(unscaled())
     return self._pipeline_scale_value(loss)
+
+  def _pipeline_scale_recorded_loss(self, loss, tape):
+    """The scaled loss, recorded on `tape` (Keras passes the tape that computed a tensor loss)."""
+    if tape is None or callable(loss) or not self._pipeline_stages():
+      return self._pipeline_scale_loss(loss)
+    with tape:
+      return self._pipeline_scale_loss(loss)
 
   def _pipeline_scale_value(self, loss):
     for stage in self._pipeline_stages():
@@ -295,8 +299,7 @@ class _Pipeline:
 
       return run
 
-    skip = lambda: _advance(advanced_step)  # noqa: E731
-    done = tf.cond(should_apply, branch(apply_all), branch(skip))
+    done = tf.cond(should_apply, branch(apply_all), branch(lambda: _advance(advanced_step)))
     return self._pipeline_result([done], None, advanced_step)
 
   def _pipeline_result(self, updates, result, advanced_step):
@@ -313,10 +316,6 @@ def _advance(step_variable):
   if step_variable is None:
     return tf.no_op()
   return step_variable.assign_add(tf.ones([], step_variable.dtype))
-
-
-class _OptimizerPipeline(_Pipeline):
-  pass
 
 
 class _V1Pipeline(_OptimizerPipeline):
@@ -376,11 +375,7 @@ class _KerasPipelineBase(_OptimizerPipeline):
 
 class _KerasPipeline(_KerasPipelineBase):
   def compute_gradients(self, loss, var_list, tape=None):
-    if tape is not None and not callable(loss) and self._pipeline_stages():
-      with tape:
-        loss = self._pipeline_scale_loss(loss)
-    else:
-      loss = self._pipeline_scale_loss(loss)
+    loss = self._pipeline_scale_recorded_loss(loss, tape)
     return super().compute_gradients(loss, var_list, tape)
 
   def build(self, var_list):
@@ -394,11 +389,7 @@ class _KerasPipeline(_KerasPipelineBase):
 
 class _KerasLegacyPipeline(_KerasPipelineBase):
   def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-    if tape is not None and not callable(loss) and self._pipeline_stages():
-      with tape:
-        loss = self._pipeline_scale_loss(loss)
-    else:
-      loss = self._pipeline_scale_loss(loss)
+    loss = self._pipeline_scale_recorded_loss(loss, tape)
     return super()._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
 
   def _create_all_weights(self, var_list):
@@ -419,11 +410,9 @@ class _TapePipeline:
     unconnected_gradients=tf.UnconnectedGradients.NONE,
   ):
     grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
-    by_kind = getattr(self, _STAGES_ATTRIBUTE, {})
     pairs = list(zip(tf.nest.flatten(grads), tf.nest.flatten(sources)))
-    for kind in KINDS:
-      if kind in by_kind:
-        pairs = list(by_kind[kind].transform(pairs))
+    for stage in _ordered_stages(self):
+      pairs = list(stage.transform(pairs))
     return tf.nest.pack_sequence_as(grads, [g for g, _ in pairs])
 
 
@@ -435,4 +424,4 @@ def _tape_pipeline_class(base):
 for _module in (tf.keras.optimizers, tf.keras.optimizers.legacy):
   for _name in ("SGD", "Adagrad", "Adam", "RMSprop", "Adadelta", "Adamax", "Nadam", "Ftrl"):
     if hasattr(_module, _name):
-      _optimizer_pipeline_class_cached(getattr(_module, _name))
+      _pipeline_class(getattr(_module, _name), _optimizer_pipeline_class)

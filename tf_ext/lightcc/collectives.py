@@ -85,10 +85,6 @@ def reduce_scatter_in_group(send, splits, topology):
   return tf.reduce_sum(tf.reshape(received, [topology.intra_size, splits[topology.position]]), 0)
 
 
-def allreduce_2d(tensor, op, topology, traffic=None):
-  return grouped_allreduce_2d([tensor], op, topology, traffic)[0]
-
-
 def _scale(tensor, factor):
   if tensor.dtype in _FLOAT_DTYPES:
     return tensor * tf.cast(factor, tensor.dtype)
@@ -234,9 +230,7 @@ def allreduce(
       process_set=process_set,
       ignore_name_scope=ignore_name_scope,
     )
-  compressed, context = compression.compress(dense)
-  reduced = allreduce_2d(compressed, op, state.process.topology, state.traffic_counter())
-  return compression.decompress(reduced, context)
+  return _compressed_2d([dense], op, compression)[0]
 
 
 def grouped_allreduce(
@@ -264,6 +258,11 @@ def grouped_allreduce(
       postscale_factor=postscale_factor,
       process_set=process_set,
     )
+  return _compressed_2d(tensors, op, compression)
+
+
+def _compressed_2d(tensors, op, compression):
+  """2D allreduce of `tensors` (Horovod compression applied around it), counted in traffic()."""
   compressed = [compression.compress(t) for t in tensors]
   reduced = grouped_allreduce_2d(
     [c for c, _ in compressed], op, state.process.topology, state.traffic_counter()
