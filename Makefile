@@ -71,7 +71,10 @@ TF_IMPORT_NOISE := Unable to register (cuDNN|cuFFT|cuBLAS) factory
 ifeq ($(VERBOSE),1)
 export TF_CPP_MIN_LOG_LEVEL := 0
 quiet = $(1)
+BAZEL_BUILD_UI :=
 else
+# `make build`: Bazel's progress and INFO lines off (errors and warnings stay).
+BAZEL_BUILD_UI := --noshow_progress --ui_event_filters=-info,-progress --show_result=0
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # $(call quiet,COMMAND): COMMAND with the lines above dropped from its stderr. Only stderr goes
 # through grep (stdout stays the terminal, for Keras's progress bar); the status is COMMAND's.
@@ -168,7 +171,7 @@ bench-deps: setup
 # loaded, and setup.py sees the copies as newer than the sources (so `develop` compiles nothing).
 build: setup
 	@start=$$(date +%s); \
-	$(BAZEL) build $(BAZEL_FLAGS) $(addprefix //:,$(LIBRARIES)); \
+	$(BAZEL) build $(BAZEL_BUILD_UI) $(BAZEL_FLAGS) $(addprefix //:,$(LIBRARIES)); \
 	for lib in $(LIBRARIES); do install -m 0755 "bazel-bin/$$lib" "$$lib"; done; \
 	echo "[build] $(LIBRARIES) ($$(( $$(date +%s) - start ))s)"
 	@$(MAKE) --no-print-directory develop
