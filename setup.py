@@ -18,8 +18,8 @@ marker. So `pip install -e .` after `make build` compiles nothing.
 
 import ast
 import filecmp
+import importlib.util
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -34,8 +34,6 @@ SOURCES_BZL = ROOT / "third_party" / "sources.bzl"
 COMMON_FLAGS = ["-O3", "-march=x86-64-v2", "-fPIC", "-pthread", "-DNDEBUG"]
 # Keep in sync with _PLUGIN_COPTS of third_party/capabilities.bzl.
 PLUGIN_FLAGS = ["-fvisibility=hidden"]
-# The marker of kernels/build_info.cc, as tf_ext/_ops_loader.py reads it.
-BUILD_INFO = re.compile(rb"TF_EXT_BUILD_INFO\[([^\]]*)\]")
 
 
 def read_description():
@@ -84,8 +82,8 @@ def libraries():
       op_srcs += capability["op_srcs"] + capability["kernel_srcs"] + capability["core_srcs"]
       op_hdrs += capability["kernel_hdrs"] + capability["core_hdrs"]
       for dep in capability["deps"]:
-        op_srcs += [s for s in capabilities[dep]["core_srcs"] if s not in op_srcs]
-        op_hdrs += [h for h in capabilities[dep]["core_hdrs"] if h not in op_hdrs]
+        op_srcs += capabilities[dep]["core_srcs"]
+        op_hdrs += capabilities[dep]["core_hdrs"]
     plugin = capability.get("plugin")
     if plugin:
       srcs, hdrs = list(plugin["srcs"]) + capability["core_srcs"], list(capability["core_hdrs"])
@@ -100,11 +98,14 @@ def libraries():
 
 
 def library_build_info(path):
-  """The key=value pairs of the build-info marker in the file, or None without one."""
-  found = BUILD_INFO.search(Path(path).read_bytes())
-  if not found:
-    return None
-  return dict(item.split("=", 1) for item in found.group(1).decode().split(";"))
+  """The build-info marker of the library at `path` (or None), read by tf_ext/_build_info.py, the
+  reader the package's loader uses, loaded by path so that tf_ext itself is not imported."""
+  spec = importlib.util.spec_from_file_location(
+    "tf_ext_build_info", ROOT / "tf_ext" / "_build_info.py"
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.read(path)
 
 
 class BuildLibraries(build_ext):

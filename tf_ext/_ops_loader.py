@@ -1,12 +1,11 @@
 """Loads the op library once, on first use, after checking it matches the running TensorFlow."""
 
 import os
-import re
 import threading
 
 import tensorflow as tf
 
-from tf_ext import settings
+from tf_ext import _build_info, settings
 
 _LIBRARY_NAME = "_tf_ext_ops.so"
 _lock = threading.Lock()
@@ -18,15 +17,6 @@ def _library_path():
   return settings.get("TF_EXT_OPS_LIBRARY") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME
   )
-
-
-def _build_info(path):
-  """{'tensorflow': X, 'cxx11_abi': Y} from the marker kernels/build_info.cc puts in the file."""
-  with open(path, "rb") as library:
-    found = re.search(rb"TF_EXT_BUILD_INFO\[([^\]]*)\]", library.read())
-  if not found:
-    return {"tensorflow": "unknown", "cxx11_abi": "unknown"}
-  return dict(item.split("=", 1) for item in found.group(1).decode().split(";"))
 
 
 def load():
@@ -64,7 +54,7 @@ def _load_checked():
       f"tf_ext: the op library {path} does not exist. Build it with `make build` "
       "(source checkout) or reinstall with `pip install .`."
     )
-  built = _build_info(path)
+  built = _build_info.read(path) or {"tensorflow": "unknown", "cxx11_abi": "unknown"}
   running = {"tensorflow": tf.__version__, "cxx11_abi": str(tf.sysconfig.CXX11_ABI_FLAG)}
   if built != running:
     raise ImportError(
