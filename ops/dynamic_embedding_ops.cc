@@ -181,32 +181,4 @@ The inputs are TfExtTableExport's outputs. On any validation error nothing chang
 table already has beyond the snapshot's are kept, at their initial values.
 )doc");
 
-REGISTER_OP("TfExtTableApplyGradient")
-    .Input("table: resource")
-    .Input("keys: Tkey")
-    .Input("gradients: float")
-    .Input("learning_rate: float")
-    .Input("beta1: float")
-    .Input("beta2: float")
-    .Input("epsilon: float")
-    .Input("global_step: int64")
-    .Attr("Tkey: {int64, string}")
-    .Attr("dim: int")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
-    .Attr("epsilon_inside_sqrt: bool = false")
-    .Attr("initial_accumulator_value: float = 0.0")
-    .SetShapeFn(ScalarHandle)
-    .Doc(R"doc(
-Applies one optimizer step to the rows of `keys` and their co-located slots.
-
-Missing rows are created first, from the initializer. Each updated row records its update count
-and the step; Adam bias-corrects with the row's own update count.
-
-keys: 1-D, expected unique (the Python caller sums the gradients of duplicates).
-gradients: Shape [len(keys), dim].
-optimizer: One of sgd, adagrad, adam.
-epsilon_inside_sqrt: Adagrad divides by sqrt(acc + epsilon) if true, else sqrt(acc) + epsilon.
-initial_accumulator_value: Adagrad's initial accumulator.
-)doc");
-
 }  // namespace tf_ext

@@ -30,13 +30,16 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/initializers.cc",
         ],
         "kernel_hdrs": [
+            "kernels/dynamic_embedding/table_kernel.h",
             "kernels/dynamic_embedding/table_resource.h",
         ],
         "kernel_srcs": [
+            "kernels/dynamic_embedding/optimizer_kernels.cc",
             "kernels/dynamic_embedding/table_kernels.cc",
         ],
         "op_srcs": [
             "ops/dynamic_embedding_ops.cc",
+            "ops/dynamic_embedding_optimizer_ops.cc",
         ],
         "deps": [],
     },

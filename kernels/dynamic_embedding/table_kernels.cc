@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
-#include "kernels/dynamic_embedding/core/optimizers.h"
+#include "kernels/dynamic_embedding/table_kernel.h"
 #include "kernels/dynamic_embedding/table_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -18,42 +18,6 @@
 
 namespace tf_ext {
 namespace {
-
-using ::tensorflow::DataType;
-using ::tensorflow::DataTypeString;
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::tstring;
-using ::tensorflow::core::RefCountPtr;
-
-// Key type <-> TensorFlow element type.
-template <typename Key>
-struct KeyTensor;
-template <>
-struct KeyTensor<int64_t> {
-  using Element = int64_t;
-  static int64_t View(const int64_t& k) { return k; }
-  static void Store(const int64_t& key, int64_t* out) { *out = key; }
-};
-template <>
-struct KeyTensor<std::string> {
-  using Element = tstring;
-  static std::string_view View(const tstring& k) { return std::string_view(k.data(), k.size()); }
-  static void Store(const std::string& key, tstring* out) { out->assign(key.data(), key.size()); }
-};
-
-// Runs fn(begin, end) over [0, n) on the intra-op pool; `cost` is per item, in cycles.
-template <typename Fn>
-void ParallelFor(OpKernelContext* ctx, int64_t n, int64_t cost, Fn&& fn) {
-  if (n <= 0) return;
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  pool->ParallelFor(n, cost, [&fn](int64_t begin, int64_t end) { fn(begin, end); });
-}
 
 class DynamicTableOp : public OpKernel {
  public:
@@ -102,39 +66,6 @@ class DynamicTableOp : public OpKernel {
   int dim_;
   de::InitializerSpec init_;
 };
-
-// Base of the kernels that take a table as input 0: looks it up and checks key dtype and dim.
-class TableKernel : public OpKernel {
- public:
-  explicit TableKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    if (ctx->HasAttr("dim")) OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
-    if (ctx->HasAttr("Tkey")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
-  }
-
- protected:
-  Status GetTable(OpKernelContext* ctx, RefCountPtr<DynamicTable>* table) {
-    TF_RETURN_IF_ERROR(
-        ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table));
-    if (key_dtype_ != ::tensorflow::DT_INVALID && key_dtype_ != (*table)->key_dtype()) {
-      return (*table)->Invalid("keys must be ", DataTypeString((*table)->key_dtype()), ", got ",
-                               DataTypeString(key_dtype_));
-    }
-    if (dim_ != 0 && dim_ != (*table)->dim()) {
-      return (*table)->Invalid("dim is ", (*table)->dim(), ", the op expects ", dim_);
-    }
-    return ::tensorflow::OkStatus();
-  }
-
-  int dim_ = 0;
-  DataType key_dtype_ = ::tensorflow::DT_INVALID;
-};
-
-#define TF_EXT_GET_TABLE(ctx, table) \
-  RefCountPtr<DynamicTable> table;   \
-  OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-
-// Keys per FindBatch call: amortizes the shard locks while keeping writers' waits short.
-constexpr int64_t kLookupBlock = 4096;
 
 template <typename Key>
 class FindOp : public TableKernel {
@@ -352,66 +283,6 @@ class ImportOp : public TableKernel {
   }
 };
 
-template <typename Key>
-class ApplyGradientOp : public TableKernel {
- public:
-  explicit ApplyGradientOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
-    std::string optimizer;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &optimizer));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon_inside_sqrt", &params_.epsilon_inside_sqrt));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator_));
-    OP_REQUIRES(ctx, de::ParseOptimizerKind(optimizer, &params_.kind),
-                ::tensorflow::errors::InvalidArgument("the table update has no optimizer '",
-                                                      optimizer, "'"));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    TF_EXT_GET_TABLE(ctx, table);
-    const Tensor& keys = ctx->input(1);
-    const Tensor& grads = ctx->input(2);
-    const int dim = dim_;
-    OP_REQUIRES(ctx, keys.dims() == 1,
-                table->Invalid("apply: keys must be 1-D, got ", keys.shape().DebugString()));
-    OP_REQUIRES(
-        ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == dim,
-        table->Invalid("apply: gradients must have shape [", keys.dim_size(0), ", ", dim, "], got ",
-                       grads.shape().DebugString()));
-    for (int i = 3; i <= 7; ++i) {
-      OP_REQUIRES(ctx, ctx->input(i).NumElements() == 1,
-                  table->Invalid("apply: hyperparameter input ", i, " must be a scalar"));
-    }
-    de::OptimizerParams params = params_;
-    params.learning_rate = ctx->input(3).flat<float>()(0);
-    params.beta1 = ctx->input(4).flat<float>()(0);
-    params.beta2 = ctx->input(5).flat<float>()(0);
-    params.epsilon = ctx->input(6).flat<float>()(0);
-    const int64_t step = ctx->input(7).flat<int64_t>()(0);
-
-    de::EmbeddingTable<Key>* core = table->template table<Key>();
-    const int slots_needed = de::NumSlots(params.kind);
-    if (core->num_slots() < slots_needed) {
-      const float init = params.kind == de::OptimizerKind::kAdagrad ? initial_accumulator_ : 0.0f;
-      core->EnsureSlots(slots_needed, std::vector<float>(slots_needed, init));
-    }
-    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
-    const float* grad_rows = grads.flat<float>().data();
-    ParallelFor(ctx, flat_keys.size(), 300 + 10 * dim, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        core->Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
-          de::ApplyGradient(params, *row.update_count, grad_rows + i * dim, dim, row.embedding,
-                            row.slots);
-          ++*row.update_count;
-          *row.last_step = step;
-        });
-      }
-    });
-  }
-
- private:
-  de::OptimizerParams params_;
-  float initial_accumulator_ = 0.0f;
-};
-
 REGISTER_KERNEL_BUILDER(Name("TfExtDynamicTable").Device(DEVICE_CPU), DynamicTableOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableSize").Device(DEVICE_CPU), SizeOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableMemoryBytes").Device(DEVICE_CPU), MemoryBytesOp);
@@ -427,10 +298,7 @@ REGISTER_KERNEL_BUILDER(Name("TfExtTableClear").Device(DEVICE_CPU), ClearOp);
   REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableExport").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), ExportOp<Key>); \
   REGISTER_KERNEL_BUILDER(                                                                        \
-      Name("TfExtTableImport").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), ImportOp<Key>); \
-  REGISTER_KERNEL_BUILDER(                                                                        \
-      Name("TfExtTableApplyGradient").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"),          \
-      ApplyGradientOp<Key>);
+      Name("TfExtTableImport").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), ImportOp<Key>);
 
 TF_EXT_REGISTER_KEYED(int64_t, int64_t)
 TF_EXT_REGISTER_KEYED(std::string, tstring)

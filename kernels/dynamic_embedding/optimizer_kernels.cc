@@ -1,0 +1,81 @@
+// The kernel of TfExtTableApplyGradient: one fused optimizer step per table row and its slots.
+#include <string>
+#include <vector>
+
+#include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/optimizers.h"
+#include "kernels/dynamic_embedding/table_kernel.h"
+
+namespace tf_ext {
+namespace {
+
+template <typename Key>
+class ApplyGradientOp : public TableKernel {
+ public:
+  explicit ApplyGradientOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    std::string optimizer;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &optimizer));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon_inside_sqrt", &params_.epsilon_inside_sqrt));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator_));
+    OP_REQUIRES(ctx, de::ParseOptimizerKind(optimizer, &params_.kind),
+                ::tensorflow::errors::InvalidArgument("the table update has no optimizer '",
+                                                      optimizer, "'"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    const Tensor& keys = ctx->input(1);
+    const Tensor& grads = ctx->input(2);
+    const int dim = dim_;
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                table->Invalid("apply: keys must be 1-D, got ", keys.shape().DebugString()));
+    OP_REQUIRES(
+        ctx, grads.dims() == 2 && grads.dim_size(0) == keys.dim_size(0) && grads.dim_size(1) == dim,
+        table->Invalid("apply: gradients must have shape [", keys.dim_size(0), ", ", dim, "], got ",
+                       grads.shape().DebugString()));
+    for (int i = 3; i <= 7; ++i) {
+      OP_REQUIRES(ctx, ctx->input(i).NumElements() == 1,
+                  table->Invalid("apply: hyperparameter input ", i, " must be a scalar"));
+    }
+    de::OptimizerParams params = params_;
+    params.learning_rate = ctx->input(3).flat<float>()(0);
+    params.beta1 = ctx->input(4).flat<float>()(0);
+    params.beta2 = ctx->input(5).flat<float>()(0);
+    params.epsilon = ctx->input(6).flat<float>()(0);
+    const int64_t step = ctx->input(7).flat<int64_t>()(0);
+
+    de::EmbeddingTable<Key>* core = table->template table<Key>();
+    const int slots_needed = de::NumSlots(params.kind);
+    if (core->num_slots() < slots_needed) {
+      const float init = params.kind == de::OptimizerKind::kAdagrad ? initial_accumulator_ : 0.0f;
+      core->EnsureSlots(slots_needed, std::vector<float>(slots_needed, init));
+    }
+    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
+    const float* grad_rows = grads.flat<float>().data();
+    ParallelFor(ctx, flat_keys.size(), 300 + 10 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        core->Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
+          de::ApplyGradient(params, *row.update_count, grad_rows + i * dim, dim, row.embedding,
+                            row.slots);
+          ++*row.update_count;
+          *row.last_step = step;
+        });
+      }
+    });
+  }
+
+ private:
+  de::OptimizerParams params_;
+  float initial_accumulator_ = 0.0f;
+};
+
+#define TF_EXT_REGISTER_APPLY_GRADIENT(Key, TfType)                                      \
+  REGISTER_KERNEL_BUILDER(                                                               \
+      Name("TfExtTableApplyGradient").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), \
+      ApplyGradientOp<Key>);
+
+TF_EXT_REGISTER_APPLY_GRADIENT(int64_t, int64_t)
+TF_EXT_REGISTER_APPLY_GRADIENT(std::string, tstring)
+
+}  // namespace
+}  // namespace tf_ext

@@ -1,0 +1,90 @@
+// What every dynamic embedding kernel shares: the key type <-> tensor element mapping, the
+// intra-op ParallelFor, and TableKernel, the base of the kernels whose input 0 is a table.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_KERNEL_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_KERNEL_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/dynamic_embedding/table_resource.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace tf_ext {
+
+using ::tensorflow::DataType;
+using ::tensorflow::DataTypeString;
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::tstring;
+using ::tensorflow::core::RefCountPtr;
+
+// Key type <-> TensorFlow element type.
+template <typename Key>
+struct KeyTensor;
+template <>
+struct KeyTensor<int64_t> {
+  using Element = int64_t;
+  static int64_t View(const int64_t& k) { return k; }
+  static void Store(const int64_t& key, int64_t* out) { *out = key; }
+};
+template <>
+struct KeyTensor<std::string> {
+  using Element = tstring;
+  static std::string_view View(const tstring& k) { return std::string_view(k.data(), k.size()); }
+  static void Store(const std::string& key, tstring* out) { out->assign(key.data(), key.size()); }
+};
+
+// Runs fn(begin, end) over [0, n) on the intra-op pool; `cost` is per item, in cycles.
+template <typename Fn>
+void ParallelFor(OpKernelContext* ctx, int64_t n, int64_t cost, Fn&& fn) {
+  if (n <= 0) return;
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(n, cost, [&fn](int64_t begin, int64_t end) { fn(begin, end); });
+}
+
+// Base of the kernels that take a table as input 0: looks it up and checks key dtype and dim.
+class TableKernel : public OpKernel {
+ public:
+  explicit TableKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    if (ctx->HasAttr("dim")) OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    if (ctx->HasAttr("Tkey")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
+  }
+
+ protected:
+  Status GetTable(OpKernelContext* ctx, RefCountPtr<DynamicTable>* table) {
+    TF_RETURN_IF_ERROR(
+        ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table));
+    if (key_dtype_ != ::tensorflow::DT_INVALID && key_dtype_ != (*table)->key_dtype()) {
+      return (*table)->Invalid("keys must be ", DataTypeString((*table)->key_dtype()), ", got ",
+                               DataTypeString(key_dtype_));
+    }
+    if (dim_ != 0 && dim_ != (*table)->dim()) {
+      return (*table)->Invalid("dim is ", (*table)->dim(), ", the op expects ", dim_);
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  int dim_ = 0;
+  DataType key_dtype_ = ::tensorflow::DT_INVALID;
+};
+
+#define TF_EXT_GET_TABLE(ctx, table) \
+  RefCountPtr<DynamicTable> table;   \
+  OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+
+// Keys per FindBatch call: amortizes the shard locks while keeping writers' waits short.
+constexpr int64_t kLookupBlock = 4096;
+
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_KERNEL_H_
