@@ -21,6 +21,7 @@
 CAPABILITIES = {
     "dynamic_embedding": {
         "core_hdrs": [
+            "kernels/dynamic_embedding/core/admission.h",
             "kernels/dynamic_embedding/core/embedding_table.h",
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/optimizers.h",
@@ -34,10 +35,12 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/table_resource.h",
         ],
         "kernel_srcs": [
+            "kernels/dynamic_embedding/lifecycle_kernels.cc",
             "kernels/dynamic_embedding/optimizer_kernels.cc",
             "kernels/dynamic_embedding/table_kernels.cc",
         ],
         "op_srcs": [
+            "ops/dynamic_embedding_lifecycle_ops.cc",
             "ops/dynamic_embedding_ops.cc",
             "ops/dynamic_embedding_optimizer_ops.cc",
         ],

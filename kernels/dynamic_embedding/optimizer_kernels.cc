@@ -54,11 +54,10 @@ class ApplyGradientOp : public TableKernel {
     const float* grad_rows = grads.flat<float>().data();
     ParallelFor(ctx, flat_keys.size(), 300 + 10 * dim, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        core->Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
+        // UpdateRow applies admission, then counts the update and records the step.
+        core->UpdateRow(KeyTensor<Key>::View(flat_keys(i)), step, [&](de::RowRef& row) {
           de::ApplyGradient(params, *row.update_count, grad_rows + i * dim, dim, row.embedding,
                             row.slots);
-          ++*row.update_count;
-          *row.last_step = step;
         });
       }
     });

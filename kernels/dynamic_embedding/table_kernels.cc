@@ -1,6 +1,7 @@
 // CPU kernels of the dynamic embedding ops: validate, then hand the work to the core table,
 // splitting batches over TensorFlow's intra-op thread pool.
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -30,6 +31,11 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &init_.a));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &init_.b));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &init_.seed));
+    int64_t sketch_width = 0, sketch_depth = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_min_count", &admission_.min_count));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_exact", &admission_.exact));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_sketch_width", &sketch_width));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_sketch_depth", &sketch_depth));
     const std::string prefix = "dynamic embedding table '" + table_name_ + "': ";
     OP_REQUIRES(ctx, dim_ >= 1 && dim_ <= de::kMaxDim,
                 ::tensorflow::errors::InvalidArgument(prefix, "dim must be in [1, ", de::kMaxDim,
@@ -37,6 +43,17 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES(ctx, de::ParseInitializerKind(initializer, &init_.kind),
                 ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '", initializer,
                                                       "'; known: ", de::InitializerKindNames()));
+    OP_REQUIRES(ctx, admission_.min_count >= 0,
+                ::tensorflow::errors::InvalidArgument(
+                    prefix, "admission min_count must be >= 1, got ", admission_.min_count));
+    OP_REQUIRES(ctx, sketch_width >= 0 && sketch_width <= (int64_t{1} << 32),
+                ::tensorflow::errors::InvalidArgument(
+                    prefix, "admission sketch width must be in [0, 2^32], got ", sketch_width));
+    OP_REQUIRES(ctx, sketch_depth >= 1 && sketch_depth <= 16,
+                ::tensorflow::errors::InvalidArgument(
+                    prefix, "admission sketch depth must be in [1, 16], got ", sketch_depth));
+    admission_.sketch_width = sketch_width;
+    admission_.sketch_depth = static_cast<int>(sketch_depth);
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -46,7 +63,8 @@ class DynamicTableOp : public OpKernel {
     DynamicTable* table = nullptr;
     OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<DynamicTable>(
                             cinfo.container(), cinfo.name(), &table, [this](DynamicTable** out) {
-                              *out = new DynamicTable(table_name_, key_dtype_, dim_, init_);
+                              *out = new DynamicTable(table_name_, key_dtype_, dim_, init_,
+                                                      admission_);
                               return ::tensorflow::OkStatus();
                             }));
     RefCountPtr<DynamicTable> owned(table);
@@ -54,6 +72,14 @@ class DynamicTableOp : public OpKernel {
                 table->Invalid("already exists with key dtype ", DataTypeString(table->key_dtype()),
                                " and dim ", table->dim(), "; asked for ",
                                DataTypeString(key_dtype_), " and dim ", dim_));
+    const de::AdmissionSpec& admission = table->admission();
+    OP_REQUIRES(
+        ctx,
+        admission.min_count == admission_.min_count && admission.exact == admission_.exact &&
+            admission.sketch_width == admission_.sketch_width &&
+            admission.sketch_depth == admission_.sketch_depth,
+        table->Invalid("already exists with another admission policy (min_count ",
+                       admission.min_count, "); asked for min_count ", admission_.min_count));
     Tensor* handle;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     handle->scalar<::tensorflow::ResourceHandle>()() =
@@ -65,6 +91,7 @@ class DynamicTableOp : public OpKernel {
   DataType key_dtype_;
   int dim_;
   de::InitializerSpec init_;
+  de::AdmissionSpec admission_;
 };
 
 template <typename Key>
@@ -267,7 +294,8 @@ class ImportOp : public TableKernel {
           std::copy(rows + i * dim, rows + (i + 1) * dim, row.embedding);
           std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim,
                     row.slots);
-          *row.update_count = count_values(i);
+          *row.update_count = static_cast<uint32_t>(
+              std::clamp<int64_t>(count_values(i), 0, std::numeric_limits<uint32_t>::max()));
           *row.last_step = step_values(i);
         });
       }

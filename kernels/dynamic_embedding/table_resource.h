@@ -16,12 +16,14 @@ namespace tf_ext {
 class DynamicTable : public ::tensorflow::ResourceBase {
  public:
   DynamicTable(std::string name, ::tensorflow::DataType key_dtype, int dim,
-               const de::InitializerSpec& init)
+               const de::InitializerSpec& init, const de::AdmissionSpec& admission)
       : name_(std::move(name)), key_dtype_(key_dtype), dim_(dim), init_(init) {
     if (key_dtype == ::tensorflow::DT_STRING) {
-      string_table_ = std::make_unique<de::EmbeddingTable<std::string>>(dim, init);
+      string_table_ =
+          std::make_unique<de::EmbeddingTable<std::string>>(dim, init, kShardBits, admission);
     } else {
-      int64_table_ = std::make_unique<de::EmbeddingTable<int64_t>>(dim, init);
+      int64_table_ =
+          std::make_unique<de::EmbeddingTable<int64_t>>(dim, init, kShardBits, admission);
     }
   }
 
@@ -32,6 +34,9 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   ::tensorflow::DataType key_dtype() const { return key_dtype_; }
   int dim() const { return dim_; }
   const de::InitializerSpec& initializer() const { return init_; }
+  const de::AdmissionSpec& admission() const {
+    return string_table_ ? string_table_->admission() : int64_table_->admission();
+  }
 
   template <typename Key>
   de::EmbeddingTable<Key>* table();
@@ -41,6 +46,15 @@ class DynamicTable : public ::tensorflow::ResourceBase {
     return string_table_ ? string_table_->BytesInUse() : int64_table_->BytesInUse();
   }
   void Clear() { string_table_ ? string_table_->Clear() : int64_table_->Clear(); }
+  de::TableCounters Counters() const {
+    return string_table_ ? string_table_->Counters() : int64_table_->Counters();
+  }
+  int64_t LatestStep() const {
+    return string_table_ ? string_table_->latest_step() : int64_table_->latest_step();
+  }
+  int64_t Evict(const de::EvictionCriteria& criteria) {
+    return string_table_ ? string_table_->Evict(criteria) : int64_table_->Evict(criteria);
+  }
 
   // An InvalidArgument error that names this table.
   template <typename... Args>
@@ -50,6 +64,7 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   }
 
  private:
+  static constexpr int kShardBits = 6;
   const std::string name_;
   const ::tensorflow::DataType key_dtype_;
   const int dim_;

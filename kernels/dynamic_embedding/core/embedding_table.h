@@ -4,13 +4,21 @@
 // Layout. The table is split into shards, each guarded by its own reader-writer spinlock, so
 // lookups of different keys never contend on a global lock. A shard has
 //   - an open-addressing index of 8-byte slots: (32-bit hash tag << 32) | (entry id + 1),
-//   - entries stored back to back in fixed-size chunks (about 16 KiB), so memory grows with
-//     the number of ids, pointers stay valid when the index grows, and ids of removed entries
-//     are reused.
+//   - entries stored back to back in chunks, so memory grows with the number of ids, pointers
+//     stay valid when the index grows, and ids of removed entries are reused. A shard's first
+//     entries go in chunks of two entries and the rest in chunks of about 16 KiB: a small table
+//     costs about its entries, a large one has few chunks to find.
 // Slots and shards come from StorageHash(key); a missing key's row from InitialRowKeyHash(key).
-// One entry holds everything about a key contiguously: the key, its update count, the step
-// of its last update, the embedding and then the optimizer slots. A lookup or an update is
-// therefore one probe and one (usually one cache line further) memory access.
+// One entry holds everything about a key contiguously: the key, the step of its last update, its
+// update count, its version (for delta checkpoints), the embedding and then the optimizer slots.
+// A lookup or an update is therefore one probe and one (usually one cache line further) memory
+// access.
+//
+// Lifecycle. Training updates go through UpdateRow, which applies the admission policy to new ids
+// (admission.h) and keeps each entry's update count, last step and version. Evict removes rows
+// shard by shard, holding a shard's exclusive lock only for short batches, so lookups and updates
+// go on meanwhile. Snapshot streams the whole table or only what changed since an earlier snapshot
+// (changed rows and removed ids), for full and delta checkpoints.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_EMBEDDING_TABLE_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_EMBEDDING_TABLE_H_
 
@@ -21,15 +29,18 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "kernels/dynamic_embedding/core/admission.h"
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/rw_spinlock.h"
 
@@ -47,14 +58,20 @@ inline uint64_t StorageHash(int64_t key) { return InitialRowKeyHash(key); }
 inline uint64_t StorageHash(std::string_view key) { return InitialRowKeyHash(key); }
 
 // Entry storage for one table: chunks are carved from slabs of an eighth of the memory already
-// reserved (64 KiB to 4 MiB, so the unused tail stays small), and slabs of 2 MiB and more are
-// advised as transparent huge pages: random lookups into a large table then miss the TLB far less.
-// Chunks are only given back all at once, when the arena is destroyed.
+// reserved (4 KiB to 4 MiB, so the unused tail stays small for small and large tables), and slabs
+// of 2 MiB and more are advised as transparent huge pages: random lookups into a large table then
+// miss the TLB far less. Chunks are only given back all at once, when the arena is destroyed.
 class ChunkArena {
  public:
   ChunkArena() = default;
   ~ChunkArena() {
-    for (const auto& slab : slabs_) munmap(slab.first, slab.second);
+    for (const Slab& slab : slabs_) {
+      if (slab.mapped) {
+        munmap(slab.base, slab.bytes);
+      } else {
+        std::free(slab.base);
+      }
+    }
   }
   ChunkArena(const ChunkArena&) = delete;
   ChunkArena& operator=(const ChunkArena&) = delete;
@@ -74,14 +91,26 @@ class ChunkArena {
 
  private:
   static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kPage = size_t{4} << 10;
+  struct Slab {
+    char* base;
+    size_t bytes;
+    bool mapped;
+  };
   void NewSlab(size_t at_least) {
     // An eighth of what is reserved already: the unused tail stays under 12.5%.
-    size_t slab_bytes = std::min<size_t>(std::max<size_t>(reserved_ / 8, 64 << 10), 4 << 20);
+    size_t slab_bytes = std::min<size_t>(std::max<size_t>(reserved_ / 8, kPage), 4 << 20);
     slab_bytes = slab_bytes >= kHugePage ? slab_bytes / kHugePage * kHugePage
-                                         : (slab_bytes + 0xFFFF) & ~size_t{0xFFFF};
+                                         : (slab_bytes + kPage - 1) & ~(kPage - 1);
     const size_t bytes = std::max(slab_bytes, at_least);
+    if (bytes < kHugePage) {  // small slabs come from malloc: no mapping per few KiB
+      char* slab = static_cast<char*>(std::malloc(bytes));
+      if (slab == nullptr) throw std::bad_alloc();
+      Use(Slab{slab, bytes, false});
+      return;
+    }
     // Huge pages need 2 MiB-aligned ranges: over-map, then trim the ends.
-    const bool huge = bytes >= kHugePage && bytes % kHugePage == 0;
+    const bool huge = bytes % kHugePage == 0;
     const size_t mapped = huge ? bytes + kHugePage : bytes;
     char* base = static_cast<char*>(
         mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
@@ -95,14 +124,17 @@ class ChunkArena {
       if (base + mapped > end) munmap(end, base + mapped - end);
       madvise(slab, bytes, MADV_HUGEPAGE);
     }
-    slabs_.emplace_back(slab, bytes);
-    reserved_ += bytes;
-    next_ = slab;
-    remaining_ = bytes;
+    Use(Slab{slab, bytes, true});
+  }
+  void Use(const Slab& slab) {
+    slabs_.push_back(slab);
+    reserved_ += slab.bytes;
+    next_ = slab.base;
+    remaining_ = slab.bytes;
   }
 
   mutable std::mutex mutex_;
-  std::vector<std::pair<char*, size_t>> slabs_;
+  std::vector<Slab> slabs_;
   char* next_ = nullptr;
   size_t remaining_ = 0, reserved_ = 0;
 };
@@ -129,18 +161,49 @@ struct KeyTraits<std::string> {
 struct RowRef {
   float* embedding;
   float* slots;  // num_slots blocks of dim floats
-  int64_t* update_count;
+  uint32_t* update_count;
   int64_t* last_step;
+};
+
+// When Evict removes a row; a criterion is off when its value is 0. The step is the global step
+// of training updates (UpdateRow's `step`).
+struct EvictionCriteria {
+  int64_t now_step = 0;
+  int64_t ttl_steps = 0;  // now_step - last update step >= ttl_steps
+  // update count < min_frequency, once now_step - last update step >= frequency_window_steps
+  int64_t min_frequency = 0;
+  int64_t frequency_window_steps = 0;
+  float min_l2_norm = 0.0f;  // the embedding's L2 norm < min_l2_norm
+  // Then, while the table holds more than max_size rows, the least recently updated go.
+  int64_t max_size = 0;
+};
+
+// Counts since the table was created (not checkpointed).
+struct TableCounters {
+  int64_t admitted = 0;     // rows created by training updates
+  int64_t rejected = 0;     // training updates of ids not admitted (yet): dropped
+  int64_t evicted = 0;      // rows removed by Evict
+  int64_t lookups = 0;      // ids looked up
+  int64_t lookup_hits = 0;  // of which had a row
 };
 
 template <typename Key>
 class EmbeddingTable {
  public:
   using KeyView = typename KeyTraits<Key>::View;
+  static constexpr int64_t kFullSnapshot = -1;
 
-  EmbeddingTable(int dim, const InitializerSpec& init, int shard_bits = 6)
-      : dim_(dim), init_(init), shard_bits_(shard_bits), shards_(size_t{1} << shard_bits) {
-    SetLayout(0);
+  EmbeddingTable(int dim, const InitializerSpec& init, int shard_bits = 6,
+                 const AdmissionSpec& admission = AdmissionSpec())
+      : dim_(dim),
+        init_(init),
+        shard_bits_(shard_bits),
+        shards_(size_t{1} << shard_bits),
+        admission_(admission) {
+    layout_ = MakeLayout(0);
+    if (admission_.min_count > 1 && !admission_.exact) {
+      sketch_ = std::make_unique<CountMinSketch>(admission_.sketch_width, admission_.sketch_depth);
+    }
   }
   ~EmbeddingTable() {
     for (auto& shard : shards_) DestroyEntries(shard);
@@ -151,25 +214,30 @@ class EmbeddingTable {
   int dim() const { return dim_; }
   int num_slots() const { return num_slots_.load(std::memory_order_acquire); }
   const InitializerSpec& initializer() const { return init_; }
+  const AdmissionSpec& admission() const { return admission_; }
   std::vector<float> slot_initial_values() const {
     std::lock_guard<std::mutex> guard(layout_mutex_);
     return slot_init_;
   }
+  // The largest step a training update has had (0 before the first).
+  int64_t latest_step() const { return latest_step_.load(std::memory_order_relaxed); }
 
   // Copies the key's embedding into out[0, dim). A missing key reads its initial value and
   // the table is left unchanged. Returns whether the key was present.
   bool Find(KeyView key, float* out) const {
     const uint64_t hash = StorageHash(key);
     const Shard& shard = ShardFor(hash);
+    bool found = false;
     {
       SharedGuard guard(shard.lock);
       if (const char* entry = FindEntry(shard, key, hash)) {
         std::memcpy(out, EmbeddingOf(entry), sizeof(float) * dim_);
-        return true;
+        found = true;
       }
     }
-    FillInitialRowOf(key, out);
-    return false;
+    if (!found) FillInitialRowOf(key, out);
+    CountLookups(1, found ? 1 : 0);
+    return found;
   }
 
   // Find for keys key_at(0..n-1) into out[i * dim, (i + 1) * dim), returning how many were
@@ -207,6 +275,7 @@ class EmbeddingTable {
       }
     }
     for (const auto& shard : shards_) shard.lock.unlock_shared();
+    CountLookups(n, found);
     return found;
   }
 
@@ -219,25 +288,60 @@ class EmbeddingTable {
 
   // Runs fn(RowRef&, bool created) on the key's entry under the shard's exclusive lock,
   // creating the entry first (initial embedding, initial slots, zero metadata) if missing.
+  // No admission, no bookkeeping: for inserts and restores.
   template <typename Fn>
   void Upsert(KeyView key, Fn&& fn) {
     const uint64_t hash = StorageHash(key);
     Shard& shard = ShardFor(hash);
     ExclusiveGuard guard(shard.lock);
-    bool created = false;
-    char* entry = FindEntry(shard, key, hash);
-    if (entry == nullptr) {
-      entry = CreateEntry(shard, key, hash);
-      created = true;
-    }
-    RowRef row = RowOf(entry);
+    size_t pos;
+    const bool created = !FindSlot(shard, key, hash, &pos);
+    const uint32_t id = created ? CreateEntry(shard, key, hash) : IdAt(shard, pos);
+    MarkChanged(shard, id);
+    RowRef row = RowOf(EntryAt(shard, id));
     fn(row, created);
   }
 
-  // Sets the embedding; slots and metadata are kept for an existing key, initial for a new one.
+  // One training update of the key at global step `step`: runs fn(RowRef&) on its entry under
+  // the shard's exclusive lock, then counts the update and records the step. A missing key is
+  // counted by the admission policy first: until admitted it gets no entry and fn does not run.
+  // Returns whether fn ran.
+  template <typename Fn>
+  bool UpdateRow(KeyView key, int64_t step, Fn&& fn) {
+    const uint64_t hash = StorageHash(key);
+    Shard& shard = ShardFor(hash);
+    ExclusiveGuard guard(shard.lock);
+    size_t pos;
+    uint32_t id;
+    if (FindSlot(shard, key, hash, &pos)) {
+      id = IdAt(shard, pos);
+    } else {
+      if (!Admit(shard, key, hash)) {
+        rejected_.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+      id = CreateEntry(shard, key, hash);
+      admitted_.fetch_add(1, std::memory_order_relaxed);
+    }
+    MarkChanged(shard, id);
+    RowRef row = RowOf(EntryAt(shard, id));
+    fn(row);
+    if (*row.update_count != std::numeric_limits<uint32_t>::max()) ++*row.update_count;
+    *row.last_step = step;
+    int64_t latest = latest_step_.load(std::memory_order_relaxed);
+    while (step > latest &&
+           !latest_step_.compare_exchange_weak(latest, step, std::memory_order_relaxed)) {
+    }
+    return true;
+  }
+
+  // Sets the embedding; slots and metadata are kept for an existing key. A new key gets initial
+  // slots, no updates, and the latest training step as its last step (so a TTL counts from now).
   void InsertOrAssign(KeyView key, const float* embedding) {
-    Upsert(key,
-           [&](RowRef& row, bool) { std::memcpy(row.embedding, embedding, sizeof(float) * dim_); });
+    Upsert(key, [&](RowRef& row, bool created) {
+      std::memcpy(row.embedding, embedding, sizeof(float) * dim_);
+      if (created) *row.last_step = latest_step();
+    });
   }
 
   bool Remove(KeyView key) {
@@ -246,14 +350,7 @@ class EmbeddingTable {
     ExclusiveGuard guard(shard.lock);
     size_t pos;
     if (!FindSlot(shard, key, hash, &pos)) return false;
-    const uint32_t id = static_cast<uint32_t>(shard.index[pos]) - 1;
-    char* entry = EntryAt(shard, id);
-    shard.key_heap_bytes -= KeyTraits<Key>::HeapBytes(KeyOf(entry));
-    ReleaseKey(entry);
-    shard.free_ids.push_back(id);
-    BackwardShiftDelete(shard, pos);
-    --shard.size;
-    size_.fetch_sub(1, std::memory_order_relaxed);
+    RemoveAt(shard, pos);
     return true;
   }
 
@@ -267,18 +364,36 @@ class EmbeddingTable {
     }
     arena_ = std::make_unique<ChunkArena>();
     size_.store(0, std::memory_order_relaxed);
+    tracking_.store(false, std::memory_order_relaxed);
     UnlockAll();
   }
 
-  // Bytes the table holds for its entries and index (not counting the object itself).
+  // Bytes the table holds for its entries, index, admission counts and change tracking (not
+  // counting the object itself).
   size_t BytesInUse() const {
-    size_t bytes = shards_.size() * sizeof(Shard);
+    size_t bytes = shards_.size() * sizeof(Shard) + (sketch_ ? sketch_->Bytes() : 0);
     for (const auto& shard : shards_) {
       SharedGuard guard(shard.lock);
       bytes += shard.index.capacity() * sizeof(uint64_t) + shard.chunks.capacity() * sizeof(char*) +
-               shard.free_ids.capacity() * sizeof(uint32_t) + shard.key_heap_bytes;
+               shard.free_ids.capacity() * sizeof(uint32_t) + shard.key_heap_bytes +
+               shard.changed_ids.capacity() * sizeof(uint32_t) +
+               shard.removed.capacity() * sizeof(Tombstone);
+      if (shard.pending) {  // an unordered_map node: the pair, a next pointer, the cached hash
+        bytes += shard.pending->bucket_count() * sizeof(void*) +
+                 shard.pending->size() * (sizeof(std::pair<const Key, uint32_t>) + 16);
+      }
     }
     return bytes + arena_->ReservedBytes();
+  }
+
+  TableCounters Counters() const {
+    TableCounters counters;
+    counters.admitted = admitted_.load(std::memory_order_relaxed);
+    counters.rejected = rejected_.load(std::memory_order_relaxed);
+    counters.evicted = evicted_.load(std::memory_order_relaxed);
+    counters.lookups = lookups_.load(std::memory_order_relaxed);
+    counters.lookup_hits = lookup_hits_.load(std::memory_order_relaxed);
+    return counters;
   }
 
   // Makes every entry carry at least `num_slots` optimizer slots; new slots of existing
@@ -290,11 +405,11 @@ class EmbeddingTable {
     const int old_slots = num_slots_.load(std::memory_order_relaxed);
     if (num_slots <= old_slots) return;
     LockAll();
-    const size_t old_stride = stride_, old_chunk_shift = chunk_shift_;
+    const Layout old_layout = layout_;
     std::vector<float> new_init = slot_init_;
     for (int i = old_slots; i < num_slots; ++i) new_init.push_back(slot_init[i]);
     slot_init_ = new_init;
-    SetLayout(num_slots);
+    layout_ = MakeLayout(num_slots);
     std::unique_ptr<ChunkArena> old_arena = std::move(arena_);
     arena_ = std::make_unique<ChunkArena>();
     for (auto& shard : shards_) {
@@ -302,12 +417,11 @@ class EmbeddingTable {
       shard.chunks.clear();
       const uint32_t count = shard.allocated;
       for (uint32_t id = 0; id < count; ++id) {
-        if (id % entries_per_chunk_ == 0) shard.chunks.push_back(arena_->Allocate(chunk_bytes_));
-        const char* from = old_chunks[id >> old_chunk_shift] +
-                           (id & ((size_t{1} << old_chunk_shift) - 1)) * old_stride;
+        AllocateChunkFor(shard, id);
+        char* from = EntryAt(old_layout, old_chunks, id);
         char* to = EntryAt(shard, id);
-        new (to) Header(std::move(*reinterpret_cast<Header*>(const_cast<char*>(from))));
-        reinterpret_cast<Header*>(const_cast<char*>(from))->~Header();
+        new (to) Header(std::move(*reinterpret_cast<Header*>(from)));
+        reinterpret_cast<Header*>(from)->~Header();
         std::memcpy(to + sizeof(Header), from + sizeof(Header),
                     sizeof(float) * dim_ * (1 + old_slots));
         float* slots = reinterpret_cast<float*>(to + sizeof(Header)) + dim_;
@@ -331,14 +445,132 @@ class EmbeddingTable {
     if (alloc(n)) {
       int64_t i = 0;
       for (const auto& shard : shards_) {
-        for (uint64_t slot : shard.index) {
-          if (slot == 0) continue;
-          char* entry = const_cast<char*>(EntryAt(shard, static_cast<uint32_t>(slot) - 1));
+        ForEachLiveEntry(shard, [&](uint32_t, char* entry) {
           visit(i++, static_cast<const Key&>(KeyOf(entry)), RowOf(entry));
-        }
+          return true;
+        });
       }
     }
     for (const auto& shard : shards_) shard.lock.unlock_shared();
+  }
+
+  // A consistent, streaming snapshot, for checkpoints. Every shard is read-locked for the whole
+  // call (lookups go on, updates wait). Calls begin(int64_t num_rows, int64_t num_tombstones)
+  // once, then row(const Key&, const RowRef&) for each entry changed since `since_version`
+  // (every entry when since_version == kFullSnapshot), then tombstone(const Key&) for each key
+  // removed since then (none for a full snapshot). Each callback returns bool; false stops the
+  // walk and Snapshot returns kSnapshotStopped. Otherwise returns the snapshot's version V >= 1:
+  // rows changed after this call get versions > V; pass V as since_version of the next delta.
+  // Changes are tracked from the first snapshot on, and kept until CommitSnapshot(V) says a
+  // file holding those up to V is durable. A delta needs a base this table can answer for: a
+  // version it snapshotted, not older than the last commit; else kSnapshotNoBase.
+  static constexpr int64_t kSnapshotStopped = -1, kSnapshotNoBase = -2;
+  template <typename Begin, typename Row, typename TombstoneFn>
+  int64_t Snapshot(int64_t since_version, Begin&& begin, Row&& row, TombstoneFn&& tombstone) {
+    std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);
+    const bool full = since_version == kFullSnapshot;
+    if (!full && (!tracking_.load(std::memory_order_relaxed) ||
+                  since_version < std::max(tracked_since_, committed_version_) ||
+                  since_version >= version_.load(std::memory_order_relaxed))) {
+      return kSnapshotNoBase;
+    }
+    for (const auto& shard : shards_) shard.lock.lock_shared();
+    const uint32_t version = version_.load(std::memory_order_relaxed);
+    const uint32_t since = full ? 0 : static_cast<uint32_t>(since_version);
+    // The changed entries of each shard (a delta), sorted and without repeats.
+    std::vector<std::vector<uint32_t>> changed(full ? 0 : shards_.size());
+    int64_t rows = 0, tombstones = 0;
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      const Shard& shard = shards_[s];
+      if (full) {
+        rows += shard.size;
+        continue;
+      }
+      changed[s] = shard.changed_ids;
+      std::sort(changed[s].begin(), changed[s].end());
+      changed[s].erase(std::unique(changed[s].begin(), changed[s].end()), changed[s].end());
+      auto unchanged = [&](uint32_t id) {
+        const uint32_t v = HeaderOf(EntryAt(shard, id))->version;
+        return v == kFreeVersion || v <= since;
+      };
+      changed[s].erase(std::remove_if(changed[s].begin(), changed[s].end(), unchanged),
+                       changed[s].end());
+      rows += changed[s].size();
+      for (const Tombstone& removed : shard.removed) tombstones += removed.version > since;
+    }
+    bool ok = begin(rows, tombstones);
+    for (size_t s = 0; ok && s < shards_.size(); ++s) {
+      const Shard& shard = shards_[s];
+      if (full) {
+        ForEachLiveEntry(shard, [&](uint32_t, char* entry) {
+          return ok = row(static_cast<const Key&>(KeyOf(entry)), RowOf(entry));
+        });
+        continue;
+      }
+      for (uint32_t id : changed[s]) {
+        char* entry = EntryAt(shard, id);
+        if (!(ok = row(static_cast<const Key&>(KeyOf(entry)), RowOf(entry)))) break;
+      }
+    }
+    for (size_t s = 0; ok && !full && s < shards_.size(); ++s) {
+      for (const Tombstone& removed : shards_[s].removed) {
+        if (removed.version > since && !(ok = tombstone(static_cast<const Key&>(removed.key)))) {
+          break;
+        }
+      }
+    }
+    if (ok) {
+      // Later changes get later versions; from the first snapshot on, changes are tracked.
+      version_.store(version + 1, std::memory_order_relaxed);
+      if (!tracking_.load(std::memory_order_relaxed)) {
+        tracked_since_ = version;
+        tracking_.store(true, std::memory_order_relaxed);
+      }
+    }
+    for (const auto& shard : shards_) shard.lock.unlock_shared();
+    return ok ? version : kSnapshotStopped;
+  }
+
+  // Forgets the changes and removals a durable snapshot of `version` holds.
+  void CommitSnapshot(int64_t version) {
+    std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);
+    committed_version_ = std::max(committed_version_, version);
+    const uint32_t upto = static_cast<uint32_t>(version);
+    for (auto& shard : shards_) {
+      ExclusiveGuard guard(shard.lock);
+      auto& ids = shard.changed_ids;
+      ids.erase(std::remove_if(ids.begin(), ids.end(),
+                               [&](uint32_t id) {
+                                 const uint32_t v = HeaderOf(EntryAt(shard, id))->version;
+                                 return v == kFreeVersion || v <= upto;
+                               }),
+                ids.end());
+      auto& removed = shard.removed;
+      removed.erase(std::remove_if(removed.begin(), removed.end(),
+                                   [&](const Tombstone& t) { return t.version <= upto; }),
+                    removed.end());
+      if (ids.capacity() > 2 * ids.size() + 64) ids.shrink_to_fit();
+      if (removed.capacity() > 2 * removed.size() + 64) removed.shrink_to_fit();
+    }
+  }
+
+  // Removes the rows `criteria` condemns, shard by shard: a shard is scanned under its read
+  // lock, then its victims are removed under its exclusive lock in batches of kEvictBatch, each
+  // victim re-checked (an update in between saves it). Lookups and updates of other shards, and
+  // of this one between batches, go on. Returns the number of rows removed.
+  int64_t Evict(const EvictionCriteria& criteria) {
+    std::lock_guard<std::mutex> evict_guard(evict_mutex_);
+    int64_t removed = 0;
+    if (criteria.ttl_steps > 0 || criteria.min_frequency > 0 || criteria.min_l2_norm > 0) {
+      for (auto& shard : shards_) {
+        auto condemned = [&](const char* entry) { return Condemned(criteria, entry); };
+        removed += EvictFromShard(shard, condemned, condemned);
+      }
+    }
+    const int64_t excess = Size() - criteria.max_size;
+    if (criteria.max_size > 0 && excess > 0) removed += EvictLeastRecent(excess);
+    evicted_.fetch_add(removed, std::memory_order_relaxed);
+    return removed;
   }
 
   // Replaces the whole content with `other`'s (same dim). Either all of it or nothing:
@@ -359,20 +591,42 @@ class EmbeddingTable {
     other.size_.store(size_.load());
     size_.store(other_size);
     std::swap(slot_init_, other.slot_init_);
+    std::swap(layout_, other.layout_);
     const int slots = num_slots_.load(), other_slots = other.num_slots_.load();
-    SetLayout(other_slots);
-    other.SetLayout(slots);
     num_slots_.store(other_slots);
     other.num_slots_.store(slots);
+    // New content: changes are tracked again from the next snapshot.
+    tracking_.store(false, std::memory_order_relaxed);
+    for (auto& shard : shards_) {
+      shard.changed_ids.clear();
+      shard.removed.clear();
+    }
     other.UnlockAll();
     UnlockAll();
   }
 
  private:
+  // Entry ids: the first kSmallChunk * kSmallChunks of a shard live in chunks of kSmallChunk
+  // entries, the rest in chunks of per_chunk (a power of two, at least 16, about 16 KiB).
+  static constexpr uint32_t kSmallChunk = 2;
+  static constexpr uint32_t kFreeVersion = 0;  // the version of an entry that holds no key
+
   struct Header {
     Key key;
-    int64_t update_count;
     int64_t last_step;
+    uint32_t update_count;
+    uint32_t version;  // kFreeVersion, or the table's version when the entry last changed
+  };
+  struct Tombstone {
+    Key key;
+    uint32_t version;
+  };
+
+  struct Layout {
+    size_t stride = 0;         // bytes per entry
+    uint32_t per_chunk = 0;    // entries per large chunk
+    uint32_t chunk_shift = 0;  // log2(per_chunk)
+    uint32_t small_ids = 0;    // ids below this live in small chunks (= per_chunk)
   };
 
   struct alignas(64) Shard {
@@ -383,6 +637,9 @@ class EmbeddingTable {
     uint32_t allocated = 0;     // entry ids in [0, allocated) have storage
     std::vector<uint32_t> free_ids;
     size_t key_heap_bytes = 0;
+    std::vector<uint32_t> changed_ids;  // since the last commit, once tracking (may repeat)
+    std::vector<Tombstone> removed;     // since the last commit, once tracking
+    std::unique_ptr<std::unordered_map<Key, uint32_t>> pending;  // exact admission counts
 
     Shard() = default;
     Shard& operator=(Shard&& other) noexcept {  // the lock itself is not moved
@@ -392,27 +649,197 @@ class EmbeddingTable {
       allocated = other.allocated;
       free_ids = std::move(other.free_ids);
       key_heap_bytes = other.key_heap_bytes;
+      changed_ids = std::move(other.changed_ids);
+      removed = std::move(other.removed);
+      pending = std::move(other.pending);
       return *this;
     }
     Shard(Shard&& other) noexcept { *this = std::move(other); }
   };
 
-  void SetLayout(int num_slots) {
+  Layout MakeLayout(int num_slots) const {
+    Layout layout;
     const size_t raw = sizeof(Header) + sizeof(float) * dim_ * (1 + num_slots);
-    stride_ = (raw + alignof(Header) - 1) / alignof(Header) * alignof(Header);
-    // Chunks of about 16 KiB, a power of two entries (at least 16) so an id splits by shifts;
-    // small enough that each shard's partly used last chunk wastes little in small tables.
-    size_t per_chunk = 16;
-    while (per_chunk * 2 * stride_ <= 16384) per_chunk *= 2;
-    entries_per_chunk_ = per_chunk;
-    chunk_shift_ = 0;
-    while ((size_t{1} << chunk_shift_) < per_chunk) ++chunk_shift_;
-    chunk_bytes_ = per_chunk * stride_;
+    layout.stride = (raw + alignof(Header) - 1) / alignof(Header) * alignof(Header);
+    // Large chunks of about 16 KiB, a power of two entries (at least 16) so an id splits by shifts.
+    uint32_t per_chunk = 16;
+    while (per_chunk * 2 * layout.stride <= 16384) per_chunk *= 2;
+    layout.per_chunk = per_chunk;
+    while ((uint32_t{1} << layout.chunk_shift) < per_chunk) ++layout.chunk_shift;
+    layout.small_ids = per_chunk;
+    return layout;
+  }
+
+  static char* EntryAt(const Layout& layout, const std::vector<char*>& chunks, uint32_t id) {
+    if (id < layout.small_ids) return chunks[id / kSmallChunk] + (id % kSmallChunk) * layout.stride;
+    const uint32_t large = id - layout.small_ids;
+    return chunks[layout.small_ids / kSmallChunk + (large >> layout.chunk_shift)] +
+           (large & (layout.per_chunk - 1)) * layout.stride;
+  }
+  char* EntryAt(const Shard& shard, uint32_t id) const {
+    return EntryAt(layout_, shard.chunks, id);
+  }
+  // Gives entry `id` (the next one) storage if it starts a chunk.
+  void AllocateChunkFor(Shard& shard, uint32_t id) {
+    if (id < layout_.small_ids) {
+      if (id % kSmallChunk == 0)
+        shard.chunks.push_back(arena_->Allocate(kSmallChunk * layout_.stride));
+    } else if (((id - layout_.small_ids) & (layout_.per_chunk - 1)) == 0) {
+      shard.chunks.push_back(arena_->Allocate(size_t{layout_.per_chunk} * layout_.stride));
+    }
+  }
+  static uint32_t IdAt(const Shard& shard, size_t pos) {
+    return static_cast<uint32_t>(shard.index[pos]) - 1;
+  }
+
+  // Calls fn(id, entry) for each entry of the shard holding a key, in storage order (sequential
+  // memory, unlike the index's order); stops when fn returns false. Caller holds the lock.
+  template <typename Fn>
+  void ForEachLiveEntry(const Shard& shard, Fn&& fn) const {
+    for (uint32_t id = 0; id < shard.allocated; ++id) {
+      char* entry = EntryAt(shard, id);
+      if (HeaderOf(entry)->version != kFreeVersion && !fn(id, entry)) return;
+    }
   }
 
   // The key's own hash, not the storage hash: see StorageHash. Computed only for missing keys.
   void FillInitialRowOf(KeyView key, float* out) const {
     FillInitialRow(init_, InitialRowKeyHash(key), out, dim_);
+  }
+
+  void CountLookups(int64_t n, int64_t found) const {
+    lookups_.fetch_add(n, std::memory_order_relaxed);
+    lookup_hits_.fetch_add(found, std::memory_order_relaxed);
+  }
+
+  // Whether a missing key's update creates its row; counts the update if not. Caller holds the
+  // shard's exclusive lock.
+  bool Admit(Shard& shard, KeyView key, uint64_t hash) {
+    if (admission_.min_count <= 1) return true;
+    if (sketch_) return sketch_->Increment(hash) >= admission_.min_count;
+    if (!shard.pending) shard.pending = std::make_unique<std::unordered_map<Key, uint32_t>>();
+    auto it = shard.pending->try_emplace(Key(key), 0).first;
+    if (++it->second < admission_.min_count) return false;
+    shard.pending->erase(it);
+    return true;
+  }
+
+  // Stamps the entry with the current version and, while tracking, remembers it as changed.
+  // Caller holds the shard's exclusive lock.
+  void MarkChanged(Shard& shard, uint32_t id) {
+    Header* header = HeaderOf(EntryAt(shard, id));
+    const uint32_t version = version_.load(std::memory_order_relaxed);
+    if (header->version == version) return;
+    header->version = version;
+    if (tracking_.load(std::memory_order_relaxed)) shard.changed_ids.push_back(id);
+  }
+
+  bool Condemned(const EvictionCriteria& c, const char* entry) const {
+    const Header* header = HeaderOf(entry);
+    const int64_t idle = c.now_step - header->last_step;
+    if (c.ttl_steps > 0 && idle >= c.ttl_steps) return true;
+    if (c.min_frequency > 0 && header->update_count < c.min_frequency &&
+        idle >= c.frequency_window_steps) {
+      return true;
+    }
+    if (c.min_l2_norm > 0) {
+      const float* embedding = EmbeddingOf(entry);
+      float squares = 0.0f;
+      for (int j = 0; j < dim_; ++j) squares += embedding[j] * embedding[j];
+      if (squares < c.min_l2_norm * c.min_l2_norm) return true;
+    }
+    return false;
+  }
+
+  static constexpr size_t kEvictBatch = 1024;
+
+  // Removes the shard's entries that select(entry) picks under the read lock and that still
+  // pass recheck(entry) under the exclusive lock (see Evict).
+  template <typename Select, typename Recheck>
+  int64_t EvictFromShard(Shard& shard, Select&& select, Recheck&& recheck) {
+    std::vector<Key> victims;
+    {
+      SharedGuard guard(shard.lock);
+      ForEachLiveEntry(shard, [&](uint32_t, char* entry) {
+        if (select(static_cast<const char*>(entry))) victims.push_back(KeyOf(entry));
+        return true;
+      });
+    }
+    int64_t removed = 0;
+    for (size_t begin = 0; begin < victims.size(); begin += kEvictBatch) {
+      ExclusiveGuard guard(shard.lock);
+      for (size_t i = begin; i < std::min(victims.size(), begin + kEvictBatch); ++i) {
+        const KeyView key(victims[i]);
+        size_t pos;
+        if (!FindSlot(shard, key, StorageHash(key), &pos)) continue;
+        if (!recheck(static_cast<const char*>(EntryAt(shard, IdAt(shard, pos))))) continue;
+        RemoveAt(shard, pos);
+        ++removed;
+      }
+    }
+    return removed;
+  }
+
+  // Removes the `excess` least recently updated rows (smallest last step; ties in storage
+  // order). The cutoff step is found in bounded memory: a 65536-bucket histogram of last steps,
+  // then the exact steps of the one bucket it falls in.
+  int64_t EvictLeastRecent(int64_t excess) {
+    int64_t lowest = std::numeric_limits<int64_t>::max();
+    int64_t highest = std::numeric_limits<int64_t>::min();
+    ForEachLastStep([&](int64_t step) {
+      lowest = std::min(lowest, step);
+      highest = std::max(highest, step);
+    });
+    if (lowest > highest) return 0;
+    constexpr uint64_t kBuckets = 65536;
+    const uint64_t span = static_cast<uint64_t>(highest) - static_cast<uint64_t>(lowest) + 1;
+    const uint64_t width = (span + kBuckets - 1) / kBuckets;
+    auto bucket_of = [&](int64_t step) {
+      return (static_cast<uint64_t>(step) - static_cast<uint64_t>(lowest)) / width;
+    };
+    std::vector<int64_t> histogram(kBuckets, 0);
+    ForEachLastStep([&](int64_t step) { ++histogram[bucket_of(step)]; });
+    int64_t below = 0;
+    uint64_t bucket = 0;
+    while (bucket + 1 < kBuckets && below + histogram[bucket] < excess) {
+      below += histogram[bucket++];
+    }
+    int64_t cutoff = lowest + static_cast<int64_t>(bucket * width);
+    if (width > 1) {  // the exact steps of that bucket
+      std::vector<int64_t> steps;
+      ForEachLastStep([&](int64_t step) {
+        if (bucket_of(step) == bucket) steps.push_back(step);
+      });
+      const size_t nth = std::min<size_t>(excess - below - 1, steps.size() - 1);
+      std::nth_element(steps.begin(), steps.begin() + nth, steps.end());
+      cutoff = steps[nth];
+      below += std::count_if(steps.begin(), steps.end(), [&](int64_t s) { return s < cutoff; });
+    }
+    // Every row older than the cutoff goes, and as many at the cutoff as are still in excess.
+    // A row updated since it was picked is spared.
+    int64_t at_cutoff = excess - below;
+    int64_t removed = 0;
+    for (auto& shard : shards_) {
+      removed += EvictFromShard(
+          shard,
+          [&](const char* entry) {
+            const int64_t step = HeaderOf(entry)->last_step;
+            return step < cutoff || (step == cutoff && at_cutoff-- > 0);
+          },
+          [&](const char* entry) { return HeaderOf(entry)->last_step <= cutoff; });
+    }
+    return removed;
+  }
+
+  template <typename Fn>
+  void ForEachLastStep(Fn&& fn) const {
+    for (const auto& shard : shards_) {
+      SharedGuard guard(shard.lock);
+      ForEachLiveEntry(shard, [&](uint32_t, char* entry) {
+        fn(HeaderOf(entry)->last_step);
+        return true;
+      });
+    }
   }
 
   const Shard& ShardFor(uint64_t hash) const { return shards_[hash & (shards_.size() - 1)]; }
@@ -458,21 +885,22 @@ class EmbeddingTable {
       if (slot == 0) return;
       if (static_cast<uint32_t>(slot >> 32) == Tag(hash)) {
         const char* entry = EntryAt(shard, static_cast<uint32_t>(slot) - 1);
-        for (size_t line = 0; line < stride_; line += 64) __builtin_prefetch(entry + line);
+        for (size_t line = 0; line < layout_.stride; line += 64) __builtin_prefetch(entry + line);
         return;
       }
     }
   }
 
-  char* EntryAt(const Shard& shard, uint32_t id) const {
-    return shard.chunks[id >> chunk_shift_] + (id & (entries_per_chunk_ - 1)) * stride_;
+  static Header* HeaderOf(char* entry) { return reinterpret_cast<Header*>(entry); }
+  static const Header* HeaderOf(const char* entry) {
+    return reinterpret_cast<const Header*>(entry);
   }
-  static Key& KeyOf(char* entry) { return reinterpret_cast<Header*>(entry)->key; }
+  static Key& KeyOf(char* entry) { return HeaderOf(entry)->key; }
   static const float* EmbeddingOf(const char* entry) {
     return reinterpret_cast<const float*>(entry + sizeof(Header));
   }
   RowRef RowOf(char* entry) const {
-    Header* header = reinterpret_cast<Header*>(entry);
+    Header* header = HeaderOf(entry);
     float* embedding = reinterpret_cast<float*>(entry + sizeof(Header));
     return RowRef{embedding, embedding + dim_, &header->update_count, &header->last_step};
   }
@@ -497,7 +925,8 @@ class EmbeddingTable {
     return EntryAt(shard, static_cast<uint32_t>(shard.index[pos]) - 1);
   }
 
-  char* CreateEntry(Shard& shard, KeyView key, uint64_t hash) {
+  // Returns the new entry's id.
+  uint32_t CreateEntry(Shard& shard, KeyView key, uint64_t hash) {
     if ((shard.size + 1) * 4 > shard.index.size() * 3) GrowIndex(shard);
     uint32_t id;
     if (!shard.free_ids.empty()) {
@@ -505,14 +934,15 @@ class EmbeddingTable {
       shard.free_ids.pop_back();
     } else {
       id = shard.allocated++;
-      if (id % entries_per_chunk_ == 0) shard.chunks.push_back(arena_->Allocate(chunk_bytes_));
+      AllocateChunkFor(shard, id);
       new (EntryAt(shard, id)) Header();
     }
     char* entry = EntryAt(shard, id);
-    Header* header = reinterpret_cast<Header*>(entry);
+    Header* header = HeaderOf(entry);
     header->key = Key(key);
     header->update_count = 0;
     header->last_step = 0;
+    header->version = kFreeVersion;  // MarkChanged stamps it
     shard.key_heap_bytes += KeyTraits<Key>::HeapBytes(header->key);
     RowRef row = RowOf(entry);
     FillInitialRowOf(key, row.embedding);
@@ -525,7 +955,23 @@ class EmbeddingTable {
     shard.index[pos] = (static_cast<uint64_t>(Tag(hash)) << 32) | (id + 1);
     ++shard.size;
     size_.fetch_add(1, std::memory_order_relaxed);
-    return entry;
+    return id;
+  }
+
+  // Removes the entry the index slot `pos` points at. Caller holds the shard's exclusive lock.
+  void RemoveAt(Shard& shard, size_t pos) {
+    const uint32_t id = IdAt(shard, pos);
+    char* entry = EntryAt(shard, id);
+    if (tracking_.load(std::memory_order_relaxed)) {
+      shard.removed.push_back(Tombstone{KeyOf(entry), version_.load(std::memory_order_relaxed)});
+    }
+    shard.key_heap_bytes -= KeyTraits<Key>::HeapBytes(KeyOf(entry));
+    ReleaseKey(entry);
+    HeaderOf(entry)->version = kFreeVersion;
+    shard.free_ids.push_back(id);
+    BackwardShiftDelete(shard, pos);
+    --shard.size;
+    size_.fetch_sub(1, std::memory_order_relaxed);
   }
 
   void GrowIndex(Shard& shard) {
@@ -570,9 +1016,7 @@ class EmbeddingTable {
   }
 
   void DestroyEntries(Shard& shard) {
-    for (uint32_t id = 0; id < shard.allocated; ++id) {
-      reinterpret_cast<Header*>(EntryAt(shard, id))->~Header();
-    }
+    for (uint32_t id = 0; id < shard.allocated; ++id) HeaderOf(EntryAt(shard, id))->~Header();
   }
 
   void LockAll() {
@@ -586,12 +1030,22 @@ class EmbeddingTable {
   const InitializerSpec init_;
   const int shard_bits_;
   std::vector<Shard> shards_;
+  const AdmissionSpec admission_;
+  std::unique_ptr<CountMinSketch> sketch_;
   std::unique_ptr<ChunkArena> arena_ = std::make_unique<ChunkArena>();
   std::atomic<int64_t> size_{0};
   std::atomic<int> num_slots_{0};
   mutable std::mutex layout_mutex_;  // serializes EnsureSlots
   std::vector<float> slot_init_;
-  size_t stride_ = 0, entries_per_chunk_ = 0, chunk_shift_ = 0, chunk_bytes_ = 0;
+  Layout layout_;
+  // Versions for delta snapshots: entries changed now get version_; Snapshot bumps it.
+  std::atomic<uint32_t> version_{1};
+  std::atomic<bool> tracking_{false};
+  int64_t committed_version_ = 0, tracked_since_ = 0;  // guarded by snapshot_mutex_
+  std::mutex snapshot_mutex_, evict_mutex_;
+  std::atomic<int64_t> latest_step_{0};
+  std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0};
+  mutable std::atomic<int64_t> lookups_{0}, lookup_hits_{0};
 };
 
 }  // namespace de

@@ -1,0 +1,96 @@
+// Frequency admission: an id gets a table row only on its min_count-th update. Until then its
+// updates are only counted, here, in bounded memory.
+//
+// CountMinSketch: `depth` rows of `width` 32-bit counters. An id's count is the minimum of its
+// `depth` counters. Updates are conservative (a counter is raised only up to the id's new
+// estimate), which keeps over-counting far below the plain sketch's. Counters only ever grow,
+// through an atomic max, so an estimate is never below the true count, also under concurrent
+// updates: the sketch can admit an id early (a "false admission"), never late. Ids evicted from
+// the table keep their counts, so they are re-admitted at their next update.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_ADMISSION_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_ADMISSION_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <memory>
+
+namespace tf_ext {
+namespace de {
+
+class CountMinSketch {
+ public:
+  // `width` is rounded down to a power of two (at least 1024).
+  CountMinSketch(int64_t width, int depth) : depth_(depth) {
+    int64_t rounded = 1024;
+    while (rounded * 2 <= width) rounded *= 2;
+    width_mask_ = static_cast<uint64_t>(rounded) - 1;
+    counters_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(rounded) * depth);
+    for (int64_t i = 0; i < rounded * depth; ++i) counters_[i].store(0, std::memory_order_relaxed);
+  }
+
+  // Counts one more update of the id with this 64-bit hash; returns its new estimated count.
+  uint32_t Increment(uint64_t hash) {
+    uint32_t estimate = std::numeric_limits<uint32_t>::max();
+    for (int row = 0; row < depth_; ++row) {
+      estimate = std::min(estimate, Counter(row, hash).load(std::memory_order_relaxed));
+    }
+    if (estimate == std::numeric_limits<uint32_t>::max()) return estimate;  // saturated
+    const uint32_t raised = estimate + 1;
+    for (int row = 0; row < depth_; ++row) {
+      std::atomic<uint32_t>& counter = Counter(row, hash);
+      uint32_t value = counter.load(std::memory_order_relaxed);
+      while (value < raised &&
+             !counter.compare_exchange_weak(value, raised, std::memory_order_relaxed)) {
+      }
+    }
+    return raised;
+  }
+
+  uint32_t Estimate(uint64_t hash) const {
+    uint32_t estimate = std::numeric_limits<uint32_t>::max();
+    for (int row = 0; row < depth_; ++row) {
+      estimate = std::min(estimate, Counter(row, hash).load(std::memory_order_relaxed));
+    }
+    return estimate;
+  }
+
+  int64_t width() const { return static_cast<int64_t>(width_mask_ + 1); }
+  int depth() const { return depth_; }
+  size_t Bytes() const { return sizeof(uint32_t) * (width_mask_ + 1) * depth_; }
+
+ private:
+  // Row r's counter of a hash: double hashing of the two 32-bit halves, re-mixed so that the
+  // table's shard and slot bits (the hash's low bits) do not pick the same counters.
+  std::atomic<uint32_t>& Counter(int row, uint64_t hash) const {
+    const uint64_t mixed = Mix(hash);
+    const uint64_t h1 = mixed, h2 = (mixed >> 32) | 1;
+    return counters_[static_cast<size_t>(row) * (width_mask_ + 1) +
+                     ((h1 + row * h2) & width_mask_)];
+  }
+  static uint64_t Mix(uint64_t x) {
+    x ^= x >> 31;
+    x *= 0x7fb5d329728ea185ULL;
+    x ^= x >> 27;
+    x *= 0x81dadef4bc2dd44dULL;
+    return x ^ (x >> 33);
+  }
+
+  const int depth_;
+  uint64_t width_mask_ = 0;
+  std::unique_ptr<std::atomic<uint32_t>[]> counters_;
+};
+
+// How a table admits new ids. min_count <= 1 admits every id at its first update.
+struct AdmissionSpec {
+  int64_t min_count = 0;
+  bool exact = false;        // exact per-id counters (memory grows with the pending ids)
+  int64_t sketch_width = 0;  // counters per sketch row
+  int sketch_depth = 4;
+};
+
+}  // namespace de
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_ADMISSION_H_
