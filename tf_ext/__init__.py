@@ -6,10 +6,12 @@ still works and the reason (missing library, TensorFlow version or ABI mismatch)
 first use of an op.
 """
 
-from tf_ext import _ops_loader, keras
+from tf_ext import _ops_loader, keras, train
 from tf_ext.dynamic_embedding import (
   DynamicEmbeddingOptimizer,
   DynamicEmbeddingVariable,
+  EvictionPolicy,
+  FrequencyAdmission,
   InitializerSpec,
   dynamic_embedding,
   embedding_lookup,

@@ -1,9 +1,11 @@
 """Dynamic embedding: hashtable-backed embeddings that grow and shrink while training."""
 
 from tf_ext.dynamic_embedding.initializers import InitializerSpec
+from tf_ext.dynamic_embedding.lifecycle import EvictionPolicy, FrequencyAdmission
 from tf_ext.dynamic_embedding.lookup import dynamic_embedding, embedding_lookup
 from tf_ext.dynamic_embedding.optimizer import DynamicEmbeddingOptimizer
 from tf_ext.dynamic_embedding.variable import (
   DynamicEmbeddingVariable,
   get_dynamic_embedding_variable,
+  tables,
 )

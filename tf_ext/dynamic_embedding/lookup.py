@@ -63,11 +63,20 @@ def _key_dtype_of(ids):
 
 
 def dynamic_embedding(
-  ids, dim, name, initializer=None, combiner=None, key_dtype=None, trainable=True
+  ids,
+  dim,
+  name,
+  initializer=None,
+  combiner=None,
+  key_dtype=None,
+  trainable=True,
+  admission=None,
+  eviction=None,
 ):
   """Functional form: gets or creates the table `name` and looks `ids` up in it.
 
-  key_dtype defaults to tf.string for string ids and tf.int64 otherwise.
+  key_dtype defaults to tf.string for string ids and tf.int64 otherwise. admission and eviction
+  are the table's policies (see get_dynamic_embedding_variable).
   """
   if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
     ids = tf.convert_to_tensor(ids)
@@ -77,5 +86,7 @@ def dynamic_embedding(
     key_dtype=key_dtype or _key_dtype_of(ids),
     initializer=initializer,
     trainable=trainable,
+    admission=admission,
+    eviction=eviction,
   )
   return embedding_lookup(table, ids, combiner=combiner)

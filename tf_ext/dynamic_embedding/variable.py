@@ -15,7 +15,7 @@ from tensorflow.python.trackable import resource
 from tensorflow.python.training.saving import saveable_object
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import initializers
+from tf_ext.dynamic_embedding import initializers, lifecycle
 
 # Copies of facts of the op library, checked against it by tests/dynamic_embedding/
 # test_op_facts.py: the kernel's kMaxDim, and the outputs of TfExtTableExport (inputs of
@@ -57,9 +57,14 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     initializer=None,
     trainable=True,
     gradient_anchor=None,
+    admission=None,
+    eviction=None,
   ):
     self._name = name
     self._validate(dim, key_dtype, value_dtype)
+    lifecycle.check_policies(name, trainable, admission, eviction)
+    self._admission = admission
+    self._eviction = eviction
     self._dim = int(dim)
     self._key_dtype = tf.as_dtype(key_dtype)
     self._initializer = initializers.spec_from(initializer, dim, name)
@@ -79,6 +84,7 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
       setattr(gradient_anchor, TABLE_OF_ANCHOR, weakref.ref(self))
       if not executing_eagerly:
         ops.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(self, name))
+      _remember(self)
 
   def _validate(self, dim, key_dtype, value_dtype):
     try:
@@ -122,6 +128,16 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     return self._initializer
 
   @property
+  def admission(self):
+    """The tf_ext.FrequencyAdmission the table was created with, or None."""
+    return self._admission
+
+  @property
+  def eviction(self):
+    """The tf_ext.EvictionPolicy `evict()` applies, or None."""
+    return self._eviction
+
+  @property
   def gradient_anchor(self):
     """The scalar variable through which gradients reach this table.
 
@@ -144,7 +160,9 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
 
   def _create_resource(self):
     spec = self._initializer
+    admission = self._admission.op_attrs() if self._admission else {}
     return _ops_loader.load().tf_ext_dynamic_table(
+      **admission,
       table_name=self._name,
       shared_name=self._shared_name,
       key_dtype=self._key_dtype,
@@ -265,6 +283,32 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     with tf.name_scope(name or f"{self._name}_clear"), self.colocated():
       return _ops_loader.load().tf_ext_table_clear(self.resource_handle)
 
+  def evict(self, step=None, name=None):
+    """Removes the rows the table's EvictionPolicy condemns; returns how many (int64 scalar).
+
+    It runs inside the table, shard by shard, while lookups and updates go on. `step` is the
+    current global step; by default, the latest step a training update of the table had.
+    """
+    if self._eviction is None:
+      raise invalid_argument(
+        self._name,
+        "evict() needs an eviction policy: create the table with "
+        "eviction=tf_ext.EvictionPolicy(...)",
+      )
+    now = tf.constant(-1, tf.int64) if step is None else tf.cast(step, tf.int64)
+    with tf.name_scope(name or f"{self._name}_evict"), self.colocated():
+      return _ops_loader.load().tf_ext_table_evict(
+        self.resource_handle, now, **self._eviction.op_attrs()
+      )
+
+  def statistics(self, name=None):
+    """{name: scalar tensor}: size, bytes, admitted, rejected, evicted, lookups, lookup_hits
+    (int64, counted since the table was created in this process) and lookup_hit_rate (float64:
+    the fraction of looked-up ids that had a row)."""
+    with tf.name_scope(name or f"{self._name}_statistics"), self.colocated():
+      values = _ops_loader.load().tf_ext_table_statistics(self.resource_handle)
+      return lifecycle.statistics_dict(tf.unstack(values, num=len(lifecycle.STATISTICS)))
+
   def export(self, name=None):
     """(keys, values): every id and its row, a consistent snapshot."""
     keys, values, *_ = self.export_with_slots(name)
@@ -327,6 +371,24 @@ class _TableSaveable(saveable_object.SaveableObject):
 _registry_lock = threading.Lock()
 # (graph, full name) -> table. Weak, so a table dropped by its user can be created afresh.
 _registry = weakref.WeakValueDictionary()
+# Every live table, however created, by graph (for hooks and callbacks); eager ones apart.
+_graph_tables = weakref.WeakKeyDictionary()
+_eager_tables = weakref.WeakSet()
+
+
+def _remember(table):
+  key = _scope_key()
+  if key == "eager":
+    _eager_tables.add(table)
+  else:
+    _graph_tables.setdefault(key, weakref.WeakSet()).add(table)
+
+
+def tables(graph=None):
+  """The live tables of `graph` (default: the current graph, or the eager context), by name."""
+  key = _scope_key() if graph is None else graph
+  found = _eager_tables if key == "eager" else _graph_tables.get(key, ())
+  return sorted(found, key=lambda table: table.name)
 
 
 def _scope_key():
@@ -342,6 +404,8 @@ def get_dynamic_embedding_variable(
   initializer=None,
   trainable=True,
   gradient_anchor=None,
+  admission=None,
+  eviction=None,
 ):
   """Returns the table named `name` in the current variable scope, creating it if needed.
 
@@ -355,6 +419,9 @@ def get_dynamic_embedding_variable(
       object (Zeros, Ones, Constant, RandomUniform, RandomNormal, TruncatedNormal) whose seed
       is used. Deterministic per id and seed.
     trainable: whether optimizers update it.
+    admission: a tf_ext.FrequencyAdmission: ids get a row only at their min_count-th update.
+    eviction: a tf_ext.EvictionPolicy: which rows `evict()` (and tf_ext.train.EvictionHook, the
+      Keras callback tf_ext.keras.callbacks.TableEviction) removes.
 
   An existing table is returned when its dim and dtypes match; otherwise InvalidArgumentError.
   """
@@ -372,7 +439,15 @@ def get_dynamic_embedding_variable(
         )
       return table
     table = DynamicEmbeddingVariable(
-      full_name, dim, key_dtype, value_dtype, initializer, trainable, gradient_anchor
+      full_name,
+      dim,
+      key_dtype,
+      value_dtype,
+      initializer,
+      trainable,
+      gradient_anchor,
+      admission=admission,
+      eviction=eviction,
     )
     _registry[key] = table
     return table

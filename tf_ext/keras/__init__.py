@@ -1,3 +1,3 @@
 """Keras integration of tf_ext."""
 
-from tf_ext.keras import layers
+from tf_ext.keras import callbacks, layers

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tf_ext.dynamic_embedding import initializers
+from tf_ext.dynamic_embedding import initializers, lifecycle
 from tf_ext.dynamic_embedding import lookup as lookup_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
 
@@ -14,15 +14,29 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
   Ids of any shape S give S + [dim]; SparseTensor / RaggedTensor ids (or dense ids with a
   `combiner`) are combined per row into [batch, dim]. Train with an optimizer wrapped by
-  `tf_ext.DynamicEmbeddingOptimizer`.
+  `tf_ext.DynamicEmbeddingOptimizer`. `admission` (tf_ext.FrequencyAdmission) and `eviction`
+  (tf_ext.EvictionPolicy) set the table's lifecycle; tf_ext.keras.callbacks.TableEviction runs
+  the eviction during `fit`.
   """
 
-  def __init__(self, dim, key_dtype=tf.int64, initializer=None, combiner=None, **kwargs):
+  def __init__(
+    self,
+    dim,
+    key_dtype=tf.int64,
+    initializer=None,
+    combiner=None,
+    admission=None,
+    eviction=None,
+    **kwargs,
+  ):
     super().__init__(**kwargs)
     self.dim = dim
     self.key_dtype = tf.as_dtype(key_dtype)
     self._initializer_spec = initializers.spec_from(initializer, dim, self.name)
     self.combiner = combiner
+    self.admission = lifecycle.from_config(lifecycle.FrequencyAdmission, admission)
+    self.eviction = lifecycle.from_config(lifecycle.EvictionPolicy, eviction)
+    lifecycle.check_policies(self.name, self.trainable, self.admission, self.eviction)
     self.table = None
 
   def build(self, input_shape):
@@ -36,6 +50,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       initializer=self._initializer_spec,
       trainable=self.trainable,
       gradient_anchor=anchor,
+      admission=self.admission,
+      eviction=self.eviction,
     )
     super().build(input_shape)
 
@@ -83,4 +99,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       "key_dtype": self.key_dtype.name,
       "initializer": initializers.to_config(self._initializer_spec),
       "combiner": self.combiner,
+      "admission": self.admission.get_config() if self.admission else None,
+      "eviction": self.eviction.get_config() if self.eviction else None,
     }

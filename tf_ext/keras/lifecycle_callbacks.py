@@ -1,0 +1,96 @@
+"""Keras callbacks that evict table rows and write table statistics during `fit`."""
+
+import tensorflow as tf
+
+from tf_ext.dynamic_embedding import lifecycle
+from tf_ext.dynamic_embedding import variable as variable_lib
+
+
+def model_tables(model):
+  """The dynamic embedding tables a Keras model uses: its layers' and the eager ones it looks up."""
+  found = {}
+  for module in [model, *model.submodules]:
+    table = getattr(module, "table", None)
+    if isinstance(table, variable_lib.DynamicEmbeddingVariable):
+      found[id(table)] = table
+  for table in variable_lib.tables():
+    found.setdefault(id(table), table)
+  return sorted(found.values(), key=lambda t: t.name)
+
+
+class _EveryNBatches(tf.keras.callbacks.Callback):
+  def __init__(self, owner, every_n_steps, tables):
+    super().__init__()
+    lifecycle.check_every_n_steps(owner, every_n_steps)
+    self._owner = owner
+    self._every_n_steps = every_n_steps
+    self._tables = None if tables is None else list(tables)
+    self._batches = 0
+
+  def _chosen_tables(self, wanted):
+    if self._tables is not None:
+      return self._tables
+    return [t for t in model_tables(self.model) if wanted(t)]
+
+  def _step(self):
+    optimizer = getattr(self.model, "optimizer", None)
+    iterations = getattr(optimizer, "iterations", None)
+    return int(iterations.numpy()) if iterations is not None else self._batches
+
+  def on_train_batch_end(self, batch, logs=None):
+    del batch, logs
+    self._batches += 1
+    if self._batches % self._every_n_steps == 0:
+      self._run(self._step())
+
+
+class TableEviction(_EveryNBatches):
+  """Every `every_n_steps` training batches, evicts the rows each table's EvictionPolicy condemns.
+
+  Tables: the given ones, or every table of the model created with an eviction policy.
+  `last_evicted` holds {table name: rows removed} of the latest run, `total_evicted` the sums.
+  """
+
+  def __init__(self, every_n_steps, tables=None):
+    super().__init__("TableEviction", every_n_steps, tables)
+    self.last_evicted, self.total_evicted = {}, {}
+
+  def _run(self, step):
+    del step
+    tables = self._chosen_tables(lambda t: t.eviction is not None)
+    lifecycle.check_evictable("TableEviction", tables)
+    self.last_evicted = {t.name: int(t.evict()) for t in tables}
+    for name, n in self.last_evicted.items():
+      self.total_evicted[name] = self.total_evicted.get(name, 0) + n
+
+
+class TableStatistics(_EveryNBatches):
+  """Every `every_n_steps` training batches, writes each table's statistics to TensorBoard.
+
+  Scalars `<table>/<statistic>` (size, bytes, admitted, rejected, evicted, lookups, lookup_hits,
+  lookup_hit_rate) go to `log_dir`, at the optimizer's step. `last_statistics` holds the latest
+  values as {table name: {statistic: value}}.
+  """
+
+  def __init__(self, log_dir, every_n_steps=100, tables=None):
+    super().__init__("TableStatistics", every_n_steps, tables)
+    self._log_dir = log_dir
+    self._writer = None
+    self.last_statistics = {}
+
+  def _run(self, step):
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(self._log_dir)
+    with self._writer.as_default(step=step):
+      for table in self._chosen_tables(lambda t: True):
+        stats = {k: v.numpy().item() for k, v in table.statistics().items()}
+        self.last_statistics[table.name] = stats
+        for name, value in stats.items():
+          tf.summary.scalar(f"{table.name}/{name}", value)
+    self._writer.flush()
+
+  def on_train_end(self, logs=None):
+    del logs
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None

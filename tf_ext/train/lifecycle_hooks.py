@@ -1,0 +1,109 @@
+"""Session hooks that evict table rows and write table statistics while training runs."""
+
+import tensorflow as tf
+
+from tf_ext.dynamic_embedding import lifecycle
+from tf_ext.dynamic_embedding import variable as variable_lib
+
+
+def _pick(owner, tables, wanted):
+  """The tables a hook works on: the given ones, or every table of the graph that `wanted`."""
+  if tables is None:
+    return [t for t in variable_lib.tables() if wanted(t)]
+  tables = list(tables)
+  for table in tables:
+    if not isinstance(table, variable_lib.DynamicEmbeddingVariable):
+      raise ValueError(f"{owner}: tables must be DynamicEmbeddingVariables, got {table!r}")
+  return tables
+
+
+class _EveryNSteps(tf.compat.v1.train.SessionRunHook):
+  """Runs `_fetches` after every n-th step, counted by the global step when the graph has one."""
+
+  def __init__(self, every_n_steps):
+    self._every_n_steps = every_n_steps
+    self._fetches = None
+    self._last_step = None
+
+  def begin(self):
+    self._global_step = tf.compat.v1.train.get_global_step()
+    self._fetches = self._build()
+    self._local_step = 0
+
+  def before_run(self, run_context):
+    del run_context
+    if self._global_step is not None:
+      return tf.compat.v1.train.SessionRunArgs(self._global_step)
+    return None
+
+  def after_run(self, run_context, run_values):
+    self._local_step += 1
+    step = run_values.results if self._global_step is not None else self._local_step
+    due = self._last_step is None or step - self._last_step >= self._every_n_steps
+    if self._fetches and due:
+      self._last_step = step
+      self._handle(step, run_context.session.run(self._fetches))
+
+  def _build(self):
+    raise NotImplementedError
+
+  def _handle(self, step, results):
+    raise NotImplementedError
+
+
+class EvictionHook(_EveryNSteps):
+  """Every `every_n_steps` steps, evicts the rows each table's EvictionPolicy condemns.
+
+  Tables: the given ones, or every table of the graph created with an eviction policy. The
+  eviction runs inside each table, shard by shard, while the next steps' lookups go on.
+  `last_evicted` holds {table name: rows removed} of the latest run, `total_evicted` the sums.
+  """
+
+  def __init__(self, every_n_steps, tables=None):
+    lifecycle.check_every_n_steps("EvictionHook", every_n_steps)
+    super().__init__(every_n_steps)
+    self._tables = tables
+    self.last_evicted, self.total_evicted = {}, {}
+
+  def _build(self):
+    tables = _pick("EvictionHook", self._tables, lambda t: t.eviction is not None)
+    lifecycle.check_evictable("EvictionHook", tables)
+    return {t.name: t.evict() for t in tables}
+
+  def _handle(self, step, results):
+    del step
+    self.last_evicted = {name: int(n) for name, n in results.items()}
+    for name, n in self.last_evicted.items():
+      self.total_evicted[name] = self.total_evicted.get(name, 0) + n
+
+
+class TableStatisticsHook(_EveryNSteps):
+  """Every `every_n_steps` steps, writes each table's statistics as scalar summaries.
+
+  The scalars are named `<table>/<statistic>` (size, bytes, admitted, rejected, evicted,
+  lookups, lookup_hits, lookup_hit_rate) and go to `output_dir` (TensorBoard), through the
+  FileWriter cache that Estimator and MonitoredTrainingSession share. `last_statistics` holds the
+  latest values as {table name: {statistic: value}}.
+  """
+
+  def __init__(self, output_dir, every_n_steps=100, tables=None):
+    lifecycle.check_every_n_steps("TableStatisticsHook", every_n_steps)
+    super().__init__(every_n_steps)
+    self._output_dir = output_dir
+    self._tables = tables
+    self.last_statistics = {}
+
+  def _build(self):
+    return {
+      t.name: t.statistics() for t in _pick("TableStatisticsHook", self._tables, lambda t: True)
+    }
+
+  def _handle(self, step, results):
+    writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)
+    values = []
+    for table, stats in results.items():
+      self.last_statistics[table] = {k: v.item() for k, v in stats.items()}
+      for name, value in stats.items():
+        values.append(tf.compat.v1.Summary.Value(tag=f"{table}/{name}", simple_value=float(value)))
+    writer.add_summary(tf.compat.v1.Summary(value=values), step)
+    writer.flush()
