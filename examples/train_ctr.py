@@ -13,6 +13,12 @@ Model: one `tf_ext.keras.layers.DynamicEmbedding` per sparse field (int64 ids, s
 a ragged list of recently clicked items combined by "mean"), concatenated with the dense
 features into an MLP with a sigmoid output, trained by `model.fit` with
 `tf_ext.DynamicEmbeddingOptimizer(Adam)`.
+
+Table lifecycle: user and item ids get a row only at their second update
+(`tf_ext.FrequencyAdmission(2)`: most Zipf ids are seen once and would cost a row for nothing),
+users whose row had a single update and then went idle are evicted during training
+(`tf_ext.EvictionPolicy(min_frequency=2)` with the `TableEviction` callback), and every table's
+statistics go to TensorBoard (`TableStatistics` callback, `--log-dir`).
 """
 
 import argparse
@@ -177,7 +183,19 @@ def _batches(features, labels, batch_size, shuffle_seed=None):
 # ---- model --------------------------------------------------------------------------------
 
 
-def build_model(dim):
+def table_policies(name, min_count, evict_window):
+  """The lifecycle policies of a field's table (see the module docstring)."""
+  policies = {}
+  if name in ("user_id", "item_id") and min_count > 1:
+    policies["admission"] = tf_ext.FrequencyAdmission(min_count)
+  if name == "user_id" and evict_window:
+    policies["eviction"] = tf_ext.EvictionPolicy(
+      min_frequency=2, frequency_window_steps=evict_window
+    )
+  return policies
+
+
+def build_model(dim, min_count=1, evict_window=0):
   inputs = {
     "user_id": tf.keras.Input(shape=(), dtype=tf.int64, name="user_id"),
     "item_id": tf.keras.Input(shape=(), dtype=tf.int64, name="item_id"),
@@ -192,6 +210,7 @@ def build_model(dim):
       key_dtype=tf.string if name == "city" else tf.int64,
       combiner="mean" if name == "recent_items" else None,
       name=f"{name}_embedding",
+      **table_policies(name, min_count, evict_window),
     )(inputs[name])
     for name in SPARSE
   }
@@ -241,6 +260,23 @@ class Throughput(tf.keras.callbacks.Callback):
     self.end = time.perf_counter()
 
 
+def print_statistics(model, log_dir):
+  """Each table's lifecycle statistics (also in TensorBoard, under log_dir)."""
+  print(
+    "\ntable statistics (admission, eviction, lookups; TensorBoard: tensorboard --logdir "
+    f"{log_dir}):"
+  )
+  print(
+    f"  {'layer':<26}{'admitted':>10}{'rejected':>10}{'evicted':>10}{'lookups':>12}{'hit rate':>10}"
+  )
+  for layer in embedding_layers(model):
+    stats = {k: v.numpy().item() for k, v in layer.table.statistics().items()}
+    print(
+      f"  {layer.name:<26}{stats['admitted']:>10,}{stats['rejected']:>10,}{stats['evicted']:>10,}"
+      f"{stats['lookups']:>12,}{stats['lookup_hit_rate']:>10.1%}"
+    )
+
+
 def _auc(labels, scores):
   from sklearn.metrics import roc_auc_score  # pylint: disable=import-outside-toplevel
 
@@ -259,6 +295,20 @@ def main(argv=None):
   parser.add_argument("--learning-rate", type=float, default=2e-3)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+  parser.add_argument(
+    "--min-count", type=int, default=2, help="admission of user/item ids (1: admit all)"
+  )
+  parser.add_argument(
+    "--evict-window",
+    type=int,
+    default=200,
+    help="evict user rows updated once and idle this many steps (0: no eviction)",
+  )
+  parser.add_argument(
+    "--log-dir",
+    default=os.path.join(tempfile.gettempdir(), "tf_ext_ctr_logs"),
+    help="TensorBoard log of the table statistics",
+  )
   args = parser.parse_args(argv)
   cfg = dict(QUICK if args.quick else FULL)
   rows = args.rows or cfg["rows"]
@@ -289,7 +339,7 @@ def main(argv=None):
   eval_ds = _batches(eval_x, eval_y, 4 * batch_size)
 
   # Model.
-  model = build_model(args.dim)
+  model = build_model(args.dim, args.min_count, args.evict_window)
   optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(args.learning_rate))
   model.compile(
     optimizer=optimizer,
@@ -299,7 +349,11 @@ def main(argv=None):
 
   # Train.
   throughput = Throughput(batch_size)
-  model.fit(train_ds, epochs=args.epochs, verbose=1, callbacks=[throughput])
+  statistics = tf_ext.keras.callbacks.TableStatistics(args.log_dir, every_n_steps=50)
+  callbacks = [throughput, statistics]
+  if args.evict_window:
+    callbacks.append(tf_ext.keras.callbacks.TableEviction(every_n_steps=100))
+  model.fit(train_ds, epochs=args.epochs, verbose=1, callbacks=callbacks)
   total_examples = rows * args.epochs
   fit_s = throughput.end - throughput.start
   steady_s = throughput.end - throughput.first_step_end
@@ -323,6 +377,7 @@ def main(argv=None):
     )
   total_ids = sum(table_sizes(model).values())
   print(f"  {'total':<26}{'':>10}{total_ids:>12,}{total_mem / 2**20:>10.2f}MB")
+  print_statistics(model, args.log_dir)
 
   # Evaluate: unseen ids read their initial rows and must not be inserted.
   before = table_sizes(model)

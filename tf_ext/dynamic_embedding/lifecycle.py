@@ -17,7 +17,7 @@ import tensorflow as tf
 # The order of TfExtTableStatistics' output (ops/dynamic_embedding_lifecycle_ops.cc).
 STATISTICS = ("size", "bytes", "admitted", "rejected", "evicted", "lookups", "lookup_hits")
 
-_DEFAULT_SKETCH_BYTES = 8 << 20
+_DEFAULT_SKETCH_BYTES = 1 << 20
 _COUNTER_BYTES = 4
 
 
@@ -40,9 +40,10 @@ class FrequencyAdmission:
     min_count: updates an id needs before it gets a row (1 admits every id at once).
     exact: count with exact per-id counters (memory grows with the ids still waiting) instead of
       a count-min sketch.
-    sketch_bytes: the sketch's memory, fixed: `sketch_depth` rows of 4-byte counters. The more
-      distinct ids the stream has per counter, the more ids are admitted early; see
-      benchmarks/admission.py for the false-admission rate on a Zipf stream.
+    sketch_bytes: the sketch's memory, fixed (default 1 MiB): `sketch_depth` rows of 4-byte
+      counters. The more distinct ids wait per counter, the more are admitted early: give a
+      table that sees millions of distinct ids a sketch of a few counters per distinct id;
+      benchmarks/admission.py measures the false-admission rate on a Zipf stream.
     sketch_depth: rows of the sketch, 1 to 16.
   """
 
