@@ -177,3 +177,17 @@ def test_optimizer_kinds_python_emits_are_the_ops(family):
   emitted = [_optimizer_kinds_emitted(make) for make in _OPTIMIZER_FAMILIES[family]]
   assert all(len(kinds) == 1 for kinds in emitted), emitted
   assert sorted(set().union(*emitted)) == sorted(allowed)
+
+
+def test_statistics_names_follow_the_op_output_order():
+  from tf_ext.dynamic_embedding import lifecycle
+
+  op_def = _library_op_defs()["TfExtTableStatistics"]
+  text = (op_def.summary + " " + op_def.description).replace("\n", " ")
+  listed = re.sub(r"\([^)]*\)", "", re.search(r"In order: (.*?)\. Counts", text).group(1))
+  names = [re.match(r"\s*(\w+)", part).group(1) for part in listed.split(",")]
+  # "size (rows), bytes in use, ..." -> size, bytes, admitted, ...
+  assert names == list(lifecycle.STATISTICS)
+  table = tf_ext.get_dynamic_embedding_variable("facts_stats", 2)
+  values = _ops_loader.load().tf_ext_table_statistics(table.resource_handle)
+  assert values.shape == [len(lifecycle.STATISTICS)]
