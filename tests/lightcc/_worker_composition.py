@@ -44,9 +44,15 @@ def table_state(table):
   return keys[order], values[order]
 
 
-def keras_model(name, optimizer):
+# Admission counts the same updates on every rank (each applies the reduced gradients of all).
+ADMISSION = tf_ext.FrequencyAdmission(2)
+
+
+def keras_model(name, optimizer, admission=None):
   ids = tf.keras.Input(shape=(2,), dtype=tf.int64)
-  emb = tf_ext.keras.layers.DynamicEmbedding(4, combiner="mean", name=f"{name}_emb")(ids)
+  emb = tf_ext.keras.layers.DynamicEmbedding(
+    4, combiner="mean", name=f"{name}_emb", admission=admission
+  )(ids)
   out = tf.keras.layers.Dense(1, kernel_initializer="ones", name=f"{name}_dense")(emb)
   model = tf.keras.Model(ids, out)
   model.compile(optimizer, "mse")
@@ -58,14 +64,16 @@ def keras_state(model, name):
   return [keys, values] + model.get_layer(f"{name}_dense").get_weights()
 
 
-def run_keras(name, wrap):
-  model = keras_model(name, wrap(tf.keras.optimizers.SGD(LR)))
+def run_keras(name, wrap, admission=None):
+  model = keras_model(name, wrap(tf.keras.optimizers.SGD(LR)), admission)
   model.fit(ALL_IDS[MINE], ALL_LABELS[MINE], batch_size=ROWS, epochs=STEPS, verbose=0)
   return keras_state(model, name)
 
 
-def reference_keras(name):
-  model = keras_model(name, tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(LR)))
+def reference_keras(name, admission=None):
+  model = keras_model(
+    name, tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(LR)), admission
+  )
   model.fit(ALL_IDS, ALL_LABELS, batch_size=len(ALL_IDS), epochs=STEPS, verbose=0)
   return keras_state(model, name)
 
@@ -133,6 +141,7 @@ results = {
   "keras Dist(DE(opt))": run_keras("k1", lambda o: dist_keras(de(o))),
   "keras DE(Dist(opt))": run_keras("k2", lambda o: de(dist_keras(o))),
   "keras DE(hvd.Dist(opt))": run_keras("k3", lambda o: de(dist(o))),
+  "keras_admission DE(Dist(opt))": run_keras("k4", lambda o: de(dist_keras(o)), ADMISSION),
   "tape DistributedGradientTape + DE(opt)": run_tape("g1", de, distributed_tape=True),
   "tape Dist(DE(opt)).minimize": run_tape("g2", lambda o: dist_keras(de(o)), False),
   "tape DE(Dist(opt)).minimize": run_tape("g3", lambda o: de(dist_keras(o)), False),
@@ -140,6 +149,7 @@ results = {
 expected = {
   "tf1": run_tf1("ref", de, ALL_IDS, ALL_LABELS),
   "keras": reference_keras("ref"),
+  "keras_admission": reference_keras("ref_admission", ADMISSION),
 }
 expected["tape"] = expected["tf1"]  # the same model and steps, written with a tape
 
