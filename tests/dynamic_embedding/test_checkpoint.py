@@ -128,6 +128,20 @@ def test_mismatched_dim_is_a_clear_error_and_leaves_table_untouched(tmp_path):
   np.testing.assert_array_equal(dst.lookup([7]).numpy(), np.full([1, 8], 3.0))
 
 
+def test_mismatched_key_dtype_is_a_clear_error_and_leaves_table_untouched(tmp_path):
+  src = tf_ext.DynamicEmbeddingVariable("int64_keys", 4, initializer="zeros")
+  src.insert([1, 2], np.ones([2, 4], np.float32))
+  path = tf.train.Checkpoint(table=src).write(str(tmp_path / "ckpt"))
+  dst = tf_ext.DynamicEmbeddingVariable("string_keys", 4, key_dtype=tf.string, initializer="zeros")
+  dst.insert(["kept"], np.full([1, 4], 3.0, np.float32))
+  # TensorFlow's RestoreV2 checks dtypes before any tf_ext code runs: its error names the
+  # checkpoint key of the table's keys, and both dtypes.
+  with pytest.raises(tf.errors.InvalidArgumentError, match="keys; expected dtype string.*int64"):
+    tf.train.Checkpoint(table=dst).read(path)
+  assert int(dst.size()) == 1
+  np.testing.assert_array_equal(dst.lookup(["kept"]).numpy(), np.full([1, 4], 3.0))
+
+
 def test_import_with_duplicate_keys_is_rejected_atomically():
   table = tf_ext.DynamicEmbeddingVariable("dups", 2, initializer="zeros")
   table.insert([5], [[1.0, 1.0]])
