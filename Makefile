@@ -8,6 +8,7 @@
 #                libraries make build copied), so .venv/bin/python imports tf_ext from anywhere
 #   make lint    ruff (format check + lint) and clang-format --dry-run; `make format` fixes
 #   make test    lint and build, then bazel test //... (googletest for the cores, pytest for the rest)
+#   make sanitize  the C++ core tests under ThreadSanitizer and AddressSanitizer
 #   make demo    examples/train_ctr.py
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
@@ -83,7 +84,7 @@ endif
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: all setup apt venv horovod bench-deps build develop lint format test demo bench \
+.PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
         bench-cluster clean distclean
 
 all: build
@@ -218,6 +219,12 @@ test: setup lint build
 	if [ $$rc -eq 0 ]; then echo "RESULT: all tests passed"; \
 	else echo "RESULT: FAILED (bazel exit code $$rc; logs under bazel-testlogs/)"; fi; \
 	exit $$rc
+
+# The C++ core tests (TensorFlow-free: tests/kernels/) under ThreadSanitizer and AddressSanitizer.
+CORE_TESTS = $(patsubst tests/%.cc,//tests:%,$(wildcard tests/kernels/*/*_test.cc))
+sanitize: setup
+	@cd $(ROOT) && $(BAZEL) test --config=tsan $(BAZEL_FLAGS) $(CORE_TESTS) && \
+	  $(BAZEL) test --config=asan $(BAZEL_FLAGS) $(CORE_TESTS) && echo "RESULT: sanitizers clean"
 
 # tests/build/test_quiet_output.py runs `make -o build demo DEMO_ARGS=--quick` and checks its output.
 demo: build

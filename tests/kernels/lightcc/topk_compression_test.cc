@@ -170,10 +170,10 @@ TEST(Select, Fp16SaturatesAndKeepsTheExcess) {
 
 TEST(Select, SegmentsAreIndependentAndIndicesAbsolute) {
   const std::vector<int64_t> lengths = {0, 5, 20000, 3, 40000};
-  const std::vector<int64_t> counts = {0, 2, 200, 3, 1};
+  const std::vector<int64_t> counts = {0, 2, 200, 3, 2};
   const SegmentPlan plan = Plan(lengths, counts);
   EXPECT_EQ(plan.total_length, 60008);
-  EXPECT_EQ(plan.total_selected, 206);
+  EXPECT_EQ(plan.total_selected, 207);
   std::vector<float> g = Gaussian(plan.total_length, 3);
   std::vector<float> residual(plan.total_length, 0.0f);
   const PayloadLayout layout{plan.total_selected, true};
@@ -190,9 +190,10 @@ TEST(Select, SegmentsAreIndependentAndIndicesAbsolute) {
     std::set<int32_t> got(d.indices.begin() + from, d.indices.begin() + from + counts[s]);
     EXPECT_EQ(got, expected) << "segment " << s;
   }
-  // The odd number of halves leaves a zero padding half.
+  // The odd number of halves leaves a zero padding half, the payload's last two bytes.
+  ASSERT_EQ(layout.words(), 207 + 104);
   uint16_t padding;
-  std::memcpy(&padding, reinterpret_cast<const unsigned char*>(payload.data() + 206) + 2 * 206, 2);
+  std::memcpy(&padding, reinterpret_cast<const unsigned char*>(payload.data() + 207) + 2 * 207, 2);
   EXPECT_EQ(padding, 0);
 }
 
