@@ -14,11 +14,14 @@ REGISTER_OP("TfExtTableApplyGradient")
     .Input("beta2: float")
     .Input("epsilon: float")
     .Input("global_step: int64")
+    .Input("hyperparameters: num_hyperparameters * float")
     .Attr("Tkey: {int64, string}")
     .Attr("dim: int")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'amsgrad', 'momentum', 'keras_momentum', 'ftrl'}")
     .Attr("epsilon_inside_sqrt: bool = false")
     .Attr("initial_accumulator_value: float = 0.0")
+    .Attr("use_nesterov: bool = false")
+    .Attr("num_hyperparameters: int >= 0 = 0")
     .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
       ::tensorflow::shape_inference::ShapeHandle unused;
       return c->WithRank(c->input(0), 0, &unused);
@@ -26,14 +29,28 @@ REGISTER_OP("TfExtTableApplyGradient")
     .Doc(R"doc(
 Applies one optimizer step to the rows of `keys` and their co-located slots.
 
-Missing rows are created first, from the initializer. Each updated row records its update count
-and the step; Adam bias-corrects with the row's own update count.
+Missing rows are created first, from the initializer, when the table's admission policy admits
+them (the gradient of an id not admitted yet is dropped). Each updated row records its update count
+and the step; Adam and AMSGrad bias-correct with the row's own update count. Only the rows of
+`keys` change (lazy updates): the slots of other rows do not decay.
 
 keys: 1-D, expected unique (the Python caller sums the gradients of duplicates).
 gradients: Shape [len(keys), dim].
-optimizer: One of sgd, adagrad, adam.
+learning_rate: Every optimizer's.
+beta1: Adam's and AMSGrad's; ignored by the others.
+beta2: Adam's and AMSGrad's; ignored by the others.
+epsilon: Adagrad's, Adam's and AMSGrad's; ignored by the others.
+global_step: Recorded as each updated row's last step.
+hyperparameters: By optimizer: momentum and keras_momentum [momentum]; ftrl [l1, l2, l2_shrinkage,
+  learning_rate_power], l2 including FTRL's beta / (2 * learning_rate); none for the others.
+optimizer: Slots per row in brackets. sgd []; adagrad [accumulator]; adam [m, v]; amsgrad [m, v,
+  max v]; momentum, tf.compat.v1.train.MomentumOptimizer [accum = momentum * accum + g];
+  keras_momentum, Keras SGD [accum = momentum * accum - learning_rate * g]; ftrl [accumulator,
+  linear], TensorFlow's FTRL-Proximal.
 epsilon_inside_sqrt: Adagrad divides by sqrt(acc + epsilon) if true, else sqrt(acc) + epsilon.
-initial_accumulator_value: Adagrad's initial accumulator.
+initial_accumulator_value: Adagrad's and FTRL's initial accumulator.
+use_nesterov: Nesterov momentum, for momentum and keras_momentum.
+num_hyperparameters: The length of `hyperparameters`.
 )doc");
 
 }  // namespace tf_ext

@@ -16,10 +16,13 @@ class ApplyGradientOp : public TableKernel {
     std::string optimizer;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("optimizer", &optimizer));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon_inside_sqrt", &params_.epsilon_inside_sqrt));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &initial_accumulator_));
+    OP_REQUIRES_OK(ctx,
+                   ctx->GetAttr("initial_accumulator_value", &params_.initial_accumulator_value));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_nesterov", &params_.use_nesterov));
     OP_REQUIRES(ctx, de::ParseOptimizerKind(optimizer, &params_.kind),
                 ::tensorflow::errors::InvalidArgument("the table update has no optimizer '",
                                                       optimizer, "'"));
+    optimizer_ = optimizer;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -37,18 +40,30 @@ class ApplyGradientOp : public TableKernel {
       OP_REQUIRES(ctx, ctx->input(i).NumElements() == 1,
                   table->Invalid("apply: hyperparameter input ", i, " must be a scalar"));
     }
+    ::tensorflow::OpInputList hyperparameters;
+    OP_REQUIRES_OK(ctx, ctx->input_list("hyperparameters", &hyperparameters));
+    const int num_hyperparameters = de::NumHyperparameters(params_.kind);
+    OP_REQUIRES(ctx, hyperparameters.size() == num_hyperparameters,
+                table->Invalid("apply: optimizer '", optimizer_, "' takes ", num_hyperparameters,
+                               " hyperparameters, got ", hyperparameters.size()));
+    std::vector<float> extra(num_hyperparameters);
+    for (int i = 0; i < num_hyperparameters; ++i) {
+      OP_REQUIRES(ctx, hyperparameters[i].NumElements() == 1,
+                  table->Invalid("apply: hyperparameters[", i, "] must be a scalar"));
+      extra[i] = hyperparameters[i].flat<float>()(0);
+    }
     de::OptimizerParams params = params_;
     params.learning_rate = ctx->input(3).flat<float>()(0);
     params.beta1 = ctx->input(4).flat<float>()(0);
     params.beta2 = ctx->input(5).flat<float>()(0);
     params.epsilon = ctx->input(6).flat<float>()(0);
+    de::SetHyperparameters(extra.data(), &params);
     const int64_t step = ctx->input(7).flat<int64_t>()(0);
 
     de::EmbeddingTable<Key>* core = table->template table<Key>();
     const int slots_needed = de::NumSlots(params.kind);
     if (core->num_slots() < slots_needed) {
-      const float init = params.kind == de::OptimizerKind::kAdagrad ? initial_accumulator_ : 0.0f;
-      core->EnsureSlots(slots_needed, std::vector<float>(slots_needed, init));
+      core->EnsureSlots(slots_needed, de::SlotInitialValues(params));
     }
     const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
     const float* grad_rows = grads.flat<float>().data();
@@ -65,7 +80,7 @@ class ApplyGradientOp : public TableKernel {
 
  private:
   de::OptimizerParams params_;
-  float initial_accumulator_ = 0.0f;
+  std::string optimizer_;
 };
 
 #define TF_EXT_REGISTER_APPLY_GRADIENT(Key, TfType)                                      \

@@ -6,8 +6,25 @@ by the looked-up ids. The wrapper adds the "tables" stage to the optimizer's pip
 summed and one fused op updates each row and its co-located slots in place (creating rows
 that are new). Every other variable goes to the wrapped optimizer unchanged.
 
-Adam on table rows is "lazy" (only rows in the batch move) and bias-corrects with each row's
-own update count, which equals the global step for a row seen in every batch.
+Optimizers: SGD, Adagrad, Adam (with AMSGrad in Keras), momentum (TF1 MomentumOptimizer and
+Keras SGD(momentum), Nesterov too) and FTRL (L1, L2, L2 shrinkage, learning_rate_power, beta),
+from tf.compat.v1.train, tf.keras.optimizers and tf.keras.optimizers.legacy. Each computes what
+TensorFlow's sparse update computes for the rows of a dense variable (training_ops.cc).
+
+Updates of table rows are *lazy*: only the rows in the batch change, with their slots. That is
+what TF1's and legacy Keras' sparse updates do for SGD, Adagrad, momentum and FTRL. The others
+touch every row of a dense variable even for an IndexedSlices gradient: Adam and AMSGrad (TF1,
+legacy and new Keras) decay the moments of absent rows and move them, Keras 2.11+ SGD(momentum)
+decays absent rows' momentum and moves them by it, and Keras 2.11+ FTRL recomputes absent rows
+from their (unchanged) linear slot. For rows in every batch both agree; a row absent from a batch
+keeps its value and slots here. Adam and AMSGrad bias-correct with each row's own update count,
+which equals the global step for a row seen in every batch.
+
+Keras `clipnorm`, `clipvalue` and `global_clipnorm` clip table gradients as Keras clips dense
+ones: the optimizer's own clipping runs once over all gradients of the step, table and dense
+together (so `global_clipnorm`'s norm includes both), on the gradients as computed (IndexedSlices
+before duplicate ids are summed), and the wrapped optimizer's own clipping is skipped for the
+dense gradients it then gets.
 """
 
 import collections
@@ -17,7 +34,9 @@ import tensorflow as tf
 from tf_ext import _ops_loader, optimizer_pipeline
 from tf_ext.dynamic_embedding import variable as variable_lib
 
-# learning_rate is a callable so that validating an optimizer creates no tensors or variables.
+# learning_rate is a callable so that validating an optimizer creates no tensors or variables;
+# hyperparameters too: learning_rate's value -> the op's `hyperparameters` list (by kind: momentum
+# [momentum]; ftrl [l1, l2 + beta / (2 * learning_rate), l2_shrinkage, learning_rate_power]).
 _Hyper = collections.namedtuple(
   "_Hyper",
   [
@@ -28,8 +47,10 @@ _Hyper = collections.namedtuple(
     "epsilon",
     "epsilon_inside_sqrt",
     "initial_accumulator_value",
+    "use_nesterov",
+    "hyperparameters",
   ],
-  defaults=(0.0, 0.0, 0.0, False, 0.0),
+  defaults=(0.0, 0.0, 0.0, False, 0.0, False, lambda lr: []),
 )
 
 
@@ -50,6 +71,27 @@ def _reject(optimizer, **unsupported):
   for what, value in unsupported.items():
     if value:
       raise _unsupported(optimizer, f"with {what} is not supported for table rows yet")
+
+
+def _as_float(x):
+  return tf.cast(x, tf.float32)
+
+
+def _ftrl(lr, l1, l2, l2_shrinkage, lr_power, beta, initial_accumulator_value, adjust_l2):
+  """FTRL's _Hyper. The float hyperparameters are callables; adjust_l2(l2, beta, lr) is the L2
+  strength the optimizer passes to TensorFlow's sparse update (each computes l2 + beta / (2 * lr)
+  its own way, also when beta is 0)."""
+
+  def hyperparameters(lr_value):
+    l2_value = adjust_l2(_as_float(l2()), _as_float(beta()), lr_value)
+    return [_as_float(l1()), l2_value, _as_float(l2_shrinkage()), _as_float(lr_power())]
+
+  return _Hyper(
+    "ftrl",
+    lr,
+    initial_accumulator_value=initial_accumulator_value,
+    hyperparameters=hyperparameters,
+  )
 
 
 def _hyperparameters(optimizer):
@@ -73,21 +115,39 @@ def _hyperparameters(optimizer):
         beta2=value(optimizer._beta2),
         epsilon=value(optimizer._epsilon),
       )
+    if isinstance(optimizer, v1.MomentumOptimizer):
+      return _Hyper(
+        "momentum",
+        lambda: value(optimizer._learning_rate),
+        use_nesterov=optimizer._use_nesterov,
+        hyperparameters=lambda lr: [_as_float(value(optimizer._momentum))],
+      )
+    if isinstance(optimizer, v1.FtrlOptimizer):
+      return _ftrl(
+        lambda: value(optimizer._learning_rate),
+        l1=lambda: optimizer._l1_regularization_strength,
+        l2=lambda: optimizer._l2_regularization_strength,
+        l2_shrinkage=lambda: optimizer._l2_shrinkage_regularization_strength,
+        lr_power=lambda: optimizer._learning_rate_power,
+        beta=lambda: optimizer._beta,
+        initial_accumulator_value=optimizer._initial_accumulator_value,
+        adjust_l2=lambda l2, beta, lr: l2 + beta / (2.0 * tf.maximum(lr, 1e-36)),
+      )
   elif isinstance(optimizer, keras.Optimizer):
-    _reject(
-      optimizer,
-      clipnorm=optimizer.clipnorm,
-      clipvalue=optimizer.clipvalue,
-      global_clipnorm=optimizer.global_clipnorm,
-      weight_decay=optimizer.weight_decay,
-    )
+    _reject(optimizer, weight_decay=optimizer.weight_decay)
 
     def lr():
       return _keras_current_lr(optimizer)
 
     if isinstance(optimizer, keras.SGD):
-      _reject(optimizer, momentum=optimizer.momentum or optimizer.nesterov)
-      return _Hyper("sgd", lr)
+      if isinstance(optimizer.momentum, (int, float)) and optimizer.momentum == 0:
+        return _Hyper("sgd", lr)
+      return _Hyper(
+        "keras_momentum",
+        lr,
+        use_nesterov=bool(optimizer.nesterov),
+        hyperparameters=lambda lr: [_as_float(optimizer.momentum)],
+      )
     if isinstance(optimizer, keras.Adagrad):
       return _Hyper(
         "adagrad",
@@ -97,24 +157,41 @@ def _hyperparameters(optimizer):
         initial_accumulator_value=optimizer.initial_accumulator_value,
       )
     if isinstance(optimizer, keras.Adam):
-      _reject(optimizer, amsgrad=optimizer.amsgrad)
       return _Hyper(
-        "adam", lr, beta1=optimizer.beta_1, beta2=optimizer.beta_2, epsilon=optimizer.epsilon
+        "amsgrad" if optimizer.amsgrad else "adam",
+        lr,
+        beta1=optimizer.beta_1,
+        beta2=optimizer.beta_2,
+        epsilon=optimizer.epsilon,
+      )
+    if isinstance(optimizer, keras.Ftrl):
+      return _ftrl(
+        lr,
+        l1=lambda: optimizer.l1_regularization_strength,
+        l2=lambda: optimizer.l2_regularization_strength,
+        l2_shrinkage=lambda: optimizer.l2_shrinkage_regularization_strength,
+        lr_power=lambda: optimizer.learning_rate_power,
+        beta=lambda: optimizer.beta,
+        initial_accumulator_value=optimizer.initial_accumulator_value,
+        adjust_l2=lambda l2, beta, lr: l2 + beta / (2.0 * lr),
       )
   elif isinstance(optimizer, legacy.Optimizer):
-    _reject(
-      optimizer,
-      clipnorm=optimizer.clipnorm,
-      clipvalue=optimizer.clipvalue,
-      global_clipnorm=optimizer.global_clipnorm,
-    )
 
     def lr():
       return optimizer._decayed_lr(tf.float32)
 
+    def hyper(name):
+      return lambda: optimizer._get_hyper(name, tf.float32)
+
     if isinstance(optimizer, legacy.SGD):
-      _reject(optimizer, momentum=optimizer._momentum or optimizer.nesterov)
-      return _Hyper("sgd", lr)
+      if not optimizer._momentum:
+        return _Hyper("sgd", lr)
+      return _Hyper(
+        "keras_momentum",
+        lr,
+        use_nesterov=bool(optimizer.nesterov),
+        hyperparameters=lambda lr: [hyper("momentum")()],
+      )
     if isinstance(optimizer, legacy.Adagrad):
       return _Hyper(
         "adagrad",
@@ -123,17 +200,27 @@ def _hyperparameters(optimizer):
         initial_accumulator_value=optimizer._initial_accumulator_value,
       )
     if isinstance(optimizer, legacy.Adam):
-      _reject(optimizer, amsgrad=optimizer.amsgrad)
       return _Hyper(
-        "adam",
+        "amsgrad" if optimizer.amsgrad else "adam",
         lr,
         beta1=optimizer._get_hyper("beta_1"),
         beta2=optimizer._get_hyper("beta_2"),
         epsilon=optimizer.epsilon,
       )
+    if isinstance(optimizer, legacy.Ftrl):
+      return _ftrl(
+        lr,
+        l1=hyper("l1_regularization_strength"),
+        l2=hyper("l2_regularization_strength"),
+        l2_shrinkage=lambda: optimizer._l2_shrinkage_regularization_strength,
+        lr_power=hyper("learning_rate_power"),
+        beta=hyper("beta"),
+        initial_accumulator_value=optimizer._initial_accumulator_value,
+        adjust_l2=lambda l2, beta, lr: l2 + beta / (2.0 * lr),
+      )
   raise _unsupported(
     optimizer,
-    "is not supported; use GradientDescent/SGD, Adagrad or Adam "
+    "is not supported; use GradientDescent/SGD, Momentum, Adagrad, Adam or Ftrl "
     "(tf.compat.v1.train or tf.keras.optimizers)",
   )
 
@@ -155,24 +242,89 @@ def apply_table_gradient(table, gradient, hyper, step):
   with tf.name_scope(f"{table.name}_apply_gradient"), table.colocated():
     unique_keys, positions = tf.unique(gradient.indices)
     summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(unique_keys))
-
-    def as_float(x):
-      return tf.cast(x, tf.float32)
-
+    learning_rate = _as_float(hyper.learning_rate())
     return _ops_loader.load().tf_ext_table_apply_gradient(
       table.resource_handle,
       unique_keys,
       summed,
-      as_float(hyper.learning_rate()),
-      as_float(hyper.beta1),
-      as_float(hyper.beta2),
-      as_float(hyper.epsilon),
+      learning_rate,
+      _as_float(hyper.beta1),
+      _as_float(hyper.beta2),
+      _as_float(hyper.epsilon),
       tf.cast(step, tf.int64),
+      hyper.hyperparameters(learning_rate),
       dim=table.dim,
       optimizer=hyper.kind,
       epsilon_inside_sqrt=hyper.epsilon_inside_sqrt,
       initial_accumulator_value=float(hyper.initial_accumulator_value),
+      use_nesterov=hyper.use_nesterov,
     )
+
+
+# ---- Keras gradient clipping -------------------------------------------------------------------
+
+# Set on a Keras optimizer while the dense gradients it is about to get are already clipped.
+_CLIPPED_FLAG = "_tf_ext_dense_gradients_clipped"
+
+
+def _own_clipping_method(optimizer):
+  """The name of the method in which the Keras optimizer clips in apply_gradients."""
+  if isinstance(optimizer, tf.keras.optimizers.Optimizer):
+    return "_clip_gradients"  # (gradients) -> gradients
+  return "_transform_gradients"  # legacy: (pairs) -> pairs
+
+
+def _clips(optimizer):
+  """Whether `optimizer` is a Keras optimizer set to clip gradients (as its own checks read)."""
+  if isinstance(optimizer, tf.keras.optimizers.Optimizer):
+    return any(
+      value and value > 0
+      for value in (optimizer.clipnorm, optimizer.global_clipnorm, optimizer.clipvalue)
+    )
+  if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+    return any(
+      value is not None
+      for value in (optimizer.clipnorm, optimizer.global_clipnorm, optimizer.clipvalue)
+    )
+  return False
+
+
+def _clip_all(optimizer, grads_and_vars):
+  """`grads_and_vars` clipped by the Keras optimizer's own clipping, all pairs together."""
+  method = getattr(type(optimizer), _own_clipping_method(optimizer))
+  present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
+  if not present:
+    return grads_and_vars
+  pairs = [grads_and_vars[i] for i in present]
+  if isinstance(optimizer, tf.keras.optimizers.Optimizer):
+    pairs = list(zip(method(optimizer, [g for g, _ in pairs]), [v for _, v in pairs]))
+  else:
+    pairs = method(optimizer, pairs)
+  clipped = list(grads_and_vars)
+  for i, pair in zip(present, pairs):
+    clipped[i] = pair
+  return clipped
+
+
+def _skip_own_clipping_once(optimizer):
+  """Makes the next clipping in the optimizer's apply_gradients pass the gradients through: they
+  are the dense ones that _clip_all clipped together with the tables'.
+
+  The stage cannot wrap the wrapped optimizer's apply_gradients (the pipeline calls it after the
+  stage returns), so the optimizer object gets an instance attribute that shadows its clipping
+  method once per flag; without the flag the method runs as before.
+  """
+  name = _own_clipping_method(optimizer)
+  if name not in vars(optimizer):
+    own = getattr(type(optimizer), name)
+
+    def clip_unless_clipped(gradients):
+      if vars(optimizer).pop(_CLIPPED_FLAG, False):
+        return gradients
+      return own(optimizer, gradients)
+
+    vars(optimizer)[name] = clip_unless_clipped
+  vars(optimizer)[_CLIPPED_FLAG] = True
 
 
 def _split(grads_and_vars):
@@ -197,7 +349,11 @@ class TablesStage(optimizer_pipeline.Stage):
     return table_of(variable) is not None
 
   def apply(self, optimizer, grads_and_vars, step):
+    if _clips(optimizer):
+      grads_and_vars = _clip_all(optimizer, list(grads_and_vars))
     tables, dense = _split(grads_and_vars)
+    if _clips(optimizer) and any(g is not None for g, _ in dense):
+      _skip_own_clipping_once(optimizer)
     if not tables:
       return [], dense
     hyper = _hyperparameters(optimizer)
@@ -210,8 +366,9 @@ optimizer_pipeline.register_saved_stage(TablesStage.kind, TablesStage)
 def DynamicEmbeddingOptimizer(optimizer):  # noqa: N802 (a wrapper, named like a class)
   """Wraps `optimizer` so that it also trains dynamic embedding tables.
 
-  Supported: tf.compat.v1.train.{GradientDescent,Adagrad,Adam}Optimizer and
-  tf.keras.optimizers.{SGD,Adagrad,Adam} (also the .legacy ones), or any wrapper of one that
+  Supported: tf.compat.v1.train.{GradientDescent,Momentum,Adagrad,Adam,Ftrl}Optimizer and
+  tf.keras.optimizers.{SGD,Adagrad,Adam,Ftrl} (also the .legacy ones; SGD with momentum and
+  Nesterov, Adam with amsgrad; clipnorm, clipvalue, global_clipnorm), or any wrapper of one that
   tf_ext.optimizer_pipeline recognises (tf_ext.lightcc's and Horovod's DistributedOptimizer, Keras'
   LossScaleOptimizer), in any order. The optimizer object itself is returned, with its class
   extended, so Keras `compile`, Estimator and MonitoredTrainingSession accept it, its config stays

@@ -2,42 +2,73 @@
 // receives the row's update count *before* this update (Adam's bias correction uses the
 // row's own step, so a row that appears in every batch matches dense Adam exactly and a
 // rare row is not over-corrected).
+//
+// The arithmetic follows TensorFlow's sparse apply kernels (training_ops.cc) operation by
+// operation, so a row updated here matches the same row of a dense variable updated by
+// TensorFlow's optimizer to float rounding.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_OPTIMIZERS_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_OPTIMIZERS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace tf_ext {
 namespace de {
 
-enum class OptimizerKind { kSgd, kAdagrad, kAdam };
+enum class OptimizerKind {
+  kSgd,
+  kAdagrad,
+  kAdam,
+  kAmsgrad,        // Adam with AMSGrad's running maximum of the second moment
+  kMomentum,       // tf.compat.v1.train.MomentumOptimizer: accum = mu * accum + g
+  kKerasMomentum,  // Keras SGD(momentum): accum = mu * accum - lr * g
+  kFtrl,
+};
 
-// The names of the op's `optimizer` attr (ops/dynamic_embedding_ops.cc). False if unknown, so a
-// name the op allows but the kernel lacks is an error, not a silent SGD step.
+// The names of the op's `optimizer` attr (ops/dynamic_embedding_optimizer_ops.cc). False if
+// unknown, so a name the op allows but the kernel lacks is an error, not a silent SGD step.
 inline bool ParseOptimizerKind(std::string_view name, OptimizerKind* kind) {
-  if (name == "sgd") {
-    *kind = OptimizerKind::kSgd;
-  } else if (name == "adagrad") {
-    *kind = OptimizerKind::kAdagrad;
-  } else if (name == "adam") {
-    *kind = OptimizerKind::kAdam;
-  } else {
-    return false;
+  static constexpr struct {
+    std::string_view name;
+    OptimizerKind kind;
+  } kNames[] = {
+      {"sgd", OptimizerKind::kSgd},           {"adagrad", OptimizerKind::kAdagrad},
+      {"adam", OptimizerKind::kAdam},         {"amsgrad", OptimizerKind::kAmsgrad},
+      {"momentum", OptimizerKind::kMomentum}, {"keras_momentum", OptimizerKind::kKerasMomentum},
+      {"ftrl", OptimizerKind::kFtrl},
+  };
+  for (const auto& entry : kNames) {
+    if (entry.name == name) {
+      *kind = entry.kind;
+      return true;
+    }
   }
-  return true;
+  return false;
 }
 
 struct OptimizerParams {
   OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.0f;
+  // Adam, AMSGrad.
   float beta1 = 0.9f;
   float beta2 = 0.999f;
-  float epsilon = 0.0f;
+  float epsilon = 0.0f;  // also Adagrad's
   // Adagrad: TF1 uses g / sqrt(acc), legacy Keras g / (sqrt(acc) + eps), Keras 2.11+
   // g / sqrt(acc + eps). false: outside, true: inside.
   bool epsilon_inside_sqrt = false;
+  // Adagrad's and FTRL's accumulator starts at this value.
+  float initial_accumulator_value = 0.0f;
+  // Both momentum kinds.
+  float momentum = 0.0f;
+  bool use_nesterov = false;
+  // FTRL. l2 already includes FTRL's beta / (2 * learning_rate), as TensorFlow passes it.
+  float l1 = 0.0f;
+  float l2 = 0.0f;
+  float l2_shrinkage = 0.0f;
+  float learning_rate_power = -0.5f;
 };
 
 inline int NumSlots(OptimizerKind kind) {
@@ -45,12 +76,74 @@ inline int NumSlots(OptimizerKind kind) {
     case OptimizerKind::kSgd:
       return 0;
     case OptimizerKind::kAdagrad:
-      return 1;
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kKerasMomentum:
+      return 1;  // accumulator; momentum
     case OptimizerKind::kAdam:
-      return 2;
+    case OptimizerKind::kFtrl:
+      return 2;  // m, v; accumulator, linear
+    case OptimizerKind::kAmsgrad:
+      return 3;  // m, v, the running maximum of v
   }
   return 0;
 }
+
+// The initial value of each of the kind's NumSlots(kind) slots.
+inline std::vector<float> SlotInitialValues(const OptimizerParams& p) {
+  std::vector<float> values(NumSlots(p.kind), 0.0f);
+  if (p.kind == OptimizerKind::kAdagrad || p.kind == OptimizerKind::kFtrl) {
+    values[0] = p.initial_accumulator_value;
+  }
+  return values;
+}
+
+// The op's `hyperparameters` input holds, by kind: momentum kinds [momentum]; FTRL [l1, l2,
+// l2_shrinkage, learning_rate_power]; other kinds nothing (their scalars have inputs of their own).
+inline int NumHyperparameters(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kKerasMomentum:
+      return 1;
+    case OptimizerKind::kFtrl:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+// Sets the fields that `values` (NumHyperparameters(p->kind) of them) carry.
+inline void SetHyperparameters(const float* values, OptimizerParams* p) {
+  switch (p->kind) {
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kKerasMomentum:
+      p->momentum = values[0];
+      return;
+    case OptimizerKind::kFtrl:
+      p->l1 = values[0];
+      p->l2 = values[1];
+      p->l2_shrinkage = values[2];
+      p->learning_rate_power = values[3];
+      return;
+    default:
+      return;
+  }
+}
+
+namespace internal {
+
+// accum^(-lr_power), with TensorFlow's exact square root for the usual lr_power = -0.5.
+inline float FtrlPower(float accum, float lr_power) {
+  return lr_power == -0.5f ? std::sqrt(accum) : std::pow(accum, -lr_power);
+}
+
+// Adam's step size for the row's update number t (1-based): lr * sqrt(1 - b2^t) / (1 - b1^t).
+inline float AdamStepSize(const OptimizerParams& p, int64_t prior_updates) {
+  const double t = static_cast<double>(prior_updates + 1);
+  return static_cast<float>(p.learning_rate * std::sqrt(1.0 - std::pow(p.beta2, t)) /
+                            (1.0 - std::pow(p.beta1, t)));
+}
+
+}  // namespace internal
 
 // `slots` holds NumSlots(kind) consecutive blocks of `dim` floats.
 inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const float* grad,
@@ -69,16 +162,63 @@ inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const
       }
       return;
     }
-    case OptimizerKind::kAdam: {
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAmsgrad: {
       float* m = slots;
       float* v = slots + dim;
-      const double t = static_cast<double>(prior_updates + 1);
-      const float lr_t = static_cast<float>(
-          p.learning_rate * std::sqrt(1.0 - std::pow(p.beta2, t)) / (1.0 - std::pow(p.beta1, t)));
+      float* v_max = slots + 2 * dim;  // AMSGrad only
+      const bool amsgrad = p.kind == OptimizerKind::kAmsgrad;
+      const float lr_t = internal::AdamStepSize(p, prior_updates);
       for (int j = 0; j < dim; ++j) {
         m[j] = p.beta1 * m[j] + (1.0f - p.beta1) * grad[j];
         v[j] = p.beta2 * v[j] + (1.0f - p.beta2) * grad[j] * grad[j];
-        embedding[j] -= lr_t * m[j] / (std::sqrt(v[j]) + p.epsilon);
+        float second_moment = v[j];
+        if (amsgrad) second_moment = v_max[j] = std::max(v_max[j], v[j]);
+        embedding[j] -= lr_t * m[j] / (std::sqrt(second_moment) + p.epsilon);
+      }
+      return;
+    }
+    case OptimizerKind::kMomentum: {  // TF's SparseApplyMomentum
+      float* accum = slots;
+      for (int j = 0; j < dim; ++j) {
+        accum[j] = accum[j] * p.momentum + grad[j];
+        if (p.use_nesterov) {
+          embedding[j] -= p.learning_rate * grad[j] + p.learning_rate * p.momentum * accum[j];
+        } else {
+          embedding[j] -= p.learning_rate * accum[j];
+        }
+      }
+      return;
+    }
+    case OptimizerKind::kKerasMomentum: {  // TF's SparseApplyKerasMomentum
+      float* accum = slots;
+      for (int j = 0; j < dim; ++j) {
+        accum[j] = accum[j] * p.momentum - grad[j] * p.learning_rate;
+        if (p.use_nesterov) {
+          embedding[j] += accum[j] * p.momentum - grad[j] * p.learning_rate;
+        } else {
+          embedding[j] += accum[j];
+        }
+      }
+      return;
+    }
+    case OptimizerKind::kFtrl: {  // TF's SparseApplyFtrl(V2), multiply_linear_by_lr = false
+      float* accum = slots;
+      float* linear = slots + dim;
+      const float two_shrinkage = 2.0f * p.l2_shrinkage;
+      const float two_l2 = 2.0f * p.l2;
+      for (int j = 0; j < dim; ++j) {
+        const float g = grad[j];
+        const float g_with_shrinkage = g + two_shrinkage * embedding[j];
+        const float new_accum = accum[j] + g * g;
+        const float new_power = internal::FtrlPower(new_accum, p.learning_rate_power);
+        linear[j] +=
+            g_with_shrinkage - (new_power - internal::FtrlPower(accum[j], p.learning_rate_power)) /
+                                   p.learning_rate * embedding[j];
+        const float l1_adjusted = std::max(std::min(linear[j], p.l1), -p.l1);
+        const float quadratic = new_power / p.learning_rate + two_l2;
+        embedding[j] = (l1_adjusted - linear[j]) / quadratic;
+        accum[j] = new_accum;
       }
       return;
     }
