@@ -11,6 +11,8 @@
 #   make sanitize  the C++ core tests under ThreadSanitizer and AddressSanitizer
 #   make demo    examples/train_ctr.py
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
+#   make bench-lifecycle  benchmarks/eviction.py, admission.py and small_tables.py (installs
+#                requirements-bench.txt: TFRA, for eviction's comparison)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
 #   make clean   bazel clean + built artefacts
@@ -85,7 +87,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-cluster clean distclean
+        bench-lifecycle bench-cluster clean distclean
 
 all: build
 
@@ -232,6 +234,12 @@ demo: build
 
 bench: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/lookup.py $(BENCH_ARGS))
+
+# The lifecycle benchmarks (issue 8), one after the other; BENCH_ARGS=--quick for short runs.
+bench-lifecycle: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/eviction.py $(BENCH_ARGS))
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/admission.py $(BENCH_ARGS))
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/small_tables.py $(BENCH_ARGS))
 
 # Needs root for its network namespaces: sudo when not root (sudo drops the environment, so the
 # settings it needs are passed explicitly).

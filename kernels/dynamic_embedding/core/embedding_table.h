@@ -35,6 +35,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -751,7 +752,8 @@ class EmbeddingTable {
     return false;
   }
 
-  static constexpr size_t kEvictBatch = 1024;
+  // Removals per hold of a shard's write lock: a hold stays far under a millisecond.
+  static constexpr size_t kEvictBatch = 256;
 
   // Removes the shard's entries that select(entry) picks under the read lock and that still
   // pass recheck(entry) under the exclusive lock (see Evict).
@@ -767,15 +769,20 @@ class EmbeddingTable {
     }
     int64_t removed = 0;
     for (size_t begin = 0; begin < victims.size(); begin += kEvictBatch) {
-      ExclusiveGuard guard(shard.lock);
-      for (size_t i = begin; i < std::min(victims.size(), begin + kEvictBatch); ++i) {
-        const KeyView key(victims[i]);
-        size_t pos;
-        if (!FindSlot(shard, key, StorageHash(key), &pos)) continue;
-        if (!recheck(static_cast<const char*>(EntryAt(shard, IdAt(shard, pos))))) continue;
-        RemoveAt(shard, pos);
-        ++removed;
+      {
+        ExclusiveGuard guard(shard.lock);
+        for (size_t i = begin; i < std::min(victims.size(), begin + kEvictBatch); ++i) {
+          const KeyView key(victims[i]);
+          size_t pos;
+          if (!FindSlot(shard, key, StorageHash(key), &pos)) continue;
+          if (!recheck(static_cast<const char*>(EntryAt(shard, IdAt(shard, pos))))) continue;
+          RemoveAt(shard, pos);
+          ++removed;
+        }
       }
+      // Let the lookups that queued behind this batch in before taking the lock again: a
+      // spinning reader would otherwise rarely win the lock back between batches.
+      std::this_thread::yield();
     }
     return removed;
   }
