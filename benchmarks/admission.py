@@ -46,18 +46,13 @@ import sys
 import time
 
 import numpy as np
+from _common import CPU_FLAGS, cpu_model_and_flags, int_list, log, mib  # noqa: E402 (benchmarks/ is on sys.path)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isfile(os.path.join(_REPO, "tf_ext", "__init__.py")) and _REPO not in sys.path:
   sys.path.insert(0, _REPO)  # run from a checkout without PYTHONPATH
-
-CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
-
-
-def int_list(text):
-  return [int(x) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv=None):
@@ -92,30 +87,6 @@ def parse_args(argv=None):
 
 
 # ---- small helpers --------------------------------------------------------------------------
-
-
-def log(msg):
-  print(msg, file=sys.stderr, flush=True)
-
-
-def mib(n):
-  return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def cpu_model_and_flags():
-  model, flags = platform.processor() or "unknown", []
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-          present = set(line.split(":", 1)[1].split())
-          flags = [flag for flag in CPU_FLAGS if flag in present]
-          break
-  except OSError:
-    pass
-  return model, flags
 
 
 # ---- the stream -----------------------------------------------------------------------------

@@ -53,6 +53,7 @@ import threading
 import time
 
 import numpy as np
+from _common import CPU_FLAGS, cpu_model_and_flags, log, mib, rss_bytes, verdict  # noqa: E402 (benchmarks/ is on sys.path)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # TensorFlow's oneDNN CPU allocator keeps large freed tensors in a pool it never gives back, so a
@@ -65,7 +66,6 @@ if os.path.isfile(os.path.join(_REPO, "tf_ext", "__init__.py")) and _REPO not in
   sys.path.insert(0, _REPO)  # run from a checkout without PYTHONPATH
 
 STALL_TARGET_MS = 10.0  # the longest lookup while tf_ext evicts, at most
-CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
 
 
 def parse_args(argv=None):
@@ -112,19 +112,6 @@ def parse_args(argv=None):
 # ---- small helpers --------------------------------------------------------------------------
 
 
-def log(msg):
-  print(msg, file=sys.stderr, flush=True)
-
-
-def rss_bytes():
-  """Resident set size of this process (Linux), or None."""
-  try:
-    with open("/proc/self/statm") as f:
-      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-  except (OSError, ValueError, IndexError):
-    return None
-
-
 def reset_peak_rss():
   """Resets the process's RSS high-water mark (Linux >= 4.0); whether it could."""
   try:
@@ -154,30 +141,6 @@ def peak_rss_bytes():
   except (OSError, ValueError, IndexError):
     pass
   return None
-
-
-def mib(n):
-  return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def cpu_model_and_flags():
-  model, flags = platform.processor() or "unknown", []
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-          present = set(line.split(":", 1)[1].split())
-          flags = [flag for flag in CPU_FLAGS if flag in present]
-          break
-  except OSError:
-    pass
-  return model, flags
-
-
-def verdict(ok):
-  return "PASS" if ok else "MISS"
 
 
 def percentile(values, q):

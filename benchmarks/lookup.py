@@ -40,6 +40,7 @@ import sys
 import time
 
 import numpy as np
+from _common import log, mib, rss_bytes, verdict  # noqa: E402 (benchmarks/ is on sys.path)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
@@ -119,10 +120,6 @@ def parse_args(argv=None):
 # ---- small helpers --------------------------------------------------------------------------
 
 
-def log(msg):
-  print(msg, file=sys.stderr, flush=True)
-
-
 class Progress:
   """One progress line on stderr: rewritten in place on a terminal, a few lines otherwise."""
 
@@ -143,19 +140,6 @@ class Progress:
       log(line)
 
 
-def rss_bytes():
-  """Resident set size of this process (Linux), or None."""
-  try:
-    with open("/proc/self/statm") as f:
-      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-  except (OSError, ValueError, IndexError):
-    return None
-
-
-def mib(n):
-  return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
 def cpu_model():
   try:
     with open("/proc/cpuinfo") as f:
@@ -169,10 +153,6 @@ def cpu_model():
 
 def fmt_rate(keys_per_s):
   return "n/a" if keys_per_s is None else f"{keys_per_s / 1e6:8.2f} M keys/s"
-
-
-def verdict(ok):
-  return "PASS" if ok else "MISS"
 
 
 # ---- data -----------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import tempfile
 import time
 
 import numpy as np
+from _common import CPU_FLAGS, cpu_model_and_flags, int_list, log, rss_bytes, verdict  # noqa: E402 (benchmarks/ is on sys.path)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
@@ -51,12 +52,7 @@ if os.path.isfile(os.path.join(_REPO, "tf_ext", "__init__.py")) and _REPO not in
 SMALL_TABLE_TARGET = 2.0  # memory_bytes / raw payload of a 1,000-id dim-16 table, at most
 LOOKUP_VS_GATHER_TARGET = 0.6  # lookup.py's target, tf_ext lookup / dense tf.gather
 PREVIOUS_LOOKUP_VS_GATHER = (0.71, 0.72)  # README, benchmarks/lookup.py on the previous core
-CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile")
 QUICK_LOOKUP_ARGS = "--keys 200000 --num-batches 5 --repeats 3 --no-adam"
-
-
-def int_list(text):
-  return [int(x) for x in text.split(",") if x.strip()]
 
 
 def parse_args(argv=None):
@@ -105,39 +101,6 @@ def parse_args(argv=None):
 
 
 # ---- small helpers --------------------------------------------------------------------------
-
-
-def log(msg):
-  print(msg, file=sys.stderr, flush=True)
-
-
-def rss_bytes():
-  """Resident set size of this process (Linux), or None."""
-  try:
-    with open("/proc/self/statm") as f:
-      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-  except (OSError, ValueError, IndexError):
-    return None
-
-
-def cpu_model_and_flags():
-  model, flags = platform.processor() or "unknown", []
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          model = line.split(":", 1)[1].strip()
-        elif line.startswith("flags"):
-          present = set(line.split(":", 1)[1].split())
-          flags = [flag for flag in CPU_FLAGS if flag in present]
-          break
-  except OSError:
-    pass
-  return model, flags
-
-
-def verdict(ok):
-  return "PASS" if ok else "MISS"
 
 
 # ---- main -----------------------------------------------------------------------------------
@@ -295,7 +258,8 @@ def main(argv=None):
         os.makedirs(os.path.join(tmp, str(i), "benchmarks"))
         os.symlink(package, os.path.join(tmp, str(i), "tf_ext"))
         scripts[name] = os.path.join(tmp, str(i), "benchmarks", "lookup.py")
-        shutil.copy(os.path.join(_HERE, "lookup.py"), scripts[name])
+        for module in ("lookup.py", "_common.py"):
+          shutil.copy(os.path.join(_HERE, module), os.path.dirname(scripts[name]))
       for run in range(args.lookup_runs):
         for name in libraries:  # alternating, so that machine noise hits both alike
           out = os.path.join(tmp, f"lookup_{run}.json")

@@ -28,9 +28,12 @@ def normalize(name):
 
 
 def scripts():
+  """The runnable scripts; modules named _*.py are their shared code (checked through them)."""
   found = sorted(glob.glob(os.path.join(ROOT, "examples", "*.py")))
   found += sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py")))
-  return [os.path.relpath(path, ROOT) for path in found]
+  return [
+    os.path.relpath(path, ROOT) for path in found if not os.path.basename(path).startswith("_")
+  ]
 
 
 def third_party_imports(path):
