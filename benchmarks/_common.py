@@ -1,9 +1,12 @@
 """What the benchmark scripts share: progress logging, memory readings, the machine report and
 the PASS/MISS verdict. Imported as `_common` (the scripts run from this folder)."""
 
+import json
 import os
 import platform
+import shlex
 import sys
+import time
 
 
 def log(msg):
@@ -50,3 +53,19 @@ def verdict(ok):
 
 def int_list(text):
   return [int(x) for x in text.split(",") if x.strip()]
+
+
+def finish(results, json_path, wall_start):
+  """Prints the total time and the command line, writes `results` to json_path if given; 0."""
+  command = shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
+  results["command"] = command
+  results["total_s"] = time.perf_counter() - wall_start
+  print()
+  print(f"total time   : {results['total_s']:.1f}s")
+  if json_path:
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as f:
+      json.dump(results, f, indent=2)
+    print(f"json         : {json_path}")
+  print(f"command      : {command}")
+  return 0

@@ -38,15 +38,13 @@ updates: 2.2 GB at dim 16), and a run of 100 M updates takes about 10 minutes on
 
 import argparse
 import gc
-import json
 import os
 import platform
-import shlex
 import sys
 import time
 
 import numpy as np
-from _common import CPU_FLAGS, cpu_model_and_flags, int_list, log, mib  # noqa: E402 (benchmarks/ is on sys.path)
+from _common import CPU_FLAGS, cpu_model_and_flags, finish, int_list, log, mib  # noqa: E402 (benchmarks/ is on sys.path)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
@@ -323,18 +321,7 @@ def main(argv=None):
     "those it drops"
   )
 
-  command = shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
-  results["command"] = command
-  results["total_s"] = time.perf_counter() - wall_start
-  print()
-  print(f"total time   : {results['total_s']:.1f}s")
-  if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-      json.dump(results, f, indent=2)
-    print(f"json         : {args.json}")
-  print(f"command      : {command}")
-  return 0
+  return finish(results, args.json, wall_start)
 
 
 if __name__ == "__main__":
