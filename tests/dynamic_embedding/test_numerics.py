@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from _twins import graph_twins
 
 import tf_ext
 
@@ -73,31 +74,15 @@ def test_keras_optimizers_match_dense_in_eager(name, every_row):
 def test_v1_optimizers_match_dense_in_graph_mode(name):
   every_row = name == "adam"
   with tf.Graph().as_default():
-    init = _initial_rows()
-    ids_ph = tf.compat.v1.placeholder(tf.int64, [None])
-    labels_ph = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    table = tf_ext.get_dynamic_embedding_variable("v1_table", DIM, initializer="zeros")
-    dense = tf.compat.v1.get_variable("dense", initializer=init, use_resource=True)
-    w_t = tf.compat.v1.get_variable("w_t", initializer=tf.ones([DIM, 1]), use_resource=True)
-    w_d = tf.compat.v1.get_variable("w_d", initializer=tf.ones([DIM, 1]), use_resource=True)
-    step = tf.compat.v1.train.get_or_create_global_step()
-    loss_t = _loss(table.lookup(ids_ph), w_t, labels_ph)
-    loss_d = _loss(tf.gather(dense, ids_ph), w_d, labels_ph)
-    train_t = tf_ext.DynamicEmbeddingOptimizer(V1[name]()).minimize(
-      loss_t, var_list=[table.gradient_anchor, w_t], global_step=step
-    )
-    train_d = V1[name]().minimize(loss_d, var_list=[dense, w_d])
-    insert = table.insert(np.arange(VOCAB), init)
+    twins = graph_twins("v1_table", _initial_rows(), _loss, V1[name])
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
-      sess.run(insert)
-      for ids, labels in _batches(every_row):
-        sess.run([train_t, train_d], {ids_ph: ids, labels_ph: labels})
-      got, want = sess.run([table.lookup(np.arange(VOCAB)), dense])
+      twins.fit(sess, _batches(every_row))
+      got, want = sess.run([twins.lookup_all, twins.dense])
       np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
-      np.testing.assert_allclose(*sess.run([w_t, w_d]), rtol=2e-5, atol=2e-6)
-      assert sess.run(step) == STEPS
-      _, _, _, counts, last_steps, _ = sess.run(table.export_with_slots())
+      np.testing.assert_allclose(*sess.run([twins.w_table, twins.w_dense]), rtol=2e-5, atol=2e-6)
+      assert sess.run(twins.step) == STEPS
+      _, _, _, counts, last_steps, _ = sess.run(twins.table.export_with_slots())
       assert counts.max() <= STEPS and last_steps.max() == STEPS - 1
 
 

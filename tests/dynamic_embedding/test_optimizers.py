@@ -12,6 +12,7 @@ and FTRL) they are compared with every row in every batch, and the lazy differen
 import numpy as np
 import pytest
 import tensorflow as tf
+from _twins import graph_twins
 
 import tf_ext
 from tf_ext import _ops_loader
@@ -182,28 +183,14 @@ V1_OPTIMIZERS = {
   "name,every_row", [(n, e) for n in sorted(V1_OPTIMIZERS) for e in (True, False)]
 )
 def test_v1_optimizers_match_dense_in_monitored_training_session(name, every_row):
+  init = _initial_rows()
   with tf.Graph().as_default():
-    init = _initial_rows()
-    ids_ph = tf.compat.v1.placeholder(tf.int64, [None])
-    labels_ph = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    table = tf_ext.get_dynamic_embedding_variable("v1_opt_table", DIM, initializer="zeros")
-    dense = tf.compat.v1.get_variable("dense", initializer=init, use_resource=True)
-    w_t = tf.compat.v1.get_variable("w_t", initializer=tf.ones([DIM, 1]), use_resource=True)
-    w_d = tf.compat.v1.get_variable("w_d", initializer=tf.ones([DIM, 1]), use_resource=True)
-    step = tf.compat.v1.train.get_or_create_global_step()
-    loss_t = _loss(table.lookup(ids_ph), w_t, labels_ph)
-    loss_d = _loss(tf.gather(dense, ids_ph), w_d, labels_ph)
-    train_t = tf_ext.DynamicEmbeddingOptimizer(V1_OPTIMIZERS[name]()).minimize(
-      loss_t, var_list=[table.gradient_anchor, w_t], global_step=step
-    )
-    train_d = V1_OPTIMIZERS[name]().minimize(loss_d, var_list=[dense, w_d])
-    insert = table.insert(np.arange(VOCAB), init)
-    lookup_all = table.lookup(np.arange(VOCAB))
+    twins = graph_twins("v1_opt_table", init, _loss, V1_OPTIMIZERS[name])
     with tf.compat.v1.train.MonitoredTrainingSession() as sess:
-      sess.run(insert)
-      for ids, labels in _batches(every_row):
-        sess.run([train_t, train_d], {ids_ph: ids, labels_ph: labels})
-      rows, want, w_table, w_dense, steps = sess.run([lookup_all, dense, w_t, w_d, step])
+      twins.fit(sess, _batches(every_row))
+      rows, want, w_table, w_dense, steps = sess.run(
+        [twins.lookup_all, twins.dense, twins.w_table, twins.w_dense, twins.step]
+      )
   assert steps == STEPS
   assert not np.allclose(rows, init, atol=1e-3)
   np.testing.assert_allclose(rows, want, **TOLERANCE)
@@ -212,28 +199,13 @@ def test_v1_optimizers_match_dense_in_monitored_training_session(name, every_row
 
 @pytest.mark.parametrize("name", ["legacy_adam_amsgrad", "legacy_sgd_clipvalue_global_clipnorm"])
 def test_legacy_keras_optimizers_match_dense_in_graph_mode(name):
-  make = KERAS[name][0]
   with tf.Graph().as_default():
-    init = _initial_rows()
-    ids_ph = tf.compat.v1.placeholder(tf.int64, [None])
-    labels_ph = tf.compat.v1.placeholder(tf.float32, [None, 1])
-    table = tf_ext.get_dynamic_embedding_variable("graph_keras_table", DIM, initializer="zeros")
-    dense = tf.compat.v1.get_variable("dense", initializer=init, use_resource=True)
-    w_t = tf.compat.v1.get_variable("w_t", initializer=tf.ones([DIM, 1]), use_resource=True)
-    w_d = tf.compat.v1.get_variable("w_d", initializer=tf.ones([DIM, 1]), use_resource=True)
-    vars_t, vars_d = [table.gradient_anchor, w_t], [dense, w_d]
-    loss_t = _loss(table.lookup(ids_ph), w_t, labels_ph)
-    loss_d = _loss(tf.gather(dense, ids_ph), w_d, labels_ph)
-    opt_t, opt_d = tf_ext.DynamicEmbeddingOptimizer(make()), make()
-    train_t = opt_t.apply_gradients(zip(tf.gradients(loss_t, vars_t), vars_t))
-    train_d = opt_d.apply_gradients(zip(tf.gradients(loss_d, vars_d), vars_d))
-    insert = table.insert(np.arange(VOCAB), init)
-    lookup_all = table.lookup(np.arange(VOCAB))
+    twins = graph_twins("graph_keras_table", _initial_rows(), _loss, KERAS[name][0])
     with tf.compat.v1.train.MonitoredTrainingSession() as sess:
-      sess.run(insert)
-      for ids, labels in _batches(every_row=True):
-        sess.run([train_t, train_d], {ids_ph: ids, labels_ph: labels})
-      rows, want, w_table, w_dense = sess.run([lookup_all, dense, w_t, w_d])
+      twins.fit(sess, _batches(every_row=True))
+      rows, want, w_table, w_dense = sess.run(
+        [twins.lookup_all, twins.dense, twins.w_table, twins.w_dense]
+      )
   np.testing.assert_allclose(rows, want, **TOLERANCE)
   np.testing.assert_allclose(w_table, w_dense, **TOLERANCE)
 
