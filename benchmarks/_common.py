@@ -1,12 +1,77 @@
-"""What the benchmark scripts share: progress logging, memory readings, the machine report and
-the PASS/MISS verdict. Imported as `_common` (the scripts run from this folder)."""
+"""What the benchmark scripts share: the checkout on sys.path, the argument parser's frame, the
+optional TFRA import, progress logging, memory readings, the machine report and the PASS/MISS
+verdict. Imported as `_common` (the scripts run from this folder)."""
 
+import argparse
+import ctypes
 import json
 import os
 import platform
 import shlex
 import sys
 import time
+
+# The checkout this folder belongs to (or a copy's folder that links its tf_ext beside it).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def use_checkout(measures_peak_rss=False):
+  """Call before importing TensorFlow: keeps its C++ log to warnings (unless
+  TF_CPP_MIN_LOG_LEVEL is set) and puts REPO first on sys.path when it holds tf_ext, so that a
+  script run from a checkout imports that checkout's tf_ext without PYTHONPATH.
+
+  With `measures_peak_rss`, turns oneDNN off (unless TF_ENABLE_ONEDNN_OPTS is set): its CPU
+  allocator keeps large freed tensors in a pool it never gives back, so a path's peak RSS would
+  hide in what an earlier path freed; without it (the table ops use none of oneDNN), freed
+  tensors go back to the system."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+  if measures_peak_rss:
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  if os.path.isfile(os.path.join(REPO, "tf_ext", "__init__.py")) and REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
+def argument_parser(doc):
+  """An ArgumentParser described by the first paragraph of `doc` (the script's docstring), with
+  the defaults shown in --help."""
+  return argparse.ArgumentParser(
+    description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+
+
+def add_intra_op_threads(p):
+  p.add_argument(
+    "--intra-op-threads",
+    type=int,
+    default=0,
+    help="tf.config intra-op threads; 0 keeps TensorFlow's default (one per CPU)",
+  )
+
+
+def add_json(p):
+  p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+
+
+def require_positive(p, args, names):
+  """Exits through p.error unless each option of `names` (argparse dests) is >= 1."""
+  for name in names:
+    if getattr(args, name) < 1:
+      p.error(f"--{name.replace('_', '-')} must be >= 1")
+
+
+def import_tfra(skip, when_missing):
+  """TFRA for a baseline: (its dynamic_embedding module, its version, a status line), the first
+  two None when `skip` (--no-tfra) or when it cannot be imported; then the status says why,
+  followed by `when_missing` (what the script does without it)."""
+  if skip:
+    return None, None, "skipped (--no-tfra)"
+  try:
+    import tensorflow_recommenders_addons as tfra  # pylint: disable=import-outside-toplevel
+    import tensorflow_recommenders_addons.dynamic_embedding as de  # pylint: disable=import-outside-toplevel
+  except Exception as error:  # ImportError, or a TFRA op library that fails to load
+    return None, None, f"not installed ({type(error).__name__}: {error}); {when_missing}"
+  version = getattr(tfra, "__version__", "unknown")
+  return de, version, f"tensorflow-recommenders-addons {version}"
 
 
 def log(msg):
@@ -20,6 +85,37 @@ def rss_bytes():
       return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
   except (OSError, ValueError, IndexError):
     return None
+
+
+def reset_peak_rss():
+  """Resets the process's RSS high-water mark (Linux >= 4.0); whether it could."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def release_free_memory():
+  """Gives the allocator's free memory back to the system (glibc), so that a path's peak RSS
+  counts its own allocations, not memory it reuses from what an earlier path freed."""
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass
+
+
+def peak_rss_bytes():
+  """VmHWM, the RSS high-water mark since the process started or the last reset, or None."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
 
 
 def mib(n):
@@ -45,6 +141,37 @@ def cpu_model_and_flags(wanted_flags=CPU_FLAGS):
   except OSError:
     pass
   return model, flags
+
+
+def cpus_available():
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def machine_report(tf, tf_ext, np, cpu_features=True):
+  """Prints the machine (CPU model, CPUs available, OS), its CPU features unless not
+  `cpu_features`, and the versions of Python, TensorFlow, tf_ext (with its folder) and numpy;
+  returns the results' "machine" entry."""
+  model, flags = cpu_model_and_flags()
+  cpus = cpus_available()
+  print(f"machine      : {model}, {cpus} CPUs available, {platform.system()} {platform.release()}")
+  if cpu_features:
+    print(f"CPU features : {' '.join(flags) or 'unknown'} (of {', '.join(CPU_FLAGS)})")
+  print(
+    f"versions     : Python {platform.python_version()}, TensorFlow {tf.__version__}, "
+    f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}"
+  )
+  return {"cpu": model, "cpus": cpus, "cpu_flags": flags}
+
+
+def versions(tf, tf_ext, np, **more):
+  """The results' "versions" entry; `more` (e.g. tfra=...) comes before numpy."""
+  return {
+    "python": platform.python_version(),
+    "tensorflow": tf.__version__,
+    "tf_ext": tf_ext.__version__,
+    **more,
+    "numpy": np.__version__,
+  }
 
 
 def verdict(ok):

@@ -36,27 +36,29 @@ updates: 2.2 GB at dim 16), and a run of 100 M updates takes about 10 minutes on
   python benchmarks/admission.py --min-counts 2 --sketch-mib 8 --json /tmp/admission.json
 """
 
-import argparse
 import gc
-import os
-import platform
 import sys
 import time
 
 import numpy as np
-from _common import CPU_FLAGS, cpu_model_and_flags, finish, int_list, log, mib  # noqa: E402 (benchmarks/ is on sys.path)
+from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
+  add_json,
+  argument_parser,
+  finish,
+  int_list,
+  log,
+  machine_report,
+  mib,
+  require_positive,
+  use_checkout,
+  versions,
+)
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isfile(os.path.join(_REPO, "tf_ext", "__init__.py")) and _REPO not in sys.path:
-  sys.path.insert(0, _REPO)  # run from a checkout without PYTHONPATH
+use_checkout()
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(
-    description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
+  p = argument_parser(__doc__)
   p.add_argument("--updates", type=int, default=100_000_000, help="ids in the stream")
   p.add_argument("--chunk", type=int, default=1_000_000, help="updates per training step")
   p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent (> 1, numpy's zipf)")
@@ -68,13 +70,11 @@ def parse_args(argv=None):
   p.add_argument("--sketch-depth", type=int, default=4, help="sketch rows")
   p.add_argument("--seed", type=int, default=0, help="numpy seed of the stream")
   p.add_argument("--quick", action="store_true", help="10 M updates, to develop")
-  p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+  add_json(p)
   args = p.parse_args(argv)
   if args.quick:
     args.updates = min(args.updates, 10_000_000)
-  for name in ("updates", "chunk", "dim", "sketch_depth"):
-    if getattr(args, name) < 1:
-      p.error(f"--{name.replace('_', '-')} must be >= 1")
+  require_positive(p, args, ("updates", "chunk", "dim", "sketch_depth"))
   if args.zipf <= 1:
     p.error("--zipf must be > 1 (numpy's Zipf distribution)")
   if not args.min_counts or min(args.min_counts) < 2:
@@ -139,16 +139,9 @@ def main(argv=None):
   from tf_ext import _ops_loader  # pylint: disable=import-outside-toplevel
 
   ops = _ops_loader.load()
-  model, flags = cpu_model_and_flags()
-  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   rounds = max(args.min_counts)
   print("== tf_ext admission benchmark ==")
-  print(f"machine      : {model}, {cpus} CPUs available, {platform.system()} {platform.release()}")
-  print(f"CPU features : {' '.join(flags) or 'unknown'} (of {', '.join(CPU_FLAGS)})")
-  print(
-    f"versions     : Python {platform.python_version()}, TensorFlow {tf.__version__}, "
-    f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}"
-  )
+  machine = machine_report(tf, tf_ext, np)
   print(
     f"workload     : {args.updates:,} updates of Zipf({args.zipf:g}) ids, dim {args.dim}, "
     f"steps of {args.chunk:,} updates (fed in up to {rounds} rounds per step, one occurrence "
@@ -170,13 +163,8 @@ def main(argv=None):
         "quick",
       )
     },
-    "versions": {
-      "python": platform.python_version(),
-      "tensorflow": tf.__version__,
-      "tf_ext": tf_ext.__version__,
-      "numpy": np.__version__,
-    },
-    "machine": {"cpu": model, "cpus": cpus, "cpu_flags": flags},
+    "versions": versions(tf, tf_ext, np),
+    "machine": machine,
   }
 
   # -- the stream and the truth -------------------------------------------------------------

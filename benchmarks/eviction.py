@@ -40,36 +40,40 @@ The PASS/MISS lines are informational: the exit status is 0 whatever the numbers
 TFRA is optional: `pip install -r requirements-bench.txt`.
 """
 
-import argparse
-import ctypes
 import gc
 import os
-import platform
 import statistics
 import sys
 import threading
 import time
 
 import numpy as np
-from _common import CPU_FLAGS, cpu_model_and_flags, finish, log, mib, rss_bytes, verdict  # noqa: E402 (benchmarks/ is on sys.path)
+from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
+  add_intra_op_threads,
+  add_json,
+  argument_parser,
+  finish,
+  import_tfra,
+  log,
+  machine_report,
+  mib,
+  peak_rss_bytes,
+  release_free_memory,
+  require_positive,
+  reset_peak_rss,
+  rss_bytes,
+  use_checkout,
+  verdict,
+  versions,
+)
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-# TensorFlow's oneDNN CPU allocator keeps large freed tensors in a pool it never gives back, so a
-# path's peak RSS would hide in what an earlier path freed; without oneDNN (which none of the ops
-# here use), freed tensors go back to the system.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isfile(os.path.join(_REPO, "tf_ext", "__init__.py")) and _REPO not in sys.path:
-  sys.path.insert(0, _REPO)  # run from a checkout without PYTHONPATH
+use_checkout(measures_peak_rss=True)
 
 STALL_TARGET_MS = 10.0  # the longest lookup while tf_ext evicts, at most
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(
-    description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
+  p = argument_parser(__doc__)
   p.add_argument("--keys", type=int, default=10_000_000, help="distinct ids in the table")
   p.add_argument("--dim", type=int, default=16, help="embedding width (float32)")
   p.add_argument(
@@ -83,23 +87,16 @@ def parse_args(argv=None):
     "--repeats", type=int, default=5, help="evictions per path (each with its windows)"
   )
   p.add_argument("--insert-batch", type=int, default=1 << 20, help="ids per insert/update call")
-  p.add_argument(
-    "--intra-op-threads",
-    type=int,
-    default=0,
-    help="tf.config intra-op threads; 0 keeps TensorFlow's default (one per CPU)",
-  )
+  add_intra_op_threads(p)
   p.add_argument("--seed", type=int, default=0, help="numpy seed for ids")
   p.add_argument("--no-tfra", action="store_true", help="skip TFRA's own restrict path")
   p.add_argument("--quick", action="store_true", help="1 M ids and 3 repeats, to develop")
-  p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+  add_json(p)
   args = p.parse_args(argv)
   if args.quick:
     args.keys = min(args.keys, 1_000_000)
     args.repeats = min(args.repeats, 3)
-  for name in ("keys", "dim", "lookup_batch", "insert_batch", "repeats"):
-    if getattr(args, name) < 1:
-      p.error(f"--{name.replace('_', '-')} must be >= 1")
+  require_positive(p, args, ("keys", "dim", "lookup_batch", "insert_batch", "repeats"))
   if args.groups < 2:
     p.error("--groups must be >= 2")
   if args.keys < args.groups:
@@ -108,37 +105,6 @@ def parse_args(argv=None):
 
 
 # ---- small helpers --------------------------------------------------------------------------
-
-
-def reset_peak_rss():
-  """Resets the process's RSS high-water mark (Linux >= 4.0); whether it could."""
-  try:
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")
-    return True
-  except OSError:
-    return False
-
-
-def release_free_memory():
-  """Gives the allocator's free memory back to the system (glibc), so that a path's peak RSS
-  counts its own allocations, not memory it reuses from what an earlier path freed."""
-  try:
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-  except (OSError, AttributeError):
-    pass
-
-
-def peak_rss_bytes():
-  """VmHWM, the RSS high-water mark since the process started or the last reset, or None."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) * 1024
-  except (OSError, ValueError, IndexError):
-    pass
-  return None
 
 
 def percentile(values, q):
@@ -450,34 +416,16 @@ def main(argv=None):
   import tf_ext  # pylint: disable=import-outside-toplevel
   from tf_ext import _ops_loader  # pylint: disable=import-outside-toplevel
 
-  de = None
-  tfra_version = None
-  tfra_status = "skipped (--no-tfra)"
-  if not args.no_tfra:
-    try:
-      import tensorflow_recommenders_addons as tfra  # pylint: disable=import-outside-toplevel
-      import tensorflow_recommenders_addons.dynamic_embedding as de  # pylint: disable=import-outside-toplevel
-
-      tfra_version = getattr(tfra, "__version__", "unknown")
-      tfra_status = f"tensorflow-recommenders-addons {tfra_version}"
-    except Exception as error:  # ImportError, or a TFRA op library that fails to load
-      de = None
-      tfra_status = (
-        f"not installed ({type(error).__name__}: {error}); its own restrict path is skipped, "
-        "its export + top_k + remove path still runs on the tf_ext table"
-      )
+  de, tfra_version, tfra_status = import_tfra(
+    args.no_tfra,
+    "its own restrict path is skipped, its export + top_k + remove path still runs on the "
+    "tf_ext table",
+  )
 
   n, dim, groups = args.keys, args.dim, args.groups
   ops = _ops_loader.load()
-  model, flags = cpu_model_and_flags()
-  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   print("== tf_ext eviction benchmark ==")
-  print(f"machine      : {model}, {cpus} CPUs available, {platform.system()} {platform.release()}")
-  print(f"CPU features : {' '.join(flags) or 'unknown'} (of {', '.join(CPU_FLAGS)})")
-  print(
-    f"versions     : Python {platform.python_version()}, TensorFlow {tf.__version__}, "
-    f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}"
-  )
+  machine = machine_report(tf, tf_ext, np)
   print(f"TFRA         : {tfra_status}")
   print(
     f"threads      : intra_op_parallelism_threads="
@@ -504,14 +452,8 @@ def main(argv=None):
         "quick",
       )
     },
-    "versions": {
-      "python": platform.python_version(),
-      "tensorflow": tf.__version__,
-      "tf_ext": tf_ext.__version__,
-      "tfra": tfra_version,
-      "numpy": np.__version__,
-    },
-    "machine": {"cpu": model, "cpus": cpus, "cpu_flags": flags},
+    "versions": versions(tf, tf_ext, np, tfra=tfra_version),
+    "machine": machine,
   }
 
   # -- data ---------------------------------------------------------------------------------

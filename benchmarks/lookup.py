@@ -29,22 +29,31 @@ noisy machine; absolute times are context.
 TFRA is optional: `pip install -r requirements-bench.txt` (or `pip install .[bench]`).
 """
 
-import argparse
 import gc
 import os
-import platform
 import statistics
 import sys
 import time
 
 import numpy as np
-from _common import finish, log, mib, rss_bytes, verdict  # noqa: E402 (benchmarks/ is on sys.path)
+from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
+  add_intra_op_threads,
+  add_json,
+  argument_parser,
+  cpus_available,
+  finish,
+  import_tfra,
+  log,
+  machine_report,
+  mib,
+  require_positive,
+  rss_bytes,
+  use_checkout,
+  verdict,
+  versions,
+)
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isfile(os.path.join(_REPO, "tf_ext", "__init__.py")) and _REPO not in sys.path:
-  sys.path.insert(0, _REPO)  # run from a checkout without PYTHONPATH (as `make bench` sets)
+use_checkout()
 
 LOOKUP_VS_GATHER_TARGET = 0.6  # tf_ext lookup keys/s / dense tf.gather keys/s, at least
 LOOKUP_VS_TFRA_TARGET = 10.0  # tf_ext lookup keys/s / TFRA embedding_lookup (training path) keys/s
@@ -63,9 +72,7 @@ TFRA_EMBEDDING_API = "de.shadow_ops.ShadowVariable + de.shadow_ops.embedding_loo
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(
-    description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
+  p = argument_parser(__doc__)
   p.add_argument("--keys", type=int, default=1_000_000, help="distinct ids in the table")
   p.add_argument("--dim", type=int, default=64, help="embedding width (float32)")
   p.add_argument("--batch", type=int, default=65_536, help="ids per lookup")
@@ -86,12 +93,7 @@ def parse_args(argv=None):
   p.add_argument(
     "--insert-batch", type=int, default=65_536, help="keys per insert/upsert/Adam step"
   )
-  p.add_argument(
-    "--intra-op-threads",
-    type=int,
-    default=0,
-    help="tf.config intra-op threads; 0 keeps TensorFlow's default (one per CPU)",
-  )
+  add_intra_op_threads(p)
   p.add_argument(
     "--inter-op-threads",
     type=int,
@@ -103,11 +105,9 @@ def parse_args(argv=None):
   p.add_argument(
     "--no-adam", action="store_true", help="skip the memory measurement with Adam slots"
   )
-  p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+  add_json(p)
   args = p.parse_args(argv)
-  for name in ("keys", "dim", "batch", "repeats", "num_batches", "insert_batch"):
-    if getattr(args, name) < 1:
-      p.error(f"--{name.replace('_', '-')} must be >= 1")
+  require_positive(p, args, ("keys", "dim", "batch", "repeats", "num_batches", "insert_batch"))
   if args.zipf <= 0:
     p.error("--zipf must be > 0")
   if args.warmup < 0:
@@ -136,17 +136,6 @@ class Progress:
       while done * 4 >= self.next_quarter * self.total:
         self.next_quarter += 1
       log(line)
-
-
-def cpu_model():
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
 
 
 def fmt_rate(keys_per_s):
@@ -227,23 +216,12 @@ def main(argv=None):
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
   import tf_ext  # pylint: disable=import-outside-toplevel
 
-  de = None
-  tfra_version = None
-  tfra_status = tfra_short = "skipped (--no-tfra)"
-  if not args.no_tfra:
-    try:
-      import tensorflow_recommenders_addons as tfra  # pylint: disable=import-outside-toplevel
-      import tensorflow_recommenders_addons.dynamic_embedding as de  # pylint: disable=import-outside-toplevel
-
-      tfra_version = getattr(tfra, "__version__", "unknown")
-      tfra_status = f"tensorflow-recommenders-addons {tfra_version}"
-    except Exception as error:  # ImportError, or a TFRA op library that fails to load
-      de = None
-      tfra_short = "TFRA not installed"
-      tfra_status = (
-        f"not installed ({type(error).__name__}: {error}); skipping the TFRA column. "
-        "Install it with `pip install -r requirements-bench.txt` or `pip install .[bench]`"
-      )
+  de, tfra_version, tfra_status = import_tfra(
+    args.no_tfra,
+    "skipping the TFRA column. Install it with `pip install -r requirements-bench.txt` or "
+    "`pip install .[bench]`",
+  )
+  tfra_short = "skipped (--no-tfra)" if args.no_tfra or de is not None else "TFRA not installed"
 
   n, dim, bsz = args.keys, args.dim, args.batch
   rng = np.random.default_rng(args.seed)
@@ -262,17 +240,11 @@ def main(argv=None):
         "seed",
       )
     },
-    "versions": {
-      "python": platform.python_version(),
-      "tensorflow": tf.__version__,
-      "tf_ext": tf_ext.__version__,
-      "tfra": tfra_version,
-      "numpy": np.__version__,
-    },
+    "versions": versions(tf, tf_ext, np, tfra=tfra_version),
   }
 
   # -- threads ------------------------------------------------------------------------------
-  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  cpus = cpus_available()
   intra_cfg = tf.config.threading.get_intra_op_parallelism_threads()
   inter_cfg = tf.config.threading.get_inter_op_parallelism_threads()
   threads = {
@@ -285,13 +257,7 @@ def main(argv=None):
   results["threads"] = threads
 
   print("== tf_ext lookup benchmark ==")
-  print(
-    f"machine      : {cpu_model()}, {cpus} CPUs available, {platform.system()} {platform.release()}"
-  )
-  print(
-    f"versions     : Python {platform.python_version()}, TensorFlow {tf.__version__}, "
-    f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}"
-  )
+  machine_report(tf, tf_ext, np, cpu_features=False)
   print(f"TFRA         : {tfra_status}")
   intra_default = "" if intra_cfg else f" (TensorFlow default: one per available CPU -> {cpus})"
   print(

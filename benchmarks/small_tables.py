@@ -26,11 +26,9 @@ The PASS/MISS lines are informational: the exit status is 0 whatever the numbers
   python benchmarks/small_tables.py --previous ../main --lookup-runs 3   # A/B against a build
 """
 
-import argparse
 import gc
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -40,14 +38,23 @@ import tempfile
 import time
 
 import numpy as np
-from _common import CPU_FLAGS, cpu_model_and_flags, finish, int_list, log, rss_bytes, verdict  # noqa: E402 (benchmarks/ is on sys.path)
+from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
+  REPO,
+  add_json,
+  argument_parser,
+  finish,
+  int_list,
+  log,
+  machine_report,
+  require_positive,
+  rss_bytes,
+  use_checkout,
+  verdict,
+  versions,
+)
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
+use_checkout()
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(_HERE)
-if os.path.isfile(os.path.join(_REPO, "tf_ext", "__init__.py")) and _REPO not in sys.path:
-  sys.path.insert(0, _REPO)  # run from a checkout without PYTHONPATH
 
 SMALL_TABLE_TARGET = 2.0  # memory_bytes / raw payload of a 1,000-id dim-16 table, at most
 LOOKUP_VS_GATHER_TARGET = 0.6  # lookup.py's target, tf_ext lookup / dense tf.gather
@@ -56,9 +63,7 @@ QUICK_LOOKUP_ARGS = "--keys 200000 --num-batches 5 --repeats 3 --no-adam"
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(
-    description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
+  p = argument_parser(__doc__)
   p.add_argument("--ids", type=int, default=1000, help="ids per small table")
   p.add_argument("--dim", type=int, default=16, help="embedding width (float32)")
   p.add_argument("--tables", type=int, default=300, help="small tables, for the RSS figures")
@@ -85,16 +90,14 @@ def parse_args(argv=None):
   p.add_argument(
     "--quick", action="store_true", help=f"lookup.py with {QUICK_LOOKUP_ARGS}, sweep to 100k"
   )
-  p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+  add_json(p)
   args = p.parse_args(argv)
   if args.quick:
     args.lookup_args = f"{QUICK_LOOKUP_ARGS} {args.lookup_args}".strip()
     args.sweep = [n for n in args.sweep if n <= 100_000]
   if args.previous and not os.path.isfile(os.path.join(args.previous, "tf_ext", "__init__.py")):
     p.error(f"--previous {args.previous}: no tf_ext/__init__.py there")
-  for name in ("ids", "dim", "tables", "lookup_runs"):
-    if getattr(args, name) < 1:
-      p.error(f"--{name.replace('_', '-')} must be >= 1")
+  require_positive(p, args, ("ids", "dim", "tables", "lookup_runs"))
   if any(n < 1 for n in args.sweep):
     p.error("--sweep sizes must be >= 1")
   return args
@@ -114,18 +117,11 @@ def main(argv=None):
 
   import tf_ext  # pylint: disable=import-outside-toplevel
 
-  model, flags = cpu_model_and_flags()
-  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   ids, dim = args.ids, args.dim
   raw = ids * (8 + 4 * dim)
   raw_adam = ids * (8 + 3 * 4 * dim)
   print("== tf_ext small tables benchmark ==")
-  print(f"machine      : {model}, {cpus} CPUs available, {platform.system()} {platform.release()}")
-  print(f"CPU features : {' '.join(flags) or 'unknown'} (of {', '.join(CPU_FLAGS)})")
-  print(
-    f"versions     : Python {platform.python_version()}, TensorFlow {tf.__version__}, "
-    f"tf_ext {tf_ext.__version__} ({os.path.dirname(tf_ext.__file__)}), numpy {np.__version__}"
-  )
+  machine = machine_report(tf, tf_ext, np)
   print(
     f"workload     : {args.tables} tables of {ids:,} int64 ids x dim {dim} float32; raw payload "
     f"{raw:,} B per table (8 + 4 x {dim} per id), {raw_adam:,} B with Adam's two slots"
@@ -134,13 +130,8 @@ def main(argv=None):
     "config": {
       k: getattr(args, k) for k in ("ids", "dim", "tables", "sweep", "lookup_args", "seed")
     },
-    "versions": {
-      "python": platform.python_version(),
-      "tensorflow": tf.__version__,
-      "tf_ext": tf_ext.__version__,
-      "numpy": np.__version__,
-    },
-    "machine": {"cpu": model, "cpus": cpus, "cpu_flags": flags},
+    "versions": versions(tf, tf_ext, np),
+    "machine": machine,
   }
   rng = np.random.default_rng(args.seed)
 
@@ -246,7 +237,7 @@ def main(argv=None):
   # -- a large table's lookup speed -------------------------------------------------------------
   gather_ratio = None
   if not args.no_lookup:
-    libraries = {"this checkout": os.path.join(_REPO, "tf_ext")}
+    libraries = {"this checkout": os.path.join(REPO, "tf_ext")}
     if args.previous:
       libraries["previous"] = os.path.join(os.path.abspath(args.previous), "tf_ext")
     runs = {name: [] for name in libraries}
