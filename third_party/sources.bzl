@@ -26,20 +26,25 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/optimizers.h",
             "kernels/dynamic_embedding/core/rw_spinlock.h",
+            "kernels/dynamic_embedding/core/snapshot_file.h",
         ],
         "core_srcs": [
             "kernels/dynamic_embedding/core/initializers.cc",
+            "kernels/dynamic_embedding/core/snapshot_file.cc",
         ],
         "kernel_hdrs": [
             "kernels/dynamic_embedding/table_kernel.h",
             "kernels/dynamic_embedding/table_resource.h",
+            "kernels/dynamic_embedding/table_restore.h",
         ],
         "kernel_srcs": [
+            "kernels/dynamic_embedding/checkpoint_kernels.cc",
             "kernels/dynamic_embedding/lifecycle_kernels.cc",
             "kernels/dynamic_embedding/optimizer_kernels.cc",
             "kernels/dynamic_embedding/table_kernels.cc",
         ],
         "op_srcs": [
+            "ops/dynamic_embedding_checkpoint_ops.cc",
             "ops/dynamic_embedding_lifecycle_ops.cc",
             "ops/dynamic_embedding_ops.cc",
             "ops/dynamic_embedding_optimizer_ops.cc",

@@ -10,6 +10,7 @@
 #include "kernels/dynamic_embedding/core/embedding_table.h"
 #include "kernels/dynamic_embedding/table_kernel.h"
 #include "kernels/dynamic_embedding/table_resource.h"
+#include "kernels/dynamic_embedding/table_restore.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -170,9 +171,11 @@ class RemoveOp : public TableKernel {
     TF_EXT_GET_TABLE(ctx, table);
     const auto flat_keys = ctx->input(1).flat<typename KeyTensor<Key>::Element>();
     de::EmbeddingTable<Key>* core = table->template table<Key>();
-    ParallelFor(ctx, flat_keys.size(), 200, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) core->Remove(KeyTensor<Key>::View(flat_keys(i)));
-    });
+    // On this op's thread, as Evict runs: a large remove spread over the intra-op pool would
+    // hold every pool thread, and lookups, whose blocks queue behind it, would wait for all of
+    // it. Batched by shard, so lookups wait at most one short batch for a shard's lock.
+    core->RemoveBatch(flat_keys.size(),
+                      [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); });
   }
 };
 
@@ -251,63 +254,9 @@ class ImportOp : public TableKernel {
   using TableKernel::TableKernel;
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
-    const Tensor& keys = ctx->input(1);
-    const Tensor& values = ctx->input(2);
-    const Tensor& slots = ctx->input(3);
-    const Tensor& counts = ctx->input(4);
-    const Tensor& steps = ctx->input(5);
-    const Tensor& slot_init = ctx->input(6);
-    const int dim = dim_;
-    OP_REQUIRES(ctx, keys.dims() == 1,
-                table->Invalid("import: keys must be 1-D, got shape ", keys.shape().DebugString()));
-    const int64_t n = keys.dim_size(0);
-    OP_REQUIRES(ctx, values.dims() == 2 && values.dim_size(0) == n,
-                table->Invalid("import: values must have shape [", n, ", ", dim, "], got ",
-                               values.shape().DebugString()));
-    OP_REQUIRES(ctx, values.dim_size(1) == dim,
-                table->Invalid("import: the data has dim ", values.dim_size(1),
-                               " but the table has dim ", dim));
-    OP_REQUIRES(
-        ctx, slot_init.dims() == 1 && slot_init.NumElements() <= de::kMaxSlots,
-        table->Invalid("import: slot_initial_values must be a vector of at most ", de::kMaxSlots,
-                       " values, got shape ", slot_init.shape().DebugString()));
-    const int num_slots = static_cast<int>(slot_init.NumElements());
-    OP_REQUIRES(ctx,
-                slots.dims() == 2 && slots.dim_size(0) == n && slots.dim_size(1) == num_slots * dim,
-                table->Invalid("import: slots must have shape [", n, ", ", num_slots * dim,
-                               "], got ", slots.shape().DebugString()));
-    OP_REQUIRES(ctx, counts.shape() == keys.shape() && steps.shape() == keys.shape(),
-                table->Invalid("import: update_counts and last_steps must have shape [", n, "]"));
-
-    // Build the new content aside, then swap it in: a failure leaves the table untouched.
-    de::EmbeddingTable<Key> fresh(dim, table->initializer());
-    const auto init = slot_init.flat<float>();
-    fresh.EnsureSlots(num_slots, std::vector<float>(init.data(), init.data() + num_slots));
-    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
-    const float* rows = values.flat<float>().data();
-    const float* slot_rows = slots.flat<float>().data();
-    const auto count_values = counts.flat<int64_t>();
-    const auto step_values = steps.flat<int64_t>();
-    ParallelFor(ctx, n, 300 + 2 * dim * (1 + num_slots), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        fresh.Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
-          std::copy(rows + i * dim, rows + (i + 1) * dim, row.embedding);
-          std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim,
-                    row.slots);
-          *row.update_count = static_cast<uint32_t>(
-              std::clamp<int64_t>(count_values(i), 0, std::numeric_limits<uint32_t>::max()));
-          *row.last_step = step_values(i);
-        });
-      }
-    });
-    OP_REQUIRES(ctx, fresh.Size() == n,
-                table->Invalid("import: the data holds ", n - fresh.Size(), " duplicate keys"));
-    // Keep slots this table already has (an optimizer may have widened it before restore).
-    const int current_slots = table->template table<Key>()->num_slots();
-    if (current_slots > num_slots) {
-      fresh.EnsureSlots(current_slots, table->template table<Key>()->slot_initial_values());
-    }
-    table->template table<Key>()->SwapContents(fresh);
+    OP_REQUIRES_OK(ctx,
+                   ImportTensors<Key>(ctx, table.get(), ctx->input(1), ctx->input(2), ctx->input(3),
+                                      ctx->input(4), ctx->input(5), ctx->input(6)));
   }
 };
 

@@ -242,42 +242,24 @@ class EmbeddingTable {
   }
 
   // Find for keys key_at(0..n-1) into out[i * dim, (i + 1) * dim), returning how many were
-  // present. Every shard is read-locked once for the whole call (in the same order LockAll
-  // takes them, so it cannot deadlock with it) instead of once per key: under skewed ids the
-  // same few locks would otherwise bounce between cores on every lookup. Callers keep n
-  // moderate (a few thousand) so writers wait little.
+  // present. A shard is read-locked once per call, not once per key: under skewed ids the same
+  // few locks would otherwise bounce between cores on every lookup. Usually every shard is
+  // locked for the whole call and the keys are served in order, writing the rows sequentially,
+  // the fastest. While a bulk removal runs (Evict, RemoveBatch), whose every short hold of a
+  // shard's write lock would otherwise wait for a whole call, the keys are served shard by shard
+  // instead, holding only the shards of the keys in flight (FindByShard).
   template <typename KeyAt>
   int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out) const {
-    // A two-stage software pipeline hides the two dependent cache misses of a cold key: the
-    // index slot is prefetched kIndexAhead keys ahead, then read and its entry prefetched
-    // kEntryAhead keys ahead, so both are in cache when the key's turn comes.
-    constexpr int64_t kIndexAhead = 16, kEntryAhead = 8, kRing = 16;
-    uint64_t hashes[kRing];
-    for (const auto& shard : shards_) shard.lock.lock_shared();
-    for (int64_t i = 0; i < std::min(n, kIndexAhead); ++i) {
-      hashes[i % kRing] = StorageHash(key_at(i));
-      PrefetchIndex(hashes[i % kRing]);
-    }
-    for (int64_t i = 0; i < std::min(n, kEntryAhead); ++i) PrefetchEntry(hashes[i % kRing]);
-    int64_t found = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t hash = hashes[i % kRing];
-      if (i + kEntryAhead < n) PrefetchEntry(hashes[(i + kEntryAhead) % kRing]);
-      if (i + kIndexAhead < n) {
-        hashes[(i + kIndexAhead) % kRing] = StorageHash(key_at(i + kIndexAhead));
-        PrefetchIndex(hashes[(i + kIndexAhead) % kRing]);
-      }
-      float* row = out + i * dim_;
-      if (const char* entry = FindEntry(ShardFor(hash), key_at(i), hash)) {
-        CopyRow(row, EmbeddingOf(entry));
-        ++found;
-      } else {
-        FillInitialRowOf(key_at(i), row);
-      }
-    }
-    for (const auto& shard : shards_) shard.lock.unlock_shared();
+    const int64_t found = bulk_removals_.load(std::memory_order_relaxed) > 0
+                              ? FindByShard(n, key_at, out)
+                              : FindInOrder(n, key_at, out);
     CountLookups(n, found);
     return found;
+  }
+  // FindBatch as it runs during a bulk removal, for tests.
+  template <typename KeyAt>
+  int64_t FindBatchByShardForTesting(int64_t n, KeyAt&& key_at, float* out) const {
+    return FindByShard(n, key_at, out);
   }
 
   bool Contains(KeyView key) const {
@@ -353,6 +335,30 @@ class EmbeddingTable {
     if (!FindSlot(shard, key, hash, &pos)) return false;
     RemoveAt(shard, pos);
     return true;
+  }
+
+  // Remove for keys key_at(0..n-1), returning how many were present. The keys are grouped by
+  // shard and removed in batches of kEvictBatch per hold of the shard's exclusive lock, as Evict
+  // does: a lock per batch, not per key, and lookups wait at most one short batch.
+  template <typename KeyAt>
+  int64_t RemoveBatch(int64_t n, KeyAt&& key_at) {
+    BulkRemoval bulk(bulk_removals_);
+    const ShardGroups groups = GroupByShard(n, key_at);
+    int64_t removed = 0;
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      Shard& shard = shards_[s];
+      const int64_t end = groups.first[s + 1];
+      for (int64_t begin = groups.first[s]; begin < end; begin += kEvictBatch) {
+        ExclusiveGuard guard(shard.lock);
+        for (int64_t p = begin; p < std::min<int64_t>(end, begin + kEvictBatch); ++p) {
+          size_t pos;
+          if (!FindSlot(shard, key_at(groups.keys[p].index), groups.keys[p].hash, &pos)) continue;
+          RemoveAt(shard, pos);
+          ++removed;
+        }
+      }
+    }
+    return removed;
   }
 
   int64_t Size() const { return size_.load(std::memory_order_relaxed); }
@@ -457,17 +463,21 @@ class EmbeddingTable {
 
   // A consistent, streaming snapshot, for checkpoints. Every shard is read-locked for the whole
   // call (lookups go on, updates wait). Calls begin(int64_t num_rows, int64_t num_tombstones)
-  // once, then row(const Key&, const RowRef&) for each entry changed since `since_version`
-  // (every entry when since_version == kFullSnapshot), then tombstone(const Key&) for each key
-  // removed since then (none for a full snapshot). Each callback returns bool; false stops the
-  // walk and Snapshot returns kSnapshotStopped. Otherwise returns the snapshot's version V >= 1:
-  // rows changed after this call get versions > V; pass V as since_version of the next delta.
-  // Changes are tracked from the first snapshot on, and kept until CommitSnapshot(V) says a
-  // file holding those up to V is durable. A delta needs a base this table can answer for: a
-  // version it snapshotted, not older than the last commit; else kSnapshotNoBase.
+  // once, then tombstone(const Key&) for each key removed since `since_version` (none for a
+  // full snapshot), then row(const Key&, const RowRef&) for each entry changed since then
+  // (every entry when since_version == kFullSnapshot). Tombstones come first so that a replay
+  // in this order is right for an id removed and added again. Each callback returns bool; false
+  // stops the walk and Snapshot returns kSnapshotStopped. Otherwise returns the snapshot's
+  // version V >= 1: rows changed after this call get versions > V; pass V as since_version of
+  // the next delta. With `track`, changes are tracked from the first snapshot on, and kept until
+  // CommitSnapshot(V) says a file holding those up to V is durable (a full snapshot without
+  // `track`, such as a plain checkpoint, starts no tracking). A delta needs a base this table
+  // can answer for: a version it snapshotted, not older than the last commit; else
+  // kSnapshotNoBase.
   static constexpr int64_t kSnapshotStopped = -1, kSnapshotNoBase = -2;
   template <typename Begin, typename Row, typename TombstoneFn>
-  int64_t Snapshot(int64_t since_version, Begin&& begin, Row&& row, TombstoneFn&& tombstone) {
+  int64_t Snapshot(int64_t since_version, Begin&& begin, Row&& row, TombstoneFn&& tombstone,
+                   bool track = true) {
     std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);
     const bool full = since_version == kFullSnapshot;
     if (!full && (!tracking_.load(std::memory_order_relaxed) ||
@@ -500,6 +510,13 @@ class EmbeddingTable {
       for (const Tombstone& removed : shard.removed) tombstones += removed.version > since;
     }
     bool ok = begin(rows, tombstones);
+    for (size_t s = 0; ok && !full && s < shards_.size(); ++s) {
+      for (const Tombstone& removed : shards_[s].removed) {
+        if (removed.version > since && !(ok = tombstone(static_cast<const Key&>(removed.key)))) {
+          break;
+        }
+      }
+    }
     for (size_t s = 0; ok && s < shards_.size(); ++s) {
       const Shard& shard = shards_[s];
       if (full) {
@@ -513,23 +530,26 @@ class EmbeddingTable {
         if (!(ok = row(static_cast<const Key&>(KeyOf(entry)), RowOf(entry)))) break;
       }
     }
-    for (size_t s = 0; ok && !full && s < shards_.size(); ++s) {
-      for (const Tombstone& removed : shards_[s].removed) {
-        if (removed.version > since && !(ok = tombstone(static_cast<const Key&>(removed.key)))) {
-          break;
-        }
-      }
-    }
     if (ok) {
-      // Later changes get later versions; from the first snapshot on, changes are tracked.
+      // Later changes get later versions.
       version_.store(version + 1, std::memory_order_relaxed);
-      if (!tracking_.load(std::memory_order_relaxed)) {
-        tracked_since_ = version;
-        tracking_.store(true, std::memory_order_relaxed);
-      }
+      if (track) StartTrackingAt(version);
     }
     for (const auto& shard : shards_) shard.lock.unlock_shared();
     return ok ? version : kSnapshotStopped;
+  }
+
+  // Declares the current content the base of later deltas, without walking it: for a table just
+  // restored from a snapshot chain, whose next delta continues that chain. Returns the version
+  // to pass as since_version.
+  int64_t MarkSnapshotBase() {
+    std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);
+    for (const auto& shard : shards_) shard.lock.lock_shared();
+    const uint32_t version = version_.load(std::memory_order_relaxed);
+    version_.store(version + 1, std::memory_order_relaxed);
+    StartTrackingAt(version);
+    for (const auto& shard : shards_) shard.lock.unlock_shared();
+    return version;
   }
 
   // Forgets the changes and removals a durable snapshot of `version` holds.
@@ -725,6 +745,15 @@ class EmbeddingTable {
     return true;
   }
 
+  // From now on changes are tracked, so deltas since `version` can be taken. Caller holds
+  // snapshot_mutex_ and every shard's lock (shared: the tracking state is atomic or guarded by
+  // snapshot_mutex_).
+  void StartTrackingAt(uint32_t version) {
+    if (tracking_.load(std::memory_order_relaxed)) return;
+    tracked_since_ = version;
+    tracking_.store(true, std::memory_order_relaxed);
+  }
+
   // Stamps the entry with the current version and, while tracking, remembers it as changed.
   // Caller holds the shard's exclusive lock.
   void MarkChanged(Shard& shard, uint32_t id) {
@@ -752,8 +781,132 @@ class EmbeddingTable {
     return false;
   }
 
-  // Removals per hold of a shard's write lock: a hold stays far under a millisecond.
+  // Removals per hold of a shard's write lock (Evict, RemoveBatch): a hold stays far under a
+  // millisecond.
   static constexpr size_t kEvictBatch = 256;
+
+  // Counts a bulk removal (see FindBatch) while in scope.
+  class BulkRemoval {
+   public:
+    explicit BulkRemoval(std::atomic<int>& count) : count_(count) {
+      count_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~BulkRemoval() { count_.fetch_sub(1, std::memory_order_relaxed); }
+    BulkRemoval(const BulkRemoval&) = delete;
+    BulkRemoval& operator=(const BulkRemoval&) = delete;
+
+   private:
+    std::atomic<int>& count_;
+  };
+
+  // Keys key_at(0..n-1) grouped by shard with a counting sort: keys[first[s], first[s + 1]) are
+  // shard s's, as their positions (increasing) and StorageHash, read in order by the callers.
+  struct GroupedKey {
+    int64_t index;
+    uint64_t hash;
+  };
+  struct ShardGroups {
+    std::unique_ptr<GroupedKey[]> keys;
+    std::vector<int64_t> first;
+  };
+  template <typename KeyAt>
+  ShardGroups GroupByShard(int64_t n, KeyAt&& key_at) const {
+    ShardGroups groups;
+    groups.first.assign(shards_.size() + 1, 0);
+    std::unique_ptr<uint64_t[]> hashes(new uint64_t[n]);
+    for (int64_t i = 0; i < n; ++i) {
+      hashes[i] = StorageHash(key_at(i));
+      ++groups.first[ShardIndex(hashes[i]) + 1];
+    }
+    for (size_t s = 0; s < shards_.size(); ++s) groups.first[s + 1] += groups.first[s];
+    std::vector<int64_t> next(groups.first.begin(), groups.first.end() - 1);
+    groups.keys.reset(new GroupedKey[n]);
+    for (int64_t i = 0; i < n; ++i) {
+      groups.keys[next[ShardIndex(hashes[i])]++] = GroupedKey{i, hashes[i]};
+    }
+    return groups;
+  }
+
+  // FindBatch's usual way: every shard read-locked (in the order LockAll takes them, so it cannot
+  // deadlock with it), the keys served in order.
+  template <typename KeyAt>
+  int64_t FindInOrder(int64_t n, KeyAt&& key_at, float* out) const {
+    // A two-stage software pipeline hides the two dependent cache misses of a cold key: the
+    // index slot is prefetched kIndexAhead keys ahead, then read and its entry prefetched
+    // kEntryAhead keys ahead, so both are in cache when the key's turn comes.
+    constexpr int64_t kIndexAhead = 16, kEntryAhead = 8, kRing = 16;
+    uint64_t hashes[kRing];
+    for (const auto& shard : shards_) shard.lock.lock_shared();
+    for (int64_t i = 0; i < std::min(n, kIndexAhead); ++i) {
+      hashes[i % kRing] = StorageHash(key_at(i));
+      PrefetchIndex(hashes[i % kRing]);
+    }
+    for (int64_t i = 0; i < std::min(n, kEntryAhead); ++i) PrefetchEntry(hashes[i % kRing]);
+    int64_t found = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t hash = hashes[i % kRing];
+      if (i + kEntryAhead < n) PrefetchEntry(hashes[(i + kEntryAhead) % kRing]);
+      if (i + kIndexAhead < n) {
+        hashes[(i + kIndexAhead) % kRing] = StorageHash(key_at(i + kIndexAhead));
+        PrefetchIndex(hashes[(i + kIndexAhead) % kRing]);
+      }
+      float* row = out + i * dim_;
+      if (const char* entry = FindEntry(ShardFor(hash), key_at(i), hash)) {
+        CopyRow(row, EmbeddingOf(entry));
+        ++found;
+      } else {
+        FillInitialRowOf(key_at(i), row);
+      }
+    }
+    for (const auto& shard : shards_) shard.lock.unlock_shared();
+    return found;
+  }
+
+  // FindBatch during a bulk removal: the keys grouped by shard, and only the shards of the keys
+  // in flight held (in ascending order, as LockAll takes them), never all at once: a writer
+  // holding one shard delays only the lookups that reach it, and a lookup delays a writer only
+  // while it serves that shard's keys.
+  template <typename KeyAt>
+  int64_t FindByShard(int64_t n, KeyAt&& key_at, float* out) const {
+    const ShardGroups groups = GroupByShard(n, key_at);
+    const GroupedKey* keys = groups.keys.get();
+    // A two-stage software pipeline over the grouped keys hides the two dependent cache misses
+    // of a cold key: the index slot is prefetched kIndexAhead keys ahead, then read and its
+    // entry prefetched kEntryAhead keys ahead, so both are in cache when the key's turn comes;
+    // the output row with it, as rows are written in shard order, not in key order. A shard is
+    // locked when the window reaches its first key, and unlocked after its last.
+    constexpr int64_t kIndexAhead = 16, kEntryAhead = 8;
+    auto enter = [&](int64_t p) {
+      if (p == groups.first[ShardIndex(keys[p].hash)]) ShardFor(keys[p].hash).lock.lock_shared();
+      PrefetchIndex(keys[p].hash);
+    };
+    auto prefetch_entry_and_row = [&](int64_t p) {
+      PrefetchEntry(keys[p].hash);
+      const char* row = reinterpret_cast<const char*>(out + keys[p].index * dim_);
+      for (size_t line = 0; line < sizeof(float) * dim_; line += 64) {
+        __builtin_prefetch(row + line, /*rw=*/1);
+      }
+    };
+    for (int64_t p = 0; p < std::min(n, kIndexAhead); ++p) enter(p);
+    for (int64_t p = 0; p < std::min(n, kEntryAhead); ++p) prefetch_entry_and_row(p);
+    int64_t found = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      if (p + kEntryAhead < n) prefetch_entry_and_row(p + kEntryAhead);
+      if (p + kIndexAhead < n) enter(p + kIndexAhead);
+      const int64_t i = keys[p].index;
+      const uint64_t hash = keys[p].hash;
+      const Shard& shard = ShardFor(hash);
+      float* row = out + i * dim_;
+      if (const char* entry = FindEntry(shard, key_at(i), hash)) {
+        CopyRow(row, EmbeddingOf(entry));
+        ++found;
+      } else {
+        FillInitialRowOf(key_at(i), row);
+      }
+      if (p + 1 == groups.first[ShardIndex(hash) + 1]) shard.lock.unlock_shared();
+    }
+    return found;
+  }
 
   // Removes the shard's entries that select(entry) picks under the read lock and that still
   // pass recheck(entry) under the exclusive lock (see Evict).
@@ -768,21 +921,19 @@ class EmbeddingTable {
       });
     }
     int64_t removed = 0;
+    // Lookups meanwhile take the shards one at a time (see FindBatch), and those that queue
+    // behind a batch get in before the next one takes the lock (RWSpinLock hands over fairly).
+    BulkRemoval bulk(bulk_removals_);
     for (size_t begin = 0; begin < victims.size(); begin += kEvictBatch) {
-      {
-        ExclusiveGuard guard(shard.lock);
-        for (size_t i = begin; i < std::min(victims.size(), begin + kEvictBatch); ++i) {
-          const KeyView key(victims[i]);
-          size_t pos;
-          if (!FindSlot(shard, key, StorageHash(key), &pos)) continue;
-          if (!recheck(static_cast<const char*>(EntryAt(shard, IdAt(shard, pos))))) continue;
-          RemoveAt(shard, pos);
-          ++removed;
-        }
+      ExclusiveGuard guard(shard.lock);
+      for (size_t i = begin; i < std::min(victims.size(), begin + kEvictBatch); ++i) {
+        const KeyView key(victims[i]);
+        size_t pos;
+        if (!FindSlot(shard, key, StorageHash(key), &pos)) continue;
+        if (!recheck(static_cast<const char*>(EntryAt(shard, IdAt(shard, pos))))) continue;
+        RemoveAt(shard, pos);
+        ++removed;
       }
-      // Let the lookups that queued behind this batch in before taking the lock again: a
-      // spinning reader would otherwise rarely win the lock back between batches.
-      std::this_thread::yield();
     }
     return removed;
   }
@@ -849,8 +1000,9 @@ class EmbeddingTable {
     }
   }
 
-  const Shard& ShardFor(uint64_t hash) const { return shards_[hash & (shards_.size() - 1)]; }
-  Shard& ShardFor(uint64_t hash) { return shards_[hash & (shards_.size() - 1)]; }
+  size_t ShardIndex(uint64_t hash) const { return hash & (shards_.size() - 1); }
+  const Shard& ShardFor(uint64_t hash) const { return shards_[ShardIndex(hash)]; }
+  Shard& ShardFor(uint64_t hash) { return shards_[ShardIndex(hash)]; }
   size_t HomeSlot(const Shard& shard, uint64_t hash) const {
     return (hash >> shard_bits_) & (shard.index.size() - 1);
   }
@@ -1052,6 +1204,7 @@ class EmbeddingTable {
   std::mutex snapshot_mutex_, evict_mutex_;
   std::atomic<int64_t> latest_step_{0};
   std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0};
+  std::atomic<int> bulk_removals_{0};  // Evict and RemoveBatch calls removing rows now
   mutable std::atomic<int64_t> lookups_{0}, lookup_hits_{0};
 };
 

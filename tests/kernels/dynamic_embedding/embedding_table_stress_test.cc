@@ -3,8 +3,10 @@
 //    never see a row with differing elements;
 //  - nothing lost or invented: each writer owns a key range and keeps a reference map;
 //    after the threads join, the table equals the union of the maps.
+// Then lookups while a writer evicts and removes rows (RunLookupsDuringEviction).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <random>
@@ -129,6 +131,95 @@ void RunStress() {
       },
       [&](int64_t, const Key&, const RowRef&) { ++exported; });
   EXPECT_EQ(exported, total);
+}
+
+// Lookups while a writer evicts and removes rows, in every way the table has: a key nobody
+// removes must always be found with its row, a removed one read either its row or its initial
+// row (zeros), and the hit count must lie between the two.
+template <typename Key>
+void RunLookupsDuringEviction() {
+  constexpr int64_t kStable = 10000, kChurn = 10000, kRounds = 8;
+  constexpr int kBatch = 512;
+  EmbeddingTable<Key> table(kDim, InitializerSpec());  // missing rows read as all zeros
+  auto value_of = [](int64_t k) { return static_cast<float>(k + 1); };
+  auto train = [&](int64_t k, int64_t step) {
+    table.UpdateRow(MakeKey<Key>(k), step, [&](RowRef& row) {
+      std::fill(row.embedding, row.embedding + kDim, value_of(k));
+    });
+  };
+  for (int64_t k = 0; k < kStable; ++k) train(k, 1000);  // later than any churn step
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> wrong{0}, batches{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&, r] {
+      std::mt19937_64 rng(r);
+      std::vector<int64_t> ids(kBatch);
+      std::vector<Key> keys(kBatch);
+      std::vector<float> rows(kBatch * kDim);
+      while (!stop.load()) {
+        int64_t stable = 0;
+        for (int b = 0; b < kBatch; ++b) {
+          ids[b] = b % 8 == 7 ? ids[b - 1] : static_cast<int64_t>(rng() % (kStable + kChurn));
+          keys[b] = MakeKey<Key>(ids[b]);
+          stable += ids[b] < kStable;
+        }
+        const int64_t hits = table.FindBatch(
+            kBatch, [&](int64_t i) { return typename KeyTraits<Key>::View(keys[i]); }, rows.data());
+        if (hits < stable || hits > kBatch) wrong.fetch_add(1);
+        for (int b = 0; b < kBatch; ++b) {
+          const float first = rows[b * kDim];
+          bool ok = first == value_of(ids[b]) || (ids[b] >= kStable && first == 0.0f);
+          for (int j = 1; j < kDim; ++j) ok = ok && rows[b * kDim + j] == first;
+          if (!ok) wrong.fetch_add(1);
+        }
+        batches.fetch_add(1);
+      }
+    });
+  }
+  while (batches.load() == 0) std::this_thread::yield();
+  std::vector<Key> churn;
+  for (int64_t k = kStable; k < kStable + kChurn; ++k) churn.push_back(MakeKey<Key>(k));
+  for (int64_t round = 0; round < kRounds; ++round) {
+    for (int64_t k = kStable; k < kStable + kChurn; ++k) train(k, round);
+    EvictionCriteria criteria;
+    int64_t removed = 0;
+    switch (round % 4) {
+      case 0:  // by TTL: the churn rows are idle for 1000 - round steps at now_step 1000
+        criteria.now_step = 1000;
+        criteria.ttl_steps = 100;
+        removed = table.Evict(criteria);
+        break;
+      case 1:  // least recently updated first
+        criteria.max_size = kStable;
+        removed = table.Evict(criteria);
+        break;
+      case 2:
+        removed = table.RemoveBatch(
+            kChurn, [&](int64_t i) { return typename KeyTraits<Key>::View(churn[i]); });
+        break;
+      default:
+        for (const Key& key : churn) removed += table.Remove(key);
+    }
+    EXPECT_EQ(removed, kChurn) << "round " << round;
+    EXPECT_EQ(table.Size(), kStable) << "round " << round;
+  }
+  const int64_t during = batches.load();
+  stop.store(true);
+  for (auto& reader : readers) reader.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(during, 1);
+  std::vector<float> row(kDim);
+  for (int64_t k = 0; k < kStable + kChurn; ++k) {
+    ASSERT_EQ(table.Find(MakeKey<Key>(k), row.data()), k < kStable) << "key " << k;
+  }
+}
+
+TEST(EmbeddingTableStressTest, LookupsDuringEvictionInt64Keys) {
+  RunLookupsDuringEviction<int64_t>();
+}
+TEST(EmbeddingTableStressTest, LookupsDuringEvictionStringKeys) {
+  RunLookupsDuringEviction<std::string>();
 }
 
 TEST(EmbeddingTableStressTest, Int64Keys) { RunStress<int64_t>(); }

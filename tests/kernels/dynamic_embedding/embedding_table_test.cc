@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -163,6 +164,78 @@ TEST(EmbeddingTableTest, ManyKeysMatchAReferenceMapThroughGrowthAndRemoval) {
         EXPECT_EQ(row.embedding[0], reference.at(key));
       });
   EXPECT_EQ(exported, static_cast<int64_t>(reference.size()));
+}
+
+// FindBatch, both ways (keys in order, and grouped by shard as during a bulk removal): each row
+// must land at its key's position, with duplicates and missing keys among them, and every
+// present position counts as a hit.
+template <typename Key>
+void ExpectFindBatchMatchesFind(Key (*make_key)(int64_t)) {
+  constexpr int kDim = 5;
+  EmbeddingTable<Key> table(kDim, Uniform(11));  // missing keys read distinct initial rows
+  for (int64_t k = 0; k < 3000; ++k) table.InsertOrAssign(make_key(k), Row(kDim, k).data());
+  std::mt19937_64 rng(2);
+  int64_t looked_up = 0;
+  // Up to more than a lookup kernel's block (4,096 keys): keys in every shard.
+  for (int64_t n : {0, 1, 2, 17, 300, 5000}) {
+    std::vector<Key> keys;
+    for (int64_t i = 0; i < n; ++i) {
+      // Every seventh a repeat of an earlier one; the others half present, half missing.
+      keys.push_back(i % 7 == 6 ? keys[rng() % i] : make_key(static_cast<int64_t>(rng() % 6000)));
+    }
+    int64_t present = 0;
+    for (const Key& key : keys) present += table.Contains(key);
+    auto key_at = [&](int64_t i) { return typename KeyTraits<Key>::View(keys[i]); };
+    std::vector<float> in_order(n * kDim, -7.0f), by_shard(n * kDim, -7.0f), expected(kDim);
+    EXPECT_EQ(table.FindBatch(n, key_at, in_order.data()), present) << "n " << n;
+    EXPECT_EQ(table.FindBatchByShardForTesting(n, key_at, by_shard.data()), present) << "n " << n;
+    for (int64_t i = 0; i < n; ++i) {
+      table.Find(keys[i], expected.data());
+      const auto row = [&](const std::vector<float>& rows) {
+        return std::vector<float>(rows.begin() + i * kDim, rows.begin() + (i + 1) * kDim);
+      };
+      ASSERT_EQ(row(in_order), expected) << "n " << n << ", position " << i;
+      ASSERT_EQ(row(by_shard), expected) << "n " << n << ", position " << i;
+    }
+    looked_up += 2 * n;  // FindBatch and Find; the testing entry point counts none
+  }
+  EXPECT_EQ(table.Size(), 3000);
+  EXPECT_EQ(table.Counters().lookups, looked_up);
+}
+
+int64_t SpreadInt64Key(int64_t k) { return k * 7919 - 1000; }
+std::string SpreadStringKey(int64_t k) { return "id-" + std::to_string(k); }
+
+TEST(EmbeddingTableTest, FindBatchMatchesFindWithDuplicatesAndMissingKeys) {
+  ExpectFindBatchMatchesFind<int64_t>(SpreadInt64Key);
+  ExpectFindBatchMatchesFind<std::string>(SpreadStringKey);
+}
+
+TEST(EmbeddingTableTest, RemoveBatchRemovesEachPresentKeyOnce) {
+  EmbeddingTable<int64_t> table(3, InitializerSpec());
+  std::map<int64_t, float> reference;
+  for (int64_t k = 0; k < 4000; ++k) {
+    table.InsertOrAssign(k * 31, Row(3, k).data());
+    reference[k * 31] = k;
+  }
+  // Every third id of twice the range (present and missing ones), a few of them twice.
+  std::vector<int64_t> victims;
+  for (int64_t k = 0; k < 8000; k += 3) victims.push_back(k * 31);
+  for (int i = 0; i < 50; ++i) victims.push_back(victims[i * 7]);
+  std::shuffle(victims.begin(), victims.end(), std::mt19937_64(3));
+  int64_t present = 0;
+  for (int64_t key : victims) present += reference.erase(key);
+  const int64_t n = static_cast<int64_t>(victims.size());
+  EXPECT_EQ(table.RemoveBatch(n, [&](int64_t i) { return victims[i]; }), present);
+  EXPECT_EQ(table.RemoveBatch(n, [&](int64_t i) { return victims[i]; }), 0);
+  EXPECT_EQ(table.RemoveBatch(0, [&](int64_t i) { return victims[i]; }), 0);
+  ASSERT_EQ(table.Size(), static_cast<int64_t>(reference.size()));
+  std::vector<float> out(3);
+  for (int64_t k = 0; k < 4000; ++k) {
+    const auto it = reference.find(k * 31);
+    ASSERT_EQ(table.Find(k * 31, out.data()), it != reference.end()) << k;
+    if (it != reference.end()) EXPECT_EQ(out, Row(3, it->second));
+  }
 }
 
 TEST(EmbeddingTableTest, RemovedMemoryIsReused) {

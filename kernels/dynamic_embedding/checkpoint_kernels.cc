@@ -1,0 +1,388 @@
+// Kernels of streaming table checkpoints (ops/dynamic_embedding_checkpoint_ops.cc): adapters
+// between TensorFlow's file systems and the snapshot file format of the core
+// (core/snapshot_file.h), which walks the table (EmbeddingTable::Snapshot) or fills a new one.
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/snapshot_file.h"
+#include "kernels/dynamic_embedding/table_kernel.h"
+#include "kernels/dynamic_embedding/table_resource.h"
+#include "kernels/dynamic_embedding/table_restore.h"
+#include "tensorflow/core/lib/io/path.h"
+#include "tensorflow/core/platform/env.h"
+#include "tensorflow/core/platform/file_system.h"
+#include "tensorflow/core/util/tensor_bundle/tensor_bundle.h"
+
+namespace tf_ext {
+namespace {
+
+using ::tensorflow::Env;
+using ::tensorflow::RandomAccessFile;
+using ::tensorflow::WritableFile;
+namespace errors = ::tensorflow::errors;
+
+class FileSink : public de::ByteSink {
+ public:
+  explicit FileSink(WritableFile* file) : file_(file) {}
+  bool Append(const char* data, size_t n) override {
+    status_ = file_->Append(::tensorflow::StringPiece(data, n));
+    return status_.ok();
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  WritableFile* file_;
+  Status status_;
+};
+
+// Reads are whole records blocks (about 1 MiB) or their 16-byte heads: no buffer of its own.
+class FileSource : public de::ByteSource {
+ public:
+  explicit FileSource(RandomAccessFile* file) : file_(file) {}
+  bool Read(char* out, size_t n) override {
+    ::tensorflow::StringPiece result;
+    status_ = file_->Read(offset_, n, &result, out);
+    if (result.size() != n) {
+      if (status_.ok() || ::tensorflow::errors::IsOutOfRange(status_)) status_ = Status();
+      return false;
+    }
+    if (result.data() != out) std::memcpy(out, result.data(), n);
+    offset_ += n;
+    status_ = Status();
+    return true;
+  }
+  const Status& status() const { return status_; }
+
+ private:
+  RandomAccessFile* file_;
+  uint64_t offset_ = 0;
+  Status status_;
+};
+
+template <typename Key>
+constexpr de::SnapshotKeyType KeyTypeOf() {
+  return std::is_same_v<Key, int64_t> ? de::SnapshotKeyType::kInt64 : de::SnapshotKeyType::kString;
+}
+
+// Eager calls skip shape inference: inputs read as scalars are checked here (a non-scalar would
+// abort the process in Tensor::scalar).
+Status CheckScalars(OpKernelContext* ctx, const DynamicTable& table,
+                    std::initializer_list<int> inputs) {
+  for (int index : inputs) {
+    if (!::tensorflow::TensorShapeUtils::IsScalar(ctx->input(index).shape())) {
+      return table.Invalid(ctx->op_kernel().def().op(), ": input ", index,
+                           " must be a scalar, got shape ",
+                           ctx->input(index).shape().DebugString());
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
+int64_t ScalarInput(OpKernelContext* ctx, int index) {
+  return ctx->input(index).scalar<int64_t>()();
+}
+
+// Sets outputs 0, 1, ... to these int64 scalars.
+Status SetScalarOutputs(OpKernelContext* ctx, std::initializer_list<int64_t> values) {
+  int index = 0;
+  for (int64_t value : values) {
+    Tensor* out;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(index++, TensorShape({}), &out));
+    out->scalar<int64_t>()() = value;
+  }
+  return ::tensorflow::OkStatus();
+}
+
+class SaveSnapshotOp : public TableKernel {
+ public:
+  explicit SaveSnapshotOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("track", &track_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    OP_REQUIRES_OK(ctx, CheckScalars(ctx, *table, {1, 2, 3, 4, 5}));
+    if (table->key_dtype() == ::tensorflow::DT_STRING) {
+      Save<std::string>(ctx, table.get());
+    } else {
+      Save<int64_t>(ctx, table.get());
+    }
+  }
+
+ private:
+  template <typename Key>
+  void Save(OpKernelContext* ctx, DynamicTable* table) {
+    const std::string path(ctx->input(1).scalar<tstring>()());
+    const int64_t since = ScalarInput(ctx, 2);
+    Env* env = Env::Default();
+    const std::string dir(::tensorflow::io::Dirname(path));
+    if (!dir.empty() && !env->FileExists(dir).ok()) {
+      OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(dir));
+    }
+    // A unique temporary name: concurrent saves to one path never write one file.
+    const std::string temporary =
+        path + ".tmp-" + std::to_string(std::random_device()() ^ env->NowMicros());
+    std::unique_ptr<WritableFile> file;
+    OP_REQUIRES_OK(ctx, env->NewWritableFile(temporary, &file));
+    FileSink sink(file.get());
+    de::SnapshotWriter writer(&sink);
+    de::EmbeddingTable<Key>* core = table->template table<Key>();
+    de::SnapshotHeader header;
+    header.kind = since < 0 ? de::SnapshotKind::kFull : de::SnapshotKind::kDelta;
+    header.key_type = KeyTypeOf<Key>();
+    header.dim = static_cast<uint32_t>(table->dim());
+    header.chain_id = static_cast<uint64_t>(ScalarInput(ctx, 3));
+    header.sequence = static_cast<uint64_t>(ScalarInput(ctx, 4));
+    header.step = ScalarInput(ctx, 5);
+    header.table_name = table->name();
+    int num_slots = 0;
+    bool written = false;
+    const int64_t version = core->Snapshot(
+        since < 0 ? de::EmbeddingTable<Key>::kFullSnapshot : since,
+        [&](int64_t rows, int64_t tombstones) {
+          num_slots = core->num_slots();  // stable: every shard is read-locked
+          header.num_slots = static_cast<uint32_t>(num_slots);
+          header.slot_initial_values = core->slot_initial_values();
+          header.rows = static_cast<uint64_t>(rows);
+          header.tombstones = static_cast<uint64_t>(tombstones);
+          return writer.Begin(header);
+        },
+        [&](const Key& key, const de::RowRef& row) {
+          return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
+        },
+        [&](const Key& key) { return writer.Tombstone(key); }, track_);
+    if (version >= 0) written = writer.Finish();
+    Status status = sink.status();
+    if (status.ok() && written) status = file->Close();
+    if (status.ok() && written) status = env->RenameFile(temporary, path);
+    if (!status.ok() || !written) {
+      file.reset();
+      env->DeleteFile(temporary).IgnoreError();
+    }
+    OP_REQUIRES(ctx, version != de::EmbeddingTable<Key>::kSnapshotNoBase,
+                errors::FailedPrecondition(
+                    "dynamic embedding table '", table->name(), "': no delta since version ", since,
+                    " can be taken (the table was restored, or never snapshotted with tracking, or "
+                    "a later delta was committed since): write a full snapshot"));
+    OP_REQUIRES_OK(ctx, status);
+    OP_REQUIRES(ctx, written,
+                errors::Internal("dynamic embedding table '", table->name(),
+                                 "': the snapshot walk stopped while writing ", path));
+    if (track_) core->CommitSnapshot(version);
+    OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {version, static_cast<int64_t>(header.rows),
+                                               static_cast<int64_t>(header.tombstones),
+                                               static_cast<int64_t>(writer.bytes_written())}));
+    Tensor* slot_init;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({num_slots}), &slot_init));
+    for (int s = 0; s < num_slots; ++s) slot_init->flat<float>()(s) = header.slot_initial_values[s];
+  }
+
+  bool track_;
+};
+
+// Reads snapshot files, in chain order, into a new table that replaces the content at the end.
+template <typename Key>
+class ChainLoader {
+ public:
+  explicit ChainLoader(DynamicTable* table)
+      : table_(table), fresh_(table->dim(), table->initializer()) {}
+
+  // Reads one file of the chain; `position` is its index in the chain.
+  Status Load(const std::string& path, int64_t position) {
+    Env* env = Env::Default();
+    std::unique_ptr<RandomAccessFile> file;
+    Status status = env->NewRandomAccessFile(path, &file);
+    if (!status.ok()) {
+      return errors::NotFound(Where(path), "cannot open the snapshot file: ", status.message());
+    }
+    FileSource source(file.get());
+    de::SnapshotReader reader(&source);
+    de::SnapshotHeader header;
+    std::string problem = reader.ReadHeader(&header);
+    if (!problem.empty()) return DataLoss(path, problem, source.status());
+    TF_RETURN_IF_ERROR(CheckHeader(path, header, position));
+    if (header.num_slots > de::kMaxSlots ||
+        static_cast<int>(header.num_slots) < fresh_.num_slots()) {
+      return DataLoss(path,
+                      "it has " + std::to_string(header.num_slots) +
+                          " optimizer slots per row, an earlier file or this build has " +
+                          std::to_string(fresh_.num_slots()) + " (at most " +
+                          std::to_string(de::kMaxSlots) + ")",
+                      Status());
+    }
+    if (static_cast<int>(header.num_slots) > fresh_.num_slots()) {
+      fresh_.EnsureSlots(static_cast<int>(header.num_slots), header.slot_initial_values);
+    }
+    const int dim = table_->dim();
+    const int num_slots = static_cast<int>(header.num_slots);
+    auto put_row = [&](auto key, uint32_t count, int64_t step, const float* values) {
+      fresh_.Upsert(key, [&](de::RowRef& row, bool) {
+        std::memcpy(row.embedding, values, sizeof(float) * dim);
+        std::memcpy(row.slots, values + dim, sizeof(float) * dim * num_slots);
+        *row.update_count = count;
+        *row.last_step = step;
+      });
+      return true;
+    };
+    auto remove = [&](auto key) {
+      fresh_.Remove(key);
+      return true;
+    };
+    if constexpr (std::is_same_v<Key, int64_t>) {
+      problem = reader.ReadRecords(remove, put_row, nullptr, nullptr);
+    } else {
+      problem = reader.ReadRecords(nullptr, nullptr, remove, put_row);
+    }
+    if (!problem.empty()) return DataLoss(path, problem, source.status());
+    step_ = header.step;
+    return ::tensorflow::OkStatus();
+  }
+
+  void SwapIn() { SwapInRestored(table_, &fresh_); }
+  int64_t step() const { return step_; }
+
+ private:
+  std::string Where(const std::string& path) const {
+    return "dynamic embedding table '" + table_->name() + "': '" + path + "': ";
+  }
+  Status DataLoss(const std::string& path, const std::string& problem, const Status& io) const {
+    if (!io.ok()) return errors::DataLoss(Where(path), "read failed: ", io.message());
+    return errors::DataLoss(Where(path), problem);
+  }
+  Status CheckHeader(const std::string& path, const de::SnapshotHeader& header, int64_t position) {
+    if (header.key_type != KeyTypeOf<Key>()) {
+      return table_->Invalid("'", path, "' holds ",
+                             header.key_type == de::SnapshotKeyType::kString ? "string" : "int64",
+                             " keys, the table has ", DataTypeString(table_->key_dtype()),
+                             " keys (key_dtype)");
+    }
+    if (static_cast<int>(header.dim) != table_->dim()) {
+      return table_->Invalid("'", path, "' holds rows of dim ", header.dim, ", the table has dim ",
+                             table_->dim());
+    }
+    if (position == 0) {
+      if (header.kind != de::SnapshotKind::kFull) {
+        return table_->Invalid("delta chain out of order: '", path, "' is a delta (number ",
+                               header.sequence, " of chain ", header.chain_id,
+                               "), a chain must start with a full snapshot");
+      }
+      chain_id_ = header.chain_id;
+      return ::tensorflow::OkStatus();
+    }
+    if (header.kind != de::SnapshotKind::kDelta || header.chain_id != chain_id_ ||
+        header.sequence != static_cast<uint64_t>(position)) {
+      return table_->Invalid(
+          "delta chain out of order: '", path, "' is ",
+          header.kind == de::SnapshotKind::kFull ? "a full snapshot" : "delta number ",
+          header.kind == de::SnapshotKind::kFull ? "" : std::to_string(header.sequence),
+          " of chain ", header.chain_id, ", expected delta number ", position, " of chain ",
+          chain_id_);
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  DynamicTable* table_;
+  de::EmbeddingTable<Key> fresh_;
+  uint64_t chain_id_ = 0;
+  int64_t step_ = 0;
+};
+
+template <typename Key>
+Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, int64_t* step) {
+  ChainLoader<Key> loader(table);
+  for (size_t i = 0; i < paths.size(); ++i) TF_RETURN_IF_ERROR(loader.Load(paths[i], i));
+  loader.SwapIn();
+  *step = loader.step();
+  return ::tensorflow::OkStatus();
+}
+
+Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, int64_t* step) {
+  return table->key_dtype() == ::tensorflow::DT_STRING ? LoadChain<std::string>(table, paths, step)
+                                                       : LoadChain<int64_t>(table, paths, step);
+}
+
+class RestoreSnapshotsOp : public TableKernel {
+ public:
+  explicit RestoreSnapshotsOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("track", &track_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    const auto flat = ctx->input(1).flat<tstring>();
+    OP_REQUIRES(ctx, flat.size() > 0, table->Invalid("restore: paths is empty"));
+    std::vector<std::string> paths(flat.data(), flat.data() + flat.size());
+    int64_t step = 0;
+    OP_REQUIRES_OK(ctx, LoadChain(table.get(), paths, &step));
+    int64_t version = -1;
+    if (track_) {
+      version = table->key_dtype() == ::tensorflow::DT_STRING
+                    ? table->table<std::string>()->MarkSnapshotBase()
+                    : table->table<int64_t>()->MarkSnapshotBase();
+    }
+    OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {version, step}));
+  }
+
+ private:
+  bool track_;
+};
+
+class RestoreCheckpointOp : public TableKernel {
+ public:
+  using TableKernel::TableKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    OP_REQUIRES_OK(ctx, CheckScalars(ctx, *table, {1, 2, 3}));
+    const std::string path(ctx->input(1).scalar<tstring>()());
+    const std::string prefix(ctx->input(2).scalar<tstring>()());
+    const std::string legacy(ctx->input(3).scalar<tstring>()());
+    int64_t step;
+    if (Env::Default()->FileExists(path).ok()) {
+      OP_REQUIRES_OK(ctx, LoadChain(table.get(), {path}, &step));
+      return;
+    }
+    ::tensorflow::BundleReader bundle(Env::Default(), prefix);
+    OP_REQUIRES(ctx, bundle.status().ok() && bundle.Contains(legacy + "keys"),
+                errors::NotFound("dynamic embedding table '", table->name(), "': checkpoint '",
+                                 prefix, "' has no snapshot file '", path,
+                                 "' (copy every file of the checkpoint: <prefix>.*)"));
+    static const char* const kSuffixes[] = {"keys",          "values",     "slots",
+                                            "update_counts", "last_steps", "slot_initial_values"};
+    Tensor tensors[6];
+    for (int i = 0; i < 6; ++i) {
+      const std::string name = legacy + kSuffixes[i];
+      DataType dtype;
+      TensorShape shape;
+      OP_REQUIRES_OK(ctx, bundle.LookupDtypeAndShape(name, &dtype, &shape));
+      tensors[i] = Tensor(dtype, shape);
+      OP_REQUIRES_OK(ctx, bundle.Lookup(name, &tensors[i]));
+    }
+    OP_REQUIRES(ctx, tensors[0].dtype() == table->key_dtype(),
+                table->Invalid("checkpoint '", prefix, "' holds ",
+                               DataTypeString(tensors[0].dtype()), " keys, the table has ",
+                               DataTypeString(table->key_dtype()), " keys (key_dtype)"));
+    Status status = table->key_dtype() == ::tensorflow::DT_STRING
+                        ? ImportTensors<std::string>(ctx, table.get(), tensors[0], tensors[1],
+                                                     tensors[2], tensors[3], tensors[4], tensors[5])
+                        : ImportTensors<int64_t>(ctx, table.get(), tensors[0], tensors[1],
+                                                 tensors[2], tensors[3], tensors[4], tensors[5]);
+    OP_REQUIRES_OK(ctx, status);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtTableSaveSnapshot").Device(DEVICE_CPU), SaveSnapshotOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtTableRestoreSnapshots").Device(DEVICE_CPU), RestoreSnapshotsOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtTableRestoreCheckpoint").Device(DEVICE_CPU),
+                        RestoreCheckpointOp);
+
+}  // namespace
+}  // namespace tf_ext

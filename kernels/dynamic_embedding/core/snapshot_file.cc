@@ -1,0 +1,295 @@
+#include "kernels/dynamic_embedding/core/snapshot_file.h"
+
+#include <array>
+#include <limits>
+
+namespace tf_ext {
+namespace de {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'F', 'E', 'X', 'T', 'S', 'N', 'P'};
+constexpr uint32_t kMaxNameBytes = 1 << 16;
+constexpr uint32_t kMaxKeyBytes = 1 << 20;
+constexpr uint32_t kMaxSlots = 16;
+constexpr uint32_t kMaxDim = 1 << 16;
+// A block's payload never exceeds a chunk plus one record; a larger count is corruption.
+constexpr uint32_t kMaxPayload = 64u << 20;
+
+std::array<uint32_t, 256> MakeCrcTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t crc = i;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+    table[i] = crc;
+  }
+  return table;
+}
+
+uint32_t Crc32cPortable(uint32_t crc, const char* data, size_t n) {
+  static const std::array<uint32_t, 256> table = MakeCrcTable();
+  for (size_t i = 0; i < n; ++i) {
+    crc = table[(crc ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (crc >> 8);
+  }
+  return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(uint32_t crc, const char* data,
+                                                          size_t n) {
+  uint64_t wide = crc;
+  for (; n >= 8; n -= 8, data += 8) {
+    uint64_t word;
+    std::memcpy(&word, data, 8);
+    wide = __builtin_ia32_crc32di(wide, word);
+  }
+  uint32_t narrow = static_cast<uint32_t>(wide);
+  for (; n > 0; --n, ++data) narrow = __builtin_ia32_crc32qi(narrow, static_cast<uint8_t>(*data));
+  return narrow;
+}
+#endif
+
+// Little-endian field readers over a byte buffer, checking bounds.
+class Cursor {
+ public:
+  Cursor(const char* data, size_t n) : data_(data), end_(data + n) {}
+  template <typename T>
+  bool Get(T* out) {
+    if (static_cast<size_t>(end_ - data_) < sizeof(T)) return false;
+    std::memcpy(out, data_, sizeof(T));
+    data_ += sizeof(T);
+    return true;
+  }
+  bool GetBytes(size_t n, const char** out) {
+    if (static_cast<size_t>(end_ - data_) < n) return false;
+    *out = data_;
+    data_ += n;
+    return true;
+  }
+  bool AtEnd() const { return data_ == end_; }
+
+ private:
+  const char* data_;
+  const char* end_;
+};
+
+template <typename T>
+void PutField(std::string* out, const T& value) {
+  out->append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+}  // namespace
+
+uint32_t Crc32c(uint32_t crc, const char* data, size_t n) {
+  crc = ~crc;
+#if defined(__x86_64__)
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  crc = hardware ? Crc32cHardware(crc, data, n) : Crc32cPortable(crc, data, n);
+#else
+  crc = Crc32cPortable(crc, data, n);
+#endif
+  return ~crc;
+}
+
+// ---- writer ----------------------------------------------------------------------------------
+
+bool SnapshotWriter::Write(const char* data, size_t n) {
+  if (!sink_->Append(data, n)) return false;
+  bytes_written_ += n;
+  return true;
+}
+
+bool SnapshotWriter::Begin(const SnapshotHeader& header) {
+  dim_ = header.dim;
+  num_slots_ = header.num_slots;
+  expected_rows_ = header.rows;
+  expected_tombstones_ = header.tombstones;
+  std::string bytes(kMagic, sizeof(kMagic));
+  PutField(&bytes, kSnapshotFormatVersion);
+  PutField(&bytes, static_cast<uint32_t>(header.kind));
+  PutField(&bytes, static_cast<uint32_t>(header.key_type));
+  PutField(&bytes, header.dim);
+  PutField(&bytes, header.num_slots);
+  PutField(&bytes, header.chain_id);
+  PutField(&bytes, header.sequence);
+  PutField(&bytes, header.step);
+  PutField(&bytes, header.rows);
+  PutField(&bytes, header.tombstones);
+  for (uint32_t s = 0; s < header.num_slots; ++s) PutField(&bytes, header.slot_initial_values[s]);
+  PutField(&bytes, static_cast<uint32_t>(header.table_name.size()));
+  bytes += header.table_name;
+  PutField(&bytes, Crc32c(0, bytes.data(), bytes.size()));
+  chunk_.reserve(kSnapshotChunkBytes + 4096);
+  return Write(bytes.data(), bytes.size());
+}
+
+bool SnapshotWriter::StartRecord(BlockType type) {
+  if (type < chunk_type_) return false;  // tombstones after rows could not be replayed in a pass
+  if (type != chunk_type_) {
+    if (!FlushChunk()) return false;
+    chunk_type_ = type;
+  }
+  return true;
+}
+
+bool SnapshotWriter::EndRecord() {
+  ++chunk_records_;
+  (chunk_type_ == kRows ? rows_ : tombstones_) += 1;
+  return chunk_.size() < kSnapshotChunkBytes || FlushChunk();
+}
+
+bool SnapshotWriter::FlushChunk() {
+  if (chunk_records_ == 0 && chunk_type_ != kEnd) return true;
+  std::string head;
+  PutField(&head, static_cast<uint32_t>(chunk_type_));
+  PutField(&head, chunk_records_);
+  PutField(&head, static_cast<uint32_t>(chunk_.size()));
+  const uint32_t crc = Crc32c(Crc32c(0, head.data(), head.size()), chunk_.data(), chunk_.size());
+  PutField(&head, crc);
+  const bool ok = Write(head.data(), head.size()) && Write(chunk_.data(), chunk_.size());
+  chunk_.clear();
+  chunk_records_ = 0;
+  return ok;
+}
+
+bool SnapshotWriter::Finish() {
+  if (rows_ != expected_rows_ || tombstones_ != expected_tombstones_) return false;
+  if (!FlushChunk()) return false;
+  chunk_type_ = kEnd;
+  PutField(&chunk_, rows_);
+  PutField(&chunk_, tombstones_);
+  return FlushChunk();
+}
+
+// ---- reader ----------------------------------------------------------------------------------
+
+std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
+  // The fixed part, then the slot values and the name, whose sizes it gives.
+  constexpr size_t kFixed = sizeof(kMagic) + 5 * 4 + 5 * 8;
+  std::string bytes(kFixed, '\0');
+  if (!ReadExact(bytes.data(), kFixed)) return "too short for a snapshot header";
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return "not a tf_ext table snapshot (bad magic)";
+  }
+  Cursor cursor(bytes.data() + sizeof(kMagic), kFixed - sizeof(kMagic));
+  uint32_t version, kind, key_type;
+  SnapshotHeader h;
+  cursor.Get(&version);
+  cursor.Get(&kind);
+  cursor.Get(&key_type);
+  cursor.Get(&h.dim);
+  cursor.Get(&h.num_slots);
+  cursor.Get(&h.chain_id);
+  cursor.Get(&h.sequence);
+  cursor.Get(&h.step);
+  cursor.Get(&h.rows);
+  cursor.Get(&h.tombstones);
+  if (version != kSnapshotFormatVersion) {
+    return "snapshot format version " + std::to_string(version) + ", this build reads " +
+           std::to_string(kSnapshotFormatVersion);
+  }
+  if (kind > 1 || key_type > 1 || h.dim == 0 || h.dim > kMaxDim || h.num_slots > kMaxSlots) {
+    return "corrupt snapshot header";
+  }
+  h.kind = static_cast<SnapshotKind>(kind);
+  h.key_type = static_cast<SnapshotKeyType>(key_type);
+  std::string rest(4 * h.num_slots + 4, '\0');
+  if (!ReadExact(rest.data(), rest.size())) return "truncated snapshot header";
+  uint32_t name_bytes;
+  std::memcpy(&name_bytes, rest.data() + 4 * h.num_slots, 4);
+  if (name_bytes > kMaxNameBytes) return "corrupt snapshot header";
+  std::string name(name_bytes, '\0');
+  uint32_t stored_crc;
+  if (!ReadExact(name.data(), name.size()) || !ReadExact(reinterpret_cast<char*>(&stored_crc), 4)) {
+    return "truncated snapshot header";
+  }
+  uint32_t crc = Crc32c(0, bytes.data(), bytes.size());
+  crc = Crc32c(crc, rest.data(), rest.size());
+  crc = Crc32c(crc, name.data(), name.size());
+  if (crc != stored_crc) return "snapshot header checksum mismatch";
+  h.slot_initial_values.resize(h.num_slots);
+  std::memcpy(h.slot_initial_values.data(), rest.data(), 4 * h.num_slots);
+  h.table_name = std::move(name);
+  header_ = h;
+  *header = std::move(h);
+  return "";
+}
+
+std::string SnapshotReader::ReadRecords(
+    const std::function<bool(int64_t)>& int64_tombstone, const Int64Row& int64_row,
+    const std::function<bool(std::string_view)>& string_tombstone, const StringRow& string_row) {
+  const bool string_keys = header_.key_type == SnapshotKeyType::kString;
+  const size_t value_bytes = sizeof(float) * header_.dim * (1 + header_.num_slots);
+  std::vector<float> values(header_.dim * (1 + header_.num_slots));
+  std::string payload;
+  uint64_t rows = 0, tombstones = 0;
+  uint32_t last_type = SnapshotWriter::kTombstones;
+  for (;;) {
+    uint32_t head[4];
+    if (!ReadExact(reinterpret_cast<char*>(head), sizeof(head))) {
+      return "truncated: the file ends before its end block";
+    }
+    const uint32_t type = head[0], count = head[1], bytes = head[2];
+    if (type < SnapshotWriter::kTombstones || type > SnapshotWriter::kEnd || type < last_type ||
+        bytes > kMaxPayload) {
+      return "corrupt block header";
+    }
+    last_type = type;
+    payload.resize(bytes);
+    if (!ReadExact(payload.data(), bytes)) return "truncated block";
+    const uint32_t crc =
+        Crc32c(Crc32c(0, reinterpret_cast<const char*>(head), 12), payload.data(), payload.size());
+    if (crc != head[3]) return "block checksum mismatch";
+    Cursor cursor(payload.data(), payload.size());
+    if (type == SnapshotWriter::kEnd) {
+      uint64_t end_rows, end_tombstones;
+      if (!cursor.Get(&end_rows) || !cursor.Get(&end_tombstones) || !cursor.AtEnd()) {
+        return "corrupt end block";
+      }
+      if (end_rows != rows || end_tombstones != tombstones || rows != header_.rows ||
+          tombstones != header_.tombstones) {
+        return "record counts disagree with the header";
+      }
+      return "";
+    }
+    for (uint32_t r = 0; r < count; ++r) {
+      int64_t int_key = 0;
+      std::string_view string_key;
+      if (string_keys) {
+        uint32_t length;
+        const char* data;
+        if (!cursor.Get(&length) || length > kMaxKeyBytes || !cursor.GetBytes(length, &data)) {
+          return "corrupt record";
+        }
+        string_key = std::string_view(data, length);
+      } else if (!cursor.Get(&int_key)) {
+        return "corrupt record";
+      }
+      if (type == SnapshotWriter::kTombstones) {
+        ++tombstones;
+        if (!(string_keys ? string_tombstone(string_key) : int64_tombstone(int_key))) {
+          return "stopped";
+        }
+        continue;
+      }
+      uint32_t update_count;
+      int64_t last_step;
+      const char* data;
+      if (!cursor.Get(&update_count) || !cursor.Get(&last_step) ||
+          !cursor.GetBytes(value_bytes, &data)) {
+        return "corrupt record";
+      }
+      std::memcpy(values.data(), data, value_bytes);
+      ++rows;
+      const bool go = string_keys ? string_row(string_key, update_count, last_step, values.data())
+                                  : int64_row(int_key, update_count, last_step, values.data());
+      if (!go) return "stopped";
+    }
+    if (!cursor.AtEnd()) return "corrupt block: bytes after its records";
+    if (rows > header_.rows || tombstones > header_.tombstones) {
+      return "record counts disagree with the header";
+    }
+  }
+}
+
+}  // namespace de
+}  // namespace tf_ext

@@ -1,0 +1,145 @@
+// The file of one table snapshot: a full checkpoint of a table or a delta (the rows changed and
+// the ids removed since the previous snapshot of its chain). Written and read in bounded chunks,
+// so saving or restoring a table of any size needs memory for one chunk, not a copy of the table.
+// No TensorFlow types: the kernels adapt TensorFlow's file systems to ByteSink/ByteSource.
+//
+// Layout (little-endian):
+//   header   "TFEXTSNP", format version, kind, key type, dim, num_slots, chain id, sequence,
+//            step, row and tombstone counts, slot initial values, table name; then its CRC32C
+//   blocks   type (tombstones, then rows), record count, payload bytes, CRC32C of the block's
+//            first three fields and payload; then the payload. Tombstones come first so one pass
+//            over a delta replays it: an id removed and added again since the base is a
+//            tombstone and a row, and the row must win.
+//   end      a block of type kEnd whose payload repeats the row and tombstone counts, so a
+//            truncated file is detected.
+// A row record is its key (int64: 8 bytes; string: u32 length + bytes), its update count (u32),
+// last step (i64) and dim * (1 + num_slots) floats: the embedding, then each slot.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SNAPSHOT_FILE_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SNAPSHOT_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tf_ext {
+namespace de {
+
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  // Appends n bytes; false on error (the sink keeps its own message).
+  virtual bool Append(const char* data, size_t n) = 0;
+};
+
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  // Reads exactly n bytes into out; false at the end of the data or on error.
+  virtual bool Read(char* out, size_t n) = 0;
+};
+
+// CRC32C (Castagnoli), continuing from `crc` (0 to start). Uses SSE4.2 where the CPU has it.
+uint32_t Crc32c(uint32_t crc, const char* data, size_t n);
+
+enum class SnapshotKind : uint32_t { kFull = 0, kDelta = 1 };
+enum class SnapshotKeyType : uint32_t { kInt64 = 0, kString = 1 };
+
+struct SnapshotHeader {
+  SnapshotKind kind = SnapshotKind::kFull;
+  SnapshotKeyType key_type = SnapshotKeyType::kInt64;
+  uint32_t dim = 0;
+  uint32_t num_slots = 0;
+  uint64_t chain_id = 0;  // the full snapshot's id; its deltas carry the same
+  uint64_t sequence = 0;  // 0 for the full snapshot, n for the n-th delta after it
+  int64_t step = 0;       // the global step of the save (informational)
+  uint64_t rows = 0;
+  uint64_t tombstones = 0;
+  std::vector<float> slot_initial_values;  // num_slots values
+  std::string table_name;
+};
+
+constexpr uint32_t kSnapshotFormatVersion = 1;
+constexpr size_t kSnapshotChunkBytes = size_t{1} << 20;
+
+// Writes one snapshot: Begin, then every Tombstone, then every Row, then Finish. Records are
+// gathered into chunks of about kSnapshotChunkBytes, each written with its checksum.
+class SnapshotWriter {
+ public:
+  explicit SnapshotWriter(ByteSink* sink) : sink_(sink) {}
+  bool Begin(const SnapshotHeader& header);
+  bool Tombstone(int64_t key) { return StartRecord(kTombstones) && Put(key) && EndRecord(); }
+  bool Tombstone(std::string_view key) {
+    return StartRecord(kTombstones) && PutString(key) && EndRecord();
+  }
+  // `values` holds dim * (1 + num_slots) floats: the embedding, then the slots.
+  template <typename Key>
+  bool Row(const Key& key, uint32_t update_count, int64_t last_step, const float* embedding,
+           const float* slots) {
+    if (!StartRecord(kRows) || !PutKey(key) || !Put(update_count) || !Put(last_step)) return false;
+    Append(reinterpret_cast<const char*>(embedding), sizeof(float) * dim_);
+    Append(reinterpret_cast<const char*>(slots), sizeof(float) * dim_ * num_slots_);
+    return EndRecord();
+  }
+  bool Finish();
+  uint64_t bytes_written() const { return bytes_written_; }
+
+  enum BlockType : uint32_t { kTombstones = 1, kRows = 2, kEnd = 3 };
+
+ private:
+  bool PutKey(int64_t key) { return Put(key); }
+  bool PutKey(const std::string& key) { return PutString(key); }
+  template <typename T>
+  bool Put(const T& value) {
+    Append(reinterpret_cast<const char*>(&value), sizeof(T));
+    return true;
+  }
+  bool PutString(std::string_view s) {
+    Put(static_cast<uint32_t>(s.size()));
+    Append(s.data(), s.size());
+    return true;
+  }
+  void Append(const char* data, size_t n) { chunk_.append(data, n); }
+  bool StartRecord(BlockType type);
+  bool EndRecord();
+  bool FlushChunk();
+  bool Write(const char* data, size_t n);
+
+  ByteSink* sink_;
+  std::string chunk_;
+  BlockType chunk_type_ = kTombstones;
+  uint32_t chunk_records_ = 0;
+  uint64_t rows_ = 0, tombstones_ = 0, expected_rows_ = 0, expected_tombstones_ = 0;
+  uint32_t dim_ = 0, num_slots_ = 0;
+  uint64_t bytes_written_ = 0;
+};
+
+// Reads one snapshot in chunks. Every method returns "" or what is wrong with the data.
+class SnapshotReader {
+ public:
+  explicit SnapshotReader(ByteSource* source) : source_(source) {}
+  std::string ReadHeader(SnapshotHeader* header);
+  // Calls tombstone(key) for each removed id, then row(key, update_count, last_step, values)
+  // for each row (values: dim * (1 + num_slots) floats), then checks the end block. Keys are
+  // int64_t or std::string_view, as the header's key type says. Stops at the first callback
+  // that returns false (returning "stopped").
+  using Int64Row = std::function<bool(int64_t, uint32_t, int64_t, const float*)>;
+  using StringRow = std::function<bool(std::string_view, uint32_t, int64_t, const float*)>;
+  std::string ReadRecords(const std::function<bool(int64_t)>& int64_tombstone,
+                          const Int64Row& int64_row,
+                          const std::function<bool(std::string_view)>& string_tombstone,
+                          const StringRow& string_row);
+
+ private:
+  bool ReadExact(char* out, size_t n) { return source_->Read(out, n); }
+  ByteSource* source_;
+  SnapshotHeader header_;
+};
+
+}  // namespace de
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SNAPSHOT_FILE_H_

@@ -1,0 +1,88 @@
+// Replacing a table's whole content, shared by the import op and the checkpoint restore ops: the
+// new content is built aside in a fresh core table, checked, then swapped in, so a failure
+// leaves the table as it was.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESTORE_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESTORE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/table_kernel.h"
+#include "kernels/dynamic_embedding/table_resource.h"
+
+namespace tf_ext {
+
+// Swaps `fresh` in as the table's content. Slots the table already has beyond fresh's are kept
+// at their initial values (an optimizer may have widened the table before the restore).
+template <typename Key>
+void SwapInRestored(DynamicTable* table, de::EmbeddingTable<Key>* fresh) {
+  de::EmbeddingTable<Key>* live = table->template table<Key>();
+  if (live->num_slots() > fresh->num_slots()) {
+    fresh->EnsureSlots(live->num_slots(), live->slot_initial_values());
+  }
+  live->SwapContents(*fresh);
+}
+
+// Replaces the content with the tensors of TfExtTableExport (TfExtTableImport's inputs).
+template <typename Key>
+Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& keys,
+                     const Tensor& values, const Tensor& slots, const Tensor& counts,
+                     const Tensor& steps, const Tensor& slot_init) {
+  const int dim = table->dim();
+  if (keys.dims() != 1) {
+    return table->Invalid("import: keys must be 1-D, got shape ", keys.shape().DebugString());
+  }
+  const int64_t n = keys.dim_size(0);
+  if (values.dims() != 2 || values.dim_size(0) != n) {
+    return table->Invalid("import: values must have shape [", n, ", ", dim, "], got ",
+                          values.shape().DebugString());
+  }
+  if (values.dim_size(1) != dim) {
+    return table->Invalid("import: the data has dim ", values.dim_size(1),
+                          " but the table has dim ", dim);
+  }
+  if (slot_init.dims() != 1 || slot_init.NumElements() > de::kMaxSlots) {
+    return table->Invalid("import: slot_initial_values must be a vector of at most ", de::kMaxSlots,
+                          " values, got shape ", slot_init.shape().DebugString());
+  }
+  const int num_slots = static_cast<int>(slot_init.NumElements());
+  if (slots.dims() != 2 || slots.dim_size(0) != n || slots.dim_size(1) != num_slots * dim) {
+    return table->Invalid("import: slots must have shape [", n, ", ", num_slots * dim, "], got ",
+                          slots.shape().DebugString());
+  }
+  if (counts.shape() != keys.shape() || steps.shape() != keys.shape()) {
+    return table->Invalid("import: update_counts and last_steps must have shape [", n, "]");
+  }
+  de::EmbeddingTable<Key> fresh(dim, table->initializer());
+  const auto init = slot_init.flat<float>();
+  fresh.EnsureSlots(num_slots, std::vector<float>(init.data(), init.data() + num_slots));
+  const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
+  const float* rows = values.flat<float>().data();
+  const float* slot_rows = slots.flat<float>().data();
+  const auto count_values = counts.flat<int64_t>();
+  const auto step_values = steps.flat<int64_t>();
+  ParallelFor(ctx, n, 300 + 2 * dim * (1 + num_slots), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      fresh.Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
+        std::copy(rows + i * dim, rows + (i + 1) * dim, row.embedding);
+        std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim,
+                  row.slots);
+        *row.update_count = static_cast<uint32_t>(
+            std::clamp<int64_t>(count_values(i), 0, std::numeric_limits<uint32_t>::max()));
+        *row.last_step = step_values(i);
+      });
+    }
+  });
+  if (fresh.Size() != n) {
+    return table->Invalid("import: the data holds ", n - fresh.Size(), " duplicate keys");
+  }
+  SwapInRestored(table, &fresh);
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESTORE_H_

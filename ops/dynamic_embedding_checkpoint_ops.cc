@@ -1,0 +1,114 @@
+// Op interfaces of streaming table checkpoints: full and delta snapshot files
+// (kernels/dynamic_embedding/core/snapshot_file.h). Kernels:
+// kernels/dynamic_embedding/checkpoint_kernels.cc.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_ext {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+// Every input is a scalar except the ones named in `vectors`; every output `scalars` is a scalar.
+Status ScalarInputsAndOutputs(InferenceContext* c, int scalars, int vector_input = -1) {
+  ShapeHandle unused;
+  for (int i = 0; i < c->num_inputs(); ++i) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), i == vector_input ? 1 : 0, &unused));
+  }
+  for (int i = 0; i < scalars; ++i) c->set_output(i, c->Scalar());
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("TfExtTableSaveSnapshot")
+    .Input("table: resource")
+    .Input("path: string")
+    .Input("since_version: int64")
+    .Input("chain_id: int64")
+    .Input("sequence: int64")
+    .Input("step: int64")
+    .Output("version: int64")
+    .Output("rows: int64")
+    .Output("tombstones: int64")
+    .Output("bytes: int64")
+    .Output("slot_initial_values: float")
+    .Attr("track: bool = true")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarInputsAndOutputs(c, 4));
+      c->set_output(4, c->Vector(c->UnknownDim()));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Writes a table snapshot file, streaming: a full snapshot, or a delta since an earlier one.
+
+The table is walked under its shards' read locks (lookups go on, updates wait) and written in
+chunks of about 1 MiB with checksums, to `path` + a temporary suffix that is renamed to `path`
+once complete: a failed or killed save never leaves a partial file under `path`.
+
+path: The file to write (any file system TensorFlow writes).
+since_version: -1 for a full snapshot; else the version an earlier snapshot of this table returned:
+the delta holds the rows changed and the ids removed since then. Fails with FailedPrecondition when
+the table cannot answer for that version (never snapshotted with tracking, restored since, or
+older than the last delta committed).
+chain_id: Recorded in the file: the chain's full snapshot id, shared by its deltas.
+sequence: Recorded in the file: 0 for a full snapshot, n for the n-th delta of the chain.
+step: Recorded in the file: the global step of the save.
+version: This snapshot's version: the since_version of the next delta.
+rows: Rows written.
+tombstones: Removed ids written (deltas only).
+bytes: The file's size.
+slot_initial_values: The initial value of each optimizer slot.
+track: Track changes from now on so that deltas can follow, and forget the changes this file
+holds once it is complete. False for plain checkpoints, which start no tracking.
+)doc");
+
+REGISTER_OP("TfExtTableRestoreSnapshots")
+    .Input("table: resource")
+    .Input("paths: string")
+    .Output("version: int64")
+    .Output("step: int64")
+    .Attr("track: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputsAndOutputs(c, 2, 1); })
+    .Doc(R"doc(
+Replaces a table's content with a snapshot chain, streaming and atomically.
+
+paths[0] must be a full snapshot and each later path the next delta of the same chain. The files
+are read in chunks into a new table that replaces the content only once every file was read and
+its checksums held. A missing, corrupt or out-of-order file is an error naming it, and leaves the
+table as it was. Slots the table already has beyond the snapshot's are kept, at their initial
+values.
+
+paths: The chain's files, in order.
+version: With track, the version to pass as since_version of the next delta (continuing the
+chain); else -1.
+step: The step recorded in the last file.
+track: Make the restored content the base of later deltas.
+)doc");
+
+REGISTER_OP("TfExtTableRestoreCheckpoint")
+    .Input("table: resource")
+    .Input("snapshot_path: string")
+    .Input("checkpoint_prefix: string")
+    .Input("legacy_tensor_prefix: string")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputsAndOutputs(c, 0); })
+    .Doc(R"doc(
+Restores a table saved with a TensorFlow checkpoint (Saver, tf.train.Checkpoint, SavedModel).
+
+Since tf_ext 0.2 a checkpoint keeps each table in a snapshot file beside its index, streamed on save
+and restore. Checkpoints of tf_ext 0.1 hold the table as six tensors in the checkpoint itself;
+when `snapshot_path` does not exist and the checkpoint at `checkpoint_prefix` holds
+`legacy_tensor_prefix` + "keys", those are read instead (whole, as 0.1 wrote them).
+
+snapshot_path: The table's snapshot file.
+checkpoint_prefix: The checkpoint's prefix.
+legacy_tensor_prefix: The name of the table's tensors in a 0.1 checkpoint, less the suffix.
+)doc");
+
+}  // namespace tf_ext
