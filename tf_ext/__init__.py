@@ -8,6 +8,7 @@ first use of an op.
 
 from tf_ext import _ops_loader, keras, train
 from tf_ext.dynamic_embedding import (
+  DeltaCheckpointManager,
   DynamicEmbeddingOptimizer,
   DynamicEmbeddingVariable,
   EvictionPolicy,

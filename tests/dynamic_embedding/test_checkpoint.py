@@ -1,6 +1,7 @@
 """Checkpoints: Saver and tf.train.Checkpoint keep rows, slots and metadata; failures are safe."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,7 +123,9 @@ def test_mismatched_dim_is_a_clear_error_and_leaves_table_untouched(tmp_path):
   path = tf.train.Checkpoint(table=src).write(str(tmp_path / "ckpt"))
   dst = tf_ext.DynamicEmbeddingVariable("dim8", 8, initializer="zeros")
   dst.insert([7], np.full([1, 8], 3.0, np.float32))
-  with pytest.raises(tf.errors.InvalidArgumentError, match="dim8.*dim 4 but the table has dim 8"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="'dim8'.*holds rows of dim 4, the table has dim 8"
+  ):
     tf.train.Checkpoint(table=dst).read(path)
   assert int(dst.size()) == 1
   np.testing.assert_array_equal(dst.lookup([7]).numpy(), np.full([1, 8], 3.0))
@@ -134,9 +137,10 @@ def test_mismatched_key_dtype_is_a_clear_error_and_leaves_table_untouched(tmp_pa
   path = tf.train.Checkpoint(table=src).write(str(tmp_path / "ckpt"))
   dst = tf_ext.DynamicEmbeddingVariable("string_keys", 4, key_dtype=tf.string, initializer="zeros")
   dst.insert(["kept"], np.full([1, 4], 3.0, np.float32))
-  # TensorFlow's RestoreV2 checks dtypes before any tf_ext code runs: its error names the
-  # checkpoint key of the table's keys, and both dtypes.
-  with pytest.raises(tf.errors.InvalidArgumentError, match="keys; expected dtype string.*int64"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError,
+    match="'string_keys'.*holds int64 keys, the table has string keys \\(key_dtype\\)",
+  ):
     tf.train.Checkpoint(table=dst).read(path)
   assert int(dst.size()) == 1
   np.testing.assert_array_equal(dst.lookup(["kept"]).numpy(), np.full([1, 4], 3.0))
@@ -156,16 +160,29 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path):
   src = tf_ext.DynamicEmbeddingVariable("corrupt_src", 4, initializer="zeros")
   src.insert(np.arange(1000), np.ones([1000, 4], np.float32))
   path = tf.train.Checkpoint(table=src).write(str(tmp_path / "ckpt"))
-  data_file = path + ".data-00000-of-00001"
-  raw = bytearray(open(data_file, "rb").read())
-  for i in range(100, len(raw), 97):
-    raw[i] ^= 0xFF
-  open(data_file, "wb").write(bytes(raw))
+  (table_file,) = tf.io.gfile.glob(path + ".data-t*")  # the table's snapshot, beside the index
+  raw = bytearray(open(table_file, "rb").read())
+  raw[len(raw) // 2] ^= 0xFF
+  open(table_file, "wb").write(bytes(raw))
   dst = tf_ext.DynamicEmbeddingVariable("corrupt_dst", 4, initializer="zeros")
   dst.insert([3], [[2.0, 2.0, 2.0, 2.0]])
-  with pytest.raises(tf.errors.OpError, match="(?i)checksum|corrupt|data loss"):
+  with pytest.raises(tf.errors.DataLossError, match=f"'corrupt_dst'.*{table_file}.*checksum"):
     tf.train.Checkpoint(table=dst).read(path).assert_consumed()
   assert int(dst.size()) == 1  # nothing partially restored
+  np.testing.assert_array_equal(dst.lookup([3]).numpy(), [[2.0] * 4])
+
+
+def test_missing_table_file_is_a_clear_error(tmp_path):
+  src = tf_ext.DynamicEmbeddingVariable("missing_src", 4, initializer="zeros")
+  src.insert([1], [[1.0] * 4])
+  path = tf.train.Checkpoint(table=src).write(str(tmp_path / "ckpt"))
+  (table_file,) = tf.io.gfile.glob(path + ".data-t*")
+  os.remove(table_file)
+  dst = tf_ext.DynamicEmbeddingVariable("missing_dst", 4, initializer="zeros")
+  with pytest.raises(
+    tf.errors.NotFoundError, match=f"'missing_dst'.*no snapshot file '{table_file}'"
+  ):
+    tf.train.Checkpoint(table=dst).read(path)
 
 
 def test_crash_during_save_leaves_previous_checkpoint_intact(tmp_path):
@@ -204,3 +221,70 @@ def test_crash_during_save_leaves_previous_checkpoint_intact(tmp_path):
   assert size in (1000, 2_000_000)  # the first checkpoint or a complete later one, nothing between
   if latest == first:
     np.testing.assert_array_equal(dst.lookup([0, 999]).numpy(), np.ones([2, 64]))
+
+
+def test_old_checkpoints_take_their_table_files_with_them(tmp_path):
+  """The table's file is named like a TensorFlow data file, so TF's own cleanup deletes it."""
+  table = tf_ext.DynamicEmbeddingVariable("kept_two", DIM, initializer="zeros")
+  manager = tf.train.CheckpointManager(tf.train.Checkpoint(table=table), str(tmp_path / "tf2"), 2)
+  for step in range(4):
+    table.insert([step], [[float(step)] * DIM])
+    manager.save()
+  table_files = tf.io.gfile.glob(str(tmp_path / "tf2" / "*.data-t*"))
+  assert len(table_files) == 2 and all(
+    any(f.startswith(kept + ".") for kept in manager.checkpoints) for f in table_files
+  )
+  with tf.Graph().as_default():
+    graph_table = tf_ext.get_dynamic_embedding_variable("saver_kept", DIM, initializer="zeros")
+    insert = graph_table.insert([1], [[1.0] * DIM])
+    saver = tf.compat.v1.train.Saver(max_to_keep=1)
+    with tf.compat.v1.Session() as sess:
+      sess.run([tf.compat.v1.global_variables_initializer(), insert])
+      for step in range(3):
+        saver.save(sess, str(tmp_path / "tf1" / "model.ckpt"), global_step=step)
+  remaining = sorted(
+    os.path.basename(f) for f in tf.io.gfile.glob(str(tmp_path / "tf1" / "*.data-*"))
+  )
+  assert remaining == ["model.ckpt-2.data-00000-of-00001", "model.ckpt-2" + _suffix("saver_kept")]
+
+
+def _suffix(name):
+  from tf_ext.dynamic_embedding import checkpoint  # pylint: disable=import-outside-toplevel
+
+  return checkpoint.snapshot_suffix(name)
+
+
+def test_tf2_checkpoint_restore_in_a_tf1_graph_is_a_clear_error(tmp_path):
+  src = tf_ext.DynamicEmbeddingVariable("eager_src", DIM, initializer="zeros")
+  path = tf.train.Checkpoint(table=src).write(str(tmp_path / "ckpt"))
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable("graph_dst", DIM)
+    with pytest.raises(ValueError, match="cannot restore dynamic embedding tables in a TF1 graph"):
+      tf.train.Checkpoint(table=table).restore(path)
+
+
+def test_saver_restores_a_table_in_another_graph_and_a_new_process(tmp_path):
+  prefix = str(tmp_path / "model.ckpt")
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable("moved", DIM, key_dtype=tf.string)
+    insert = table.insert(["a", "b"], [[1.0] * DIM, [2.0] * DIM])
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as sess:
+      sess.run([tf.compat.v1.global_variables_initializer(), insert])
+      saver.save(sess, prefix)
+  moved = tmp_path / "moved"
+  moved.mkdir()
+  for f in tf.io.gfile.glob(prefix + ".*"):  # copying <prefix>.* takes the table along
+    shutil.copy(f, moved)
+  out = tmp_path / "rows.npy"
+  run_python(f"""
+    import numpy as np, tensorflow as tf, tf_ext
+    with tf.Graph().as_default():
+      table = tf_ext.get_dynamic_embedding_variable("moved", {DIM}, key_dtype=tf.string)
+      rows = table.lookup(["b", "a", "c"])
+      saver = tf.compat.v1.train.Saver()
+      with tf.compat.v1.Session() as sess:
+        saver.restore(sess, {str(moved / "model.ckpt")!r})
+        np.save({str(out)!r}, sess.run(rows))
+  """)
+  np.testing.assert_array_equal(np.load(out)[:2], [[2.0] * DIM, [1.0] * DIM])

@@ -1,5 +1,6 @@
 """Dynamic embedding: hashtable-backed embeddings that grow and shrink while training."""
 
+from tf_ext.dynamic_embedding.delta_checkpoint import DeltaCheckpointManager
 from tf_ext.dynamic_embedding.initializers import InitializerSpec
 from tf_ext.dynamic_embedding.lifecycle import EvictionPolicy, FrequencyAdmission
 from tf_ext.dynamic_embedding.lookup import dynamic_embedding, embedding_lookup

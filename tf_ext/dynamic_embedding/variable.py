@@ -12,15 +12,14 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.framework import ops
 from tensorflow.python.trackable import resource
-from tensorflow.python.training.saving import saveable_object
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import initializers, lifecycle
+from tf_ext.dynamic_embedding import checkpoint, initializers, lifecycle
 
 # Copies of facts of the op library, checked against it by tests/dynamic_embedding/
 # test_op_facts.py: the kernel's kMaxDim, and the outputs of TfExtTableExport (inputs of
-# TfExtTableImport). The suffixes name checkpoint tensors, so they are spelled out here rather
-# than read from the ops: renaming an op output must not silently rename saved tensors.
+# TfExtTableImport). The suffixes named a table's tensors in tf_ext 0.1 checkpoints (which
+# TfExtTableRestoreCheckpoint still reads), so they are spelled out rather than read from the ops.
 MAX_DIM = 4096
 _SAVE_SUFFIXES = ("keys", "values", "slots", "update_counts", "last_steps", "slot_initial_values")
 _KEY_DTYPES = (tf.int64, tf.string)
@@ -43,7 +42,9 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
   - Rows are created by `insert` or when an optimizer wrapped with
     `tf_ext.DynamicEmbeddingOptimizer` first updates them; the optimizer's slots live in the
     same table entry as the row.
-  - Saved and restored by tf.compat.v1.train.Saver, tf.train.Checkpoint and SavedModel.
+  - Saved and restored by tf.compat.v1.train.Saver, tf.train.Checkpoint and SavedModel, streamed
+    into a file beside the checkpoint (tf_ext/dynamic_embedding/checkpoint.py); and in full and
+    delta snapshots by tf_ext.DeltaCheckpointManager.
 
   Create it with `tf_ext.get_dynamic_embedding_variable` (get-or-create by name).
   """
@@ -69,6 +70,9 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
     self._key_dtype = tf.as_dtype(key_dtype)
     self._initializer = initializers.spec_from(initializer, dim, name)
     self._trainable = trainable
+    # SavedModel export works on shallow copies of trackables; the checkpoint saver maps a copy
+    # back to this table (checkpoint._handle).
+    self._original = weakref.ref(self)
     with tf.init_scope():
       executing_eagerly = tf.executing_eagerly()
       # Eager resources are shared by name across the process: give each table its own.
@@ -83,7 +87,9 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
       self._gradient_anchor = gradient_anchor
       setattr(gradient_anchor, TABLE_OF_ANCHOR, weakref.ref(self))
       if not executing_eagerly:
-        ops.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, _TableSaveable(self, name))
+        ops.add_to_collection(
+          tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, checkpoint.TableSaveable(self, name)
+        )
       _remember(self)
 
   def _validate(self, dim, key_dtype, value_dtype):
@@ -340,30 +346,8 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
         dim=self._dim,
       )
 
-  # ---- checkpoints (TF2 object-based and SavedModel) ---------------------------------------
 
-  def _serialize_to_tensors(self):
-    return dict(zip(_SAVE_SUFFIXES, self.export_with_slots()))
-
-  def _restore_from_tensors(self, restored_tensors):
-    return self.import_with_slots(*[restored_tensors[s] for s in _SAVE_SUFFIXES])
-
-
-class _TableSaveable(saveable_object.SaveableObject):
-  """Lets tf.compat.v1.train.Saver (and so Estimator, MonitoredTrainingSession) save a table."""
-
-  def __init__(self, table, name):
-    tensors = table.export_with_slots()
-    specs = [
-      saveable_object.SaveSpec(t, "", f"{name}-{suffix}")
-      for t, suffix in zip(tensors, _SAVE_SUFFIXES)
-    ]
-    super().__init__(table, specs, name)
-    self._table = table
-
-  def restore(self, restored_tensors, restored_shapes):
-    del restored_shapes
-    return self._table.import_with_slots(*restored_tensors)
+checkpoint.register(DynamicEmbeddingVariable)
 
 
 # ---- get-or-create by name ----------------------------------------------------------------

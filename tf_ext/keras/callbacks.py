@@ -1,5 +1,6 @@
-"""Keras callbacks of tf_ext: table eviction and statistics during `fit`."""
+"""Keras callbacks of tf_ext: table eviction, statistics and delta checkpoints during `fit`."""
 
+from tf_ext.keras.checkpoint_callbacks import DeltaCheckpoint
 from tf_ext.keras.lifecycle_callbacks import TableEviction, TableStatistics
 
-__all__ = ["TableEviction", "TableStatistics"]
+__all__ = ["DeltaCheckpoint", "TableEviction", "TableStatistics"]

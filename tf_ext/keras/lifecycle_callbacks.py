@@ -6,14 +6,15 @@ from tf_ext.dynamic_embedding import lifecycle
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 
-def model_tables(model):
-  """The dynamic embedding tables a Keras model uses: its layers' and the eager ones it looks up."""
+def model_tables(model, eager=True):
+  """The dynamic embedding tables a Keras model uses: its layers', and with `eager` every eager
+  table (the ones it may look up outside layers)."""
   found = {}
   for module in [model, *model.submodules]:
     table = getattr(module, "table", None)
     if isinstance(table, variable_lib.DynamicEmbeddingVariable):
       found[id(table)] = table
-  for table in variable_lib.tables():
+  for table in variable_lib.tables() if eager else ():
     found.setdefault(id(table), table)
   return sorted(found.values(), key=lambda t: t.name)
 

@@ -1,0 +1,191 @@
+"""Tables in TensorFlow checkpoints: streamed into a snapshot file beside the checkpoint.
+
+TensorFlow's SaveV2/RestoreV2 move whole tensors, so a table saved through them is copied into
+memory whole. Instead, each table is written by the op TfExtTableSaveSnapshot, streaming in chunks,
+to its own file beside the checkpoint's index, and read back by TfExtTableRestoreCheckpoint:
+
+- `tf.compat.v1.train.Saver` (and so MonitoredTrainingSession and Estimator): `TableSaveable`.
+- `tf.train.Checkpoint`, `CheckpointManager`, Keras `save_weights` and SavedModel: a registered
+  checkpoint saver (`register`).
+
+The file of a table is `<prefix>.data-tXXXX-of-XXXXX` (a hash of the table's name in the
+checkpoint): TensorFlow deletes a checkpoint's `<prefix>.data-?????-of-?????` files with it
+(Saver's max_to_keep, CheckpointManager), so the table's file goes too, and copying `<prefix>.*`
+copies it. Checkpoints of tf_ext 0.1 (the table as six tensors in the checkpoint) still restore.
+"""
+
+import contextlib
+import hashlib
+
+import tensorflow as tf
+from tensorflow.python.framework import ops
+from tensorflow.python.saved_model import registration
+from tensorflow.python.trackable import resource
+from tensorflow.python.training.saving import saveable_object
+
+from tf_ext import _ops_loader
+
+SAVER_PACKAGE, SAVER_NAME = "tf_ext", "DynamicEmbeddingTable"
+# What TensorFlow appends to the checkpoint prefix for a registered saver's own files.
+_REGISTERED_SUFFIX = f"-{SAVER_PACKAGE}.{SAVER_NAME}"
+# A tf.train.Checkpoint of tf_ext 0.1 named a table's tensors <object>/.ATTRIBUTES/<suffix>.
+_LEGACY_ATTRIBUTES = "/.ATTRIBUTES/"
+# The tensor each table adds to a checkpoint's index: its row count (the rows are in its file).
+_ROWS_TENSOR = ".TF_EXT_TABLE_ROWS"
+
+
+def snapshot_suffix(name):
+  """The suffix that names a table's snapshot file after a checkpoint prefix."""
+  digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
+  return f".data-t{digest[:4]}-of-{digest[4:9]}"
+
+
+def _save(handle, path):
+  """Streams the table of `handle` into `path` (a full snapshot that starts no delta tracking)."""
+  with _colocated(handle):
+    return _ops_loader.load().tf_ext_table_save_snapshot(
+      handle,
+      path,
+      since_version=tf.constant(-1, tf.int64),
+      chain_id=tf.constant(0, tf.int64),
+      sequence=tf.constant(0, tf.int64),
+      step=tf.constant(0, tf.int64),
+      track=False,
+    )
+
+
+def _restore(handle, path, prefix, legacy_tensor_prefix):
+  with _colocated(handle):
+    return _ops_loader.load().tf_ext_table_restore_checkpoint(
+      handle, path, prefix, legacy_tensor_prefix
+    )
+
+
+def _colocated(handle):
+  return contextlib.nullcontext() if tf.executing_eagerly() else ops.colocate_with(handle)
+
+
+# ---- tf.compat.v1.train.Saver ---------------------------------------------------------------
+
+
+def _saver_prefix():
+  """The checkpoint prefix tensor of the Saver being built.
+
+  A SaveableObject's tensors are created while tf.compat.v1.train.Saver builds its save ops, under
+  the Saver's name scope, whose "Const" tensor is the prefix the save is fed (saver.py keeps that
+  name for compatibility). Fails clearly if a Saver builds its ops some other way.
+  """
+  graph = ops.get_default_graph()
+  parts = graph.get_name_scope().split("/")
+  for end in range(len(parts), 0, -1):
+    try:
+      tensor = graph.get_tensor_by_name("/".join(parts[:end]) + "/Const:0")
+    except KeyError:
+      continue
+    if tensor.dtype == tf.string and tensor.op.type == "PlaceholderWithDefault":
+      return tensor
+  raise ValueError(
+    "tf_ext: a dynamic embedding table can be saved by tf.compat.v1.train.Saver's own save ops "
+    f"only (no checkpoint prefix found under name scope {graph.get_name_scope()!r})"
+  )
+
+
+class TableSaveable(saveable_object.SaveableObject):
+  """Lets tf.compat.v1.train.Saver (and so Estimator, MonitoredTrainingSession) save a table.
+
+  Its one tensor in the checkpoint is `<name>-slot_initial_values` (as in tf_ext 0.1, so 0.1
+  checkpoints restore through the same spec); computing it streams the table into its file.
+  """
+
+  def __init__(self, table, name):
+    self._table = table
+    self._legacy_prefix = f"{name}-"
+
+    def save_table():
+      prefix = _saver_prefix()
+      path = tf.strings.join([prefix, snapshot_suffix(name)])
+      return _save(table.resource_handle, path)[4]  # slot_initial_values
+
+    spec = saveable_object.SaveSpec(
+      save_table, "", f"{name}-slot_initial_values", dtype=tf.float32, device=table.device
+    )
+    super().__init__(table, [spec], name)
+
+  def restore(self, restored_tensors, restored_shapes):
+    del restored_shapes
+    (slot_initial_values,) = restored_tensors
+    prefix = slot_initial_values.op.inputs[0]  # RestoreV2's prefix
+    path = tf.strings.join([prefix, snapshot_suffix(self.name)])
+    with tf.control_dependencies([slot_initial_values]):
+      return _restore(self._table.resource_handle, path, prefix, self._legacy_prefix)
+
+
+# ---- tf.train.Checkpoint and SavedModel: a registered saver ------------------------------------
+
+
+def _handle(table):
+  """The resource handle the saver captures for a table (or a SavedModel's restored table).
+
+  SavedModel export traces the saver with shallow copies of the tables, whose handles live in
+  the export graph, but maps only the originals' handles into that graph: use the original's.
+  """
+  original = getattr(table, "_original", None)
+  return (original() or table).resource_handle if original else table.resource_handle
+
+
+def _save_tables(trackables, file_prefix):
+  """Streams each table to its file beside the final checkpoint; returns a small index shard."""
+  final_prefix = tf.strings.substr(
+    file_prefix, 0, tf.strings.length(file_prefix) - len(_REGISTERED_SUFFIX)
+  )
+  names, rows = [], []
+  for object_name, table in sorted(trackables.items()):
+    path = tf.strings.join([final_prefix, snapshot_suffix(object_name)])
+    names.append(f"{object_name}/{_ROWS_TENSOR}")
+    rows.append(_save(_handle(table), path)[1])
+  with ops.device("CPU"):
+    written = tf.raw_ops.SaveV2(
+      prefix=file_prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=rows
+    )
+    with tf.control_dependencies([written]):
+      return [tf.identity(file_prefix)]
+
+
+def _restore_tables(trackables, merged_prefix):
+  # TensorFlow drops what a registered restore function returns: its ops run only eagerly or
+  # inside a tf.function (automatic control dependencies), never in a TF1 graph.
+  if not tf.executing_eagerly() and not ops.get_default_graph().building_function:
+    raise ValueError(
+      "tf_ext: tf.train.Checkpoint cannot restore dynamic embedding tables in a TF1 graph; "
+      "use tf.compat.v1.train.Saver there (or restore eagerly)"
+    )
+  for object_name, table in sorted(trackables.items()):
+    # A 0.1 checkpoint names the table by the first of its tensors' keys.
+    legacy = ""
+    if _LEGACY_ATTRIBUTES in object_name:
+      legacy = object_name[: object_name.index(_LEGACY_ATTRIBUTES) + len(_LEGACY_ATTRIBUTES)]
+    path = tf.strings.join([merged_prefix, snapshot_suffix(object_name)])
+    _restore(_handle(table), path, merged_prefix, legacy)
+
+
+def _restored_table(obj):
+  """Whether `obj` is a table that tf.saved_model.load restored without tf_ext's class: a
+  RestoredResource whose creator function makes a TfExtDynamicTable."""
+  if not isinstance(obj, resource.RestoredResource):
+    return False
+  creator = getattr(obj, "_create_resource", None)
+  for function in getattr(creator, "concrete_functions", None) or ():
+    if any(op.type == "TfExtDynamicTable" for op in function.graph.get_operations()):
+      return True
+  return False
+
+
+def register(table_class):
+  """Registers the saver of tables for tf.train.Checkpoint and SavedModel."""
+  registration.register_checkpoint_saver(
+    package=SAVER_PACKAGE,
+    name=SAVER_NAME,
+    predicate=lambda obj: isinstance(obj, table_class) or _restored_table(obj),
+    save_fn=_save_tables,
+    restore_fn=_restore_tables,
+  )

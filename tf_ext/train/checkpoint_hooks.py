@@ -1,0 +1,86 @@
+"""A session hook that writes full and delta checkpoints of tables while training runs."""
+
+import logging
+
+import tensorflow as tf
+
+from tf_ext.dynamic_embedding import delta_checkpoint
+from tf_ext.dynamic_embedding import variable as variable_lib
+
+_log = logging.getLogger("tf_ext.delta_checkpoint")
+
+
+class DeltaCheckpointHook(delta_checkpoint.SavesPeriodically, tf.compat.v1.train.SessionRunHook):
+  """Writes a chain of full and delta table checkpoints (tf_ext.DeltaCheckpointManager) into
+  `directory`, every `every_n_steps` global steps and/or `every_n_secs` seconds, and once more
+  at the end; a new chain starts with a full snapshot every `full_every_n_deltas` deltas.
+
+  With `dense=True` (the default) each link also saves every global variable (the dense
+  weights, their optimizer slots, the global step) with a tf.compat.v1.train.Saver, so a link
+  restores the whole model at its step. With `restore=True` (the default), the session restores
+  the latest link when it starts, unless the session's global step is already past it (e.g.
+  Estimator restored a newer checkpoint of its own). For Session, MonitoredTrainingSession and
+  Estimator; `manager` is the hook's DeltaCheckpointManager once the graph is built.
+  """
+
+  def __init__(
+    self,
+    directory,
+    every_n_steps=None,
+    every_n_secs=None,
+    full_every_n_deltas=10,
+    max_chains=2,
+    tables=None,
+    dense=True,
+    restore=True,
+  ):
+    self._saves_every(
+      "DeltaCheckpointHook",
+      directory,
+      every_n_steps,
+      every_n_secs,
+      full_every_n_deltas,
+      max_chains,
+      tables,
+      dense=dense,
+      restore=restore,
+    )
+
+  def begin(self):
+    self._global_step = tf.compat.v1.train.get_or_create_global_step()
+    dense = None
+    if self._dense:
+      dense = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(), sharded=True)
+    self._saves.start(variable_lib.tables(), dense).build()
+
+  def after_create_session(self, session, coord):
+    del coord
+    latest = self.manager.latest_step()
+    if not self._restore or latest is None:
+      return
+    current = int(session.run(self._global_step))
+    if latest < current:
+      _log.info(
+        "tf_ext: delta checkpoint at step %d is older than step %d: not restored", latest, current
+      )
+      return
+    restored = self.manager.restore(session)
+    _log.info("tf_ext: restored tables from the delta checkpoint of step %d", restored)
+    self._saves.mark(restored)
+
+  def before_run(self, run_context):
+    del run_context
+    return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
+  def after_run(self, run_context, run_values):
+    # The step fetched with the training op may be read before its increment: check the step
+    # it is about to be, and read the real one for a save (as TensorFlow's CheckpointSaverHook).
+    if self._saves.due(int(run_values.results) + 1):
+      step = int(run_context.session.run(self._global_step))
+      if self._saves.due(step):
+        self._saves.save(step, run_context.session)
+
+  def end(self, session):
+    step = int(session.run(self._global_step))
+    if step != self._saves.last_step:
+      self._saves.save(step, session)
