@@ -11,8 +11,8 @@
 #   make sanitize  the C++ core tests under ThreadSanitizer and AddressSanitizer
 #   make demo    examples/train_ctr.py
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
-#   make bench-lifecycle  benchmarks/eviction.py, admission.py and small_tables.py (installs
-#                requirements-bench.txt: TFRA, for eviction's comparison)
+#   make bench-lifecycle  benchmarks/eviction.py, admission.py, small_tables.py and checkpoint.py
+#                (installs requirements-bench.txt: TFRA, for eviction's comparison)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
 #   make clean   bazel clean + built artefacts
@@ -240,6 +240,7 @@ bench-lifecycle: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/eviction.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/admission.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/small_tables.py $(BENCH_ARGS))
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/checkpoint.py $(BENCH_ARGS))
 
 # Needs root for its network namespaces: sudo when not root (sudo drops the environment, so the
 # settings it needs are passed explicitly).
