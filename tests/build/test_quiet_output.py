@@ -49,4 +49,7 @@ def test_verbose_shows_the_full_log():
   assert proc.returncode == 0, proc.stderr[-5000:]
   assert "usage:" in proc.stdout
   assert "Unable to register cuDNN factory" in proc.stderr, proc.stderr[-5000:]
-  assert re.search(TF_LOG_LINE.pattern + r".*oneDNN", proc.stderr, re.MULTILINE), proc.stderr
+  # INFO and WARNING lines are back. Which ones depends on the CPU: oneDNN's notice comes only
+  # where TensorFlow turns oneDNN on by default (CPUs with AVX-512 and up), not on AVX2 ones.
+  info_or_warning = TF_LOG_LINE.pattern.replace("[IWEF]", "[IW]")
+  assert re.search(info_or_warning, proc.stderr, re.MULTILINE), proc.stderr

@@ -234,7 +234,9 @@ TEST(EmbeddingTableTest, RemoveBatchRemovesEachPresentKeyOnce) {
   for (int64_t k = 0; k < 4000; ++k) {
     const auto it = reference.find(k * 31);
     ASSERT_EQ(table.Find(k * 31, out.data()), it != reference.end()) << k;
-    if (it != reference.end()) EXPECT_EQ(out, Row(3, it->second));
+    if (it != reference.end()) {
+      EXPECT_EQ(out, Row(3, it->second));
+    }
   }
 }
 

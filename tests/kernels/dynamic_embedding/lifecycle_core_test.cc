@@ -167,18 +167,22 @@ TEST(EvictionTest, RunsWhileOtherThreadsLookUpAndUpdate) {
   EmbeddingTable<int64_t> table(4, Zeros());
   for (int64_t k = 0; k < 50000; ++k) Train(table, k, k % 100);
   std::atomic<bool> stop{false};
+  std::atomic<int> running{0};
   std::vector<std::thread> workers;
   for (int t = 0; t < 2; ++t) {
     workers.emplace_back([&, t] {
       std::vector<float> out(4 * 256);
       int64_t step = 1000;
-      while (!stop.load()) {
+      do {
         table.FindBatch(
             256, [&](int64_t i) { return (i * 197 + t) % 60000; }, out.data());
         Train(table, int64_t{50000 + t}, ++step);
-      }
+        if (step == 1001) running.fetch_add(1);
+      } while (!stop.load());
     });
   }
+  // Evict only once both workers are in their loops (an eviction takes milliseconds).
+  while (running.load() < 2) std::this_thread::yield();
   EvictionCriteria criteria;
   criteria.now_step = 100;
   criteria.ttl_steps = 50;  // rows of steps 0..50
