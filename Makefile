@@ -10,6 +10,8 @@
 #   make test    lint and build, then bazel test //... (googletest for the cores, pytest for the rest)
 #   make sanitize  the C++ core tests under ThreadSanitizer and AddressSanitizer
 #   make demo    examples/train_ctr.py
+#   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
+#                columns: train_and_evaluate, export_saved_model, serving in a fresh process)
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
 #   make bench-lifecycle  benchmarks/eviction.py, admission.py, small_tables.py and checkpoint.py
 #                (installs requirements-bench.txt: TFRA, for eviction's comparison)
@@ -87,7 +89,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-cluster clean distclean
+        bench-lifecycle bench-cluster demo-estimator clean distclean
 
 all: build
 
@@ -231,6 +233,9 @@ sanitize: setup
 # tests/build/test_quiet_output.py runs `make -o build demo DEMO_ARGS=--quick` and checks its output.
 demo: build
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python examples/train_ctr.py $(DEMO_ARGS))
+
+demo-estimator: build
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python examples/estimator_columns.py $(DEMO_ARGS))
 
 bench: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/lookup.py $(BENCH_ARGS))

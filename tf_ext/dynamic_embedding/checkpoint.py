@@ -93,29 +93,32 @@ def _saver_prefix():
 class TableSaveable(saveable_object.SaveableObject):
   """Lets tf.compat.v1.train.Saver (and so Estimator, MonitoredTrainingSession) save a table.
 
-  Its one tensor in the checkpoint is `<name>-slot_initial_values` (as in tf_ext 0.1, so 0.1
-  checkpoints restore through the same spec); computing it streams the table into its file.
+  Its one tensor in the checkpoint is `<table name>-slot_initial_values` (as in tf_ext 0.1, so
+  0.1 checkpoints restore through the same spec); computing it streams the table into its file.
+  The saveable itself is named after the table's resource op: an exported meta graph lists the
+  SAVEABLE_OBJECTS collection by name, and importing it (SavedModel loaders) looks each name up
+  as an operation.
   """
 
   def __init__(self, table, name):
     self._table = table
+    self._suffix = snapshot_suffix(name)
     self._legacy_prefix = f"{name}-"
 
     def save_table():
-      prefix = _saver_prefix()
-      path = tf.strings.join([prefix, snapshot_suffix(name)])
+      path = tf.strings.join([_saver_prefix(), self._suffix])
       return _save(table.resource_handle, path)[4]  # slot_initial_values
 
     spec = saveable_object.SaveSpec(
       save_table, "", f"{name}-slot_initial_values", dtype=tf.float32, device=table.device
     )
-    super().__init__(table, [spec], name)
+    super().__init__(table, [spec], table.resource_handle.op.name)
 
   def restore(self, restored_tensors, restored_shapes):
     del restored_shapes
     (slot_initial_values,) = restored_tensors
     prefix = slot_initial_values.op.inputs[0]  # RestoreV2's prefix
-    path = tf.strings.join([prefix, snapshot_suffix(self.name)])
+    path = tf.strings.join([prefix, self._suffix])
     with tf.control_dependencies([slot_initial_values]):
       return _restore(self._table.resource_handle, path, prefix, self._legacy_prefix)
 
