@@ -2,15 +2,31 @@
 graphs, Estimator model_fn) and checkpoints; ids are used as they are; bad columns are clear
 errors."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf_ext
 from tf_ext.dynamic_embedding.variable import tables as live_tables
+from tf_ext.feature_column import DynamicEmbeddingColumn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 fcol = tf_ext.feature_column
 DIM = 4
+
+
+def run_python(code):
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  proc = subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True
+  )
+  assert proc.returncode == 0, proc.stderr[-5000:]
 
 
 def _columns():
@@ -161,3 +177,25 @@ def test_canned_estimators_train_the_tables_with_their_wrapped_optimizer(tmp_pat
     name.endswith("user_dynamic_embedding-slot_initial_values")
     for name in estimator.get_variable_names()
   )
+
+
+def test_a_keras_model_with_dense_features_saves_and_loads_in_a_fresh_process(tmp_path):
+  user = fcol.categorical_column_with_dynamic_vocabulary("user", tf.int64)
+  column = fcol.dynamic_embedding_column(
+    user, DIM, combiner="sum", initializer="normal", admission=tf_ext.FrequencyAdmission(2)
+  )
+  assert DynamicEmbeddingColumn.from_config(column.get_config()) == column
+  inputs = {"user": tf.keras.Input(shape=(1,), dtype=tf.int64, name="user")}
+  hidden = tf.keras.layers.DenseFeatures([column])(inputs)
+  model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(hidden))
+  model.compile(tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1)), "mse")
+  ids = np.array([[5], [6], [5], [10**13]], np.int64)
+  model.fit({"user": ids}, np.ones(4, np.float32), epochs=3, verbose=0)
+  expected = model.predict({"user": ids}, verbose=0)
+  model.save(str(tmp_path / "saved"))
+  run_python(f"""
+    import numpy as np, tensorflow as tf, tf_ext
+    model = tf.keras.models.load_model({str(tmp_path / "saved")!r})
+    got = model.predict({{"user": np.array({ids.tolist()}, np.int64)}}, verbose=0)
+    np.testing.assert_allclose(got, np.array({expected.tolist()}), rtol=1e-6)
+  """)

@@ -6,17 +6,21 @@ Both columns implement the v2 feature column interface (`DenseFeatures`) and the
 """
 
 import collections
+import dataclasses
 
 import tensorflow as tf
 from tensorflow.python.feature_column import feature_column as fc_old
 from tensorflow.python.feature_column import feature_column_v2 as fc
+from tensorflow.python.feature_column import serialization
 
+from tf_ext.dynamic_embedding import initializers, lifecycle
 from tf_ext.dynamic_embedding import lookup as lookup_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 _KEY_DTYPES = (tf.int64, tf.string)
 
 
+@serialization.register_feature_column
 class DynamicVocabularyColumn(
   fc.CategoricalColumn,
   fc_old._CategoricalColumn,  # pylint: disable=protected-access
@@ -111,6 +115,7 @@ def categorical_column_with_dynamic_vocabulary(key, dtype=tf.int64):
   return DynamicVocabularyColumn(key, dtype)
 
 
+@serialization.register_feature_column
 class DynamicEmbeddingColumn(
   fc.DenseColumn,
   fc_old._DenseColumn,  # pylint: disable=protected-access
@@ -203,11 +208,29 @@ class DynamicEmbeddingColumn(
     return [self.categorical_column]
 
   def get_config(self):
-    raise NotImplementedError(f"{self.name}: a dynamic embedding column is not serializable")
+    """For Keras model saving (DenseFeatures): plain values only; the initializer as its spec."""
+    return {
+      "categorical_column": serialization.serialize_feature_column(self.categorical_column),
+      "dimension": self.dimension,
+      "combiner": self.combiner,
+      "initializer": dict(self.initializer._asdict()),
+      "admission": dataclasses.asdict(self.admission) if self.admission else None,
+      "eviction": dataclasses.asdict(self.eviction) if self.eviction else None,
+    }
 
   @classmethod
   def from_config(cls, config, custom_objects=None, columns_by_name=None):
-    raise NotImplementedError("a dynamic embedding column is not serializable")
+    admission, eviction = config.get("admission"), config.get("eviction")
+    return cls(
+      serialization.deserialize_feature_column(
+        config["categorical_column"], custom_objects, columns_by_name
+      ),
+      config["dimension"],
+      config["combiner"],
+      initializers.InitializerSpec(**config["initializer"]),
+      lifecycle.FrequencyAdmission(**admission) if admission else None,
+      lifecycle.EvictionPolicy(**eviction) if eviction else None,
+    )
 
 
 def dynamic_embedding_column(
@@ -240,6 +263,6 @@ def dynamic_embedding_column(
       f"{owner} '{categorical_column.name}': combiner must be one of {lookup_lib.COMBINERS}, "
       f"got {combiner!r}"
     )
-  return DynamicEmbeddingColumn(
-    categorical_column, dimension, combiner, initializer, admission, eviction
-  )
+  name = f"{categorical_column.name}_dynamic_embedding"
+  spec = initializers.spec_from(initializer, dimension, name)  # checked now, and serializable
+  return DynamicEmbeddingColumn(categorical_column, dimension, combiner, spec, admission, eviction)
