@@ -220,8 +220,13 @@ def test_session_hook_saves_restores_dense_state_and_continues(tmp_path):
       for step in range(7):
         sess.run(train, {ids: [step, step + 1, 50]})
       saved = (sess.run(export), sess.run(w))
-  # steps 1..7: saves at 3, 5, 7 (every 2 from the first step seen) and none more at the end
-  assert [(s["kind"], s["step"]) for s in hook.saved] == [("full", 3), ("delta", 5), ("delta", 7)]
+  # steps 1..7: saves every 2 steps from the session's start, and one more at the end
+  assert [(s["kind"], s["step"]) for s in hook.saved] == [
+    ("full", 2),
+    ("delta", 4),
+    ("delta", 6),
+    ("delta", 7),
+  ]
 
   with tf.Graph().as_default():
     ids, train, export, w, step = _graph_model()
@@ -235,7 +240,7 @@ def test_session_hook_saves_restores_dense_state_and_continues(tmp_path):
   for a, b in zip(saved[0][:5], restored[0][:5]):
     np.testing.assert_array_equal(a[order_a], b[order_b])
   np.testing.assert_array_equal(saved[1], restored[1])
-  assert [(s["kind"], s["sequence"]) for s in hook.saved] == [("delta", 3)]  # the chain goes on
+  assert [(s["kind"], s["sequence"]) for s in hook.saved] == [("delta", 4)]  # the chain goes on
 
 
 def test_session_hook_in_estimator(tmp_path):
@@ -253,8 +258,8 @@ def test_session_hook_in_estimator(tmp_path):
 
   hook = tf_ext.train.DeltaCheckpointHook(tmp_path / "chain", every_n_steps=3)
   tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "est")).train(input_fn, hooks=[hook])
-  assert [s["step"] for s in hook.saved] == [4, 7, 10]
-  assert [s["rows"] for s in hook.saved] == [16, 12, 12]  # the full, then the 3 batches since
+  assert [s["step"] for s in hook.saved] == [3, 6, 9, 10]
+  assert [s["rows"] for s in hook.saved] == [12, 12, 12, 4]  # the full, then the batches since
   assert hook.manager.latest_step() == 10
 
 

@@ -55,10 +55,13 @@ class DeltaCheckpointHook(delta_checkpoint.SavesPeriodically, tf.compat.v1.train
 
   def after_create_session(self, session, coord):
     del coord
+    # The schedule counts from the session's first step (read here: the step fetched with a
+    # training op may be read before or after its increment).
+    current = int(session.run(self._global_step))
+    self._saves.mark(current)
     latest = self.manager.latest_step()
     if not self._restore or latest is None:
       return
-    current = int(session.run(self._global_step))
     if latest < current:
       _log.info(
         "tf_ext: delta checkpoint at step %d is older than step %d: not restored", latest, current
