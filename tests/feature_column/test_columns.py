@@ -91,6 +91,26 @@ def test_dense_features_trains_in_keras_with_ids_as_they_are(tmp_path):
   np.testing.assert_allclose(restored.predict(features, verbose=0), expected, rtol=1e-6)
 
 
+def test_each_dense_features_layer_owns_its_table_and_trains_it():
+  """Two layers over one column (a model built twice): each has its own table, whose gradient
+  anchor is the layer's weight, so each model trains its own rows."""
+  user = fcol.categorical_column_with_dynamic_vocabulary("user", tf.int64)
+  layers = [tf.keras.layers.DenseFeatures([fcol.dynamic_embedding_column(user, DIM)]) for _ in "ab"]
+  for layer in layers:
+    layer({"user": tf.constant([[1]], tf.int64)})
+  first, second = (layer._resources["user_dynamic_embedding"]["table"] for layer in layers)
+  assert first is not second
+  for layer, table in zip(layers, (first, second)):
+    assert [v.ref() for v in layer.trainable_variables] == [table.gradient_anchor.ref()]
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1))
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(layers[1]({"user": tf.constant([[7]], tf.int64)}))
+  optimizer.apply_gradients(
+    zip(tape.gradient(loss, layers[1].trainable_variables), layers[1].trainable_variables)
+  )
+  assert (int(first.size()), int(second.size())) == (0, 1)
+
+
 def test_out_of_vocabulary_ids_read_zeros_like_tensorflows_embedding_column():
   color = _columns()["color"]
   layer = tf.keras.layers.DenseFeatures([fcol.dynamic_embedding_column(color, DIM)])

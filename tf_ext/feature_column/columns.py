@@ -161,24 +161,25 @@ class DynamicEmbeddingColumn(
   def _variable_shape(self):
     return self.variable_shape
 
-  def _new_table(self, gradient_anchor=None):
-    return variable_lib.get_dynamic_embedding_variable(
+  def _table(self, create, **kwargs):
+    return create(
       self.name,
       self.dimension,
       key_dtype=self.key_dtype,
       initializer=self.initializer,
-      gradient_anchor=gradient_anchor,
       admission=self.admission,
       eviction=self.eviction,
+      **kwargs,
     )
 
   def create_state(self, state_manager):
-    """DenseFeatures: the table, and its gradient anchor as one of the layer's weights (so the
-    optimizer sees it)."""
+    """DenseFeatures: a table of the layer's own (as embedding_column's variable is), and its
+    gradient anchor as one of the layer's weights (so the optimizer sees it)."""
     anchor = state_manager.create_variable(
       self, "gradient_anchor", shape=(), dtype=tf.float32, initializer=tf.zeros_initializer()
     )
-    state_manager.add_resource(self, "table", self._new_table(anchor))
+    table = self._table(variable_lib.DynamicEmbeddingVariable, gradient_anchor=anchor)
+    state_manager.add_resource(self, "table", table)
 
   def _embed(self, table, sparse_tensors):
     ids, weights = sparse_tensors.id_tensor, sparse_tensors.weight_tensor
@@ -201,7 +202,9 @@ class DynamicEmbeddingColumn(
   def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
     del weight_collections, trainable
     sparse_tensors = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
-    return self._embed(self._new_table(), sparse_tensors)
+    # input_layer: get-or-create by name in the enclosing variable scope, as for variables.
+    table = self._table(variable_lib.get_dynamic_embedding_variable)
+    return self._embed(table, sparse_tensors)
 
   @property
   def parents(self):
