@@ -346,17 +346,11 @@ class EmbeddingTable {
     const ShardGroups groups = GroupByShard(n, key_at);
     int64_t removed = 0;
     for (size_t s = 0; s < shards_.size(); ++s) {
-      Shard& shard = shards_[s];
-      const int64_t end = groups.first[s + 1];
-      for (int64_t begin = groups.first[s]; begin < end; begin += kEvictBatch) {
-        ExclusiveGuard guard(shard.lock);
-        for (int64_t p = begin; p < std::min<int64_t>(end, begin + kEvictBatch); ++p) {
-          size_t pos;
-          if (!FindSlot(shard, key_at(groups.keys[p].index), groups.keys[p].hash, &pos)) continue;
-          RemoveAt(shard, pos);
-          ++removed;
-        }
-      }
+      const GroupedKey* group = groups.keys.get() + groups.first[s];
+      removed += RemoveInBatches(
+          shards_[s], groups.first[s + 1] - groups.first[s],
+          [&](int64_t j) { return key_at(group[j].index); },
+          [&](int64_t j) { return group[j].hash; }, [](const char*) { return true; });
     }
     return removed;
   }
@@ -827,6 +821,17 @@ class EmbeddingTable {
     return groups;
   }
 
+  // Copies the key's row into `row`, or its initial row when missing; whether it was present.
+  // Caller holds the shard's lock.
+  bool ServeRow(const Shard& shard, KeyView key, uint64_t hash, float* row) const {
+    if (const char* entry = FindEntry(shard, key, hash)) {
+      CopyRow(row, EmbeddingOf(entry));
+      return true;
+    }
+    FillInitialRowOf(key, row);
+    return false;
+  }
+
   // FindBatch's usual way: every shard read-locked (in the order LockAll takes them, so it cannot
   // deadlock with it), the keys served in order.
   template <typename KeyAt>
@@ -850,13 +855,7 @@ class EmbeddingTable {
         hashes[(i + kIndexAhead) % kRing] = StorageHash(key_at(i + kIndexAhead));
         PrefetchIndex(hashes[(i + kIndexAhead) % kRing]);
       }
-      float* row = out + i * dim_;
-      if (const char* entry = FindEntry(ShardFor(hash), key_at(i), hash)) {
-        CopyRow(row, EmbeddingOf(entry));
-        ++found;
-      } else {
-        FillInitialRowOf(key_at(i), row);
-      }
+      found += ServeRow(ShardFor(hash), key_at(i), hash, out + i * dim_);
     }
     for (const auto& shard : shards_) shard.lock.unlock_shared();
     return found;
@@ -896,13 +895,7 @@ class EmbeddingTable {
       const int64_t i = keys[p].index;
       const uint64_t hash = keys[p].hash;
       const Shard& shard = ShardFor(hash);
-      float* row = out + i * dim_;
-      if (const char* entry = FindEntry(shard, key_at(i), hash)) {
-        CopyRow(row, EmbeddingOf(entry));
-        ++found;
-      } else {
-        FillInitialRowOf(key_at(i), row);
-      }
+      found += ServeRow(shard, key_at(i), hash, out + i * dim_);
       if (p + 1 == groups.first[ShardIndex(hash) + 1]) shard.lock.unlock_shared();
     }
     return found;
@@ -920,16 +913,26 @@ class EmbeddingTable {
         return true;
       });
     }
-    int64_t removed = 0;
-    // Lookups meanwhile take the shards one at a time (see FindBatch), and those that queue
-    // behind a batch get in before the next one takes the lock (RWSpinLock hands over fairly).
     BulkRemoval bulk(bulk_removals_);
-    for (size_t begin = 0; begin < victims.size(); begin += kEvictBatch) {
+    return RemoveInBatches(
+        shard, static_cast<int64_t>(victims.size()), [&](int64_t i) { return KeyView(victims[i]); },
+        [&](int64_t i) { return StorageHash(KeyView(victims[i])); }, recheck);
+  }
+
+  // Removes the entries of keys key_at(0..n-1) of this shard (hash_at(i): their StorageHash)
+  // that still pass recheck(entry), in batches of kEvictBatch per hold of the shard's exclusive
+  // lock. Lookups meanwhile take the shards one at a time (see FindBatch, while the caller counts
+  // a BulkRemoval), and those that queue behind a batch get in before the next one takes the
+  // lock (RWSpinLock hands over fairly).
+  template <typename KeyAt, typename HashAt, typename Recheck>
+  int64_t RemoveInBatches(Shard& shard, int64_t n, KeyAt&& key_at, HashAt&& hash_at,
+                          Recheck&& recheck) {
+    int64_t removed = 0;
+    for (int64_t begin = 0; begin < n; begin += kEvictBatch) {
       ExclusiveGuard guard(shard.lock);
-      for (size_t i = begin; i < std::min(victims.size(), begin + kEvictBatch); ++i) {
-        const KeyView key(victims[i]);
+      for (int64_t i = begin; i < std::min<int64_t>(n, begin + kEvictBatch); ++i) {
         size_t pos;
-        if (!FindSlot(shard, key, StorageHash(key), &pos)) continue;
+        if (!FindSlot(shard, key_at(i), hash_at(i), &pos)) continue;
         if (!recheck(static_cast<const char*>(EntryAt(shard, IdAt(shard, pos))))) continue;
         RemoveAt(shard, pos);
         ++removed;

@@ -71,15 +71,20 @@ class SnapshotWriter {
  public:
   explicit SnapshotWriter(ByteSink* sink) : sink_(sink) {}
   bool Begin(const SnapshotHeader& header);
-  bool Tombstone(int64_t key) { return StartRecord(kTombstones) && Put(key) && EndRecord(); }
-  bool Tombstone(std::string_view key) {
-    return StartRecord(kTombstones) && PutString(key) && EndRecord();
+  template <typename Key>
+  bool Tombstone(const Key& key) {
+    if (!StartRecord(kTombstones)) return false;
+    PutKey(key);
+    return EndRecord();
   }
-  // `values` holds dim * (1 + num_slots) floats: the embedding, then the slots.
+  // The row's embedding (dim floats) and its slots (dim * num_slots floats).
   template <typename Key>
   bool Row(const Key& key, uint32_t update_count, int64_t last_step, const float* embedding,
            const float* slots) {
-    if (!StartRecord(kRows) || !PutKey(key) || !Put(update_count) || !Put(last_step)) return false;
+    if (!StartRecord(kRows)) return false;
+    PutKey(key);
+    Put(update_count);
+    Put(last_step);
     Append(reinterpret_cast<const char*>(embedding), sizeof(float) * dim_);
     Append(reinterpret_cast<const char*>(slots), sizeof(float) * dim_ * num_slots_);
     return EndRecord();
@@ -90,17 +95,14 @@ class SnapshotWriter {
   enum BlockType : uint32_t { kTombstones = 1, kRows = 2, kEnd = 3 };
 
  private:
-  bool PutKey(int64_t key) { return Put(key); }
-  bool PutKey(const std::string& key) { return PutString(key); }
-  template <typename T>
-  bool Put(const T& value) {
-    Append(reinterpret_cast<const char*>(&value), sizeof(T));
-    return true;
+  void PutKey(int64_t key) { Put(key); }
+  void PutKey(std::string_view key) {  // its length, then its bytes
+    Put(static_cast<uint32_t>(key.size()));
+    Append(key.data(), key.size());
   }
-  bool PutString(std::string_view s) {
-    Put(static_cast<uint32_t>(s.size()));
-    Append(s.data(), s.size());
-    return true;
+  template <typename T>
+  void Put(const T& value) {
+    Append(reinterpret_cast<const char*>(&value), sizeof(T));
   }
   void Append(const char* data, size_t n) { chunk_.append(data, n); }
   bool StartRecord(BlockType type);
