@@ -41,12 +41,9 @@ def _table_file(name):
   return f"{readable}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:10]}.snap"
 
 
-def _positive_or_none(owner, name, value):
-  if value is None:
-    return None
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-    raise ValueError(f"{owner}: {name} must be a positive number or None, got {value!r}")
-  return value
+def _total(link, key):
+  """A link's rows, tombstones or bytes, over its tables."""
+  return sum(table[key] for table in link["tables"].values())
 
 
 class _SaverState:
@@ -115,7 +112,7 @@ class PeriodicSaves:
     self.tables = tables
     self.manager = None
     self.saved = []
-    self.mark(None)
+    self.last_step = None  # the owner marks its starting step
 
   def start(self, tables, dense):
     """Creates the manager of `tables` (the given ones if any) and `dense` state."""
@@ -129,9 +126,7 @@ class PeriodicSaves:
     self.last_step, self._last_time = step, time.monotonic()
 
   def due(self, step):
-    if self.last_step is None:
-      self.mark(step)  # count from the first step seen
-      return False
+    """Whether a link is due at `step`; mark() the starting step first."""
     if self._every_n_steps is not None and step - self.last_step >= self._every_n_steps:
       return True
     return (
@@ -318,7 +313,7 @@ class DeltaCheckpointManager:
         "kind": link["kind"],
         "step": link["step"],
         "time": link["time"],
-        "bytes": sum(t["bytes"] for t in link["tables"].values()),
+        "bytes": _total(link, "bytes"),
       }
       for chain in manifest["chains"]
       for link in chain["links"]
@@ -349,7 +344,8 @@ class DeltaCheckpointManager:
   def _write_link(self, full, step, session, start):
     chain_id = random.getrandbits(62) if full else self._chain_id
     sequence = 0 if full else self._sequence + 1
-    link_dir = f"chain-{chain_id:016x}/{sequence:06d}"
+    chain_name = f"{chain_id:016x}"  # as the manifest and the folder name it
+    link_dir = f"chain-{chain_name}/{sequence:06d}"
     self._remove(link_dir)  # what a killed save of this link may have left
     tf.io.gfile.makedirs(self._path(link_dir))
     link = {"sequence": sequence, "kind": "full" if full else "delta", "step": step, "tables": {}}
@@ -380,12 +376,12 @@ class DeltaCheckpointManager:
       link["time"] = time.time()
       manifest = self.read_manifest() or {"format": _FORMAT, "chains": []}
       if full:
-        manifest["chains"].append({"chain_id": f"{chain_id:016x}", "links": [link]})
+        manifest["chains"].append({"chain_id": chain_name, "links": [link]})
       else:
         chain = manifest["chains"][-1] if manifest["chains"] else None
-        if chain is None or chain["chain_id"] != f"{chain_id:016x}":
+        if chain is None or chain["chain_id"] != chain_name:
           raise tf.errors.FailedPreconditionError(
-            None, None, f"the manifest's latest chain is not {chain_id:016x}"
+            None, None, f"the manifest's latest chain is not {chain_name}"
           )
         chain["links"].append(link)
       manifest["chains"] = manifest["chains"][-self._max_chains :]
@@ -404,7 +400,7 @@ class DeltaCheckpointManager:
         self._remove(entry)
     summary = {k: link[k] for k in ("kind", "sequence", "step")}
     for key in ("rows", "tombstones", "bytes"):
-      summary[key] = sum(t[key] for t in link["tables"].values())
+      summary[key] = _total(link, key)
     summary["seconds"] = time.perf_counter() - start
     return summary
 
