@@ -14,6 +14,7 @@ import tensorflow as tf
 import tf_ext
 from tf_ext.dynamic_embedding.variable import tables as live_tables
 from tf_ext.feature_column import DynamicEmbeddingColumn
+from tf_ext.keras.lifecycle_callbacks import model_tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,6 +69,10 @@ def test_dense_features_trains_in_keras_with_ids_as_they_are(tmp_path):
   model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(hidden))
   model.compile(
     tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)), "binary_crossentropy"
+  )
+  # The model's tables are found through what it tracks (for the table callbacks).
+  assert sorted(t.name for t in model_tables(model, eager=False)) == sorted(
+    f"{name}_dynamic_embedding" for name in _columns()
   )
   history = model.fit(features, labels, batch_size=16, epochs=8, verbose=0)
   assert history.history["loss"][-1] < history.history["loss"][0]

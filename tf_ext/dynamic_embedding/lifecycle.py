@@ -182,10 +182,10 @@ def check_policies(table_name, trainable, admission, eviction):
       )
 
 
-def check_every_n_steps(owner, every_n_steps, name="every_n_steps"):
+def check_every_n_steps(owner, value, name="every_n_steps"):
   """For hooks and callbacks: a clear error for a bad period (or another positive count)."""
-  if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-    raise ValueError(f"{owner}: {name} must be a positive int, got {every_n_steps!r}")
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
 
 
 def check_evictable(owner, tables):

@@ -7,13 +7,13 @@ from tf_ext.dynamic_embedding import variable as variable_lib
 
 
 def model_tables(model, eager=True):
-  """The dynamic embedding tables a Keras model uses: its layers', and with `eager` every eager
-  table (the ones it may look up outside layers)."""
+  """The dynamic embedding tables a Keras model uses: those it tracks (its layers' tables, and
+  DenseFeatures' over tf_ext.feature_column columns), and with `eager` every eager table (the
+  ones it may look up outside layers)."""
   found = {}
-  for module in [model, *model.submodules]:
-    table = getattr(module, "table", None)
-    if isinstance(table, variable_lib.DynamicEmbeddingVariable):
-      found[id(table)] = table
+  for obj in tf.train.TrackableView(model).descendants():
+    if isinstance(obj, variable_lib.DynamicEmbeddingVariable):
+      found[id(obj)] = obj
   for table in variable_lib.tables() if eager else ():
     found.setdefault(id(table), table)
   return sorted(found.values(), key=lambda t: t.name)
