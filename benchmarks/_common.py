@@ -118,6 +118,25 @@ def peak_rss_bytes():
   return None
 
 
+class PeakRssAdded:
+  """`with PeakRssAdded() as peak:` the RSS high-water mark the block added over the RSS before
+  it, in `peak.bytes` afterwards (None where Linux's counters cannot be read or reset). Free heap
+  memory is given back first, so that memory an earlier path freed does not hide a peak."""
+
+  def __enter__(self):
+    release_free_memory()
+    self._before = rss_bytes()
+    self._reset = reset_peak_rss()
+    self.bytes = None
+    return self
+
+  def __exit__(self, *exc_info):
+    peak = peak_rss_bytes() if self._reset else None
+    if peak is not None and self._before is not None:
+      self.bytes = peak - self._before
+    return False
+
+
 def mib(n):
   return "n/a" if n is None else f"{n / 2**20:,.1f} MiB"
 

@@ -34,17 +34,14 @@ import tempfile
 import time
 
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
+  PeakRssAdded,
   add_json,
   argument_parser,
   finish,
   log,
   machine_report,
   mib,
-  peak_rss_bytes,
-  release_free_memory,
   require_positive,
-  reset_peak_rss,
-  rss_bytes,
   use_checkout,
   verdict,
   versions,
@@ -106,14 +103,17 @@ def _train(tf, table, optimizer, ids):
 
 
 def _measure(fn):
-  """(seconds, peak RSS added, result) of fn()."""
-  release_free_memory()
-  reset_peak_rss()
-  before = rss_bytes()
-  start = time.perf_counter()
-  result = fn()
-  seconds = time.perf_counter() - start
-  return seconds, peak_rss_bytes() - before, result
+  """(seconds, peak RSS added or None, result) of fn()."""
+  with PeakRssAdded() as peak:
+    start = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - start
+  return seconds, peak.bytes, result
+
+
+def _beyond(extra, table_bytes):
+  """The peak RSS a restore added beyond the restored table's own memory."""
+  return None if extra is None else extra - table_bytes
 
 
 def _files_bytes(prefix):
@@ -153,8 +153,8 @@ def worker_restore(args, tf, tf_ext, np):
   streaming = os.path.join(args.dir, "streaming", "ckpt")
   seconds, extra, _ = _measure(lambda: tf.train.Checkpoint(table=table).read(streaming))
   own = int(table.memory_bytes())
-  results["streaming"] = {"seconds": seconds, "extra_rss": extra - own, "table_bytes": own}
-  log(f"  streaming restore: {seconds:.2f}s, extra RSS {mib(extra - own)} beyond the table")
+  results["streaming"] = {"seconds": seconds, "extra_rss": _beyond(extra, own), "table_bytes": own}
+  log(f"  streaming restore: {seconds:.2f}s, extra RSS {mib(_beyond(extra, own))} beyond the table")
   del table
   table = tf_ext.DynamicEmbeddingVariable("bench_table_whole", args.dim, initializer="zeros")
   whole = os.path.join(args.dir, "whole", "ckpt")
@@ -169,8 +169,10 @@ def worker_restore(args, tf, tf_ext, np):
 
   seconds, extra, _ = _measure(restore_whole)
   own = int(table.memory_bytes())
-  results["whole_copy"] = {"seconds": seconds, "extra_rss": extra - own, "table_bytes": own}
-  log(f"  whole-copy restore: {seconds:.2f}s, extra RSS {mib(extra - own)} beyond the table")
+  results["whole_copy"] = {"seconds": seconds, "extra_rss": _beyond(extra, own), "table_bytes": own}
+  log(
+    f"  whole-copy restore: {seconds:.2f}s, extra RSS {mib(_beyond(extra, own))} beyond the table"
+  )
   return results
 
 
@@ -249,7 +251,8 @@ def main(argv=None):
     stream, whole = phase["streaming"], phase["whole_copy"]
     print(
       f"{label}: extra RSS {mib(stream['extra_rss'])} (target <= 256 MiB): "
-      f"{verdict(stream['extra_rss'] <= RSS_TARGET)}; the whole copy added "
+      f"{verdict(stream['extra_rss'] is not None and stream['extra_rss'] <= RSS_TARGET)}; "
+      f"the whole copy added "
       f"{mib(whole['extra_rss'])}; time ratio to it {stream['seconds'] / whole['seconds']:.2f}"
     )
   full, dlt = delta["full"], delta["delta"]

@@ -49,6 +49,7 @@ import time
 
 import numpy as np
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
+  PeakRssAdded,
   add_intra_op_threads,
   add_json,
   argument_parser,
@@ -57,10 +58,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   log,
   machine_report,
   mib,
-  peak_rss_bytes,
-  release_free_memory,
   require_positive,
-  reset_peak_rss,
   rss_bytes,
   use_checkout,
   verdict,
@@ -193,15 +191,11 @@ def measure_path(key, name, lookup, workload, path, restore):
         expected = seconds[-1] if seconds else 0.5
         with loop.window() as quiet:
           time.sleep(max(expected, 0.5))
-        release_free_memory()
-        rss_before = rss_bytes()
-        peak_ok = reset_peak_rss()
-        with loop.window() as during:
+        with PeakRssAdded() as peak, loop.window() as during:
           removed.append(int(path()))
         seconds.append(during.end - during.begin)
-        peak = peak_rss_bytes() if peak_ok else None
-        if peak is not None and rss_before is not None:
-          peak_added = max(peak_added or 0, peak - rss_before)
+        if peak.bytes is not None:
+          peak_added = max(peak_added or 0, peak.bytes)
         with loop.window() as control:
           busy_one_core(max(seconds[-1], 0.5))
         for kind, window in (("quiet", quiet), ("evicting", during), ("control", control)):
