@@ -15,6 +15,8 @@
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
 #   make bench-lifecycle  benchmarks/eviction.py, admission.py, small_tables.py and checkpoint.py
 #                (installs requirements-bench.txt: TFRA, for eviction's comparison)
+#   make bench-quality  benchmarks/quality.py: DeepFM on a drifting Criteo-like stream, tf_ext
+#                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
 #   make clean   bazel clean + built artefacts
@@ -89,7 +91,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-cluster demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-cluster demo-estimator clean distclean
 
 all: build
 
@@ -198,7 +200,7 @@ develop:
 	fi
 
 # C++ sources under the project's own folders (not bazel-*, not .venv).
-CXX_SOURCES = $$(find kernels ops tests -name '*.cc' -o -name '*.h')
+CXX_SOURCES = $$(find kernels ops tests -name '*.cc' -o -name '*.c' -o -name '*.h')
 
 lint: venv
 	@$(VENV)/bin/ruff format --check --quiet . || { echo "[lint] Python is not formatted: run make format"; exit 1; }
@@ -246,6 +248,10 @@ bench-lifecycle: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/admission.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/small_tables.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/checkpoint.py $(BENCH_ARGS))
+
+# Issue 9's quality and speed benchmark; BENCH_ARGS=--quick for a short run, --no-tfra without TFRA.
+bench-quality: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/quality.py $(BENCH_ARGS))
 
 # Needs root for its network namespaces: sudo when not root (sudo drops the environment, so the
 # settings it needs are passed explicitly).

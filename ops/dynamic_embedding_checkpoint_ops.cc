@@ -96,6 +96,8 @@ REGISTER_OP("TfExtTableRestoreCheckpoint")
     .Input("snapshot_path: string")
     .Input("checkpoint_prefix: string")
     .Input("legacy_tensor_prefix: string")
+    .Attr("num_shards: int >= 1 = 1")
+    .Attr("shard_index: int >= 0 = 0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return ScalarInputsAndOutputs(c, 0); })
     .Doc(R"doc(
@@ -109,6 +111,12 @@ when `snapshot_path` does not exist and the checkpoint at `checkpoint_prefix` ho
 snapshot_path: The table's snapshot file.
 checkpoint_prefix: The checkpoint's prefix.
 legacy_tensor_prefix: The name of the table's tensors in a 0.1 checkpoint, less the suffix.
+num_shards: With more than 1, the table is shard `shard_index` of a table split into `num_shards`
+by TfExtShardOf, and keeps only the rows of its ids. `snapshot_path` may then also be the manifest
+of a sharded table saved with any number of shards (kernels/dynamic_embedding/core/sharding.h): its
+files (named relative to `checkpoint_prefix`) are read, only this shard's file when the counts
+match, else every file, filtered. A manifest restores into a plain table (num_shards 1) too.
+shard_index: This table's shard, in [0, num_shards).
 )doc");
 
 }  // namespace tf_ext

@@ -6,7 +6,7 @@ still works and the reason (missing library, TensorFlow version or ABI mismatch)
 first use of an op.
 """
 
-from tf_ext import _ops_loader, feature_column, keras, train
+from tf_ext import _ops_loader, feature_column, keras, mixed_precision, saved_model, train
 from tf_ext.dynamic_embedding import (
   DeltaCheckpointManager,
   DynamicEmbeddingOptimizer,
@@ -18,6 +18,8 @@ from tf_ext.dynamic_embedding import (
   embedding_lookup,
   get_dynamic_embedding_variable,
 )
+from tf_ext.dynamic_embedding.cluster import wait_for_cluster
+from tf_ext.dynamic_embedding.sharded import ShardedDynamicEmbeddingVariable
 
 __version__ = "0.1.0"
 

@@ -69,6 +69,30 @@ def _increasing_positive_numbers(raw):
   return values
 
 
+def _float_at_least(minimum):
+  def parse(raw):
+    value = float(raw)
+    if not value >= minimum or value == float("inf"):
+      raise ValueError(f"must be a finite number >= {minimum}")
+    return value
+
+  return parse
+
+
+def _positive_float(raw):
+  value = float(raw)
+  if not 0.0 < value < float("inf"):
+    raise ValueError("must be a finite number > 0")
+  return value
+
+
+def _open_fraction(raw):
+  value = float(raw)
+  if not 0.0 < value < 1.0:
+    raise ValueError("must be in (0, 1)")
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
   """One setting. Declaring it checks the name's prefix against its capability and its default."""
@@ -145,6 +169,108 @@ SETTINGS: Dict[str, Setting] = registry(
       "Machine-wide cache of `make setup`, outside the work tree so fresh clones reuse it: "
       "`wheels/` holds the Horovod wheel built from source (empty means the default).",
       capability="tf_ext",
+    ),
+    # Dynamic embedding.
+    Setting(
+      "TF_EXT_PS_WAIT_TIMEOUT_S",
+      "120",
+      "Seconds a table built on a task of the TF_CONFIG cluster (e.g. a shard on a PS) waits "
+      "for that task to accept connections before a clear error; 0 skips the check.",
+      capability="dynamic_embedding",
+      parse=_float_at_least(0.0),
+    ),
+    # Loss-aware mixed precision (tf_ext.mixed_precision): the policy's knobs, read when a policy
+    # is created. The attributes are the policy op's attributes (kernels/mixed_precision/core/
+    # loss_aware_policy.h explains each).
+    Setting(
+      "TF_EXT_AMP_INITIAL_LOSS_SCALE",
+      "32768",
+      "fp16: the loss scale to start (and to return to half precision) with.",
+      capability="amp",
+      parse=_float_at_least(1.0),
+      attribute="initial_loss_scale",
+    ),
+    Setting(
+      "TF_EXT_AMP_GROWTH_INTERVAL",
+      "2000",
+      "fp16: finite steps in a row after which the loss scale doubles.",
+      capability="amp",
+      parse=_int_at_least(1),
+      attribute="growth_interval",
+    ),
+    Setting(
+      "TF_EXT_AMP_MIN_LOSS_SCALE",
+      "1",
+      "fp16: a loss scale below this falls back to full precision.",
+      capability="amp",
+      parse=_positive_float,
+      attribute="min_loss_scale",
+    ),
+    Setting(
+      "TF_EXT_AMP_MAX_NONFINITE_STEPS",
+      "8",
+      "fp16: this many steps in a row with non-finite gradients fall back to full precision.",
+      capability="amp",
+      parse=_int_at_least(1),
+      attribute="max_nonfinite_streak",
+    ),
+    Setting(
+      "TF_EXT_AMP_PROBE_TOLERANCE",
+      "0.02",
+      "A precision probe whose relative loss difference (half vs full) exceeds this falls back.",
+      capability="amp",
+      parse=_positive_float,
+      attribute="probe_tolerance",
+    ),
+    Setting(
+      "TF_EXT_AMP_SPIKE_SIGMAS",
+      "6",
+      "A half-precision loss above its running mean by this many running standard deviations "
+      "falls back.",
+      capability="amp",
+      parse=_positive_float,
+      attribute="spike_sigmas",
+    ),
+    Setting(
+      "TF_EXT_AMP_SPIKE_WARMUP_STEPS",
+      "50",
+      "Losses seen before the spike detector acts.",
+      capability="amp",
+      parse=_int_at_least(2),
+      attribute="spike_warmup_steps",
+    ),
+    Setting(
+      "TF_EXT_AMP_LOSS_DECAY",
+      "0.99",
+      "Decay of the loss's running mean and variance, in (0, 1).",
+      capability="amp",
+      parse=_open_fraction,
+      attribute="loss_decay",
+    ),
+    Setting(
+      "TF_EXT_AMP_RETURN_AFTER_STEPS",
+      "200",
+      "Applied full-precision steps in a row before half precision is tried again.",
+      capability="amp",
+      parse=_int_at_least(1),
+      attribute="return_after_steps",
+    ),
+    Setting(
+      "TF_EXT_AMP_MAX_RETURN_AFTER_STEPS",
+      "12800",
+      "Cap of that wait, which doubles at each fallback soon after a return.",
+      capability="amp",
+      parse=_int_at_least(1),
+      attribute="max_return_after_steps",
+    ),
+    Setting(
+      "TF_EXT_AMP_STABLE_HALF_STEPS",
+      "2000",
+      "Half-precision steps after a return past which a fallback resets the wait instead of "
+      "doubling it.",
+      capability="amp",
+      parse=_int_at_least(1),
+      attribute="stable_half_steps",
     ),
     # LightCC (tf_ext.lightcc): read at hvd.init(); init(light_<name>=...) overrides them. The
     # attributes are LightConfig's fields (tf_ext/lightcc/config.py).

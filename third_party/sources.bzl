@@ -26,6 +26,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/optimizers.h",
             "kernels/dynamic_embedding/core/rw_spinlock.h",
+            "kernels/dynamic_embedding/core/sharding.h",
             "kernels/dynamic_embedding/core/snapshot_file.h",
         ],
         "core_srcs": [
@@ -41,6 +42,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/checkpoint_kernels.cc",
             "kernels/dynamic_embedding/lifecycle_kernels.cc",
             "kernels/dynamic_embedding/optimizer_kernels.cc",
+            "kernels/dynamic_embedding/sharding_kernels.cc",
             "kernels/dynamic_embedding/table_kernels.cc",
         ],
         "op_srcs": [
@@ -48,6 +50,7 @@ CAPABILITIES = {
             "ops/dynamic_embedding_lifecycle_ops.cc",
             "ops/dynamic_embedding_ops.cc",
             "ops/dynamic_embedding_optimizer_ops.cc",
+            "ops/dynamic_embedding_sharding_ops.cc",
         ],
         "deps": [],
     },
@@ -64,6 +67,23 @@ CAPABILITIES = {
         ],
         "op_srcs": [
             "ops/lightcc_ops.cc",
+        ],
+        "deps": [],
+    },
+    # Loss-aware mixed precision: the policy that chooses half or full precision per step.
+    "mixed_precision": {
+        "core_hdrs": [
+            "kernels/mixed_precision/core/loss_aware_policy.h",
+        ],
+        "core_srcs": [
+            "kernels/mixed_precision/core/loss_aware_policy.cc",
+        ],
+        "kernel_hdrs": [],
+        "kernel_srcs": [
+            "kernels/mixed_precision/policy_kernels.cc",
+        ],
+        "op_srcs": [
+            "ops/mixed_precision_ops.cc",
         ],
         "deps": [],
     },

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/sharding.h"
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
 #include "kernels/dynamic_embedding/table_kernel.h"
 #include "kernels/dynamic_embedding/table_resource.h"
@@ -189,13 +190,20 @@ class SaveSnapshotOp : public TableKernel {
 };
 
 // Reads snapshot files, in chain order, into a new table that replaces the content at the end.
+// As shard `shard_index` of `num_shards`, it keeps only the rows of its own ids (TfExtShardOf);
+// `merge` reads several full snapshots (the shards of a sharded checkpoint) into one table.
 template <typename Key>
 class ChainLoader {
  public:
-  explicit ChainLoader(DynamicTable* table)
-      : table_(table), fresh_(table->dim(), table->initializer()) {}
+  explicit ChainLoader(DynamicTable* table, int num_shards = 1, int shard_index = 0,
+                       bool merge = false)
+      : table_(table),
+        fresh_(table->dim(), table->initializer()),
+        num_shards_(num_shards),
+        shard_index_(shard_index),
+        merge_(merge) {}
 
-  // Reads one file of the chain; `position` is its index in the chain.
+  // Reads one file of the chain; `position` is its index in the chain (0 for each merged file).
   Status Load(const std::string& path, int64_t position) {
     Env* env = Env::Default();
     std::unique_ptr<RandomAccessFile> file;
@@ -209,8 +217,10 @@ class ChainLoader {
     std::string problem = reader.ReadHeader(&header);
     if (!problem.empty()) return DataLoss(path, problem, source.status());
     TF_RETURN_IF_ERROR(CheckHeader(path, header, position));
+    // Merged shards may differ in slots (a shard that no optimizer updated has none): rows of a
+    // file with fewer keep the initial values of the others.
     if (header.num_slots > de::kMaxSlots ||
-        static_cast<int>(header.num_slots) < fresh_.num_slots()) {
+        (!merge_ && static_cast<int>(header.num_slots) < fresh_.num_slots())) {
       return DataLoss(path,
                       "it has " + std::to_string(header.num_slots) +
                           " optimizer slots per row, an earlier file or this build has " +
@@ -224,6 +234,7 @@ class ChainLoader {
     const int dim = table_->dim();
     const int num_slots = static_cast<int>(header.num_slots);
     auto put_row = [&](auto key, uint32_t count, int64_t step, const float* values) {
+      if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
       fresh_.Upsert(key, [&](de::RowRef& row, bool) {
         std::memcpy(row.embedding, values, sizeof(float) * dim);
         std::memcpy(row.slots, values + dim, sizeof(float) * dim * num_slots);
@@ -291,6 +302,9 @@ class ChainLoader {
 
   DynamicTable* table_;
   de::EmbeddingTable<Key> fresh_;
+  const int num_shards_;
+  const int shard_index_;
+  const bool merge_;
   uint64_t chain_id_ = 0;
   int64_t step_ = 0;
 };
@@ -307,6 +321,57 @@ Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, int
 Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, int64_t* step) {
   return table->key_dtype() == ::tensorflow::DT_STRING ? LoadChain<std::string>(table, paths, step)
                                                        : LoadChain<int64_t>(table, paths, step);
+}
+
+// Reads full snapshots (one, or the shards of a sharded checkpoint) into the table, keeping the
+// rows of shard `shard_index` of `num_shards`.
+template <typename Key>
+Status LoadShards(DynamicTable* table, const std::vector<std::string>& paths, int num_shards,
+                  int shard_index) {
+  ChainLoader<Key> loader(table, num_shards, shard_index, /*merge=*/true);
+  for (const std::string& path : paths) TF_RETURN_IF_ERROR(loader.Load(path, 0));
+  loader.SwapIn();
+  return ::tensorflow::OkStatus();
+}
+
+Status LoadShards(DynamicTable* table, const std::vector<std::string>& paths, int num_shards,
+                  int shard_index) {
+  return table->key_dtype() == ::tensorflow::DT_STRING
+             ? LoadShards<std::string>(table, paths, num_shards, shard_index)
+             : LoadShards<int64_t>(table, paths, num_shards, shard_index);
+}
+
+// The files to read for a table's `path` in a checkpoint: the snapshot itself, or, when `path` is
+// a sharded table's manifest, its shards' files (only shard `shard_index`'s when the counts match:
+// TfExtShardOf is frozen, so that file holds exactly this shard's ids).
+Status SnapshotFiles(const DynamicTable& table, const std::string& path, const std::string& prefix,
+                     int num_shards, int shard_index, std::vector<std::string>* files) {
+  Env* env = Env::Default();
+  std::unique_ptr<RandomAccessFile> file;
+  TF_RETURN_IF_ERROR(env->NewRandomAccessFile(path, &file));
+  std::string head(de::kShardManifestHeader.size(), '\0');
+  ::tensorflow::StringPiece read;
+  // A short read (OutOfRange) is a file too small to be a manifest: read on as a snapshot.
+  file->Read(0, head.size(), &read, head.data()).IgnoreError();
+  if (!de::IsShardManifest(std::string_view(read.data(), read.size()))) {
+    *files = {path};
+    return ::tensorflow::OkStatus();
+  }
+  std::string manifest;
+  TF_RETURN_IF_ERROR(::tensorflow::ReadFileToString(env, path, &manifest));
+  std::vector<std::string> suffixes;
+  const std::string problem = de::ParseShardManifest(manifest, &suffixes);
+  if (!problem.empty()) {
+    return errors::DataLoss("dynamic embedding table '", table.name(), "': '", path,
+                            "': ", problem);
+  }
+  if (static_cast<int>(suffixes.size()) == num_shards) {
+    *files = {prefix + suffixes[shard_index]};
+    return ::tensorflow::OkStatus();
+  }
+  files->clear();
+  for (const std::string& suffix : suffixes) files->push_back(prefix + suffix);
+  return ::tensorflow::OkStatus();
 }
 
 class RestoreSnapshotsOp : public TableKernel {
@@ -337,7 +402,14 @@ class RestoreSnapshotsOp : public TableKernel {
 
 class RestoreCheckpointOp : public TableKernel {
  public:
-  using TableKernel::TableKernel;
+  explicit RestoreCheckpointOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index_));
+    OP_REQUIRES(
+        ctx, num_shards_ <= de::kMaxShards && shard_index_ < num_shards_,
+        errors::InvalidArgument("TfExtTableRestoreCheckpoint: shard_index ", shard_index_,
+                                " of num_shards ", num_shards_, " (at most ", de::kMaxShards, ")"));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
@@ -345,9 +417,10 @@ class RestoreCheckpointOp : public TableKernel {
     const std::string path(ctx->input(1).scalar<tstring>()());
     const std::string prefix(ctx->input(2).scalar<tstring>()());
     const std::string legacy(ctx->input(3).scalar<tstring>()());
-    int64_t step;
     if (Env::Default()->FileExists(path).ok()) {
-      OP_REQUIRES_OK(ctx, LoadChain(table.get(), {path}, &step));
+      std::vector<std::string> files;
+      OP_REQUIRES_OK(ctx, SnapshotFiles(*table, path, prefix, num_shards_, shard_index_, &files));
+      OP_REQUIRES_OK(ctx, LoadShards(table.get(), files, num_shards_, shard_index_));
       return;
     }
     ::tensorflow::BundleReader bundle(Env::Default(), prefix);
@@ -355,6 +428,12 @@ class RestoreCheckpointOp : public TableKernel {
                 errors::NotFound("dynamic embedding table '", table->name(), "': checkpoint '",
                                  prefix, "' has no snapshot file '", path,
                                  "' (copy every file of the checkpoint: <prefix>.*)"));
+    // 0.1 checkpoints predate sharding: their tensors are imported whole, unfiltered.
+    OP_REQUIRES(ctx, num_shards_ == 1,
+                table->Invalid("checkpoint '", prefix,
+                               "' is a tf_ext 0.1 checkpoint, which restores into a table of one "
+                               "shard only: restore it into num_shards=None, save, then restore "
+                               "that checkpoint into the sharded table"));
     static const char* const kSuffixes[] = {"keys",          "values",     "slots",
                                             "update_counts", "last_steps", "slot_initial_values"};
     Tensor tensors[6];
@@ -377,6 +456,10 @@ class RestoreCheckpointOp : public TableKernel {
                                                  tensors[2], tensors[3], tensors[4], tensors[5]);
     OP_REQUIRES_OK(ctx, status);
   }
+
+ private:
+  int num_shards_;
+  int shard_index_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtTableSaveSnapshot").Device(DEVICE_CPU), SaveSnapshotOp);

@@ -68,13 +68,13 @@ class ApplyGradientOp : public TableKernel {
     const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
     const float* grad_rows = grads.flat<float>().data();
     ParallelFor(ctx, flat_keys.size(), 300 + 10 * dim, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        // UpdateRow applies admission, then counts the update and records the step.
-        core->UpdateRow(KeyTensor<Key>::View(flat_keys(i)), step, [&](de::RowRef& row) {
-          de::ApplyGradient(params, *row.update_count, grad_rows + i * dim, dim, row.embedding,
-                            row.slots);
-        });
-      }
+      // UpdateBatch applies admission, then counts each update and records the step.
+      core->UpdateBatch(
+          end - begin, [&](int64_t j) { return KeyTensor<Key>::View(flat_keys(begin + j)); }, step,
+          [&](int64_t j, de::RowRef& row) {
+            de::ApplyGradient(params, *row.update_count, grad_rows + (begin + j) * dim, dim,
+                              row.embedding, row.slots);
+          });
     });
   }
 

@@ -2,35 +2,14 @@
 
 import numpy as np
 import tensorflow as tf
+from _keras_models import two_table_model
 from _subprocess import run_python
-
-import tf_ext
-
-
-def _trained_model():
-  ids = tf.keras.Input(shape=(), dtype=tf.int64, name="ids")
-  city = tf.keras.Input(shape=(), dtype=tf.string, name="city")
-  a = tf_ext.keras.layers.DynamicEmbedding(4, initializer="normal", name="ids_emb")(ids)
-  b = tf_ext.keras.layers.DynamicEmbedding(4, key_dtype=tf.string, name="city_emb")(city)
-  out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.concat([a, b], -1))
-  model = tf.keras.Model([ids, city], out)
-  model.compile(
-    tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)), "binary_crossentropy"
-  )
-  rng = np.random.default_rng(0)
-  x = {
-    "ids": rng.integers(0, 100, 2000),
-    "city": np.array([f"c{i}" for i in rng.integers(0, 20, 2000)]),
-  }
-  model.fit(x, (x["ids"] % 2).astype(np.float32), batch_size=100, epochs=2, verbose=0)
-  return model
-
 
 QUERY = {"ids": np.array([1, 2, 3, 10**15]), "city": np.array([b"c1", b"c7", b"new", b"c3"])}
 
 
 def test_keras_model_save_and_load_model_in_fresh_process(tmp_path):
-  model = _trained_model()
+  model = two_table_model()
   expected = model.predict(QUERY, verbose=0)
   model.save(str(tmp_path / "keras_model"))
   out = tmp_path / "pred.npy"
@@ -45,7 +24,7 @@ def test_keras_model_save_and_load_model_in_fresh_process(tmp_path):
 
 
 def test_tf_saved_model_save_and_load_serves_lookups(tmp_path):
-  model = _trained_model()
+  model = two_table_model()
 
   class Serving(tf.Module):
     def __init__(self, model):
@@ -84,7 +63,7 @@ def test_tf_saved_model_save_and_load_serves_lookups(tmp_path):
 
 
 def test_keras_format_saves_tables_and_reloads_a_trainable_model(tmp_path):
-  model = _trained_model()
+  model = two_table_model()
   expected = model.predict(QUERY, verbose=0)
   path = str(tmp_path / "model.keras")
   model.save(path)

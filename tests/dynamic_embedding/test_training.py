@@ -126,3 +126,33 @@ def test_session_training_of_two_tables_and_ragged_sparse_combiners():
       for _ in range(30):
         sess.run(train, feed)
       assert sess.run(loss, feed) < first * 0.01
+
+
+def test_lookup_of_distinct_ids_trains_as_the_plain_lookup_without_a_second_unique():
+  """A graph that looks up a batch's tf.unique ids and gathers the rows back: the table update
+  skips its own dedup (the gradient is keyed by distinct ids already) and trains the same rows."""
+  ids = np.array([[3, 5, 3], [5, 9, 3]], np.int64)
+  weights = np.arange(6, dtype=np.float32).reshape(2, 3, 1) / 10.0
+  rows = {}
+  for how in ("unique", "plain"):
+    with tf.Graph().as_default() as graph:
+      table = tf_ext.get_dynamic_embedding_variable(f"t_{how}", 4, initializer=0.5)
+      if how == "unique":
+        distinct, positions = tf.unique(tf.reshape(ids, [-1]))
+        emb = tf.reshape(tf.gather(table.lookup(distinct), positions), [2, 3, 4])
+      else:
+        emb = table.lookup(ids)
+      loss = tf.reduce_sum(tf.square(emb * weights - 1.0))
+      opt = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.3))
+      train = opt.minimize(loss)
+      dedups = [
+        op for op in graph.get_operations() if "apply_gradient" in op.name and op.type == "Unique"
+      ]
+      assert len(dedups) == (0 if how == "unique" else 1)
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(3):
+          sess.run(train)
+        rows[how] = sess.run(table.lookup([3, 5, 9]))
+  np.testing.assert_allclose(rows["unique"], rows["plain"], rtol=1e-6)
+  assert not np.allclose(rows["plain"], 0.5)  # it trained

@@ -12,6 +12,12 @@ The file of a table is `<prefix>.data-tXXXX-of-XXXXX` (a hash of the table's nam
 checkpoint): TensorFlow deletes a checkpoint's `<prefix>.data-?????-of-?????` files with it
 (Saver's max_to_keep, CheckpointManager), so the table's file goes too, and copying `<prefix>.*`
 copies it. Checkpoints of tf_ext 0.1 (the table as six tensors in the checkpoint) still restore.
+
+A sharded table (sharded.py) writes one such file per shard, named after the shard, and at the
+path of its own name a manifest that lists them (MANIFEST_HEADER). Restoring reads the manifest
+and keeps each shard's ids (TfExtTableRestoreCheckpoint's num_shards and shard_index), so a
+checkpoint restores into any number of shards, and a plain table and a sharded one of the same
+name restore from each other's checkpoints (their tensors in the index are named alike).
 """
 
 import contextlib
@@ -20,7 +26,7 @@ import hashlib
 import tensorflow as tf
 from tensorflow.python.framework import ops
 from tensorflow.python.saved_model import registration
-from tensorflow.python.trackable import resource
+from tensorflow.python.trackable import autotrackable, resource
 from tensorflow.python.training.saving import saveable_object
 
 from tf_ext import _ops_loader
@@ -32,6 +38,9 @@ _REGISTERED_SUFFIX = f"-{SAVER_PACKAGE}.{SAVER_NAME}"
 _LEGACY_ATTRIBUTES = "/.ATTRIBUTES/"
 # The tensor each table adds to a checkpoint's index: its row count (the rows are in its file).
 _ROWS_TENSOR = ".TF_EXT_TABLE_ROWS"
+# The first line of a sharded table's manifest: kShardManifestHeader in
+# kernels/dynamic_embedding/core/sharding.h, which parses it.
+MANIFEST_HEADER = "tf_ext sharded table 1\n"
 
 
 def snapshot_suffix(name):
@@ -54,11 +63,54 @@ def _save(handle, path):
     )
 
 
-def _restore(handle, path, prefix, legacy_tensor_prefix):
+def _restore(handle, path, prefix, legacy_tensor_prefix, num_shards=1, shard_index=0):
   with _colocated(handle):
     return _ops_loader.load().tf_ext_table_restore_checkpoint(
-      handle, path, prefix, legacy_tensor_prefix
+      handle, path, prefix, legacy_tensor_prefix, num_shards=num_shards, shard_index=shard_index
     )
+
+
+def _manifest(suffixes):
+  return MANIFEST_HEADER + f"{len(suffixes)}\n" + "".join(f"{s}\n" for s in suffixes)
+
+
+def _save_sharded(shards, name, prefix):
+  """Streams each shard to `prefix` + its suffix, then writes the manifest; returns each shard's
+  (rows, slot_initial_values) after the manifest is written."""
+  suffixes = [snapshot_suffix(f"{name}/part_{i}") for i in range(len(shards))]
+  saved = [
+    _save(_handle(shard), tf.strings.join([prefix, suffix]))
+    for shard, suffix in zip(shards, suffixes)
+  ]
+  with tf.control_dependencies([out[1] for out in saved]):
+    written = tf.io.write_file(
+      tf.strings.join([prefix, snapshot_suffix(name)]), tf.constant(_manifest(suffixes))
+    )
+  with tf.control_dependencies([written]):
+    return [(tf.identity(out[1]), tf.identity(out[4])) for out in saved]
+
+
+def _restore_sharded(shards, path, prefix, legacy_tensor_prefix):
+  return tf.group(
+    *(
+      _restore(_handle(shard), path, prefix, legacy_tensor_prefix, len(shards), index)
+      for index, shard in enumerate(shards)
+    )
+  )
+
+
+def _shards_of(obj):
+  """The shards of a sharded table (sharded.py), also of one that tf.saved_model.load restored
+  without tf_ext's classes (an object whose children part_0, part_1, ... are restored tables);
+  None for anything else."""
+  if getattr(type(obj), "_TF_EXT_SHARDED", False):
+    return obj.shards
+  if not isinstance(obj, autotrackable.AutoTrackable) or isinstance(obj, resource.RestoredResource):
+    return None
+  shards = []
+  while _restored_table(vars(obj).get(f"part_{len(shards)}")):
+    shards.append(vars(obj)[f"part_{len(shards)}"])
+  return shards or None
 
 
 def _colocated(handle):
@@ -123,6 +175,38 @@ class TableSaveable(saveable_object.SaveableObject):
       return _restore(self._table.resource_handle, path, prefix, self._legacy_prefix)
 
 
+class ShardedTableSaveable(saveable_object.SaveableObject):
+  """TableSaveable for a sharded table: its one tensor is named as a plain table's (so either
+  restores the other's checkpoint); computing it streams every shard into its file, on the
+  shard's device, and writes the manifest."""
+
+  def __init__(self, sharded, name):
+    self._shards = sharded.shards
+    self._suffix = snapshot_suffix(name)
+    self._legacy_prefix = f"{name}-"
+
+    def save_table():
+      return _save_sharded(self._shards, name, _saver_prefix())[0][1]
+
+    first = self._shards[0]
+    spec = saveable_object.SaveSpec(
+      save_table, "", f"{name}-slot_initial_values", dtype=tf.float32, device=first.device
+    )
+    # The gradient anchor of the plain table of this name (always 0): the shards' anchors are
+    # not saved (their number varies), and a plain table restored from this checkpoint needs it.
+    with ops.device(first.device):
+      anchor = saveable_object.SaveSpec(tf.constant(0.0), "", f"{name}/gradient_anchor")
+    super().__init__(sharded, [spec, anchor], first.resource_handle.op.name)
+
+  def restore(self, restored_tensors, restored_shapes):
+    del restored_shapes
+    slot_initial_values, _ = restored_tensors
+    prefix = slot_initial_values.op.inputs[0]  # RestoreV2's prefix
+    path = tf.strings.join([prefix, self._suffix])
+    with tf.control_dependencies([slot_initial_values]):
+      return _restore_sharded(self._shards, path, prefix, self._legacy_prefix)
+
+
 # ---- tf.train.Checkpoint and SavedModel: a registered saver ------------------------------------
 
 
@@ -143,8 +227,12 @@ def _save_tables(trackables, file_prefix):
   )
   names, rows = [], []
   for object_name, table in sorted(trackables.items()):
-    path = tf.strings.join([final_prefix, snapshot_suffix(object_name)])
     names.append(f"{object_name}/{_ROWS_TENSOR}")
+    if _shards_of(table):
+      saved = _save_sharded(_shards_of(table), object_name, final_prefix)
+      rows.append(tf.add_n([shard_rows for shard_rows, _ in saved]))
+      continue
+    path = tf.strings.join([final_prefix, snapshot_suffix(object_name)])
     rows.append(_save(_handle(table), path)[1])
   with ops.device("CPU"):
     written = tf.raw_ops.SaveV2(
@@ -168,7 +256,10 @@ def _restore_tables(trackables, merged_prefix):
     if _LEGACY_ATTRIBUTES in object_name:
       legacy = object_name[: object_name.index(_LEGACY_ATTRIBUTES) + len(_LEGACY_ATTRIBUTES)]
     path = tf.strings.join([merged_prefix, snapshot_suffix(object_name)])
-    _restore(_handle(table), path, merged_prefix, legacy)
+    if _shards_of(table):
+      _restore_sharded(_shards_of(table), path, merged_prefix, legacy)
+    else:
+      _restore(_handle(table), path, merged_prefix, legacy)
 
 
 def _restored_table(obj):
@@ -188,7 +279,12 @@ def register(table_class):
   registration.register_checkpoint_saver(
     package=SAVER_PACKAGE,
     name=SAVER_NAME,
-    predicate=lambda obj: isinstance(obj, table_class) or _restored_table(obj),
+    # A sharded table is saved whole (shards and manifest), its shards not again on their own.
+    predicate=lambda obj: (
+      (isinstance(obj, table_class) and not getattr(obj, "_tf_ext_shard_of", None))
+      or _shards_of(obj) is not None
+      or _restored_table(obj)
+    ),
     save_fn=_save_tables,
     restore_fn=_restore_tables,
   )

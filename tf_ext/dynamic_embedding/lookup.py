@@ -72,11 +72,12 @@ def dynamic_embedding(
   trainable=True,
   admission=None,
   eviction=None,
+  num_shards=None,
 ):
   """Functional form: gets or creates the table `name` and looks `ids` up in it.
 
   key_dtype defaults to tf.string for string ids and tf.int64 otherwise. admission and eviction
-  are the table's policies (see get_dynamic_embedding_variable).
+  are the table's policies, num_shards its sharding (see get_dynamic_embedding_variable).
   """
   if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
     ids = tf.convert_to_tensor(ids)
@@ -88,5 +89,6 @@ def dynamic_embedding(
     trainable=trainable,
     admission=admission,
     eviction=eviction,
+    num_shards=num_shards,
   )
   return embedding_lookup(table, ids, combiner=combiner)

@@ -231,6 +231,16 @@ def table_of(variable):
   return ref() if ref is not None else None
 
 
+def _distinct(keys):
+  """Whether a graph tensor of keys is, through reshapes, the output of tf.unique: a lookup of a
+  batch's distinct ids gets its gradient keyed by them, with nothing to sum (eagerly: False)."""
+  while getattr(keys, "op", None) is not None and keys.op.type in ("Reshape", "Identity"):
+    keys = keys.op.inputs[0]
+  return (
+    getattr(keys, "op", None) is not None and keys.op.type == "Unique" and keys.value_index == 0
+  )
+
+
 def apply_table_gradient(table, gradient, hyper, step):
   """One optimizer step on `table`'s rows named by the IndexedSlices `gradient`."""
   if not isinstance(gradient, tf.IndexedSlices):
@@ -240,8 +250,11 @@ def apply_table_gradient(table, gradient, hyper, step):
       "was the lookup's gradient densified (e.g. by tf.convert_to_tensor or clipping)?",
     )
   with tf.name_scope(f"{table.name}_apply_gradient"), table.colocated():
-    unique_keys, positions = tf.unique(gradient.indices)
-    summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(unique_keys))
+    if _distinct(gradient.indices):
+      unique_keys, summed = gradient.indices, gradient.values
+    else:
+      unique_keys, positions = tf.unique(gradient.indices)
+      summed = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(unique_keys))
     learning_rate = _as_float(hyper.learning_rate())
     return _ops_loader.load().tf_ext_table_apply_gradient(
       table.resource_handle,

@@ -14,7 +14,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.trackable import resource
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import checkpoint, initializers, lifecycle
+from tf_ext.dynamic_embedding import checkpoint, cluster, initializers, lifecycle
 
 # Copies of facts of the op library, checked against it by tests/dynamic_embedding/
 # test_op_facts.py: the kernel's kMaxDim, and the outputs of TfExtTableExport (inputs of
@@ -34,7 +34,44 @@ def invalid_argument(table_name, message):
   )
 
 
-class DynamicEmbeddingVariable(resource.TrackableResource):
+class ServedByName(type):
+  """While an Estimator export for serving builds its graph, creating a table of a replaced name
+  gives its core replacement (tf_ext.saved_model), however the model_fn creates it (columns,
+  layers, get_dynamic_embedding_variable)."""
+
+  def __call__(cls, *args, **kwargs):
+    name = args[0] if args else kwargs.get("name")
+    served = serving_replacement(name) if isinstance(name, str) else None
+    return served if served is not None else super().__call__(*args, **kwargs)
+
+
+class _ServedResourceType(ServedByName, type(resource.TrackableResource)):
+  pass
+
+
+class TableFacts:
+  """What every table object (plain or sharded) shows of itself."""
+
+  @property
+  def name(self):
+    return self._name
+
+  @property
+  def dim(self):
+    return self._dim
+
+  @property
+  def key_dtype(self):
+    return self._key_dtype
+
+  @property
+  def value_dtype(self):
+    return tf.float32
+
+
+class DynamicEmbeddingVariable(
+  TableFacts, resource.TrackableResource, metaclass=_ServedResourceType
+):
   """An embedding table keyed by exact int64 or string ids, growing with the ids it sees.
 
   - `lookup(ids)` never changes the table: a missing id reads its initial row, computed from
@@ -90,6 +127,8 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
         ops.add_to_collection(
           tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, checkpoint.TableSaveable(self, name)
         )
+        # A table on a task that does not answer: an error now, not a session that waits forever.
+        cluster.check_device_reachable(self.device, name)
       _remember(self)
 
   def _validate(self, dim, key_dtype, value_dtype):
@@ -108,22 +147,6 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
       raise invalid_argument(self._name, f"dim must be an int in [1, {MAX_DIM}], got {dim!r}")
 
   # ---- properties -------------------------------------------------------------------------
-
-  @property
-  def name(self):
-    return self._name
-
-  @property
-  def dim(self):
-    return self._dim
-
-  @property
-  def key_dtype(self):
-    return self._key_dtype
-
-  @property
-  def value_dtype(self):
-    return tf.float32
 
   @property
   def trainable(self):
@@ -254,6 +277,9 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
 
     Never inserts: missing ids read their initial rows.
     """
+    served = serving_replacement(self)
+    if served is not None:  # tf_ext.saved_model.export_for_serving is tracing
+      return served.lookup(ids, name)
     ids = self._check_keys(ids)
     anchor = self._gradient_anchor.value() if self._trainable else tf.constant(0.0)
     with tf.name_scope(name or f"{self._name}_lookup"), self.colocated():
@@ -350,6 +376,30 @@ class DynamicEmbeddingVariable(resource.TrackableResource):
 checkpoint.register(DynamicEmbeddingVariable)
 
 
+# ---- serving export ------------------------------------------------------------------------
+
+_serving = threading.local()
+
+
+@contextlib.contextmanager
+def served_by(replacements):
+  """Within this context (in this thread), lookups of the tables that are keys of `replacements`
+  are answered by their values, and creating a table whose name is a key gives its value:
+  tf_ext.saved_model traces serving graphs of core ops this way."""
+  previous = getattr(_serving, "replacements", None)
+  _serving.replacements = replacements
+  try:
+    yield
+  finally:
+    _serving.replacements = previous
+
+
+def serving_replacement(table_or_name):
+  """The replacement of a table (or a table's full name) in the active `served_by`, or None."""
+  replacements = getattr(_serving, "replacements", None)
+  return None if replacements is None else replacements.get(table_or_name)
+
+
 # ---- get-or-create by name ----------------------------------------------------------------
 
 _registry_lock = threading.Lock()
@@ -390,6 +440,7 @@ def get_dynamic_embedding_variable(
   gradient_anchor=None,
   admission=None,
   eviction=None,
+  num_shards=None,
 ):
   """Returns the table named `name` in the current variable scope, creating it if needed.
 
@@ -406,21 +457,51 @@ def get_dynamic_embedding_variable(
     admission: a tf_ext.FrequencyAdmission: ids get a row only at their min_count-th update.
     eviction: a tf_ext.EvictionPolicy: which rows `evict()` (and tf_ext.train.EvictionHook, the
       Keras callback tf_ext.keras.callbacks.TableEviction) removes.
+    num_shards: None for one table; an int N >= 1 for a tf_ext.ShardedDynamicEmbeddingVariable
+      of N shards split by id (tf_ext/dynamic_embedding/sharded.py), each placed by the active
+      device function (e.g. replica_device_setter: round robin over the PS tasks); 1 gives a
+      sharded table of one shard. gradient_anchor must then be None.
 
-  An existing table is returned when its dim and dtypes match; otherwise InvalidArgumentError.
+  An existing table is returned when its dim, dtypes and num_shards match; otherwise
+  InvalidArgumentError.
   """
   scope = tf.compat.v1.get_variable_scope().name
   full_name = f"{scope}/{name}" if scope else name
   key = (_scope_key(), full_name)
+  if num_shards is not None:
+    from tf_ext.dynamic_embedding import sharded  # pylint: disable=import-outside-toplevel
+
+    sharded.check_num_shards(full_name, num_shards)
+    if gradient_anchor is not None:
+      raise invalid_argument(full_name, "a sharded table creates its shards' gradient anchors")
   with _registry_lock:
     table = _registry.get(key)
     if table is not None:
+      if getattr(table, "num_shards", None) != num_shards:
+        raise invalid_argument(
+          full_name,
+          f"exists with num_shards {getattr(table, 'num_shards', None)}; asked for {num_shards}",
+        )
       if table.dim != dim or table.key_dtype != tf.as_dtype(key_dtype):
         raise invalid_argument(
           full_name,
           f"exists with dim {table.dim} and key_dtype {table.key_dtype.name}; asked "
           f"for dim {dim} and key_dtype {tf.as_dtype(key_dtype).name}",
         )
+      return table
+    if num_shards is not None:
+      table = sharded.ShardedDynamicEmbeddingVariable(
+        full_name,
+        dim,
+        num_shards,
+        key_dtype,
+        value_dtype,
+        initializer,
+        trainable,
+        admission=admission,
+        eviction=eviction,
+      )
+      _registry[key] = table
       return table
     table = DynamicEmbeddingVariable(
       full_name,

@@ -15,6 +15,7 @@ from tensorflow.python.feature_column import serialization
 
 from tf_ext.dynamic_embedding import initializers, lifecycle
 from tf_ext.dynamic_embedding import lookup as lookup_lib
+from tf_ext.dynamic_embedding import sharded as sharded_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 _KEY_DTYPES = (tf.int64, tf.string)
@@ -121,7 +122,16 @@ class DynamicEmbeddingColumn(
   fc_old._DenseColumn,  # pylint: disable=protected-access
   collections.namedtuple(
     "DynamicEmbeddingColumn",
-    ("categorical_column", "dimension", "combiner", "initializer", "admission", "eviction"),
+    (
+      "categorical_column",
+      "dimension",
+      "combiner",
+      "initializer",
+      "admission",
+      "eviction",
+      "num_shards",
+    ),
+    defaults=(None,),
   ),
 ):
   """See `dynamic_embedding_column`."""
@@ -174,11 +184,24 @@ class DynamicEmbeddingColumn(
 
   def create_state(self, state_manager):
     """DenseFeatures: a table of the layer's own (as embedding_column's variable is), and its
-    gradient anchor as one of the layer's weights (so the optimizer sees it)."""
-    anchor = state_manager.create_variable(
-      self, "gradient_anchor", shape=(), dtype=tf.float32, initializer=tf.zeros_initializer()
-    )
-    table = self._table(variable_lib.DynamicEmbeddingVariable, gradient_anchor=anchor)
+    gradient anchor as one of the layer's weights (so the optimizer sees it); one per shard."""
+    names = ["gradient_anchor"]
+    if self.num_shards is not None:
+      names = [f"gradient_anchor_{i}" for i in range(self.num_shards)]
+    anchors = [
+      state_manager.create_variable(
+        self, name, shape=(), dtype=tf.float32, initializer=tf.zeros_initializer()
+      )
+      for name in names
+    ]
+    if self.num_shards is None:
+      table = self._table(variable_lib.DynamicEmbeddingVariable, gradient_anchor=anchors[0])
+    else:
+      table = self._table(
+        sharded_lib.ShardedDynamicEmbeddingVariable,
+        num_shards=self.num_shards,
+        gradient_anchors=anchors,
+      )
     state_manager.add_resource(self, "table", table)
 
   def _embed(self, table, sparse_tensors):
@@ -203,7 +226,7 @@ class DynamicEmbeddingColumn(
     del weight_collections, trainable
     sparse_tensors = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
     # input_layer: get-or-create by name in the enclosing variable scope, as for variables.
-    table = self._table(variable_lib.get_dynamic_embedding_variable)
+    table = self._table(variable_lib.get_dynamic_embedding_variable, num_shards=self.num_shards)
     return self._embed(table, sparse_tensors)
 
   @property
@@ -219,6 +242,7 @@ class DynamicEmbeddingColumn(
       "initializer": dict(self.initializer._asdict()),
       "admission": dataclasses.asdict(self.admission) if self.admission else None,
       "eviction": dataclasses.asdict(self.eviction) if self.eviction else None,
+      "num_shards": self.num_shards,
     }
 
   @classmethod
@@ -233,11 +257,18 @@ class DynamicEmbeddingColumn(
       initializers.InitializerSpec(**config["initializer"]),
       lifecycle.FrequencyAdmission(**admission) if admission else None,
       lifecycle.EvictionPolicy(**eviction) if eviction else None,
+      config.get("num_shards"),
     )
 
 
 def dynamic_embedding_column(
-  categorical_column, dimension, combiner="mean", initializer=None, admission=None, eviction=None
+  categorical_column,
+  dimension,
+  combiner="mean",
+  initializer=None,
+  admission=None,
+  eviction=None,
+  num_shards=None,
 ):
   """The embedding of a categorical column in a dynamic embedding table.
 
@@ -249,7 +280,9 @@ def dynamic_embedding_column(
   `num_buckets`), vocabulary columns (the vocabulary index) or hash-bucket columns (whose ids
   collide: distinct ids with the same hash share a row). `combiner` ("mean", "sum", "sqrtn")
   combines an example's ids. `initializer`, `admission`, `eviction`: as for
-  `tf_ext.get_dynamic_embedding_variable`. Train with tf_ext.DynamicEmbeddingOptimizer.
+  `tf_ext.get_dynamic_embedding_variable`. `num_shards`: None for one table, else the table is
+  split by id into that many shards (tf_ext.ShardedDynamicEmbeddingVariable), each placed by the
+  active device function (e.g. replica_device_setter). Train with tf_ext.DynamicEmbeddingOptimizer.
   """
   owner = "dynamic_embedding_column"
   if not isinstance(categorical_column, (fc.CategoricalColumn, fc_old._CategoricalColumn)):  # pylint: disable=protected-access
@@ -268,4 +301,8 @@ def dynamic_embedding_column(
     )
   name = f"{categorical_column.name}_dynamic_embedding"
   spec = initializers.spec_from(initializer, dimension, name)  # checked now, and serializable
-  return DynamicEmbeddingColumn(categorical_column, dimension, combiner, spec, admission, eviction)
+  if num_shards is not None:
+    sharded_lib.check_num_shards(name, num_shards)
+  return DynamicEmbeddingColumn(
+    categorical_column, dimension, combiner, spec, admission, eviction, num_shards
+  )

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from tf_ext.dynamic_embedding import initializers, lifecycle
 from tf_ext.dynamic_embedding import lookup as lookup_lib
+from tf_ext.dynamic_embedding import sharded as sharded_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 
@@ -16,7 +17,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
   `combiner`) are combined per row into [batch, dim]. Train with an optimizer wrapped by
   `tf_ext.DynamicEmbeddingOptimizer`. `admission` (tf_ext.FrequencyAdmission) and `eviction`
   (tf_ext.EvictionPolicy) set the table's lifecycle; tf_ext.keras.callbacks.TableEviction runs
-  the eviction during `fit`.
+  the eviction during `fit`. `num_shards` splits the table by id into that many shards
+  (tf_ext.ShardedDynamicEmbeddingVariable), each placed with its gradient anchor weight by the
+  active device function (e.g. replica_device_setter over parameter servers).
   """
 
   def __init__(
@@ -27,9 +30,13 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     combiner=None,
     admission=None,
     eviction=None,
+    num_shards=None,
     **kwargs,
   ):
     super().__init__(**kwargs)
+    if num_shards is not None:
+      sharded_lib.check_num_shards(self.name, num_shards)
+    self.num_shards = num_shards
     self.dim = dim
     self.key_dtype = tf.as_dtype(key_dtype)
     self._initializer_spec = initializers.spec_from(initializer, dim, self.name)
@@ -40,19 +47,29 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     self.table = None
 
   def build(self, input_shape):
-    anchor = self.add_weight(
-      name="gradient_anchor", shape=(), initializer="zeros", trainable=self.trainable
-    )
-    self.table = variable_lib.DynamicEmbeddingVariable(
-      self.name,
-      self.dim,
-      key_dtype=self.key_dtype,
-      initializer=self._initializer_spec,
-      trainable=self.trainable,
-      gradient_anchor=anchor,
-      admission=self.admission,
-      eviction=self.eviction,
-    )
+    # The anchors first: the active device function places each, and its table follows it.
+    names = ["gradient_anchor"]
+    if self.num_shards is not None:
+      names = [f"gradient_anchor_{i}" for i in range(self.num_shards)]
+    anchors = [
+      self.add_weight(name=name, shape=(), initializer="zeros", trainable=self.trainable)
+      for name in names
+    ]
+    options = {
+      "key_dtype": self.key_dtype,
+      "initializer": self._initializer_spec,
+      "trainable": self.trainable,
+      "admission": self.admission,
+      "eviction": self.eviction,
+    }
+    if self.num_shards is None:
+      self.table = variable_lib.DynamicEmbeddingVariable(
+        self.name, self.dim, gradient_anchor=anchors[0], **options
+      )
+    else:
+      self.table = sharded_lib.ShardedDynamicEmbeddingVariable(
+        self.name, self.dim, self.num_shards, gradient_anchors=anchors, **options
+      )
     super().build(input_shape)
 
   def call(self, ids):
@@ -77,7 +94,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
   def load_own_variables(self, store):
     table_entries = [k for k in store.keys() if k.startswith("table_")]
-    super().load_own_variables({k: store[k] for k in store.keys() if k not in table_entries})
+    weights = {k: store[k] for k in store.keys() if k not in table_entries}
+    # The weights are the gradient anchors, always 0, one per shard: a file saved with another
+    # number of shards loads without them (its rows go to their shards by id).
+    if len(weights) == len(self.weights):
+      super().load_own_variables(weights)
     if not table_entries:
       return
     if self.key_dtype == tf.string:
@@ -101,4 +122,5 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       "combiner": self.combiner,
       "admission": self.admission.get_config() if self.admission else None,
       "eviction": self.eviction.get_config() if self.eviction else None,
+      "num_shards": self.num_shards,
     }

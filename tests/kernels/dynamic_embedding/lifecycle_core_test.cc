@@ -67,6 +67,41 @@ TEST_P(AdmissionTest, StringKeys) {
   EXPECT_FALSE(table.Contains("b"));
 }
 
+// UpdateBatch does what UpdateRow does key by key, in order: admission, duplicates applied twice,
+// counts and the latest step; over many shards (600 keys in 64).
+TEST_P(AdmissionTest, UpdateBatchMatchesUpdateRowKeyByKey) {
+  EmbeddingTable<int64_t> batched(2, Zeros(), 6, MinCount(2, GetParam()));
+  EmbeddingTable<int64_t> single(2, Zeros(), 6, MinCount(2, GetParam()));
+  std::vector<int64_t> keys;
+  for (int64_t k = 0; k < 600; ++k) keys.push_back(k * 7919 % 1000);
+  for (int64_t k = 0; k < 300; ++k) keys.push_back(k);  // ids 0..299 seen twice: admitted
+  for (int64_t step : {5, 3}) {
+    std::vector<int64_t> ran_for;
+    const int64_t ran = batched.UpdateBatch(
+        static_cast<int64_t>(keys.size()), [&](int64_t i) { return keys[i]; }, step,
+        [&](int64_t i, RowRef& row) {
+          ran_for.push_back(i);
+          row.embedding[0] += static_cast<float>(i + 1);
+        });
+    int64_t expected_ran = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      expected_ran += single.UpdateRow(
+          keys[i], step, [&](RowRef& row) { row.embedding[0] += static_cast<float>(i + 1); });
+    }
+    EXPECT_EQ(ran, expected_ran);
+    EXPECT_EQ(static_cast<int64_t>(ran_for.size()), ran);
+  }
+  EXPECT_EQ(batched.latest_step(), 5);  // the larger step stays
+  EXPECT_EQ(batched.Size(), single.Size());
+  EXPECT_EQ(batched.Counters().admitted, single.Counters().admitted);
+  EXPECT_EQ(batched.Counters().rejected, single.Counters().rejected);
+  for (int64_t k = 0; k < 1000; ++k) {
+    std::vector<float> a(2), b(2);
+    ASSERT_EQ(batched.Find(k, a.data()), single.Find(k, b.data())) << k;
+    EXPECT_EQ(a, b) << k;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(SketchAndExact, AdmissionTest, ::testing::Bool());
 
 TEST(CountMinSketchTest, NeverUnderCountsAlsoUnderConcurrentIncrements) {
