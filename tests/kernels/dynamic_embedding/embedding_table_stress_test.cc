@@ -59,14 +59,29 @@ void RunStress() {
           const float value = static_cast<float>(op + 1);
           table.InsertOrAssign(key, std::vector<float>(kDim, value).data());
           mine[k] = value;
-        } else {
-          // Read-modify-write under the entry lock, as the optimizer kernels do.
+        } else if (choice < 8) {
+          // Read-modify-write under the entry lock.
           table.Upsert(key, [&](RowRef& row, bool) {
             const float value = row.embedding[0] + 1.0f;
             for (int j = 0; j < kDim; ++j) row.embedding[j] = value;
             ++*row.update_count;
             mine[k] = value;
           });
+        } else {
+          // A batch of training updates across shards, as the optimizer kernel runs them; a key
+          // may come twice and is then updated twice.
+          int64_t batch[4];
+          for (auto& b : batch)
+            b = w * kKeysPerWriter + static_cast<int64_t>(rng() % kKeysPerWriter);
+          std::vector<Key> keys;
+          for (int64_t b : batch) keys.push_back(MakeKey<Key>(b));
+          table.UpdateBatch(
+              4, [&](int64_t i) { return typename KeyTraits<Key>::View(keys[i]); }, op,
+              [&](int64_t i, RowRef& row) {
+                const float value = row.embedding[0] + 1.0f;
+                for (int j = 0; j < kDim; ++j) row.embedding[j] = value;
+                mine[batch[i]] = value;
+              });
         }
         if (op == 30000) table.EnsureSlots(1, {0.0f});  // a layout change mid-flight
       }
