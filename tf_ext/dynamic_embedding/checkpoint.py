@@ -142,6 +142,16 @@ def _saver_prefix():
   )
 
 
+def _restore_beside(restored_tensors, suffix, load):
+  """A Saver restore of a table from its file beside the checkpoint: load(path, prefix), run once
+  RestoreV2 has read the table's first tensor (`<name>-slot_initial_values`), whose prefix input
+  is the checkpoint's."""
+  slot_initial_values = restored_tensors[0]
+  prefix = slot_initial_values.op.inputs[0]  # RestoreV2's prefix
+  with tf.control_dependencies([slot_initial_values]):
+    return load(tf.strings.join([prefix, suffix]), prefix)
+
+
 class TableSaveable(saveable_object.SaveableObject):
   """Lets tf.compat.v1.train.Saver (and so Estimator, MonitoredTrainingSession) save a table.
 
@@ -168,11 +178,11 @@ class TableSaveable(saveable_object.SaveableObject):
 
   def restore(self, restored_tensors, restored_shapes):
     del restored_shapes
-    (slot_initial_values,) = restored_tensors
-    prefix = slot_initial_values.op.inputs[0]  # RestoreV2's prefix
-    path = tf.strings.join([prefix, self._suffix])
-    with tf.control_dependencies([slot_initial_values]):
-      return _restore(self._table.resource_handle, path, prefix, self._legacy_prefix)
+    return _restore_beside(
+      restored_tensors,
+      self._suffix,
+      lambda path, prefix: _restore(self._table.resource_handle, path, prefix, self._legacy_prefix),
+    )
 
 
 class ShardedTableSaveable(saveable_object.SaveableObject):
@@ -200,11 +210,11 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
 
   def restore(self, restored_tensors, restored_shapes):
     del restored_shapes
-    slot_initial_values, _ = restored_tensors
-    prefix = slot_initial_values.op.inputs[0]  # RestoreV2's prefix
-    path = tf.strings.join([prefix, self._suffix])
-    with tf.control_dependencies([slot_initial_values]):
-      return _restore_sharded(self._shards, path, prefix, self._legacy_prefix)
+    return _restore_beside(
+      restored_tensors,
+      self._suffix,
+      lambda path, prefix: _restore_sharded(self._shards, path, prefix, self._legacy_prefix),
+    )
 
 
 # ---- tf.train.Checkpoint and SavedModel: a registered saver ------------------------------------

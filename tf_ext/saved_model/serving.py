@@ -90,23 +90,20 @@ def _is_table(obj):
   )
 
 
-def _logical_tables(obj):
-  """The tables `obj` tracks: sharded tables whole, and the plain tables that are no shard."""
-  found = [child for child in tf.train.TrackableView(obj).descendants() if _is_table(child)]
-  shards = {id(shard) for table in found for shard in getattr(table, "shards", ())}
-  return [table for table in found if id(table) not in shards]
-
-
-def _kept_state(obj):
-  """What the serving graph may capture besides the tables: the variables and core resources
-  (vocabulary tables, ...) that `obj` tracks, without tf_ext's tables and gradient anchors."""
-  kept = []
+def _tracked(obj):
+  """What `obj` tracks, in one walk: (its tables, sharded ones whole and plain ones that are no
+  shard; what the serving graph may capture besides them: the variables and core resources, e.g.
+  vocabulary tables, without tf_ext's tables and gradient anchors)."""
+  tables, kept = [], []
   for child in tf.train.TrackableView(obj).descendants():
-    if _is_table(child) or hasattr(child, variable_lib.TABLE_OF_ANCHOR):
+    if _is_table(child):
+      tables.append(child)
+    elif hasattr(child, variable_lib.TABLE_OF_ANCHOR):
       continue
-    if isinstance(child, (tf.Variable, resource.CapturableResource, asset.Asset)):
+    elif isinstance(child, (tf.Variable, resource.CapturableResource, asset.Asset)):
       kept.append(child)
-  return kept
+  shards = {id(shard) for table in tables for shard in getattr(table, "shards", ())}
+  return [table for table in tables if id(table) not in shards], kept
 
 
 def _keras_signature(model):
@@ -158,21 +155,21 @@ def _as_traceable(key, function):
   )
 
 
-def _signatures_to_trace(obj, signatures):
+def _signatures_to_trace(obj, signatures, methods):
+  """{signature key: (python function, input signature)}; `methods`: obj's _traced_functions."""
   if signatures is not None:
     if not isinstance(signatures, dict):
       signatures = {"serving_default": signatures}
     return {key: _as_traceable(key, function) for key, function in signatures.items()}
   if isinstance(obj, tf.keras.Model):
     return _keras_signature(obj)
-  functions = _traced_functions(obj)
-  if len(functions) != 1:
+  if len(methods) != 1:
     raise ValueError(
       f"{_OWNER}: pass signatures=; {type(obj).__name__} has "
-      f"{len(functions)} tf.functions with an input_signature ({sorted(functions)}), so which one "
+      f"{len(methods)} tf.functions with an input_signature ({sorted(methods)}), so which one "
       "serves is ambiguous"
     )
-  ((_, function),) = functions.items()
+  ((_, function),) = methods.items()
   return {"serving_default": _as_traceable("serving_default", function)}
 
 
@@ -227,21 +224,27 @@ def export_for_serving(obj, export_dir, signatures=None, options=None):
     )
   if isinstance(obj, tf.compat.v1.estimator.Estimator):
     raise TypeError(f"{_OWNER}: for an Estimator use export_estimator_for_serving")
-  to_trace = _signatures_to_trace(obj, signatures)
-  tables = {table: ServingTable.of(table) for table in _logical_tables(obj)}
+  methods = {} if isinstance(obj, tf.keras.Model) else _traced_functions(obj)
+  to_trace = _signatures_to_trace(obj, signatures, methods)
+  found, kept = _tracked(obj)
+  tables = {table: ServingTable.of(table) for table in found}
   served = tf.Module()
   served.tables = list(tables.values())
-  served.state = _kept_state(obj)
+  served.state = kept
+  retraced = {}  # python function -> its tf.function traced with the core tables
+
+  def retrace(python_function, input_signature):
+    if python_function not in retraced:
+      retraced[python_function] = tf.function(python_function, input_signature=input_signature)
+    return retraced[python_function]
+
   concrete = {}
   with variable_lib.served_by(tables):
+    # A method that also serves as a signature is traced once for both.
+    for name, method in methods.items():
+      setattr(served, name, retrace(method.python_function, method.input_signature))
     for key, (python_function, input_signature) in to_trace.items():
-      function = tf.function(python_function, input_signature=input_signature)
-      concrete[key] = function.get_concrete_function()
-    if not isinstance(obj, tf.keras.Model):
-      for name, function in _traced_functions(obj).items():
-        traced = tf.function(function.python_function, input_signature=function.input_signature)
-        traced.get_concrete_function()
-        setattr(served, name, traced)
+      concrete[key] = retrace(python_function, input_signature).get_concrete_function()
     # Saving traces the methods again (its own cache key): with the replacements still on.
     tf.saved_model.save(served, export_dir, signatures=concrete, options=options)
   _check_core_only(export_dir, _OWNER)
