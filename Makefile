@@ -17,6 +17,8 @@
 #                (installs requirements-bench.txt: TFRA, for eviction's comparison)
 #   make bench-quality  benchmarks/quality.py: DeepFM on a drifting Criteo-like stream, tf_ext
 #                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt)
+#   make bench-amp  benchmarks/amp.py: loss-aware mixed precision against float32 and TensorFlow's
+#                own AMP (speed on a DLRM-style tower, accuracy on three tasks; writes amp.png)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
 #   make clean   bazel clean + built artefacts
@@ -91,7 +93,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-cluster demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-amp bench-cluster demo-estimator clean distclean
 
 all: build
 
@@ -252,6 +254,10 @@ bench-lifecycle: build bench-deps
 # Issue 9's quality and speed benchmark; BENCH_ARGS=--quick for a short run, --no-tfra without TFRA.
 bench-quality: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/quality.py $(BENCH_ARGS))
+
+# Issue 10's mixed-precision benchmark; BENCH_ARGS=--quick for a short run (matplotlib: bench-deps).
+bench-amp: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/amp.py $(BENCH_ARGS))
 
 # Needs root for its network namespaces: sudo when not root (sudo drops the environment, so the
 # settings it needs are passed explicitly).

@@ -2,6 +2,7 @@
 
   python examples/train_ctr.py            # ~1M training rows, 1 epoch (`make demo`)
   python examples/train_ctr.py --quick    # tiny sizes: a smoke test in seconds
+  python examples/train_ctr.py --amp bfloat16   # with loss-aware mixed precision
 
 The click log has a hidden ground truth: every user, item, category and city has a bias, users
 and items have latent factors, and the label is drawn from a logistic function of those plus the
@@ -305,6 +306,12 @@ def main(argv=None):
     help="evict user rows updated once and idle this many steps (0: no eviction)",
   )
   parser.add_argument(
+    "--amp",
+    choices=("off",) + tf_ext.mixed_precision.HALF_CHOICES,
+    default="off",
+    help="loss-aware mixed precision: tf_ext.mixed_precision.LossAwareOptimizer(half=...)",
+  )
+  parser.add_argument(
     "--log-dir",
     default=os.path.join(tempfile.gettempdir(), "tf_ext_ctr_logs"),
     help="TensorBoard log of the table statistics",
@@ -341,6 +348,8 @@ def main(argv=None):
   # Model.
   model = build_model(args.dim, args.min_count, args.evict_window)
   optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(args.learning_rate))
+  if args.amp != "off":
+    optimizer = tf_ext.mixed_precision.LossAwareOptimizer(optimizer, half=args.amp)
   model.compile(
     optimizer=optimizer,
     loss="binary_crossentropy",
@@ -370,6 +379,15 @@ def main(argv=None):
     f"{total_examples / fit_s:,.0f} examples/s ({steady_examples / steady_s:,.0f} examples/s "
     f"after the first step; {throughput.steps} steps of {batch_size})"
   )
+
+  if args.amp != "off":
+    amp = {k: float(v) for k, v in tf_ext.mixed_precision.report(optimizer).items()}
+    fallback = tf_ext.mixed_precision.FALLBACKS[int(amp["last_fallback"])]
+    print(
+      f"mixed precision ({args.amp}): {amp['half_fraction']:.0%} of {amp['steps']:.0f} steps in "
+      f"half, {amp['switches']:.0f} switches (last fallback: {fallback}), "
+      f"{amp['skipped_steps']:.0f} steps skipped, loss scale {amp['loss_scale']:g}"
+    )
 
   # Tables after training.
   print("\ndynamic embedding tables (dim %d):" % args.dim)

@@ -31,7 +31,7 @@ Status StepShape(InferenceContext* c) {
   ShapeHandle state, scalar;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &state));
   TF_RETURN_IF_ERROR(c->Merge(state, c->Vector(kStateSize), &state));
-  for (int i = 1; i < 4; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &scalar));
+  for (int i = 1; i < 5; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &scalar));
   c->set_output(0, c->Vector(kStateSize));
   c->set_output(1, c->Scalar());
   return ::tensorflow::OkStatus();
@@ -59,6 +59,7 @@ REGISTER_OP("TfExtAmpPolicyStep")
     .Input("loss: float")
     .Input("gradients_finite: bool")
     .Input("probe_error: float")
+    .Input("ran_half: bool")
     .Output("next_state: float64")
     .Output("apply: bool")
     .TF_EXT_AMP_POLICY_ATTRS.SetShapeFn(StepShape)
@@ -69,9 +70,51 @@ Outputs whether the step's update is applied, and the state (precision, loss sca
 loss statistics) for the next step.
 
 probe_error: the step's precision-probe relative loss error, or a negative value when no probe
-ran. A pure function of its inputs; the caller keeps the state in a variable.
+ran. ran_half: whether the step's compute ran in half precision (the output of the graph's
+TfExtAmpHalfMode; false eagerly, where nothing is rewritten). A pure function of its inputs; the
+caller keeps the state in a variable.
 )doc");
 
 #undef TF_EXT_AMP_POLICY_ATTRS
+
+REGISTER_OP("TfExtAmpHalfMode")
+    .Input("half: bool")
+    .Output("use_half: bool")
+    .Attr("half_dtype: {bfloat16, half}")
+    .Attr("allow_ops: list(string) = []")
+    .Attr("infer_ops: list(string) = []")
+    .Attr("deny_ops: list(string) = []")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle scalar;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 0, &scalar));
+      c->set_output(0, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Marks a training step for the loss-aware mixed-precision rewrite; outputs its input.
+
+A graph that holds this op gets a `half_dtype` version of its compute-heavy ops beside the fp32
+one, and this op's output chooses per step which runs (kernels/mixed_precision/half_rewrite_pass.cc).
+allow_ops, infer_ops, deny_ops: op types added to the rewrite's allow, infer and deny lists.
+)doc");
+
+REGISTER_OP("TfExtAmpProbe")
+    .Input("loss: float")
+    .Input("reference: float")
+    .Input("probed: bool")
+    .Output("error: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle scalar;
+      for (int i = 0; i < 3; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &scalar));
+      c->set_output(0, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Outputs the precision probe's relative loss error, or -1 when no probe ran this step.
+
+|loss - reference| / max(|reference|, tiny) when `probed`. The mixed-precision rewrite connects
+`reference` to the loss computed again in fp32 on the same batch; before the rewrite (or where
+the loss does not depend on a half op) the reference is the loss itself.
+)doc");
 
 }  // namespace tf_ext

@@ -154,15 +154,16 @@ def test_a_gate_skips_the_update_in_a_tf1_session(apply):
       assert (sess.run(w)[0] != 1.0) == apply
 
 
-def test_tape_stages_transform_the_gradients():
+def test_tape_stages_scale_the_target_and_transform_the_gradients():
   log = []
   variable = tf.Variable([1.0, 2.0])
   with tf.GradientTape() as tape:
     loss = tf.reduce_sum(variable * variable)
   tape = optimizer_pipeline.add_stage(tape, Recorder("reduce", log, scale=2.0))
   (grad,) = tape.gradient(loss, [variable])
-  np.testing.assert_allclose(grad.numpy(), [1.0, 2.0])
-  assert log == ["transform reduce"]
+  # The target is scaled by 2 (recorded on the tape), the gradients divided by 2: d(v.v)/dv.
+  np.testing.assert_allclose(grad.numpy(), [2.0, 4.0])
+  assert log == ["scale_loss reduce", "transform reduce"]
   with pytest.raises(TypeError, match="optimizer"):
     optimizer_pipeline.add_stage(tf.GradientTape(), Recorder("tables", log))
 

@@ -1,7 +1,7 @@
 """The one place where tf_ext's optimizer and tape wrappers combine.
 
 tf_ext.DynamicEmbeddingOptimizer, tf_ext.lightcc's DistributedOptimizer / DistributedGradientTape
-(and its Keras DistributedOptimizer), and the loss-aware AMP wrapper to come do not wrap one
+(and its Keras DistributedOptimizer), and tf_ext.mixed_precision.LossAwareOptimizer do not wrap one
 another. Each adds a *stage* to a pipeline that the optimizer (or tape) object itself carries, and
 the pipeline runs the stages in one fixed order, whatever order the user wrapped in:
 
@@ -19,7 +19,8 @@ Where the steps run (the conventions of the TensorFlow APIs and of Horovod):
     compute_gradients and apply_gradients itself both reduce), 3-5 in apply_gradients;
   - Keras optimizers: 1 in compute_gradients (minimize, Model.fit), 2-5 in apply_gradients, so
     a custom loop's apply_gradients(zip(tape.gradient(...), ...)) is reduced too;
-  - tf.GradientTape: 1-2 in gradient(); 3-5 belong to the optimizer that gets the gradients.
+  - tf.GradientTape: 1-2 in gradient() (its target passes through `scale_loss`, recorded on the
+    tape); 3-5 belong to the optimizer that gets the gradients.
 
 Wrapping returns the same object with its class extended (a subclass of its own class, made once
 per class), so isinstance checks, Keras compile, Estimator, MonitoredTrainingSession, slot names and
@@ -53,14 +54,22 @@ class Stage:
 
   kind = None  # one of KINDS
   # Whether Keras configs keep this stage (it is then re-created by the factory registered with
-  # register_saved_stage, with no arguments).
+  # register_saved_stage, called with the keyword arguments saved_arguments() returned).
   saved = False
+
+  def saved_arguments(self):
+    """What a Keras config keeps of this stage: the factory's keyword arguments (JSON values)."""
+    return {}
 
   def owns(self, variable):
     """Whether this stage applies `variable`'s gradients itself (the wrapped optimizer then makes
     no slots for it)."""
     del variable
     return False
+
+  def added_to(self, target):
+    """Called when the stage is added to `target` (an optimizer or a tape)."""
+    del target
 
   def scale_loss(self, loss):
     """Step 1: the loss to differentiate."""
@@ -131,6 +140,7 @@ def add_stage(obj, stage):
   by_kind = dict(getattr(target, _STAGES_ATTRIBUTE, {}))
   by_kind[stage.kind] = stage
   setattr(target, _STAGES_ATTRIBUTE, by_kind)
+  stage.added_to(target)
   return obj
 
 
@@ -151,10 +161,20 @@ def _inner_of_foreign_wrapper(optimizer):
   return None
 
 
-def _is_horovod_keras_class(cls):
-  """Horovod's Keras DistributedOptimizer is a class made per optimizer, whose methods call
-  super(self.__class__, self): it cannot be subclassed, so the pipeline goes below it."""
-  return vars(cls).get("__module__", "").startswith("horovod.") and "_allreduce" in vars(cls)
+def _is_horovod_made_class(cls):
+  """Horovod's Keras DistributedOptimizer and its DistributedGradientTape are classes made per
+  optimizer or tape, whose methods call super(self.__class__, self): they cannot be subclassed,
+  so the pipeline goes below them."""
+  own = vars(cls)
+  return own.get("__module__", "").startswith("horovod.") and (
+    "_allreduce" in own or "register_local_source" in own
+  )
+
+
+def _below_horovod(base, make_class):
+  """Horovod's class `base`, rebuilt on top of the pipeline class of the class it extends."""
+  below = _pipeline_class(base.__base__, make_class)
+  return type(base.__name__, (below,), dict(vars(base)))
 
 
 def _pipeline_target(obj):
@@ -185,10 +205,8 @@ def _extend_class(target, make_class):
 
 
 def _optimizer_pipeline_class(base):
-  if _is_horovod_keras_class(base):
-    # Horovod's class, rebuilt on top of the pipeline class of the optimizer it extends.
-    below = _pipeline_class(base.__base__, _optimizer_pipeline_class)
-    return type(base.__name__, (below,), dict(vars(base)))
+  if _is_horovod_made_class(base):
+    return _below_horovod(base, _optimizer_pipeline_class)
   if issubclass(base, tf.compat.v1.train.Optimizer):
     mixin = _V1Pipeline
   elif issubclass(base, tf.keras.optimizers.legacy.Optimizer):
@@ -358,7 +376,13 @@ class _KerasPipelineBase(_OptimizerPipeline):
 
   def get_config(self):
     config = super().get_config()
-    config[_CONFIG_KEY] = [s.kind for s in self._pipeline_stages() if s.saved]
+    # A stage without arguments is saved as its kind (what tf_ext 0.2 wrote), else as
+    # {"kind": ..., "arguments": {...}}.
+    config[_CONFIG_KEY] = [
+      {"kind": s.kind, "arguments": s.saved_arguments()} if s.saved_arguments() else s.kind
+      for s in self._pipeline_stages()
+      if s.saved
+    ]
     return config
 
   @classmethod
@@ -366,10 +390,13 @@ class _KerasPipelineBase(_OptimizerPipeline):
     config = dict(config)
     kinds = config.pop(_CONFIG_KEY, _LEGACY_SAVED_KINDS)
     optimizer = super().from_config(config, **kwargs)
-    for kind in kinds:
+    for entry in kinds:
+      kind, arguments = (
+        (entry, {}) if isinstance(entry, str) else (entry["kind"], entry["arguments"])
+      )
       if kind not in _saved_stage_factories:
         raise ValueError(f"the saved optimizer has a tf_ext stage {kind!r} this tf_ext lacks")
-      add_stage(optimizer, _saved_stage_factories[kind]())
+      add_stage(optimizer, _saved_stage_factories[kind](**arguments))
     return optimizer
 
 
@@ -409,14 +436,21 @@ class _TapePipeline:
     output_gradients=None,
     unconnected_gradients=tf.UnconnectedGradients.NONE,
   ):
+    stages_ = _ordered_stages(self)
+    if any(type(s).scale_loss is not Stage.scale_loss for s in stages_):
+      with self:  # the scaled loss is recorded on this tape, as the loss was
+        for stage in stages_:
+          target = tf.nest.map_structure(stage.scale_loss, target)
     grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
     pairs = list(zip(tf.nest.flatten(grads), tf.nest.flatten(sources)))
-    for stage in _ordered_stages(self):
+    for stage in stages_:
       pairs = list(stage.transform(pairs))
     return tf.nest.pack_sequence_as(grads, [g for g, _ in pairs])
 
 
 def _tape_pipeline_class(base):
+  if _is_horovod_made_class(base):
+    return _below_horovod(base, _tape_pipeline_class)
   return type(base.__name__, (_TapePipeline, base), {"__module__": base.__module__})
 
 

@@ -93,6 +93,14 @@ def _open_fraction(raw):
   return value
 
 
+def _op_names(raw):
+  names = tuple(item.strip() for item in raw.split(",") if item.strip())
+  for name in names:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+      raise ValueError(f"{name!r} is not an op type name (e.g. MatMul,BatchMatMulV2)")
+  return names
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
   """One setting. Declaring it checks the name's prefix against its capability and its default."""
@@ -271,6 +279,95 @@ SETTINGS: Dict[str, Setting] = registry(
       capability="amp",
       parse=_int_at_least(1),
       attribute="stable_half_steps",
+    ),
+    # Loss-aware mixed precision: the probe and the rewrite's op lists, read when
+    # LossAwareOptimizer wraps an optimizer (its probe_interval argument overrides the first).
+    Setting(
+      "TF_EXT_AMP_PROBE_INTERVAL",
+      "100",
+      "Every this many half-precision steps, the precision probe computes the step's loss in "
+      "both precisions on the same batch; 0: never.",
+      capability="amp",
+      parse=_int_at_least(0),
+    ),
+    Setting(
+      "TF_EXT_AMP_ALLOW_OPS",
+      "",
+      "Op types added to the rewrite's allow list (always half), comma-separated.",
+      capability="amp",
+      parse=_op_names,
+    ),
+    Setting(
+      "TF_EXT_AMP_INFER_OPS",
+      "",
+      "Op types added to the rewrite's infer list (half when their inputs are), comma-separated.",
+      capability="amp",
+      parse=_op_names,
+    ),
+    Setting(
+      "TF_EXT_AMP_DENY_OPS",
+      "",
+      "Op types the rewrite keeps in fp32 whatever the other lists say, comma-separated.",
+      capability="amp",
+      parse=_op_names,
+    ),
+    # Adaptive XLA compilation cache (tf_ext.jit): read when tf_ext.jit.function wraps a
+    # function (its keyword arguments of the same names override them).
+    Setting(
+      "TF_EXT_JIT_MAX_EXECUTABLES",
+      "8",
+      "tf_ext.jit: compiled executables kept per function; the least recently used beyond this "
+      "are dropped.",
+      capability="graph",
+      parse=_int_at_least(1),
+    ),
+    Setting(
+      "TF_EXT_JIT_MAX_BUCKETS",
+      "8",
+      "tf_ext.jit: bucket shapes a plan may hold (the product of the bucket counts of the padded "
+      "dimensions).",
+      capability="graph",
+      parse=_int_at_least(1),
+    ),
+    Setting(
+      "TF_EXT_JIT_MAX_SIZE",
+      "4096",
+      "tf_ext.jit: largest size of a padded dimension that is compiled; larger runs uncompiled "
+      "with one warning.",
+      capability="graph",
+      parse=_int_at_least(1),
+    ),
+    Setting(
+      "TF_EXT_JIT_MIN_OBSERVATIONS",
+      "16",
+      "tf_ext.jit: calls observed (run uncompiled) before the first bucket plan; also the least "
+      "number of calls between two plans.",
+      capability="graph",
+      parse=_int_at_least(1),
+    ),
+    Setting(
+      "TF_EXT_JIT_MIN_GAIN",
+      "0.03",
+      "tf_ext.jit: an extra bucket shape is planned only if it cuts the expected padded work by "
+      "at least this fraction of the unpadded work.",
+      capability="graph",
+      parse=_float_at_least(0.0),
+    ),
+    Setting(
+      "TF_EXT_JIT_REPLAN_GAIN",
+      "0.1",
+      "tf_ext.jit: a new plan replaces the current one only if it cuts the padded work by this "
+      "fraction (sizes the plan cannot hold always replan).",
+      capability="graph",
+      parse=_float_at_least(0.0),
+    ),
+    Setting(
+      "TF_EXT_JIT_ASYNC",
+      "1",
+      "tf_ext.jit: compile in a background thread while calls run uncompiled (0: compile in the "
+      "calling thread, like tf.function(jit_compile=True)).",
+      capability="graph",
+      parse=_flag,
     ),
     # LightCC (tf_ext.lightcc): read at hvd.init(); init(light_<name>=...) overrides them. The
     # attributes are LightConfig's fields (tf_ext/lightcc/config.py).

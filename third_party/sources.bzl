@@ -70,16 +70,20 @@ CAPABILITIES = {
         ],
         "deps": [],
     },
-    # Loss-aware mixed precision: the policy that chooses half or full precision per step.
+    # Loss-aware mixed precision: the policy that chooses half or full precision per step, and the
+    # graph rewrite that gives a training step both versions.
     "mixed_precision": {
         "core_hdrs": [
+            "kernels/mixed_precision/core/half_precision_plan.h",
             "kernels/mixed_precision/core/loss_aware_policy.h",
         ],
         "core_srcs": [
+            "kernels/mixed_precision/core/half_precision_plan.cc",
             "kernels/mixed_precision/core/loss_aware_policy.cc",
         ],
         "kernel_hdrs": [],
         "kernel_srcs": [
+            "kernels/mixed_precision/half_rewrite_pass.cc",
             "kernels/mixed_precision/policy_kernels.cc",
         ],
         "op_srcs": [

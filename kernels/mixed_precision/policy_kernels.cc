@@ -90,6 +90,7 @@ class PolicyStepOp : public OpKernel {
     const float probe_error = ctx->input(3).scalar<float>()();
     seen.probed = !(probe_error < 0.0f);  // NaN counts as a probe that failed
     seen.probe_error = probe_error;
+    seen.ran_half = ctx->input(4).scalar<bool>()();
     const amp::Decision decision = amp::Step(config_, seen, &state);
 
     Tensor* state_out = nullptr;
@@ -104,6 +105,31 @@ class PolicyStepOp : public OpKernel {
   amp::PolicyConfig config_;
 };
 
+// Outputs its input; the rewrite pass uses its output as the precision predicate.
+class HalfModeOp : public OpKernel {
+ public:
+  explicit HalfModeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override { ctx->set_output(0, ctx->input(0)); }
+};
+
+class ProbeOp : public OpKernel {
+ public:
+  explicit ProbeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* error = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &error));
+    const bool probed = ctx->input(2).scalar<bool>()();
+    error->scalar<float>()() =
+        probed ? static_cast<float>(amp::RelativeLossError(ctx->input(0).scalar<float>()(),
+                                                           ctx->input(1).scalar<float>()()))
+               : -1.0f;
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("TfExtAmpHalfMode").Device(DEVICE_CPU).HostMemory("half").HostMemory("use_half"),
+    HalfModeOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtAmpProbe").Device(DEVICE_CPU), ProbeOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtAmpPolicyInitialState").Device(DEVICE_CPU),
                         PolicyInitialStateOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtAmpPolicyStep").Device(DEVICE_CPU), PolicyStepOp);

@@ -156,3 +156,20 @@ def test_lookup_of_distinct_ids_trains_as_the_plain_lookup_without_a_second_uniq
         rows[how] = sess.run(table.lookup([3, 5, 9]))
   np.testing.assert_allclose(rows["unique"], rows["plain"], rtol=1e-6)
   assert not np.allclose(rows["plain"], 0.5)  # it trained
+
+
+def test_keras_layer_stays_float32_under_a_mixed_precision_policy():
+  tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  try:
+    ids = tf.keras.Input(shape=(2,), dtype=tf.int64)
+    rows = tf_ext.keras.layers.DynamicEmbedding(4, combiner="mean", name="mixed_policy_emb")(ids)
+    assert rows.dtype == tf.float32
+    hidden = tf.keras.layers.Dense(8)(rows)  # bf16 compute
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1, dtype="float32")(hidden))
+    model.compile(tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1)), "mse")
+    model.fit(np.arange(32).reshape(16, 2), np.ones((16, 1)), verbose=0)
+    assert int(model.get_layer("mixed_policy_emb").table.size()) == 32
+    with pytest.raises(ValueError, match="dtype must be float32"):
+      tf_ext.keras.layers.DynamicEmbedding(4, dtype="bfloat16")
+  finally:
+    tf.keras.mixed_precision.set_global_policy("float32")

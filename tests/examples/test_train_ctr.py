@@ -6,3 +6,9 @@ from _examples import run_example
 def test_train_ctr_quick():
   stdout = run_example("train_ctr.py", "--quick")
   assert "AUC" in stdout and "equal" in stdout
+
+
+def test_train_ctr_quick_with_loss_aware_mixed_precision():
+  stdout = run_example("train_ctr.py", "--quick", "--amp", "bfloat16")
+  assert "mixed precision (bfloat16): 100% of 40 steps in half" in stdout
+  assert "equal" in stdout

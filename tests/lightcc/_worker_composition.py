@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.environ["TF_EXT_ROOT"])
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from _rank_checks import finish, ranks_differ  # noqa: E402
 
 import tf_ext  # noqa: E402
 import tf_ext.lightcc as hvd  # noqa: E402
@@ -159,11 +160,6 @@ for case, arrays in results.items():
   for index, (got, ref) in enumerate(zip(arrays, want)):
     if got.shape != ref.shape or not np.allclose(got, ref, rtol=1e-5, atol=1e-6):
       failures.append(f"{case}: array {index} differs from one-process training:\n{got}\n{ref}")
-  fingerprint = np.concatenate([a.astype(np.float64).ravel() for a in arrays])
-  everyone = hvd.allgather(tf.constant(fingerprint[None, :])).numpy()
-  if not all(np.array_equal(everyone[0], row) for row in everyone):
+  if ranks_differ(hvd, arrays):
     failures.append(f"{case}: ranks differ")
-print(f"rank {rank}: {len(results)} cases, {len(failures)} failures", flush=True)
-for failure in failures[:4]:
-  print(failure, flush=True)
-sys.exit(1 if failures else 0)
+finish(rank, len(results), failures)

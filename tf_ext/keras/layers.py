@@ -33,7 +33,15 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     num_shards=None,
     **kwargs,
   ):
+    # Rows and gradient anchors are float32 under any Keras mixed-precision policy (the layers
+    # after it cast its output to their compute dtype).
+    kwargs.setdefault("dtype", "float32")
     super().__init__(**kwargs)
+    if self.dtype_policy.compute_dtype != "float32":
+      raise ValueError(
+        f"DynamicEmbedding {self.name!r}: dtype must be float32 (tables hold float32 rows), got "
+        f"{self.dtype_policy.name!r}"
+      )
     if num_shards is not None:
       sharded_lib.check_num_shards(self.name, num_shards)
     self.num_shards = num_shards

@@ -1,10 +1,20 @@
-"""Loss-aware mixed precision (in progress): half precision where it is safe, full where it is not.
+"""Loss-aware mixed precision: half precision where it is safe, full where it is not, per step.
 
-Built so far: the policy that decides per step between half and full precision, the loss scale
-and whether a step's update applies (`PrecisionPolicy`). The optimizer wrapper and the graph
-rewrite that use it come next.
+`LossAwareOptimizer(optimizer, half=...)` wraps an optimizer; the op library's graph rewrite gives
+each training step a half and a full version, and the `PrecisionPolicy` picks one per step from
+the loss, the gradients and a precision probe. The README's "Loss-aware mixed precision" section
+documents the policy, the op lists and the settings.
 """
 
+from tf_ext.mixed_precision.optimizer import (
+  HALF_CHOICES,
+  STATE_COLLECTION,
+  LossAwareGradientTape,
+  LossAwareOptimizer,
+  auto_half_dtype,
+  policy_of,
+  report,
+)
 from tf_ext.mixed_precision.policy import (
   FALLBACKS,
   STATE_FIELDS,
@@ -12,3 +22,4 @@ from tf_ext.mixed_precision.policy import (
   PrecisionPolicy,
   config_from_settings,
 )
+from tf_ext.mixed_precision.summaries import SummaryHook, TensorBoardCallback

@@ -70,25 +70,29 @@ class PrecisionPolicy(tf.Module):
     if not isinstance(config, PolicyConfig):
       raise TypeError(f"PrecisionPolicy: config must be a PolicyConfig, got {config!r}")
     self._attrs = dict(dataclasses.asdict(config), loss_scaling=loss_scaling)
-    with tf.init_scope():
+    with tf.init_scope(), self.name_scope:
       initial = _ops_loader.load().tf_ext_amp_policy_initial_state(
         start_in_half=start_in_half, **self._attrs
       )
       self.state = tf.Variable(initial, trainable=False, name="state")
 
-  def decide(self, loss, gradients_finite, probe_error=None):
+  def decide(self, loss, gradients_finite, probe_error=None, ran_half=None):
     """Decides the current step: a boolean scalar, whether its update is to be applied.
 
     Evaluating it also moves the state to the next step, so evaluate it once per step and gate
     the update on it. `probe_error`: the relative loss error of this step's precision probe, or
-    None when no probe ran.
+    None when no probe ran. `ran_half`: whether the step's compute ran in half precision
+    (default: as the state says).
     """
     probe = tf.constant(-1.0) if probe_error is None else tf.cast(probe_error, tf.float32)
+    if ran_half is None:
+      ran_half = self.in_half()
     next_state, apply = _ops_loader.load().tf_ext_amp_policy_step(
       self.state,
       tf.cast(loss, tf.float32),
       tf.convert_to_tensor(gradients_finite, tf.bool),
       probe,
+      tf.convert_to_tensor(ran_half, tf.bool),
       **self._attrs,
     )
     with tf.control_dependencies([self.state.assign(next_state)]):
@@ -105,14 +109,23 @@ class PrecisionPolicy(tf.Module):
   def report(self):
     """{name: scalar tensor}: half (bool), loss_scale, switches, steps, half_fraction (of the
     steps decided), skipped_steps, last_probe_error, last_fallback (an index into FALLBACKS)."""
-    steps = self.field("steps")
+    return self.report_of_state(self.state)
+
+  @staticmethod
+  def report_of_state(state):
+    """report() of a policy state (a variable or tensor of STATE_FIELDS)."""
+
+    def field(name):
+      return state[STATE_FIELDS.index(name)]
+
+    steps = field("steps")
     return {
-      "half": self.in_half(),
-      "loss_scale": self.field("loss_scale"),
-      "switches": tf.cast(self.field("switches"), tf.int64),
+      "half": field("precision") > 0.5,
+      "loss_scale": field("loss_scale"),
+      "switches": tf.cast(field("switches"), tf.int64),
       "steps": tf.cast(steps, tf.int64),
-      "half_fraction": self.field("half_steps") / tf.maximum(steps, 1.0),
-      "skipped_steps": tf.cast(self.field("skipped_steps"), tf.int64),
-      "last_probe_error": self.field("last_probe_error"),
-      "last_fallback": tf.cast(self.field("last_fallback"), tf.int64),
+      "half_fraction": field("half_steps") / tf.maximum(steps, 1.0),
+      "skipped_steps": tf.cast(field("skipped_steps"), tf.int64),
+      "last_probe_error": field("last_probe_error"),
+      "last_fallback": tf.cast(field("last_fallback"), tf.int64),
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace tf_ext {
 namespace amp {
@@ -125,7 +126,7 @@ void ReturnToHalf(const PolicyConfig& config, PolicyState* state) {
 // The half-precision step: the fallback it triggers (kNone if none), scaling on the way.
 Fallback HalfStep(const PolicyConfig& config, const Observation& seen, bool loss_finite,
                   PolicyState* state) {
-  ++state->half_steps;
+  if (seen.ran_half) ++state->half_steps;
   ++state->half_run;
   if (seen.probed) state->last_probe_error = seen.probe_error;
   const bool finite = loss_finite && seen.gradients_finite;
@@ -173,6 +174,13 @@ Decision Step(const PolicyConfig& config, const Observation& seen, PolicyState* 
   if (loss_finite && !spike) TrackLoss(config, seen.loss, state);
   if (!decision.apply) ++state->skipped_steps;
   return decision;
+}
+
+double RelativeLossError(double loss, double reference) {
+  if (!std::isfinite(loss) || !std::isfinite(reference)) {
+    return std::numeric_limits<double>::infinity();
+  }
+  return std::fabs(loss - reference) / std::max(std::fabs(reference), 1e-30);
 }
 
 }  // namespace amp

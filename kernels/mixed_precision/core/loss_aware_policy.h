@@ -67,7 +67,7 @@ struct PolicyState {
   int64_t half_run = 0;          // half: steps since the last return to half precision
   int64_t return_after = 0;      // full: applied steps in a row needed to return
   int64_t steps = 0;             // steps decided
-  int64_t half_steps = 0;        // of which in half precision
+  int64_t half_steps = 0;        // of which ran in half precision
   int64_t skipped_steps = 0;     // of which not applied
   int64_t switches = 0;          // precision changes, either way
   Fallback last_fallback = Fallback::kNone;
@@ -89,6 +89,7 @@ PolicyState InitialState(const PolicyConfig& config, Precision start);
 struct Observation {
   double loss = 0.0;
   bool gradients_finite = true;
+  bool ran_half = true;      // whether this step's compute ran in half (counted in half_steps)
   bool probed = false;       // whether a precision probe ran this step
   double probe_error = 0.0;  // its |loss_half - loss_full| / max(|loss_full|, tiny)
 };
@@ -97,6 +98,10 @@ struct Decision {
   bool apply = false;  // whether this step's update is applied
   bool switched = false;
 };
+
+// The probe's relative loss error |loss - reference| / max(|reference|, tiny); non-finite values
+// give +infinity (a probe that overflowed disagrees).
+double RelativeLossError(double loss, double reference);
 
 // Decides the step `observation` describes, updating *state for the next step.
 Decision Step(const PolicyConfig& config, const Observation& observation, PolicyState* state);
