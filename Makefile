@@ -19,6 +19,8 @@
 #                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt)
 #   make bench-amp  benchmarks/amp.py: loss-aware mixed precision against float32 and TensorFlow's
 #                own AMP (speed on a DLRM-style tower, accuracy on three tasks; writes amp.png)
+#   make bench-jit  benchmarks/jit_cache.py: tf_ext.jit against plain TF, jit_compile, auto-jit and
+#                static shapes on two varying-shape workloads (writes jit_cache.png)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
 #   make clean   bazel clean + built artefacts
@@ -93,7 +95,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-amp bench-cluster demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-amp bench-jit bench-cluster demo-estimator clean distclean
 
 all: build
 
@@ -254,6 +256,10 @@ bench-lifecycle: build bench-deps
 # Issue 9's quality and speed benchmark; BENCH_ARGS=--quick for a short run, --no-tfra without TFRA.
 bench-quality: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/quality.py $(BENCH_ARGS))
+
+# Issue 11's compilation-cache benchmark; BENCH_ARGS=--quick for a short run.
+bench-jit: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_cache.py $(BENCH_ARGS))
 
 # Issue 10's mixed-precision benchmark; BENCH_ARGS=--quick for a short run (matplotlib: bench-deps).
 bench-amp: build bench-deps

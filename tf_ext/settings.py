@@ -339,17 +339,17 @@ SETTINGS: Dict[str, Setting] = registry(
     ),
     Setting(
       "TF_EXT_JIT_MIN_OBSERVATIONS",
-      "16",
-      "tf_ext.jit: calls observed (run uncompiled) before the first bucket plan; also the least "
-      "number of calls between two plans.",
+      "32",
+      "tf_ext.jit: calls observed (run uncompiled) before the first bucket plan; the plan may "
+      "grow each time the calls seen double.",
       capability="graph",
       parse=_int_at_least(1),
     ),
     Setting(
       "TF_EXT_JIT_MIN_GAIN",
-      "0.03",
-      "tf_ext.jit: an extra bucket shape is planned only if it cuts the expected padded work by "
-      "at least this fraction of the unpadded work.",
+      "0.05",
+      "tf_ext.jit: an extra bucket shape is planned only if it cuts the padded work on the "
+      "observed sizes by at least this fraction of the unpadded work.",
       capability="graph",
       parse=_float_at_least(0.0),
     ),

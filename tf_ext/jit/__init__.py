@@ -1,0 +1,12 @@
+"""tf_ext.jit: an adaptive XLA compilation cache for TF2 functions with varying input shapes.
+
+`tf_ext.jit.function(fn, paddable=..., ...)` is a drop-in for tf.function(jit_compile=True) that
+pads declared dimensions (batch, sequence length) to a few buckets planned from the observed
+sizes, compiles each bucket in the background (a call never waits for the compiler), keeps at
+most a configured number of executables and saves its bucket plan for a warm restart. Inside the
+function, `size`, `mask`, `masked_sum` and `masked_mean` exclude padded positions.
+tf_ext/jit/function.py documents the padding contract; tf_ext/jit/buckets.py the planning.
+"""
+
+from tf_ext.jit import buckets
+from tf_ext.jit.function import Function, function, mask, masked_mean, masked_sum, size

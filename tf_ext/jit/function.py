@@ -1,0 +1,1241 @@
+"""tf_ext.jit.function: tf.function(jit_compile=True) with shape buckets, background compilation,
+a bounded executable cache and a bucket plan that survives restarts.
+
+The padding contract (what makes padded results equal unpadded ones)
+--------------------------------------------------------------------
+* Only declared dimensions are padded. `paddable` names, per argument, the axes that may be
+  padded and the dimension each one is: `paddable={"x": {0: "batch", 1: "seq"}, "y": "batch"}`
+  ("batch" alone means {0: "batch"}; a nested dict follows a nested argument, e.g. a dict of
+  features; `paddable="batch"` makes axis 0 of every tensor argument "batch"). Every axis
+  carrying one dimension has the same size in a call. Nothing else is ever padded; without
+  `paddable` nothing is, and each distinct shape is its own executable (still compiled in the
+  background and kept in the bounded cache).
+* Padding appends zeros. The function sees padded tensors, and must not let padded positions
+  reach a result that is not sliced away: per-row results are sliced back (below); whatever
+  reduces over a padded axis (a batch-mean loss, a metric, attention over a sequence) uses the
+  helpers `size(dim)` (the true size, a scalar int32 tensor), `mask(dim)` (bool, True on real
+  positions), `masked_sum` / `masked_mean`; they work the same uncompiled and unpadded, so the
+  function has one code path. Gradients of a masked loss are then exactly the unpadded ones.
+* Outputs: an output axis is sliced back to the true size where shape inference shows that it is
+  a padded dimension (the function is traced once with each padded dimension given a distinct
+  probe size). `output_dims` overrides this: one entry per flattened output, None or
+  {axis: dim}. If an output axis has no static size in that trace, the function is not padded.
+* Detected batch-size dependence: the probe trace is scanned for a padded dimension's size
+  flowing into a computed value (`x / tf.shape(x)[0]`, `tf.size` in Keras' batch-mean losses;
+  into shapes only, as in reshapes, `tf.range` or `tf.sequence_mask(lengths, tf.shape(x)[1])`, it
+  is fine), for `Mean` over a padded axis and for batch normalization in training mode over it;
+  such a dimension is not padded for that function (a warning names it and the op). Ops of the
+  helpers above and gradients are not flagged. The scan cannot see everything (e.g. a plain
+  `tf.reduce_sum` over padded rows that are not zero after a nonlinearity): declare a dimension
+  paddable only if the function masks it.
+
+Compilation
+-----------
+A call never waits for the compiler. Each bucket shape is one tf.function(jit_compile=True)
+concrete function; a background thread traces it and forces its XLA compilation by running it
+once on zeros, with every variable the function writes replaced by a zero-filled shadow copy (so
+the warm-up changes no state; the XLA cache key holds only dtypes and shapes, so the real call
+then finds the executable; the shadows cost one zero copy of each written variable). Until its
+bucket is ready a call runs in the smallest ready larger bucket, else uncompiled (a plain
+tf.function traced once with the declared axes unknown) on its unpadded shape. A function that
+writes a resource other than a variable (e.g. a hash table) cannot be warmed up safely: its
+executables compile at their first real call, which then waits (logged).
+
+Bucket plans (tf_ext.jit.buckets): the first TF_EXT_JIT_MIN_OBSERVATIONS calls run uncompiled and
+fill a histogram of the padded dimensions' sizes. The first plan is one bucket shape, the largest
+sizes seen rounded up (500 -> 512): after one compilation every call runs compiled. Each time the
+number of calls seen doubles and the compiler is idle, the plan grows by the one boundary that
+cuts the padded work most, if it cuts at least TF_EXT_JIT_MIN_GAIN of the unpadded work per
+extra bucket shape, up to TF_EXT_JIT_MAX_BUCKETS shapes; the boundaries already compiled stay.
+So the number of executables grows with the run's proven length (a compilation pays off over
+the calls still to come). If the histogram moves so that the optimal plan with as many shapes
+(exact dynamic programming) cuts the padded work by TF_EXT_JIT_REPLAN_GAIN, that plan replaces it
+(boundaries within 1/8 of a compiled one keep the compiled one). A size above the largest
+boundary (up to TF_EXT_JIT_MAX_SIZE) extends the plan at once; a size above TF_EXT_JIT_MAX_SIZE
+runs uncompiled, with one warning per function. `fn.replan()` makes the optimal plan now.
+
+At most TF_EXT_JIT_MAX_EXECUTABLES executables are kept (least recently used dropped); every
+plan, compile and eviction is logged on the "tf_ext.jit" logger and kept in `fn.events`.
+TensorFlow 2.15 has no API to free an executable from its own XLA cache: dropping ours frees the
+function, its traced graph and our reference, not the XLA executable inside TensorFlow.
+
+Warm restart: `fn.save_plan(path)` writes the plan (boundaries, the size histogram, the bucket
+shapes in use) as JSON, e.g. next to a checkpoint; `function(..., plan_path=path)` reads it back
+and, at the first call, compiles those bucket shapes in the background. TensorFlow's persistent
+XLA cache (--tf_xla_persistent_cache_directory) breaks jit_compile on CPU in 2.15.1, so the
+executables themselves are not persisted: a restart recompiles them, but the right ones, at once.
+"""
+
+import atexit
+import collections
+import contextlib
+import functools
+import inspect
+import json
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from tf_ext import settings
+from tf_ext.jit import buckets as bucket_lib
+
+logger = logging.getLogger("tf_ext.jit")
+
+_PLAN_VERSION = 1
+_HELPER_SCOPE = "tf_ext_jit_helper"
+# Ops that only read a resource variable: others (assignments, optimizer updates, loops) write.
+_READ_ONLY_RESOURCE_OPS = frozenset(
+  {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp"}
+)
+# Inputs that take a shape, a length or an axis: a padded size arriving there builds tensors of
+# the padded shape, which is how padding works (op type -> input indices; None: all inputs).
+_SHAPE_INPUTS = {
+  "Reshape": (1,),
+  "BroadcastTo": (1,),
+  "Fill": (0,),
+  "Tile": (1,),
+  "Range": None,
+  "ExpandDims": (1,),
+  "Slice": (1, 2),
+  "StridedSlice": (1, 2, 3),
+  "Pad": (1,),
+  "PadV2": (1,),
+  "Transpose": (1,),
+  "OneHot": (1,),
+  "Sum": (1,),
+  "Mean": (1,),
+  "Max": (1,),
+  "Min": (1,),
+  "RandomUniform": (0,),
+  "RandomStandardNormal": (0,),
+  "StatelessRandomUniformV2": (0,),
+  "StatelessRandomNormalV2": (0,),
+}
+_INTEGER_TYPES = (tf.int32, tf.int64)
+
+# ---------------------------------------------------------------------------------------------
+# The helpers a function uses inside: size, mask, masked_sum, masked_mean.
+
+_local = threading.local()
+
+
+class _Context:
+  def __init__(self, dims, sizes, lengths):
+    self.dims = dims  # dimension names, in the order of `sizes`
+    self.sizes = sizes  # int32 [len(dims)] tensor: the true sizes
+    self.lengths = lengths  # dim -> (tensor, axis) holding it (padded length)
+
+
+def _context(dim):
+  stack = getattr(_local, "stack", None)
+  if not stack:
+    raise RuntimeError(
+      "tf_ext.jit.size/mask/masked_* work only inside a function made by tf_ext.jit.function"
+    )
+  ctx = stack[-1]
+  if dim not in ctx.dims:
+    raise ValueError(
+      f"tf_ext.jit: {dim!r} is not a padded dimension of this function (it has {ctx.dims}); "
+      "declare it in `paddable`"
+    )
+  return ctx
+
+
+def size(dim="batch"):
+  """The true (unpadded) size of dimension `dim` in this call: a scalar int32 tensor."""
+  ctx = _context(dim)
+  with tf.name_scope(_HELPER_SCOPE):
+    return ctx.sizes[ctx.dims.index(dim)]
+
+
+def _padded_length(ctx, dim):
+  tensor, axis = ctx.lengths[dim]
+  static = tensor.shape[axis]
+  return static if static is not None else tf.shape(tensor)[axis]
+
+
+def mask(dim="batch"):
+  """Bool vector over the (padded) length of `dim`: True at the call's real positions."""
+  ctx = _context(dim)
+  with tf.name_scope(_HELPER_SCOPE):
+    return tf.range(_padded_length(ctx, dim)) < ctx.sizes[ctx.dims.index(dim)]
+
+
+def _masked(values, dim, axis):
+  values = tf.convert_to_tensor(values)
+  rank = values.shape.rank
+  axis = axis % rank
+  shape = [1] * rank
+  shape[axis] = -1
+  valid = tf.reshape(mask(dim), shape)
+  with tf.name_scope(_HELPER_SCOPE):
+    return tf.where(valid, values, tf.zeros_like(values)), valid
+
+
+def _inside():
+  return bool(getattr(_local, "stack", None))
+
+
+def masked_sum(values, dim="batch", axis=0):
+  """Sum of `values` over all its elements but those at padded positions of `dim` on `axis`.
+  Outside a tf_ext.jit function (nothing is padded there): tf.reduce_sum(values)."""
+  if not _inside():
+    return tf.reduce_sum(values)
+  masked, _ = _masked(values, dim, axis)
+  with tf.name_scope(_HELPER_SCOPE):
+    return tf.reduce_sum(masked)
+
+
+def masked_mean(values, dim="batch", axis=0):
+  """Mean of `values` over its real elements: what tf.reduce_mean gives on the unpadded tensor
+  (`dim` on `axis`); e.g. a batch-mean loss from per-example losses. Outside a tf_ext.jit
+  function (nothing is padded there): tf.reduce_mean(values)."""
+  if not _inside():
+    return tf.reduce_mean(values)
+  values = tf.convert_to_tensor(values)
+  masked, _ = _masked(values, dim, axis)
+  with tf.name_scope(_HELPER_SCOPE):
+    length = tf.cast(_padded_length(_context(dim), dim), values.dtype)
+    per_position = tf.cast(tf.size(values), values.dtype) / length
+    count = tf.cast(size(dim), values.dtype) * per_position
+    return tf.reduce_sum(masked) / count
+
+
+# ---------------------------------------------------------------------------------------------
+# The `paddable` declaration.
+
+
+class _Axes:
+  """Leaf of a paddable declaration: {axis: dimension name}."""
+
+  def __init__(self, axes):
+    self.axes = dict(axes)
+
+  def __repr__(self):
+    return f"_Axes({self.axes})"
+
+
+def _normalize_spec(spec, where="paddable"):
+  if spec is None:
+    return None
+  if isinstance(spec, str):
+    return _Axes({0: spec})
+  if isinstance(spec, _Axes):
+    return spec
+  if isinstance(spec, dict) and spec and all(isinstance(k, int) for k in spec):
+    for axis, dim in spec.items():
+      if not isinstance(dim, str) or not dim:
+        raise ValueError(f"{where}: axis {axis} must map to a dimension name, got {dim!r}")
+    return _Axes(spec)
+  if isinstance(spec, dict):
+    return {key: _normalize_spec(value, f"{where}[{key!r}]") for key, value in spec.items()}
+  if isinstance(spec, (list, tuple)):
+    return type(spec)(_normalize_spec(v, f"{where}[{i}]") for i, v in enumerate(spec))
+  raise ValueError(
+    f"{where}: expected a dimension name, {{axis: name}}, or a nested dict/list of those; "
+    f"got {spec!r}"
+  )
+
+
+def _leaf_axes(value, spec):
+  """tf.nest.flatten(value)-aligned list of {axis: dim} (or None) from a normalized spec."""
+  if spec is None:
+    return [None] * len(tf.nest.flatten(value))
+  if isinstance(spec, _Axes):
+    return [spec.axes] * len(tf.nest.flatten(value))
+  if isinstance(spec, dict):
+    if not isinstance(value, collections.abc.Mapping):
+      raise ValueError(f"paddable: {spec!r} is a dict but the argument is {type(value).__name__}")
+    out = []
+    for key in sorted(value):  # tf.nest's order for dicts
+      out += _leaf_axes(value[key], spec.get(key))
+    return out
+  if not isinstance(value, (list, tuple)) or len(value) != len(spec):
+    raise ValueError(f"paddable: {spec!r} does not match the argument's structure")
+  out = []
+  for item, item_spec in zip(value, spec):
+    out += _leaf_axes(item, item_spec)
+  return out
+
+
+def _is_tensor(value):
+  return isinstance(value, (tf.Tensor, np.ndarray)) and not isinstance(value, tf.Variable)
+
+
+def _static_key(value):
+  try:
+    hash(value)
+    return ("value", type(value).__name__, value)
+  except TypeError:
+    return ("id", id(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# A call signature: the argument structure, its static (non-tensor) values, which tensor axes
+# are which padded dimension; its body and plain (uncompiled) function.
+
+
+class _Signature:
+  def __init__(self, owner, key, names, structure, static, tensor_positions, leaf_axes):
+    self.owner = owner
+    self.key = key
+    self.names = names
+    self.structure = structure  # the arguments dict with leaves (for pack_sequence_as)
+    self.static = static  # position -> value
+    self.tensor_positions = tensor_positions
+    self.leaf_axes = leaf_axes  # per tensor: {axis: dim}
+    dims = []
+    for axes in leaf_axes:
+      for dim in axes.values():
+        if dim not in dims:
+          dims.append(dim)
+    self.declared_dims = tuple(dims)
+    self.dims = tuple(dims)  # the padded ones (detection may drop some)
+    self.output_dims = None  # per flat output: {axis: dim} (set by the probe)
+    self.probed = False
+    self.plain = tf.function(self.body, reduce_retracing=True)
+
+  def effective_axes(self, index):
+    return {a: d for a, d in self.leaf_axes[index].items() if d in self.dims}
+
+  def lengths_in(self, tensors):
+    out = {}
+    for index, tensor in enumerate(tensors):
+      for axis, dim in self.leaf_axes[index].items():
+        out.setdefault(dim, (tensor, axis))
+    return out
+
+  def body(self, sizes, *tensors):
+    leaves = [None] * (len(self.static) + len(tensors))
+    for position, value in self.static.items():
+      leaves[position] = value
+    for position, tensor in zip(self.tensor_positions, tensors):
+      leaves[position] = tensor
+    arguments = tf.nest.pack_sequence_as(self.structure, leaves)
+    bound = inspect.BoundArguments(self.owner._signature, collections.OrderedDict(arguments))
+    stack = _local.__dict__.setdefault("stack", [])
+    stack.append(_Context(self.declared_dims, sizes, self.lengths_in(tensors)))
+    try:
+      return self.owner._fn(*bound.args, **bound.kwargs)
+    finally:
+      stack.pop()
+
+
+class _Executable:
+  def __init__(self, signature, key, buckets, shapes, reason):
+    self.signature = signature
+    self.key = key
+    self.buckets = buckets  # tuple aligned with signature.dims
+    self.shapes = shapes  # padded shape of each tensor
+    self.reason = reason
+    self.concrete = None
+    self.state = "queued"  # queued -> ready | failed; evicted at any time
+    self.seconds = None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Function:
+  """A function compiled with XLA per bucket of its padded dimensions; see the module doc."""
+
+  def __init__(
+    self,
+    fn,
+    *,
+    paddable=None,
+    output_dims=None,
+    max_executables=None,
+    max_buckets=None,
+    max_size=None,
+    min_observations=None,
+    min_gain=None,
+    replan_gain=None,
+    async_compile=None,
+    plan_path=None,
+    name=None,
+  ):
+    def setting(env_name, value):
+      return settings.get(env_name, None if value is None else str(value))
+
+    self._fn = fn
+    functools.update_wrapper(self, fn)
+    self._signature = inspect.signature(fn)
+    self.name = name or getattr(fn, "__name__", "function")
+    if isinstance(paddable, str):
+      self._paddable = paddable  # axis 0 of every tensor
+    else:
+      self._paddable = _normalize_spec(paddable)
+      if self._paddable is not None and not isinstance(self._paddable, dict):
+        raise ValueError("paddable: expected a dimension name or {argument name: axes}")
+      for key in self._paddable or {}:
+        if key not in self._signature.parameters:
+          raise ValueError(f"paddable: {self.name} has no argument {key!r}")
+    self._output_dims = output_dims
+    self.max_executables = setting("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
+    self.max_buckets = setting("TF_EXT_JIT_MAX_BUCKETS", max_buckets)
+    if isinstance(max_size, dict):
+      self._max_sizes = {d: setting("TF_EXT_JIT_MAX_SIZE", v) for d, v in max_size.items()}
+      self._default_max_size = setting("TF_EXT_JIT_MAX_SIZE", None)
+    else:
+      self._max_sizes = {}
+      self._default_max_size = setting("TF_EXT_JIT_MAX_SIZE", max_size)
+    self.min_observations = setting("TF_EXT_JIT_MIN_OBSERVATIONS", min_observations)
+    self.min_gain = setting("TF_EXT_JIT_MIN_GAIN", min_gain)
+    self.replan_gain = setting("TF_EXT_JIT_REPLAN_GAIN", replan_gain)
+    if isinstance(async_compile, bool):
+      async_compile = int(async_compile)
+    self.async_compile = setting("TF_EXT_JIT_ASYNC", async_compile)
+
+    self._signatures = {}
+    self._cache = collections.OrderedDict()  # executable key -> _Executable, LRU first
+    self._lock = threading.RLock()
+    # Per dims tuple: joint histogram {sizes: count}, plan (boundaries per dim), next check.
+    self._joint = {}
+    self._plans = {}
+    self._next_check = {}
+    self._last_plan_at = {}
+    self._warm = {}  # dims -> bucket tuples to compile at the first call (from a saved plan)
+    self._warned_oversize = False
+    self._disabled = None  # reason compilation is off for good (e.g. XLA cannot compile it)
+    self.events = []  # dicts: plan / compile / evict / oversize / fallback, in order
+    self.stats = collections.Counter()  # compiled, larger_bucket, uncompiled, oversize calls
+    self._queue = collections.deque()
+    self._pending = 0
+    self._cond = threading.Condition(self._lock)
+    self._resume = threading.Event()
+    self._resume.set()
+    self._closed = False
+    self._thread = None
+    self._shadows = {}  # id(variable) -> (variable, shadow)
+    self._bound_methods = {}
+    self._exact_seen = {}
+    _LIVE.add(self)
+    if plan_path is not None:
+      self.load_plan(plan_path)
+
+  # -- public -----------------------------------------------------------------------------------
+
+  @property
+  def compiles(self):
+    """Compilations finished so far (each logged with its reason and duration)."""
+    return sum(1 for e in self.events if e["event"] == "compile")
+
+  def executables(self):
+    """The cached executables, least recently used first: (dims, buckets, state)."""
+    with self._lock:
+      return [(e.signature.dims, e.buckets, e.state) for e in self._cache.values()]
+
+  def plan(self):
+    """{dims tuple: boundaries per dim} currently in force."""
+    with self._lock:
+      return dict(self._plans)
+
+  def wait_for_compiles(self, timeout=None):
+    """Block until no compilation is queued or running (tests, benchmarks, before serving).
+    Returns False on timeout. Calls themselves never need this."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with self._cond:
+      while self._pending:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+          return False
+        self._cond.wait(left)
+    return True
+
+  @contextlib.contextmanager
+  def compiles_paused(self):
+    """Within this block the background compiler starts no compilation (e.g. to keep its CPU
+    for a latency-critical phase); calls go on as usual (uncompiled or in ready buckets)."""
+    self._resume.clear()
+    try:
+      yield
+    finally:
+      self._resume.set()
+
+  def replan(self):
+    """Plan the buckets again from the histogram now (normally done on a schedule)."""
+    with self._lock:
+      for dims in list(self._joint):
+        self._make_plan(dims, force=True, reason="replan (requested)")
+
+  def close(self):
+    """Stops the background compiler (the running compilation finishes first)."""
+    with self._cond:
+      self._closed = True
+      self._queue.clear()
+      self._pending = 0
+      self._cond.notify_all()
+    self._resume.set()
+    if self._thread is not None:
+      self._thread.join()
+
+  def save_plan(self, path):
+    """Writes the bucket plan as JSON (atomically). A directory gets
+    `tf_ext_jit_plan.<name>.json` in it. Returns the file's path."""
+    path = self._plan_file(path)
+    with self._lock:
+      entries = []
+      for dims, plan in self._plans.items():
+        joint = self._joint.get(dims, {})
+        in_use = [list(e.buckets) for e in self._cache.values() if e.signature.dims == dims]
+        entries.append(
+          {
+            "dims": list(dims),
+            "boundaries": [list(b) for b in plan],
+            "histogram": [list(k) + [c] for k, c in sorted(joint.items())],
+            "buckets": in_use[::-1],  # most recently used first
+          }
+        )
+    data = {"version": _PLAN_VERSION, "function": self.name, "plans": entries}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      json.dump(data, f)
+    os.replace(tmp, path)
+    logger.info("tf_ext.jit: %s: saved its bucket plan to %s", self.name, path)
+    return path
+
+  def load_plan(self, path):
+    """Reads a plan written by save_plan; its bucket shapes are compiled at the first call.
+    A missing file is not an error (a first run): returns False."""
+    path = self._plan_file(path)
+    if not os.path.exists(path):
+      logger.info("tf_ext.jit: %s: no saved plan at %s (first run)", self.name, path)
+      return False
+    with open(path) as f:
+      data = json.load(f)
+    if data.get("version") != _PLAN_VERSION:
+      raise ValueError(f"{path}: plan version {data.get('version')}, expected {_PLAN_VERSION}")
+    with self._lock:
+      for entry in data["plans"]:
+        dims = tuple(entry["dims"])
+        plan = tuple(tuple(int(b) for b in bounds) for bounds in entry["boundaries"])
+        if len(plan) != len(dims):
+          raise ValueError(f"{path}: {len(plan)} boundary lists for dims {dims}")
+        joint = {tuple(int(v) for v in row[:-1]): int(row[-1]) for row in entry["histogram"]}
+        self._plans[dims] = plan
+        self._joint[dims] = joint
+        seen = sum(joint.values())
+        self._last_plan_at[dims] = seen
+        self._next_check[dims] = max(2 * seen, self.min_observations)
+        self._warm[dims] = [tuple(int(v) for v in b) for b in entry["buckets"]]
+        self._event("plan", dims=dims, boundaries=plan, reason=f"warm restart from {path}")
+    return True
+
+  def __get__(self, instance, owner):
+    if instance is None:
+      return self
+    bound = self._bound_methods.get(id(instance))
+    if bound is None:
+      bound = Function(functools.partial(self._fn, instance), **self._options())
+      self._bound_methods[id(instance)] = bound
+    return bound
+
+  # -- calls ------------------------------------------------------------------------------------
+
+  def __call__(self, *args, **kwargs):
+    bound = self._signature.bind(*args, **kwargs)
+    arguments = dict(bound.arguments)
+    leaves = tf.nest.flatten(arguments)
+    signature = self._signature_for(arguments, leaves)
+    tensors = [tf.convert_to_tensor(leaves[p]) for p in signature.tensor_positions]
+    if not signature.probed:
+      if signature.declared_dims:  # one trace for every size of the declared dimensions
+        relaxed = [tf.TensorSpec([len(signature.declared_dims)], tf.int32)]
+        for index, tensor in enumerate(tensors):
+          shape = list(tensor.shape)
+          for axis in signature.leaf_axes[index]:
+            shape[axis] = None
+          relaxed.append(tf.TensorSpec(shape, tensor.dtype))
+        signature.plain.get_concrete_function(*relaxed)
+      result = signature.plain(self._exact_sizes(signature, tensors), *tensors)
+      self.stats["uncompiled"] += 1
+      self._probe(signature, tensors)
+      self._after_first_call(signature, tensors)
+      self._observe_and_plan(signature, tensors)
+      return result
+
+    all_sizes = self._sizes(signature, tensors)
+    sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
+    too_large = [(dim, n) for dim, n in zip(signature.dims, sizes) if n > self._max_size_of(dim)]
+    if too_large:
+      return self._run_oversize(signature, tensors, too_large)
+    requests = []
+    with self._lock:
+      self._observe(signature.dims, sizes)
+      before = self._plans.get(signature.dims)
+      plan = self._maybe_plan(signature.dims, sizes)
+      if plan is not None and plan != before and self._disabled is None:
+        requests += self._plan_requests(signature, tensors, plan, before)
+      choice = None
+      if plan is not None and self._disabled is None:
+        buckets = tuple(bucket_lib.bucket_of(n, b) for n, b in zip(sizes, plan))
+        if None not in buckets:
+          key, shapes = self._key(signature, tensors, buckets)
+          exe = self._cache.get(key)
+          if exe is not None and exe.state == "ready":
+            self._cache.move_to_end(key)
+            choice = exe
+          else:
+            if exe is None and (signature.dims or self._seen_again(key)):
+              reason = "new bucket" if signature.dims else "shape seen again"
+              requests.append((signature, key, buckets, shapes, reason))
+            choice = self._ready_larger(signature, tensors, sizes)
+            if choice is not None:
+              self._cache.move_to_end(choice.key)
+    if not self.async_compile and self._disabled is None and plan is not None:
+      for request in requests:  # compile in this call, like tf.function(jit_compile=True)
+        self._enqueue(*request)
+      requests = []
+      if self._queue:
+        choice = self._sync_ready(signature, tensors, sizes)
+    if choice is None:
+      self.stats["uncompiled"] += 1
+      result = signature.plain(tf.constant(all_sizes, tf.int32), *tensors)
+    else:
+      self.stats["compiled" if choice.buckets == buckets else "larger_bucket"] += 1
+      result = self._run(choice, signature, tensors, all_sizes)
+    for request in requests:
+      self._enqueue(*request)
+    return result
+
+  def _plan_requests(self, signature, tensors, plan, before):
+    """A new plan's bucket shapes to compile: first the one holding every size (so that every
+    call has a ready bucket after one compilation), then the others the histogram uses, most
+    used first; at most max_executables."""
+    joint = self._joint.get(signature.dims, {})
+    uses = collections.Counter()
+    for sizes, count in joint.items():
+      combo = tuple(bucket_lib.bucket_of(n, b) for n, b in zip(sizes, plan))
+      if None not in combo:
+        uses[combo] += count
+    top = tuple(b[-1] for b in plan)
+    order = [top] + [c for c, _ in uses.most_common() if c != top]
+    reason = "first plan" if before is None else "new plan"
+    out = []
+    for combo in order[: self.max_executables]:
+      key, shapes = self._key(signature, tensors, combo)
+      if key not in self._cache:
+        out.append((signature, key, combo, shapes, reason, combo == top))
+    return out
+
+  # -- internals: signatures, sizes, keys -------------------------------------------------------
+
+  def _options(self):
+    return dict(
+      paddable=self._paddable,
+      output_dims=self._output_dims,
+      max_executables=self.max_executables,
+      max_buckets=self.max_buckets,
+      max_size=dict(self._max_sizes) or self._default_max_size,
+      min_observations=self.min_observations,
+      min_gain=self.min_gain,
+      replan_gain=self.replan_gain,
+      async_compile=self.async_compile,
+      name=self.name,
+    )
+
+  def _plan_file(self, path):
+    path = os.fspath(path)
+    if os.path.isdir(path):
+      return os.path.join(path, f"tf_ext_jit_plan.{self.name}.json")
+    return path
+
+  def _signature_for(self, arguments, leaves):
+    parts = []
+    for leaf in leaves:
+      if _is_tensor(leaf):
+        dtype = leaf.dtype if isinstance(leaf, tf.Tensor) else tf.as_dtype(leaf.dtype)
+        parts.append(("tensor", dtype.name, len(leaf.shape)))
+      else:
+        parts.append(_static_key(leaf))
+    structure = tf.nest.map_structure(lambda _: 0, arguments)
+    key = (repr(structure), tuple(parts))
+    signature = self._signatures.get(key)
+    if signature is not None:
+      return signature
+    positions = [i for i, leaf in enumerate(leaves) if _is_tensor(leaf)]
+    static = {i: leaf for i, leaf in enumerate(leaves) if not _is_tensor(leaf)}
+    leaf_axes = []
+    if isinstance(self._paddable, str):
+      leaf_axes = [{0: self._paddable} if len(leaves[p].shape) >= 1 else {} for p in positions]
+    else:
+      spec = {name: (self._paddable or {}).get(name) for name in arguments}
+      per_leaf = _leaf_axes(arguments, spec)
+      for p in positions:
+        axes = per_leaf[p] or {}
+        rank = len(leaves[p].shape)
+        for axis in axes:
+          if not -rank <= axis < rank:
+            raise ValueError(
+              f"paddable: axis {axis} of {self.name}'s argument (rank {rank}) does not exist"
+            )
+        leaf_axes.append({a % rank: d for a, d in axes.items()})
+    signature = _Signature(self, key, list(arguments), structure, static, positions, leaf_axes)
+    self._signatures[key] = signature
+    return signature
+
+  def _sizes(self, signature, tensors):
+    """The sizes of the declared dimensions (all, padded or not), in declared order."""
+    found = {}
+    for index, tensor in enumerate(tensors):
+      for axis, dim in signature.leaf_axes[index].items():
+        n = int(tensor.shape[axis])
+        if found.setdefault(dim, n) != n:
+          raise ValueError(
+            f"tf_ext.jit: {self.name}: dimension {dim!r} has sizes {found[dim]} and {n} in one "
+            "call (every axis declared as one dimension must have the same size)"
+          )
+    return tuple(found[dim] for dim in signature.declared_dims)
+
+  def _exact_sizes(self, signature, tensors):
+    return tf.constant(self._sizes(signature, tensors), tf.int32)
+
+  def _max_size_of(self, dim):
+    return self._max_sizes.get(dim, self._default_max_size)
+
+  def _key(self, signature, tensors, buckets):
+    bucket_of_dim = dict(zip(signature.dims, buckets))
+    shapes = []
+    for index, tensor in enumerate(tensors):
+      shape = list(tensor.shape)
+      for axis, dim in signature.effective_axes(index).items():
+        shape[axis] = bucket_of_dim[dim]
+      shapes.append(tuple(shape))
+    dtypes = tuple(t.dtype.name for t in tensors)
+    return (signature.key, tuple(shapes), dtypes), tuple(shapes)
+
+  def _seen_again(self, key):
+    """Without padded dimensions every shape is its own executable: compile one only when it
+    comes back, so that a stream of one-off shapes does not keep the compiler busy."""
+    seen = self._exact_seen
+    if key in seen:
+      return True
+    seen[key] = True
+    if len(seen) > 4096:
+      seen.pop(next(iter(seen)))
+    return False
+
+  def _family(self, signature, tensors):
+    shapes = []
+    for index, tensor in enumerate(tensors):
+      shape = list(tensor.shape)
+      for axis in signature.effective_axes(index):
+        shape[axis] = -1
+      shapes.append(tuple(shape))
+    return tuple(shapes)
+
+  def _ready_larger(self, signature, tensors, sizes):
+    family = self._family(signature, tensors)
+    best, best_volume = None, None
+    for exe in self._cache.values():
+      if exe.state != "ready" or exe.signature is not signature:
+        continue
+      if any(b < n for b, n in zip(exe.buckets, sizes)):
+        continue
+      if self._family_of_shapes(signature, exe.shapes) != family:
+        continue
+      volume = math.prod(exe.buckets)
+      if best is None or volume < best_volume:
+        best, best_volume = exe, volume
+    return best
+
+  def _family_of_shapes(self, signature, shapes):
+    out = []
+    for index, shape in enumerate(shapes):
+      shape = list(shape)
+      for axis in signature.effective_axes(index):
+        shape[axis] = -1
+      out.append(tuple(shape))
+    return tuple(out)
+
+  # -- internals: running -----------------------------------------------------------------------
+
+  def _run(self, exe, signature, tensors, sizes):
+    bucket_of_dim = dict(zip(signature.dims, exe.buckets))
+    padded = []
+    for index, tensor in enumerate(tensors):
+      axes = signature.effective_axes(index)
+      if axes:
+        paddings = [[0, 0] for _ in range(len(tensor.shape))]
+        for axis, dim in axes.items():
+          paddings[axis][1] = bucket_of_dim[dim] - int(tensor.shape[axis])
+        if any(p[1] for p in paddings):
+          tensor = tf.pad(tensor, paddings)
+      padded.append(tensor)
+    result = exe.concrete(tf.constant(sizes, tf.int32), *padded)
+    if not signature.dims:
+      return result
+    true_size = dict(zip(signature.declared_dims, sizes))
+    flat = tf.nest.flatten(result)
+    out = []
+    for value, axes in zip(flat, signature.output_dims):
+      if axes and isinstance(value, tf.Tensor):
+        begin = [0] * len(value.shape)
+        extent = [-1] * len(value.shape)
+        for axis, dim in axes.items():
+          extent[axis] = true_size[dim]
+        value = tf.slice(value, begin, extent)
+      out.append(value)
+    return tf.nest.pack_sequence_as(result, out)
+
+  def _run_oversize(self, signature, tensors, too_large):
+    self.stats["oversize"] += 1
+    if not self._warned_oversize:
+      self._warned_oversize = True
+      what = ", ".join(f"{dim}={n} > {self._max_size_of(dim)}" for dim, n in too_large)
+      logger.warning(
+        "tf_ext.jit: %s: %s exceeds TF_EXT_JIT_MAX_SIZE: such calls run uncompiled (warned once)",
+        self.name,
+        what,
+      )
+      self._event("oversize", dims=signature.dims, sizes=tuple(n for _, n in too_large))
+    return signature.plain(self._exact_sizes(signature, tensors), *tensors)
+
+  # -- internals: probing the traced function ---------------------------------------------------
+
+  def _probe(self, signature, tensors):
+    """Output dims by shape inference, and padded dims the function depends on by size."""
+    signature.probed = True
+    if not signature.dims:
+      signature.output_dims = None
+      return
+    probe_of = dict(zip(signature.dims, _probe_sizes(self, len(signature.dims))))
+    specs = []
+    for index, tensor in enumerate(tensors):
+      shape = list(tensor.shape)
+      for axis, dim in signature.effective_axes(index).items():
+        shape[axis] = probe_of[dim]
+      specs.append(tf.TensorSpec(shape, tensor.dtype))
+    sizes_spec = tf.TensorSpec([len(signature.declared_dims)], tf.int32)
+    try:
+      concrete = tf.function(signature.body).get_concrete_function(sizes_spec, *specs)
+    except Exception as error:  # e.g. it needs its exact static shapes
+      logger.warning(
+        "tf_ext.jit: %s: cannot trace it with padded dimensions %s (%s: %s); not padding",
+        self.name,
+        signature.dims,
+        type(error).__name__,
+        str(error).splitlines()[0][:300] if str(error) else "",
+      )
+      self._event("not padded", dims=signature.dims, reason="probe trace failed")
+      signature.dims, signature.output_dims = (), None
+      return
+    dim_of_probe = {v: d for d, v in probe_of.items()}
+    flagged = {}
+    for op in concrete.graph.get_operations():
+      if _HELPER_SCOPE in op.name or op.name.startswith("gradient_tape/"):
+        continue
+      for dim in self._depends_on_size(op, dim_of_probe):
+        flagged.setdefault(dim, f"{op.type} op {op.name!r}")
+    unknown = False
+    output_dims = []
+    for value in tf.nest.flatten(concrete.structured_outputs):
+      axes = {}
+      if isinstance(value, tf.Tensor):
+        if value.shape.rank is None:
+          unknown = True
+        else:
+          for axis, n in enumerate(value.shape):
+            if n is None:
+              unknown = True
+            elif n in dim_of_probe:
+              axes[axis] = dim_of_probe[n]
+      output_dims.append(axes)
+    if self._output_dims is not None:
+      output_dims = [dict(a or {}) for a in self._output_dims]
+      unknown = False
+    drop = set(flagged)
+    if unknown:
+      drop = set(signature.dims)
+      logger.warning(
+        "tf_ext.jit: %s: an output's shape is unknown when traced with padded dimensions %s; "
+        "not padding (pass output_dims to say which output axes to slice)",
+        self.name,
+        signature.dims,
+      )
+    for dim, where in flagged.items():
+      logger.warning(
+        "tf_ext.jit: %s: its result depends on the size of %r (%s): not padding %r; use "
+        "tf_ext.jit.size/mask/masked_mean to make it paddable",
+        self.name,
+        dim,
+        where,
+        dim,
+      )
+    if drop:
+      self._event("not padded", dims=tuple(sorted(drop)), reason=dict(flagged) or "unknown")
+      signature.dims = tuple(d for d in signature.dims if d not in drop)
+      output_dims = [{a: d for a, d in axes.items() if d not in drop} for axes in output_dims]
+    signature.output_dims = output_dims
+
+  @staticmethod
+  def _depends_on_size(op, dim_of_probe):
+    found = set()
+
+    def has_probe(shape):
+      return [dim_of_probe[n] for n in (shape.as_list() if shape.rank else []) if n in dim_of_probe]
+
+    if op.type == "Const":
+      value = op.get_attr("value")
+      if len(value.tensor_shape.dim) <= 1 and value.dtype in (3, 9):  # int32, int64
+        array = tf.make_ndarray(value).reshape(-1)
+        hits = [dim_of_probe[int(v)] for v in array[:64] if int(v) in dim_of_probe]
+        if hits and _reaches_values(op):
+          found.update(hits)
+    elif op.type == "Mean" and op.inputs:
+      before, after = has_probe(op.inputs[0].shape), has_probe(op.outputs[0].shape)
+      found.update(d for d in before if before.count(d) > after.count(d))
+    elif op.type.startswith("FusedBatchNorm") and op.get_attr("is_training"):
+      # Statistics over every axis but the channels' (Keras' LayerNormalization puts the rows
+      # on the channel axis: per-row statistics, which padding does not change).
+      shape = op.inputs[0].shape
+      if shape.rank:
+        channel = 1 if op.get_attr("data_format") in (b"NCHW", "NCHW") else shape.rank - 1
+        dims = shape.as_list()
+        found.update(
+          dim_of_probe[n] for i, n in enumerate(dims) if i != channel and n in dim_of_probe
+        )
+    return found
+
+  # -- internals: plans -------------------------------------------------------------------------
+
+  def _observe_and_plan(self, signature, tensors):
+    if not signature.dims:
+      return
+    all_sizes = self._sizes(signature, tensors)
+    sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
+    if any(n > self._max_size_of(d) for d, n in zip(signature.dims, sizes)):
+      return
+    with self._lock:
+      self._observe(signature.dims, sizes)
+      before = self._plans.get(signature.dims)
+      plan = self._maybe_plan(signature.dims, sizes)
+      requests = []
+      if plan is not None and plan != before and self._disabled is None:
+        requests = self._plan_requests(signature, tensors, plan, before)
+    for request in requests:
+      self._enqueue(*request)
+
+  def _observe(self, dims, sizes):
+    if not dims:
+      return
+    joint = self._joint.setdefault(dims, {})
+    joint[sizes] = joint.get(sizes, 0) + 1
+
+  def _maybe_plan(self, dims, sizes):
+    if not dims:
+      return ()
+    plan = self._plans.get(dims)
+    seen = sum(self._joint.get(dims, {}).values())
+    if plan is None:
+      if seen >= self.min_observations:
+        # One bucket shape to start: every call runs compiled after a single compilation.
+        joint = self._joint[dims]
+        first = tuple(
+          (self._round_up(max(sizes[d] for sizes in joint), dims[d]),) for d in range(len(dims))
+        )
+        self._plans[dims] = first
+        self._next_check[dims] = 2 * seen
+        self._event("plan", dims=dims, boundaries=first, reason="first plan")
+        return first
+      return None
+    if any(n > bounds[-1] for n, bounds in zip(sizes, plan)):
+      return self._extend(dims, plan, sizes)
+    if seen >= self._next_check.get(dims, 0) and not self._pending:
+      # Each time the calls seen double (the run has proven that long again), one more
+      # bucket if it pays; a distribution that moved gets a new plan.
+      self._next_check[dims] = 2 * seen
+      replanned = self._make_plan(dims, force=False, reason="replan")
+      if replanned != plan:
+        return replanned
+      joint = self._joint[dims]
+      grown = bucket_lib.grow(joint, plan, self.max_buckets, self.min_gain)
+      if grown != plan:
+        self._plans[dims] = grown
+        self._event("plan", dims=dims, boundaries=grown, reason=f"grown after {seen} calls")
+      return grown
+    return plan
+
+  def _extend(self, dims, plan, sizes):
+    """A size above the plan: a new top boundary (with a little headroom), added if the bucket
+    budget allows, else replacing the old top (whose executable still serves smaller sizes)."""
+    new = [tuple(b) for b in plan]
+    for d, n in enumerate(sizes):
+      if n > new[d][-1]:
+        top = self._round_up(n, dims[d])
+        grown = math.prod(len(b) for b in new) // len(new[d]) * (len(new[d]) + 1)
+        new[d] = new[d] + (top,) if grown <= self.max_buckets else new[d][:-1] + (top,)
+    new = tuple(new)
+    self._plans[dims] = new
+    self._event("plan", dims=dims, boundaries=new, reason=f"size {sizes} above the plan")
+    return new
+
+  def _round_up(self, n, dim):
+    """A top boundary for size n with headroom (so that the next larger size seen does not
+    need a new executable): n rounded up to a multiple of 1/8 of its power of two (500 -> 512,
+    200 -> 208), at most the dimension's maximum size."""
+    step = 2 ** max(0, int(math.floor(math.log2(max(n, 1)))) - 3)
+    return min(self._max_size_of(dim), int(math.ceil(n / step)) * step)
+
+  def _make_plan(self, dims, force, reason):
+    joint = self._joint.get(dims)
+    if not joint:
+      return self._plans.get(dims)
+    old = self._plans.get(dims)
+    budget = self.max_buckets
+    if old is not None and not force:  # as many bucket shapes as now: has the histogram moved?
+      budget = min(budget, math.prod(len(b) for b in old))
+    new = bucket_lib.plan(joint, len(dims), budget, 0.0 if not force else self.min_gain)
+    if old is not None:  # keep compiled boundaries that are close (at most 1/8 larger)
+      new = tuple(
+        tuple(sorted({min((o for o in ob if b <= o <= b * 1.125), default=b) for b in nb}))
+        for nb, ob in zip(new, old)
+      )
+    if old is not None and not force:
+      old_cost = bucket_lib.joint_cost(joint, old)
+      new_cost = bucket_lib.joint_cost(joint, new)
+      work = sum(c * math.prod(s) for s, c in joint.items()) or 1
+      if new == old or (old_cost - new_cost) / work < self.replan_gain:
+        return old
+    self._plans[dims] = new
+    self._last_plan_at[dims] = sum(joint.values())
+    self._next_check.setdefault(dims, 2 * sum(joint.values()))
+    self._event("plan", dims=dims, boundaries=new, reason=reason)
+    return new
+
+  def _after_first_call(self, signature, tensors):
+    """Warm restart: compile the saved plan's bucket shapes now that the function has run once
+    (its variables exist)."""
+    warm = self._warm.pop(signature.dims, None)
+    if not warm or self._disabled is not None:
+      return
+    for buckets in warm[: self.max_executables]:
+      key, shapes = self._key(signature, tensors, tuple(buckets))
+      if key not in self._cache:
+        self._enqueue(signature, key, tuple(buckets), shapes, "warm restart")
+
+  # -- internals: the compiler ------------------------------------------------------------------
+
+  def _event(self, event, **fields):
+    record = dict(event=event, time=time.time(), **fields)
+    self.events.append(record)
+    if event == "plan":
+      bounds = ", ".join(f"{d}: {list(b)}" for d, b in zip(fields["dims"], fields["boundaries"]))
+      logger.info("tf_ext.jit: %s: bucket plan %s (%s)", self.name, bounds, fields["reason"])
+
+  def _enqueue(self, signature, key, buckets, shapes, reason, first=False):
+    """Queues a compilation (`first`: ahead of the others, e.g. the bucket holding every size);
+    drops the least recently used executables beyond max_executables."""
+    with self._cond:
+      if key in self._cache or self._closed:
+        return
+      exe = _Executable(signature, key, buckets, shapes, reason)
+      self._cache[key] = exe
+      while len(self._cache) > self.max_executables:
+        old_key, old = next(iter(self._cache.items()))
+        del self._cache[old_key]
+        previous = old.state
+        old.state = "evicted"
+        old.concrete = None
+        self._event("evict", dims=old.signature.dims, buckets=old.buckets, state=previous)
+        logger.info(
+          "tf_ext.jit: %s: dropped the least recently used executable %s (%s)",
+          self.name,
+          _describe(old.signature.dims, old.buckets),
+          previous,
+        )
+      if first:
+        self._queue.appendleft(exe)
+      else:
+        self._queue.append(exe)
+      self._pending += 1
+      if self.async_compile and self._thread is None:
+        self._thread = threading.Thread(
+          target=self._worker, name=f"tf_ext.jit:{self.name}", daemon=True
+        )
+        self._thread.start()
+      self._cond.notify_all()
+
+  def _sync_ready(self, signature, tensors, sizes):
+    while True:
+      with self._cond:
+        if not self._queue:
+          break
+        exe = self._queue.popleft()
+      self._compile(exe)
+    with self._lock:
+      return self._ready_larger(signature, tensors, sizes)
+
+  def _worker(self):
+    while True:
+      with self._cond:
+        while not self._queue and not self._closed:
+          self._cond.wait()
+        if self._closed:
+          return
+      self._resume.wait()
+      with self._cond:
+        if self._closed or not self._queue:
+          continue
+        exe = self._queue.popleft()
+      self._compile(exe)
+
+  def _compile(self, exe):
+    try:
+      if exe.state == "evicted" or self._disabled is not None:
+        return
+      start = time.perf_counter()
+      signature = exe.signature
+      specs = [tf.TensorSpec([len(signature.declared_dims)], tf.int32)]
+      specs += [tf.TensorSpec(s, tf.as_dtype(d)) for s, d in zip(exe.shapes, exe.key[2])]
+      compiled = tf.function(signature.body, jit_compile=True, input_signature=specs)
+      concrete = compiled.get_concrete_function()
+      warm_sizes = {}
+      for index, shape in enumerate(exe.shapes):
+        for axis, dim in signature.leaf_axes[index].items():
+          warm_sizes[dim] = shape[axis]
+      zeros = [tf.constant([warm_sizes[d] for d in signature.declared_dims], tf.int32)]
+      zeros += [tf.zeros(s.shape, s.dtype) for s in specs[1:]]
+      captures = self._shadow_captures(concrete)
+      if captures is None:
+        exe.concrete = concrete  # compiles at its first real call (cannot warm it safely)
+        note = "compiles at first use: it writes a resource that is not a variable"
+      else:
+        concrete._call_flat(zeros, captures)
+        note = ""
+      exe.seconds = time.perf_counter() - start
+      exe.concrete = concrete
+      with self._lock:
+        if exe.state != "evicted":
+          exe.state = "ready"
+        count = sum(1 for e in self._cache.values() if e.state == "ready")
+        self._event(
+          "compile",
+          dims=signature.dims,
+          buckets=exe.buckets,
+          reason=exe.reason,
+          seconds=exe.seconds,
+        )
+      logger.info(
+        "tf_ext.jit: %s: compiled %s (%s) in %.2f s; %d/%d executables ready%s",
+        self.name,
+        _describe(signature.dims, exe.buckets) if signature.dims else str(exe.shapes),
+        exe.reason,
+        exe.seconds,
+        count,
+        self.max_executables,
+        f"; {note}" if note else "",
+      )
+    except Exception as error:  # XLA cannot compile it: run uncompiled from now on
+      exe.state = "failed"
+      with self._lock:
+        self._disabled = f"{type(error).__name__}: {error}"
+        self._event("compile failed", dims=exe.signature.dims, buckets=exe.buckets)
+      logger.warning(
+        "tf_ext.jit: %s: XLA compilation failed, running uncompiled from now on: %s",
+        self.name,
+        self._disabled.splitlines()[0][:500],
+      )
+    finally:
+      with self._cond:
+        self._pending = max(0, self._pending - 1)
+        self._cond.notify_all()
+
+  def _shadow_captures(self, concrete):
+    """The captured inputs with each written variable replaced by its zero shadow; None if a
+    written resource is not a variable."""
+    captures = list(concrete.captured_inputs)
+    placeholders = list(concrete.graph.internal_captures)
+    variables = {}
+    for variable in concrete.variables:
+      variables[id(variable.handle)] = variable
+    out = []
+    for capture, placeholder in zip(captures, placeholders):
+      if capture.dtype != tf.resource:
+        out.append(capture)
+        continue
+      consumers = placeholder.consumers()
+      if all(c.type in _READ_ONLY_RESOURCE_OPS for c in consumers):
+        out.append(capture)
+        continue
+      variable = variables.get(id(capture))
+      if variable is None:
+        return None
+      entry = self._shadows.get(id(variable))
+      if entry is None:
+        with tf.init_scope():
+          shadow = tf.Variable(tf.zeros_like(variable), trainable=False, name="tf_ext_jit_shadow")
+        entry = self._shadows[id(variable)] = (variable, shadow)
+      out.append(entry[1].handle)
+    return out
+
+
+def _reaches_values(const):
+  """Whether a constant holding a padded size flows (through integer shape arithmetic) into a
+  value the function computes (e.g. x / batch_size), rather than only into shapes (reshape,
+  range, sequence masks): the former depends on the size, the latter is what padding expects."""
+  seen, frontier = set(), [const]
+  while frontier:
+    op = frontier.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    for output in op.outputs:
+      for consumer in output.consumers():
+        if _HELPER_SCOPE in consumer.name or consumer.name.startswith("gradient_tape/"):
+          continue
+        positions = [i for i, t in enumerate(consumer.inputs) if t is output]
+        allowed = _SHAPE_INPUTS.get(consumer.type, ())
+        if allowed is None or all(i in allowed for i in positions):
+          continue  # used as a shape
+        if consumer.outputs and all(t.dtype in _INTEGER_TYPES for t in consumer.outputs):
+          frontier.append(consumer)  # integer (shape) arithmetic: follow it
+        else:
+          return True
+  return False
+
+
+def _probe_sizes(owner, count):
+  """Distinct primes above every maximum size: no real padded size equals one, and their
+  products stay small enough for int32 shape arithmetic."""
+  top = max([owner._default_max_size, *owner._max_sizes.values()])
+  out, n = [], top + 101
+  while len(out) < count:
+    n += 1
+    if all(n % p for p in range(2, int(n**0.5) + 1)):
+      out.append(n)
+  return out
+
+
+_LIVE = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+  for fn in list(_LIVE):
+    fn.close()
+
+
+def _describe(dims, buckets):
+  return ",".join(f"{d}={b}" for d, b in zip(dims, buckets)) or "(no padded dims)"
+
+
+def function(fn=None, **options):
+  """A drop-in for tf.function(jit_compile=True): buckets, background compilation, a bounded
+  cache, a saved plan. Use as `function(fn, ...)`, `@function` or `@function(...)`; keyword
+  arguments: paddable, output_dims, max_executables, max_buckets, max_size, min_observations,
+  min_gain, replan_gain, async_compile, plan_path, name (see tf_ext.jit.function's module doc;
+  those without a value come from the TF_EXT_JIT_* settings)."""
+  unknown = set(options) - set(inspect.signature(Function).parameters)
+  if unknown:
+    raise TypeError(f"tf_ext.jit.function: unknown arguments {sorted(unknown)}")
+  if fn is None:
+    return lambda f: Function(f, **options)
+  return Function(fn, **options)
