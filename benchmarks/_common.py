@@ -193,6 +193,14 @@ def versions(tf, tf_ext, np, **more):
   }
 
 
+def save_figure(fig, plt, path, **savefig_options):
+  """Lays `fig` out, writes it to `path` (making its folder) and closes it."""
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, **savefig_options)
+  plt.close(fig)
+
+
 def verdict(ok):
   return "PASS" if ok else "MISS"
 

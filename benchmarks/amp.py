@@ -58,6 +58,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   log,
   machine_report,
   require_positive,
+  save_figure,
   use_checkout,
   verdict,
   versions,
@@ -756,10 +757,7 @@ def chart(path, tasks, results):
     for ax in (ax_loss, ax_scale):
       if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path)
-  plt.close(fig)
+  save_figure(fig, plt, path)
 
 
 # ---- main -------------------------------------------------------------------------------------

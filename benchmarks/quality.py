@@ -63,6 +63,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   machine_report,
   mib,
   require_positive,
+  save_figure,
   use_checkout,
   verdict,
   versions,
@@ -427,10 +428,7 @@ def chart(path, results, bayes, days):
   for ax in (ax1, ax2, ax3):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path)
-  plt.close(fig)
+  save_figure(fig, plt, path)
 
 
 # ---- main -----------------------------------------------------------------------------------
