@@ -201,6 +201,16 @@ def save_figure(fig, plt, path, **savefig_options):
   plt.close(fig)
 
 
+def write_chart(path, results, draw):
+  """draw(path) writes the chart, reported in `results`; without matplotlib, says so instead."""
+  try:
+    draw(path)
+    print(f"chart        : {path}")
+    results["png"] = path
+  except ImportError as error:
+    print(f"chart        : not written ({error}; pip install matplotlib)")
+
+
 def verdict(ok):
   return "PASS" if ok else "MISS"
 

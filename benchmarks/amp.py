@@ -62,6 +62,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   use_checkout,
   verdict,
   versions,
+  write_chart,
 )
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -861,12 +862,7 @@ def main(argv=None):
   }
 
   if args.png:
-    try:
-      chart(args.png, tasks, task_results)
-      print(f"chart        : {args.png}")
-      results["png"] = args.png
-    except ImportError as error:
-      print(f"chart        : not written ({error}; pip install matplotlib)")
+    write_chart(args.png, results, lambda path: chart(path, tasks, task_results))
   return finish(results, args.json, wall_start)
 
 

@@ -67,6 +67,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   use_checkout,
   verdict,
   versions,
+  write_chart,
 )
 
 use_checkout(measures_peak_rss=True)
@@ -628,12 +629,7 @@ def main(argv=None):
   results["tfra_status"] = tfra_status
 
   if args.png:
-    try:
-      chart(args.png, runs, bayes, args.days)
-      print(f"chart        : {args.png}")
-      results["png"] = args.png
-    except ImportError as error:
-      print(f"chart        : not written ({error}; pip install matplotlib)")
+    write_chart(args.png, results, lambda path: chart(path, runs, bayes, args.days))
   return finish(results, args.json, wall_start)
 
 

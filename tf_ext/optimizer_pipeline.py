@@ -111,6 +111,11 @@ def _ordered_stages(target):
   return [by_kind[kind] for kind in KINDS if kind in by_kind]
 
 
+def _scales_loss(stages_):
+  """Whether any of `stages_` changes the loss (so the loss must pass through them)."""
+  return any(type(s).scale_loss is not Stage.scale_loss for s in stages_)
+
+
 def find_stage(obj, kind):
   """The stage of `kind` on `obj`, or None."""
   return next((s for s in stages(obj) if s.kind == kind), None)
@@ -245,7 +250,7 @@ class _OptimizerPipeline:
 
   def _pipeline_scale_loss(self, loss):
     stages_ = self._pipeline_stages()
-    if not any(type(s).scale_loss is not Stage.scale_loss for s in stages_):
+    if not _scales_loss(stages_):
       return loss
     if callable(loss):
       unscaled = loss
@@ -437,7 +442,7 @@ class _TapePipeline:
     unconnected_gradients=tf.UnconnectedGradients.NONE,
   ):
     stages_ = _ordered_stages(self)
-    if any(type(s).scale_loss is not Stage.scale_loss for s in stages_):
+    if _scales_loss(stages_):
       with self:  # the scaled loss is recorded on this tape, as the loss was
         for stage in stages_:
           target = tf.nest.map_structure(stage.scale_loss, target)

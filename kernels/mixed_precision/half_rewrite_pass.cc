@@ -162,19 +162,6 @@ class Builder {
  public:
   explicit Builder(Graph* graph) : graph_(graph) {}
 
-  Node* Add(NodeBuilder builder, const Node* near) {
-    Node* node = nullptr;
-    Status status = builder.Finalize(graph_, &node);
-    CHECK(status.ok()) << status;  // only fails on a malformed builder: a bug here
-    node->set_assigned_device_name(near->assigned_device_name());
-    node->set_requested_device(near->requested_device());
-    return node;
-  }
-
-  std::string Name(const Node* near, const char* suffix) {
-    return graph_->NewName(near->name() + suffix);
-  }
-
   // A copy of `node` without inputs, with T = `type` (unchanged when DT_INVALID).
   Node* Copy(const Node* node, const char* suffix, DataType type) {
     NodeDef def = node->def();
@@ -182,11 +169,7 @@ class Builder {
     def.clear_input();
     if (type != ::tensorflow::DT_INVALID) (*def.mutable_attr())["T"].set_type(type);
     def.mutable_attr()->erase(kDoneAttr);
-    Status status;
-    Node* copy = graph_->AddNode(std::move(def), &status);
-    CHECK(status.ok()) << status;
-    copy->set_assigned_device_name(node->assigned_device_name());
-    return copy;
+    return Insert(std::move(def), node);
   }
 
   // The half version of `node`: a copy with T = half, or the unfused chain of a _FusedMatMul.
@@ -233,17 +216,15 @@ class Builder {
     Status status = ::tensorflow::OpRegistry::Global()->LookUpOpDef(op, &op_def);
     CHECK(status.ok()) << status;
     ::tensorflow::AddDefaultsToNodeDef(*op_def, &def);
-    Node* node = graph_->AddNode(std::move(def), &status);
-    CHECK(status.ok()) << status;
-    node->set_assigned_device_name(near->assigned_device_name());
-    return node;
+    return Insert(std::move(def), near);
   }
 
-  Node* Switch(Node* src, int port, Node* predicate, Node* near) {
-    return Add(NodeBuilder(Name(near, "/tf_ext_amp_switch"), "Switch")
-                   .Input(src, port)
-                   .Input(predicate, 0),
-               near);
+  // Switch(src:port, predicate:predicate_port): output 1 is live when the predicate is true.
+  Node* Switch(Node* src, int port, Node* predicate, int predicate_port, Node* near,
+               const char* suffix) {
+    return Add(
+        NodeBuilder(Name(near, suffix), "Switch").Input(src, port).Input(predicate, predicate_port),
+        near);
   }
 
   Node* Cast(Node* src, int port, DataType from, DataType to, Node* near) {
@@ -260,6 +241,28 @@ class Builder {
   }
 
  private:
+  std::string Name(const Node* near, const char* suffix) {
+    return graph_->NewName(near->name() + suffix);
+  }
+
+  Node* Add(NodeBuilder builder, const Node* near) {
+    Node* node = nullptr;
+    Status status = builder.Finalize(graph_, &node);
+    CHECK(status.ok()) << status;  // only fails on a malformed builder: a bug here
+    node->set_assigned_device_name(near->assigned_device_name());
+    node->set_requested_device(near->requested_device());
+    return node;
+  }
+
+  // Adds `def` (no inputs) to the graph, placed on `near`'s assigned device.
+  Node* Insert(NodeDef def, const Node* near) {
+    Status status;
+    Node* node = graph_->AddNode(std::move(def), &status);
+    CHECK(status.ok()) << status;
+    node->set_assigned_device_name(near->assigned_device_name());
+    return node;
+  }
+
   Graph* graph_;
 };
 
@@ -339,7 +342,7 @@ class HalfRewritePass : public GraphOptimizationPass {
       }
     }
     Builder builder(graph);
-    for (Node* probe : probes) AddProbeShadow(graph, &builder, region, probe);
+    for (Node* probe : probes) AddProbeShadow(graph, &builder, order, region, probe);
     const Status status = SplitRegion(graph, &builder, painted, region, mode, half);
     VLOG(1) << "tf_ext AMP: " << region.size() << " of " << plan.size() << " ops have a "
             << ::tensorflow::DataTypeString(half) << " version";
@@ -355,7 +358,9 @@ class HalfRewritePass : public GraphOptimizationPass {
     std::map<Port, Node*> switches, casts_in, merges;
     auto switch_for = [&](Port tensor, Node* near) {
       Node*& sw = switches[tensor];
-      if (sw == nullptr) sw = builder->Switch(tensor.node, tensor.port, mode, near);
+      if (sw == nullptr) {
+        sw = builder->Switch(tensor.node, tensor.port, mode, 0, near, "/tf_ext_amp_switch");
+      }
       return sw;
     };
     auto half_input = [&](Port tensor, Node* near) {
@@ -432,15 +437,15 @@ class HalfRewritePass : public GraphOptimizationPass {
   }
 
   // Adds the fp32 copy of the path from the painted region to the probe's loss; see the top.
-  static void AddProbeShadow(Graph* graph, Builder* builder, const std::vector<Node*>& region,
-                             Node* probe) {
+  // `order`: the graph's nodes in topological order, before any rewrite.
+  static void AddProbeShadow(Graph* graph, Builder* builder, const std::vector<Node*>& order,
+                             const std::vector<Node*>& region, Node* probe) {
     const Edge *loss_edge = nullptr, *probed_edge = nullptr;
     if (!probe->input_edge(0, &loss_edge).ok() || !probe->input_edge(2, &probed_edge).ok()) return;
     // Ancestors of the loss, and descendants of the painted region.
     const std::vector<bool> ancestor = Reach(graph, {loss_edge->src()}, /*forward=*/false);
     const std::vector<bool> descendant = Reach(graph, region, /*forward=*/true);
-    std::vector<Node*> order, between;
-    ::tensorflow::GetReversePostOrder(*graph, &order);
+    std::vector<Node*> between;
     for (Node* node : order) {
       if (!node->IsOp() || !ancestor[node->id()] || !descendant[node->id()]) continue;
       if (node->op_def().is_stateful()) {
@@ -468,10 +473,8 @@ class HalfRewritePass : public GraphOptimizationPass {
         } else {
           Node*& sw = switches[Port{src, edge->src_output()}];
           if (sw == nullptr) {
-            sw = builder->Add(NodeBuilder(builder->Name(node, "/tf_ext_amp_probe_switch"), "Switch")
-                                  .Input(src, edge->src_output())
-                                  .Input(probed, probed_port),
-                              node);
+            sw = builder->Switch(src, edge->src_output(), probed, probed_port, node,
+                                 "/tf_ext_amp_probe_switch");
           }
           graph->AddEdge(sw, 1, copy, edge->dst_input());
         }
@@ -479,10 +482,8 @@ class HalfRewritePass : public GraphOptimizationPass {
     }
     // The reference: the fp32 loss when probing, else the loss itself (ignored by the probe).
     Node* loss = loss_edge->src();
-    Node* skip = builder->Add(NodeBuilder(builder->Name(probe, "/tf_ext_amp_probe_skip"), "Switch")
-                                  .Input(loss, loss_edge->src_output())
-                                  .Input(probed, probed_port),
-                              probe);
+    Node* skip = builder->Switch(loss, loss_edge->src_output(), probed, probed_port, probe,
+                                 "/tf_ext_amp_probe_skip");
     Node* reference =
         builder->Merge({{shadow[loss->id()], loss_edge->src_output()}, {skip, 0}}, probe);
     Status status = graph->UpdateEdge(reference, 0, probe, 1);

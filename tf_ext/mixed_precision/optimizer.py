@@ -25,7 +25,6 @@ import tensorflow as tf
 
 from tf_ext import _ops_loader, optimizer_pipeline, settings
 from tf_ext.mixed_precision.policy import (
-  STATE_FIELDS,
   PolicyConfig,
   PrecisionPolicy,
   config_from_settings,
@@ -167,10 +166,9 @@ def _horovod_ranks():
   return hvd
 
 
-def _agree_across_ranks(loss, gradients_finite, probe_error):
+def _agree_across_ranks(hvd, loss, gradients_finite, probe_error):
   """The policy's inputs averaged over all ranks, so that every rank takes the same decision: the
   mean loss and probe error, and finite only where every rank's gradients are."""
-  hvd = _horovod_ranks()
   probe = tf.constant(-1.0) if probe_error is None else tf.cast(probe_error, tf.float32)
   local = tf.stack([tf.cast(loss, tf.float32), tf.cast(gradients_finite, tf.float32), probe])
   mean = hvd.allreduce(local, op=hvd.Average, name="tf_ext_amp_policy_inputs")
@@ -185,9 +183,9 @@ class _StepTensors:
     ops = _ops_loader.load()
     with tf.name_scope("tf_ext_amp"):
       self.state = tf.identity(policy.state.read_value(), name="state")
-      at = STATE_FIELDS.index
-      self.loss_scale = tf.cast(self.state[at("loss_scale")], tf.float32)
-      in_half = self.state[at("precision")] > 0.5
+      field = functools.partial(PrecisionPolicy.field_of, self.state)
+      self.loss_scale = tf.cast(field("loss_scale"), tf.float32)
+      in_half = PrecisionPolicy.in_half_of(self.state)
       if half_dtype is None or tf.executing_eagerly():
         # Nothing is rewritten: eagerly there is no graph, the step runs in fp32.
         self.use_half = tf.constant(False)
@@ -203,7 +201,7 @@ class _StepTensors:
       if half_dtype is None or probe_interval == 0:
         self.do_probe = tf.constant(False)
       else:
-        steps = tf.cast(self.state[at("steps")], tf.int64)
+        steps = tf.cast(field("steps"), tf.int64)
         self.do_probe = tf.logical_and(
           self.use_half, tf.equal(tf.math.floormod(steps + 1, probe_interval), 0), name="probe"
         )
@@ -334,8 +332,11 @@ class LossAwareStage(optimizer_pipeline.Stage):
     gradients_finite = tf.reduce_all(tf.stack(finite)) if finite else tf.constant(True)
     loss = tf.constant(0.0) if step.loss is None else tf.reduce_sum(step.loss)
     probe_error = step.probe_error
-    if _horovod_ranks() is not None:
-      loss, gradients_finite, probe_error = _agree_across_ranks(loss, gradients_finite, probe_error)
+    hvd = _horovod_ranks()
+    if hvd is not None:
+      loss, gradients_finite, probe_error = _agree_across_ranks(
+        hvd, loss, gradients_finite, probe_error
+      )
     self._eager_step = None
     with tf.control_dependencies(step.reads()):
       # use_half is the step's data input, so Grappler keeps the rewrite's marker.

@@ -8,6 +8,7 @@ in TF1 graphs.
 """
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
@@ -100,11 +101,11 @@ class PrecisionPolicy(tf.Module):
 
   def field(self, name):
     """One field of the state (see STATE_FIELDS) as a float64 scalar."""
-    return self.state[STATE_FIELDS.index(name)]
+    return self.field_of(self.state, name)
 
   def in_half(self):
     """Whether the next step runs in half precision (boolean scalar)."""
-    return self.field("precision") > 0.5
+    return self.in_half_of(self.state)
 
   def report(self):
     """{name: scalar tensor}: half (bool), loss_scale, switches, steps, half_fraction (of the
@@ -112,15 +113,22 @@ class PrecisionPolicy(tf.Module):
     return self.report_of_state(self.state)
 
   @staticmethod
+  def field_of(state, name):
+    """field() of a policy state (a variable or tensor of STATE_FIELDS)."""
+    return state[STATE_FIELDS.index(name)]
+
+  @staticmethod
+  def in_half_of(state):
+    """in_half() of a policy state."""
+    return PrecisionPolicy.field_of(state, "precision") > 0.5
+
+  @staticmethod
   def report_of_state(state):
-    """report() of a policy state (a variable or tensor of STATE_FIELDS)."""
-
-    def field(name):
-      return state[STATE_FIELDS.index(name)]
-
+    """report() of a policy state."""
+    field = functools.partial(PrecisionPolicy.field_of, state)
     steps = field("steps")
     return {
-      "half": field("precision") > 0.5,
+      "half": PrecisionPolicy.in_half_of(state),
       "loss_scale": field("loss_scale"),
       "switches": tf.cast(field("switches"), tf.int64),
       "steps": tf.cast(steps, tf.int64),

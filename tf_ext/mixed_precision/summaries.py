@@ -4,15 +4,11 @@ switches, half_fraction, skipped_steps and last_probe_error, every `every_n_step
 
 import tensorflow as tf
 
+from tf_ext.dynamic_embedding.lifecycle import check_every_n_steps
 from tf_ext.mixed_precision.optimizer import STATE_COLLECTION, report
 from tf_ext.mixed_precision.policy import PrecisionPolicy
 
 SCALARS = ("half", "loss_scale", "switches", "half_fraction", "skipped_steps", "last_probe_error")
-
-
-def _check_every(every_n_steps, who):
-  if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
-    raise ValueError(f"{who}: every_n_steps must be an int >= 1, got {every_n_steps!r}")
 
 
 def _scalars(report_):
@@ -24,7 +20,7 @@ class SummaryHook(tf.estimator.SessionRunHook):
   its model_dir) every `every_n_steps` global steps."""
 
   def __init__(self, output_dir, every_n_steps=100):
-    _check_every(every_n_steps, "SummaryHook")
+    check_every_n_steps("SummaryHook", every_n_steps)
     self._output_dir = output_dir
     self._every = every_n_steps
 
@@ -63,7 +59,7 @@ class TensorBoardCallback(tf.keras.callbacks.Callback):
 
   def __init__(self, log_dir, every_n_steps=1, optimizer=None):
     super().__init__()
-    _check_every(every_n_steps, "TensorBoardCallback")
+    check_every_n_steps("TensorBoardCallback", every_n_steps)
     self._log_dir = log_dir
     self._every = every_n_steps
     self._optimizer = optimizer
