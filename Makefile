@@ -19,6 +19,8 @@
 #                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt)
 #   make bench-amp  benchmarks/amp.py: loss-aware mixed precision against float32 and TensorFlow's
 #                own AMP (speed on a DLRM-style tower, accuracy on three tasks; writes amp.png)
+#   make bench-fusion  benchmarks/embedding_fusion.py: training steps/s with tf_ext's graph passes
+#                on and off (TF1 Session and Keras; 26 fields, batch 4096, three dense towers)
 #   make bench-jit  benchmarks/jit_cache.py: tf_ext.jit against plain TF, jit_compile, auto-jit and
 #                static shapes on two varying-shape workloads (writes jit_cache.png)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
@@ -95,7 +97,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-amp bench-jit bench-cluster demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-cluster demo-estimator clean distclean
 
 all: build
 
@@ -256,6 +258,10 @@ bench-lifecycle: build bench-deps
 # Issue 9's quality and speed benchmark; BENCH_ARGS=--quick for a short run, --no-tfra without TFRA.
 bench-quality: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/quality.py $(BENCH_ARGS))
+
+# Issue 11's graph-pass benchmark; BENCH_ARGS=--quick for a short run.
+bench-fusion: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/embedding_fusion.py $(BENCH_ARGS))
 
 # Issue 11's compilation-cache benchmark; BENCH_ARGS=--quick for a short run.
 bench-jit: build bench-deps

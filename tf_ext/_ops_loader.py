@@ -13,7 +13,8 @@ _ops = None
 _error = None
 
 
-def _library_path():
+def library_path():
+  """The op library file tf_ext loads (TF_EXT_OPS_LIBRARY overrides the packaged one)."""
   return settings.get("TF_EXT_OPS_LIBRARY") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), _LIBRARY_NAME
   )
@@ -48,7 +49,7 @@ def try_load():
 
 
 def _load_checked():
-  path = _library_path()
+  path = library_path()
   if not os.path.exists(path):
     raise ImportError(
       f"tf_ext: the op library {path} does not exist. Build it with `make build` "

@@ -45,6 +45,16 @@ def _flag(raw):
   raise ValueError("expected 0 or 1")
 
 
+def _auto_flag(raw):
+  """ "auto", or a flag."""
+  if raw.strip().lower() == "auto":
+    return "auto"
+  try:
+    return _flag(raw)
+  except ValueError:
+    raise ValueError("expected 0, 1 or auto") from None
+
+
 def _int_at_least(minimum):
   def parse(raw):
     value = int(raw)
@@ -368,6 +378,24 @@ SETTINGS: Dict[str, Setting] = registry(
       "calling thread, like tf.function(jit_compile=True)).",
       capability="graph",
       parse=_flag,
+    ),
+    # Graph passes (tf_ext.graph_optimizations): read by enable() and config_proto().
+    Setting(
+      "TF_EXT_GRAPH_FUSE_EMBEDDINGS",
+      "1",
+      "tf_ext.graph_optimizations: fuse every embedding lookup of a step into one op, and the "
+      "table updates into one (0: leave them unfused).",
+      capability="graph",
+      parse=_flag,
+    ),
+    Setting(
+      "TF_EXT_GRAPH_CLUSTER_DENSE",
+      "auto",
+      "tf_ext.graph_optimizations: compile the dense part between the embedding outputs and the "
+      "loss, and its gradients, with XLA: 1, 0, or auto (on where TensorFlow sees a GPU; on CPU, "
+      "XLA made the benchmark's steps slower).",
+      capability="graph",
+      parse=_auto_flag,
     ),
     # LightCC (tf_ext.lightcc): read at hvd.init(); init(light_<name>=...) overrides them. The
     # attributes are LightConfig's fields (tf_ext/lightcc/config.py).

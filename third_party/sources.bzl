@@ -22,6 +22,7 @@ CAPABILITIES = {
     "dynamic_embedding": {
         "core_hdrs": [
             "kernels/dynamic_embedding/core/admission.h",
+            "kernels/dynamic_embedding/core/combiners.h",
             "kernels/dynamic_embedding/core/embedding_table.h",
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/optimizers.h",
@@ -30,16 +31,19 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/snapshot_file.h",
         ],
         "core_srcs": [
+            "kernels/dynamic_embedding/core/combiners.cc",
             "kernels/dynamic_embedding/core/initializers.cc",
             "kernels/dynamic_embedding/core/snapshot_file.cc",
         ],
         "kernel_hdrs": [
+            "kernels/dynamic_embedding/apply_rows.h",
             "kernels/dynamic_embedding/table_kernel.h",
             "kernels/dynamic_embedding/table_resource.h",
             "kernels/dynamic_embedding/table_restore.h",
         ],
         "kernel_srcs": [
             "kernels/dynamic_embedding/checkpoint_kernels.cc",
+            "kernels/dynamic_embedding/fused_kernels.cc",
             "kernels/dynamic_embedding/lifecycle_kernels.cc",
             "kernels/dynamic_embedding/optimizer_kernels.cc",
             "kernels/dynamic_embedding/sharding_kernels.cc",
@@ -47,6 +51,7 @@ CAPABILITIES = {
         ],
         "op_srcs": [
             "ops/dynamic_embedding_checkpoint_ops.cc",
+            "ops/dynamic_embedding_fusion_ops.cc",
             "ops/dynamic_embedding_lifecycle_ops.cc",
             "ops/dynamic_embedding_ops.cc",
             "ops/dynamic_embedding_optimizer_ops.cc",
@@ -89,6 +94,27 @@ CAPABILITIES = {
         "op_srcs": [
             "ops/mixed_precision_ops.cc",
         ],
+        "deps": [],
+    },
+    # Graph passes for recommendation models: embedding lookups and their applies fused into one
+    # op each, and the dense part around the tables clustered for XLA. The fused ops themselves
+    # are the dynamic_embedding capability's.
+    "graph": {
+        "core_hdrs": [
+            "kernels/graph/core/pass_switches.h",
+        ],
+        "core_srcs": [
+            "kernels/graph/core/pass_switches.cc",
+        ],
+        "kernel_hdrs": [
+            "kernels/graph/pass_switches.h",
+        ],
+        "kernel_srcs": [
+            "kernels/graph/embedding_fusion_pass.cc",
+            "kernels/graph/pass_switches.cc",
+            "kernels/graph/xla_dense_cluster_pass.cc",
+        ],
+        "op_srcs": [],
         "deps": [],
     },
     # HARP, the NCCL network plugin: no TensorFlow at all. NCCL loads libnccl-net-<name>.so.

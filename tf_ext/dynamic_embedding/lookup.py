@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding import variable as variable_lib
+from tf_ext.dynamic_embedding.fusion_markers import marked
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -16,6 +17,9 @@ def _combine(rows, segment_ids, num_segments, combiner):
   )
   scale = counts if combiner == "mean" else tf.sqrt(counts)
   return summed / tf.expand_dims(tf.maximum(scale, 1.0), -1)  # empty rows stay zero
+
+
+_NO_SEGMENTS = ([], 0)  # combiner "none": one output row per id
 
 
 def embedding_lookup(table, ids, combiner=None, name=None):
@@ -37,17 +41,21 @@ def embedding_lookup(table, ids, combiner=None, name=None):
           table.name, f"SparseTensor ids must have rank 2, got {ids.shape.rank}"
         )
       rows = table.lookup(ids.values)
-      return _combine(rows, ids.indices[:, 0], ids.dense_shape[0], combiner or "mean")
+      segments = (ids.indices[:, 0], ids.dense_shape[0])
+      combined = _combine(rows, *segments, combiner or "mean")
+      return marked(table, rows, combined, *segments, combiner or "mean")
     if isinstance(ids, tf.RaggedTensor):
       if ids.shape.rank not in (None, 2):
         raise variable_lib.invalid_argument(
           table.name, f"RaggedTensor ids must have rank 2, got {ids.shape.rank}"
         )
       rows = table.lookup(ids.values)
-      return _combine(rows, ids.value_rowids(), ids.nrows(), combiner or "mean")
+      segments = (ids.value_rowids(), ids.nrows())
+      combined = _combine(rows, *segments, combiner or "mean")
+      return marked(table, rows, combined, *segments, combiner or "mean")
     rows = table.lookup(ids)
     if combiner is None or rows.shape.rank == 2:
-      return rows
+      return marked(table, rows, rows, *_NO_SEGMENTS, "none")
     if rows.shape.rank is not None and rows.shape.rank < 2:
       raise variable_lib.invalid_argument(table.name, "a combiner needs ids of rank >= 1")
     if combiner == "sum":

@@ -14,7 +14,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.trackable import resource
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import checkpoint, cluster, initializers, lifecycle
+from tf_ext.dynamic_embedding import checkpoint, cluster, fusion_markers, initializers, lifecycle
 
 # Copies of facts of the op library, checked against it by tests/dynamic_embedding/
 # test_op_facts.py: the kernel's kMaxDim, and the outputs of TfExtTableExport (inputs of
@@ -523,6 +523,6 @@ def _table_find_gradient(op, grad):
   """The gradient of a lookup, as IndexedSlices keyed by the looked-up ids, to the anchor."""
   dim = op.get_attr("dim")
   keys = tf.reshape(op.inputs[1], [-1])
-  rows = tf.reshape(grad, [-1, dim])
+  rows = fusion_markers.marked_rows_gradient(op, keys, tf.reshape(grad, [-1, dim]))
   dense_shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(dim, tf.int64)])
   return [None, None, tf.IndexedSlices(rows, keys, dense_shape)]

@@ -6,7 +6,13 @@ sizes, compiles each bucket in the background (a call never waits for the compil
 most a configured number of executables and saves its bucket plan for a warm restart. Inside the
 function, `size`, `mask`, `masked_sum` and `masked_mean` exclude padded positions.
 tf_ext/jit/function.py documents the padding contract; tf_ext/jit/buckets.py the planning.
+
+For Keras, `tf_ext.jit.compile(model, optimizer=..., loss=..., ...)` (or on a compiled model)
+runs fit / evaluate / predict through such functions, padding the batch and masking padded rows
+out of the compiled loss and metrics; `tf_ext.jit.functions(model)` gives their statistics
+(tf_ext/jit/keras.py).
 """
 
 from tf_ext.jit import buckets
 from tf_ext.jit.function import Function, function, mask, masked_mean, masked_sum, size
+from tf_ext.jit.keras import compile, functions

@@ -1,0 +1,56 @@
+#include "kernels/dynamic_embedding/core/combiners.h"
+
+#include <algorithm>
+
+namespace tf_ext {
+namespace de {
+
+bool ParseCombiner(const std::string& name, Combiner* combiner) {
+  if (name == "none") {
+    *combiner = Combiner::kNone;
+  } else if (name == "sum") {
+    *combiner = Combiner::kSum;
+  } else if (name == "mean") {
+    *combiner = Combiner::kMean;
+  } else if (name == "sqrtn") {
+    *combiner = Combiner::kSqrtn;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::vector<float> SegmentScales(Combiner combiner, const int64_t* segment_ids, int64_t n,
+                                 int64_t num_segments) {
+  std::vector<float> scales(static_cast<size_t>(num_segments), 1.0f);
+  if (combiner != Combiner::kMean && combiner != Combiner::kSqrtn) return scales;
+  std::vector<float> counts(static_cast<size_t>(num_segments), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    if (segment_ids[i] >= 0) counts[segment_ids[i]] += 1.0f;
+  }
+  for (int64_t s = 0; s < num_segments; ++s) {
+    const float scale = combiner == Combiner::kMean ? counts[s] : std::sqrt(counts[s]);
+    scales[s] = std::max(scale, 1.0f);
+  }
+  return scales;
+}
+
+void CombineRows(Combiner combiner, const float* rows, const int64_t* segment_ids, int64_t n,
+                 int64_t num_segments, int dim, float* out) {
+  std::fill(out, out + num_segments * dim, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    if (segment_ids[i] < 0) continue;
+    float* sum = out + segment_ids[i] * dim;
+    const float* row = rows + i * dim;
+    for (int d = 0; d < dim; ++d) sum[d] += row[d];
+  }
+  if (combiner == Combiner::kSum || combiner == Combiner::kNone) return;
+  const std::vector<float> scales = SegmentScales(combiner, segment_ids, n, num_segments);
+  for (int64_t s = 0; s < num_segments; ++s) {
+    float* sum = out + s * dim;
+    for (int d = 0; d < dim; ++d) sum[d] = sum[d] / scales[s];
+  }
+}
+
+}  // namespace de
+}  // namespace tf_ext

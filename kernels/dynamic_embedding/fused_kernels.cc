@@ -1,0 +1,247 @@
+// Kernels of the fused embedding subgraph (ops/dynamic_embedding_fusion_ops.cc): the markers pass
+// their first input through; TfExtFusedEmbeddingLookup and TfExtFusedEmbeddingApply do every
+// field's lookup or update in one op, with the combiner arithmetic of core/combiners.h.
+#include <string>
+#include <vector>
+
+#include "kernels/dynamic_embedding/apply_rows.h"
+#include "kernels/dynamic_embedding/core/combiners.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+
+namespace tf_ext {
+namespace {
+
+using ::tensorflow::DT_INT64;
+using ::tensorflow::DT_STRING;
+
+class ForwardFirstInputOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override { ctx->set_output(0, ctx->input(0)); }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingField").Device(DEVICE_CPU), ForwardFirstInputOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtEmbeddingRowsGradient").Device(DEVICE_CPU), ForwardFirstInputOp);
+
+// One field of a fused op: its table, keys, segments and combiner, checked.
+struct Field {
+  RefCountPtr<DynamicTable> table;
+  const Tensor* keys = nullptr;
+  const int64_t* segment_ids = nullptr;
+  int64_t num_keys = 0;
+  int64_t num_segments = 0;
+  int dim = 0;
+  de::Combiner combiner = de::Combiner::kNone;
+};
+
+// Reads the N fields of a fused op (inputs: tables, keys, segment_ids, num_segments).
+class FusedFieldsKernel : public OpKernel {
+ public:
+  explicit FusedFieldsKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkeys", &key_dtypes_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims_));
+    std::vector<std::string> combiners;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &combiners));
+    OP_REQUIRES(ctx,
+                static_cast<int>(key_dtypes_.size()) == n_ &&
+                    static_cast<int>(dims_.size()) == n_ &&
+                    static_cast<int>(combiners.size()) == n_,
+                ::tensorflow::errors::InvalidArgument("Tkeys, dims and combiners need N = ", n_,
+                                                      " entries"));
+    combiners_.resize(n_);
+    for (int i = 0; i < n_; ++i) {
+      OP_REQUIRES(ctx, de::ParseCombiner(combiners[i], &combiners_[i]),
+                  ::tensorflow::errors::InvalidArgument("unknown combiner '", combiners[i], "'"));
+    }
+  }
+
+ protected:
+  Status ReadFields(OpKernelContext* ctx, std::vector<Field>* fields) const {
+    fields->resize(n_);
+    for (int i = 0; i < n_; ++i) {
+      Field& field = (*fields)[i];
+      TF_RETURN_IF_ERROR(
+          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, i), &field.table));
+      const DynamicTable& table = *field.table;
+      if (table.key_dtype() != key_dtypes_[i] || table.dim() != dims_[i]) {
+        return table.Invalid("fused field ", i, " expects ", DataTypeString(key_dtypes_[i]),
+                             " keys and dim ", dims_[i]);
+      }
+      field.keys = &ctx->input(n_ + i);
+      field.num_keys = field.keys->NumElements();
+      field.dim = dims_[i];
+      field.combiner = combiners_[i];
+      if (field.combiner == de::Combiner::kNone) continue;
+      const Tensor& segment_ids = ctx->input(2 * n_ + i);
+      const Tensor& num_segments = ctx->input(3 * n_ + i);
+      if (field.keys->dims() != 1 || segment_ids.dims() != 1 ||
+          segment_ids.NumElements() != field.num_keys || num_segments.NumElements() != 1) {
+        return table.Invalid("fused field ", i, ": keys and segment_ids must be 1-D of one length",
+                             " and num_segments a scalar, got ", field.keys->shape().DebugString(),
+                             ", ", segment_ids.shape().DebugString(), ", ",
+                             num_segments.shape().DebugString());
+      }
+      field.segment_ids = segment_ids.flat<int64_t>().data();
+      field.num_segments = num_segments.flat<int64_t>()(0);
+      if (field.num_segments < 0) {
+        return table.Invalid("fused field ", i, ": num_segments is ", field.num_segments);
+      }
+      for (int64_t k = 0; k < field.num_keys; ++k) {
+        if (field.segment_ids[k] >= field.num_segments) {
+          return table.Invalid("fused field ", i, ": segment_ids[", k, "] = ", field.segment_ids[k],
+                               " is not below num_segments ", field.num_segments);
+        }
+      }
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  // Runs fn(i) for every field on the intra-op pool, one field per task, largest first (so that
+  // the small ones fill in at the end); the first error wins.
+  template <typename Fn>
+  Status ForEachField(OpKernelContext* ctx, const std::vector<Field>& fields, Fn&& fn) const {
+    std::vector<int64_t> order(fields.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return fields[a].num_keys * fields[a].dim > fields[b].num_keys * fields[b].dim;
+    });
+    std::vector<Status> statuses(fields.size());
+    using ThreadPool = ::tsl::thread::ThreadPool;
+    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
+        static_cast<int64_t>(fields.size()),
+        ThreadPool::SchedulingParams(ThreadPool::SchedulingStrategy::kFixedBlockSize, std::nullopt,
+                                     1),
+        [&](int64_t begin, int64_t end) {
+          for (int64_t k = begin; k < end; ++k) statuses[order[k]] = fn(order[k]);
+        });
+    for (const Status& status : statuses) TF_RETURN_IF_ERROR(status);
+    return ::tensorflow::OkStatus();
+  }
+
+  int n_ = 0;
+  std::vector<DataType> key_dtypes_;
+  std::vector<int64_t> dims_;
+  std::vector<de::Combiner> combiners_;
+};
+
+// Calls fn(key_at) with the field's key accessor for its key type.
+template <typename Fn>
+void WithKeys(const Field& field, Fn&& fn) {
+  if (field.keys->dtype() == DT_INT64) {
+    const auto keys = field.keys->flat<int64_t>();
+    fn(static_cast<int64_t*>(nullptr), [keys](int64_t i) { return keys(i); });
+  } else {
+    const auto keys = field.keys->flat<tstring>();
+    fn(static_cast<std::string*>(nullptr),
+       [keys](int64_t i) { return KeyTensor<std::string>::View(keys(i)); });
+  }
+}
+
+class FusedLookupOp : public FusedFieldsKernel {
+ public:
+  using FusedFieldsKernel::FusedFieldsKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    std::vector<Field> fields;
+    OP_REQUIRES_OK(ctx, ReadFields(ctx, &fields));
+    std::vector<float*> outputs(n_);
+    for (int i = 0; i < n_; ++i) {
+      const Field& field = fields[i];
+      TensorShape shape;
+      if (field.combiner == de::Combiner::kNone) {
+        shape = field.keys->shape();
+      } else {
+        shape.AddDim(field.num_segments);
+      }
+      shape.AddDim(field.dim);
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, shape, &out));
+      outputs[i] = out->flat<float>().data();
+    }
+    OP_REQUIRES_OK(ctx, ForEachField(ctx, fields, [&](int64_t i) {
+                     const Field& field = fields[i];
+                     const bool direct = field.combiner == de::Combiner::kNone;
+                     std::vector<float> rows(direct ? 0 : field.num_keys * field.dim);
+                     float* found = direct ? outputs[i] : rows.data();
+                     WithKeys(field, [&](auto* key_type, auto key_at) {
+                       using Key = std::remove_pointer_t<decltype(key_type)>;
+                       auto* core = field.table->template table<Key>();
+                       for (int64_t block = 0; block < field.num_keys; block += kLookupBlock) {
+                         const int64_t count = std::min(kLookupBlock, field.num_keys - block);
+                         core->FindBatch(
+                             count, [&](int64_t k) { return key_at(block + k); },
+                             found + block * field.dim);
+                       }
+                     });
+                     if (!direct) {
+                       de::CombineRows(field.combiner, rows.data(), field.segment_ids,
+                                       field.num_keys, field.num_segments, field.dim, outputs[i]);
+                     }
+                     return ::tensorflow::OkStatus();
+                   }));
+  }
+};
+
+class FusedApplyOp : public FusedFieldsKernel {
+ public:
+  explicit FusedApplyOp(OpKernelConstruction* ctx) : FusedFieldsKernel(ctx) {
+    OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    std::vector<Field> fields;
+    OP_REQUIRES_OK(ctx, ReadFields(ctx, &fields));
+    for (int i = 0; i < n_; ++i) {
+      const Field& field = fields[i];
+      const Tensor& gradient = ctx->input(4 * n_ + i);
+      const int64_t rows =
+          field.combiner == de::Combiner::kNone ? field.num_keys : field.num_segments;
+      OP_REQUIRES(ctx, gradient.NumElements() == rows * field.dim,
+                  field.table->Invalid("fused apply field ", i, ": the output gradient has shape ",
+                                       gradient.shape().DebugString(), ", expected ", rows,
+                                       " rows of ", field.dim));
+    }
+    de::OptimizerParams params;
+    int64_t step;
+    OP_REQUIRES_OK(ctx, attrs_.ReadInputs(ctx, 5 * n_, *fields[0].table, &params, &step));
+
+    // Slots first, table by table, then one task per field: the gradients of its distinct keys,
+    // summed, and their update (tables lock their shards, so fields of one table may overlap).
+    for (const Field& field : fields) {
+      if (field.keys->dtype() == DT_INT64) {
+        EnsureSlots<int64_t>(field.table.get(), params);
+      } else {
+        EnsureSlots<std::string>(field.table.get(), params);
+      }
+    }
+    OP_REQUIRES_OK(
+        ctx, ForEachField(ctx, fields, [&](int64_t i) {
+          const Field& field = fields[i];
+          const float* output_gradient = ctx->input(4 * n_ + i).flat<float>().data();
+          WithKeys(field, [&](auto* key_type, auto key_at) {
+            using TableKey = std::remove_pointer_t<decltype(key_type)>;
+            using Key =
+                std::conditional_t<std::is_same_v<TableKey, int64_t>, int64_t, std::string_view>;
+            std::vector<Key> distinct;
+            std::vector<float> sums;
+            de::SumGradientsByDistinctKey<Key>(field.combiner, output_gradient, field.segment_ids,
+                                               field.num_keys, field.num_segments, field.dim,
+                                               key_at, &distinct, &sums);
+            UpdateRows<TableKey>(
+                field.table.get(), params, step, static_cast<int64_t>(distinct.size()),
+                [&](int64_t k) { return distinct[k]; }, sums.data());
+          });
+          return ::tensorflow::OkStatus();
+        }));
+  }
+
+ private:
+  OptimizerAttrs attrs_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtFusedEmbeddingLookup").Device(DEVICE_CPU), FusedLookupOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtFusedEmbeddingApply").Device(DEVICE_CPU), FusedApplyOp);
+
+}  // namespace
+}  // namespace tf_ext

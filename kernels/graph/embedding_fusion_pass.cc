@@ -1,0 +1,421 @@
+// Embedding subgraph fusion: every embedding lookup of a step becomes one
+// TfExtFusedEmbeddingLookup, and every matching table update one TfExtFusedEmbeddingApply.
+//
+// tf_ext's lookups (tf_ext/dynamic_embedding/lookup.py) leave markers in the graph that name what
+// they compute, so the pass matches markers, not the shapes of arithmetic that Grappler may change:
+//   - TfExtEmbeddingField(embeddings, rows, table, keys, segment_ids, num_segments): the lookup's
+//     result. Its consumers are moved to an output of the fused lookup.
+//   - TfExtEmbeddingRowsGradient(row_gradients, output_gradients, keys, segment_ids, num_segments):
+//     the gradient of the looked-up rows. A TfExtTableApplyGradient fed, through tf.unique and
+//     UnsortedSegmentSum of the same keys, by such a marker becomes part of the fused apply,
+//     which derives the rows' gradients from output_gradients itself.
+// The unfused subgraphs (find, segment sums, counts, divisions, their gradients, unique) are left
+// without consumers and removed. The fused kernels repeat their arithmetic in the same order
+// (kernels/dynamic_embedding/core/combiners.h), so the results are equal to the bit.
+//
+// Runs after Grappler and placement (POST_REWRITE_FOR_EXEC) and before XLA's clustering (phase
+// 10), on every Session graph and tf.function, when the switches (pass_switches.h) say so.
+// Conservative: markers inside loops or behind a Switch (tf.cond), and markers whose inputs depend
+// on another marker, stay unfused; lookups are grouped by the device of their table.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/graph/pass_switches.h"
+#include "tensorflow/core/common_runtime/optimization_registry.h"
+#include "tensorflow/core/framework/node_def_util.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/graph/algorithm.h"
+#include "tensorflow/core/graph/control_flow.h"
+#include "tensorflow/core/graph/graph.h"
+#include "tensorflow/core/graph/node_builder.h"
+#include "tensorflow/core/platform/logging.h"
+
+namespace tf_ext {
+namespace graph {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::Edge;
+using ::tensorflow::Graph;
+using ::tensorflow::GraphOptimizationPass;
+using ::tensorflow::GraphOptimizationPassOptions;
+using ::tensorflow::Node;
+using ::tensorflow::NodeBuilder;
+using ::tensorflow::OptimizationPassRegistry;
+using ::tensorflow::Status;
+
+constexpr char kFieldOp[] = "TfExtEmbeddingField";
+constexpr char kRowsGradientOp[] = "TfExtEmbeddingRowsGradient";
+constexpr char kApplyOp[] = "TfExtTableApplyGradient";
+
+// A tensor: a node's output.
+using Output = std::pair<const Node*, int>;
+
+Status InputOf(const Node* node, int index, Output* out) {
+  const Edge* edge;
+  TF_RETURN_IF_ERROR(node->input_edge(index, &edge));
+  *out = {edge->src(), edge->src_output()};
+  return ::tensorflow::OkStatus();
+}
+
+// The tensor behind `index`, looking through Identity nodes.
+Output SourceOf(const Node* node, int index) {
+  Output out{nullptr, 0};
+  if (!InputOf(node, index, &out).ok()) return {nullptr, 0};
+  while (out.first != nullptr && out.first->type_string() == "Identity") {
+    if (!InputOf(out.first, 0, &out).ok()) return {nullptr, 0};
+  }
+  return out;
+}
+
+// One lookup or update to fuse: the node it replaces, and its field's inputs.
+struct Field {
+  Node* replaced = nullptr;
+  Output table, keys, segment_ids, num_segments, output_gradients;
+  DataType key_dtype;
+  int64_t dim = 0;
+  std::string combiner;
+  std::string device;
+};
+
+// Nodes the pass must not fuse: in a loop frame, or downstream of a Switch before any Merge (their
+// inputs may be dead, which would kill the whole fused op).
+std::vector<bool> Unfusable(Graph* graph) {
+  std::vector<bool> unfusable(graph->num_node_ids(), false);
+  std::vector<::tensorflow::ControlFlowInfo> frames;
+  if (!::tensorflow::BuildControlFlowInfo(graph, &frames).ok()) {
+    std::fill(unfusable.begin(), unfusable.end(), true);
+    return unfusable;
+  }
+  std::vector<Node*> order;
+  ::tensorflow::GetReversePostOrder(*graph, &order);
+  for (Node* node : order) {
+    bool dead = node->IsSwitch() || !frames[node->id()].frame_name.empty();
+    if (!node->IsMerge()) {
+      for (const Edge* edge : node->in_edges()) dead = dead || unfusable[edge->src()->id()];
+    }
+    unfusable[node->id()] = dead;
+  }
+  return unfusable;
+}
+
+// Every node reachable from `roots` along data or control edges.
+std::vector<bool> Descendants(Graph* graph, const std::vector<Node*>& roots) {
+  std::vector<bool> reached(graph->num_node_ids(), false);
+  std::vector<Node*> stack(roots.begin(), roots.end());
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge* edge : node->out_edges()) {
+      if (!reached[edge->dst()->id()]) {
+        reached[edge->dst()->id()] = true;
+        stack.push_back(edge->dst());
+      }
+    }
+  }
+  return reached;
+}
+
+// Drops the fields an input (data or control) of which depends on a node being replaced: fusing
+// them would make a cycle.
+void DropCycles(Graph* graph, std::vector<Field>* fields) {
+  std::vector<Node*> replaced;
+  for (const Field& field : *fields) replaced.push_back(field.replaced);
+  const std::vector<bool> downstream = Descendants(graph, replaced);
+  std::vector<Field> kept;
+  for (Field& field : *fields) {
+    bool cycle = false;
+    for (const Output& input :
+         {field.table, field.keys, field.segment_ids, field.num_segments, field.output_gradients}) {
+      cycle = cycle || (input.first != nullptr && downstream[input.first->id()]);
+    }
+    for (const Edge* edge : field.replaced->in_edges()) {
+      cycle = cycle || (edge->IsControlEdge() && downstream[edge->src()->id()]);
+    }
+    if (!cycle) kept.push_back(std::move(field));
+  }
+  *fields = std::move(kept);
+}
+
+std::vector<NodeBuilder::NodeOut> Outs(const std::vector<Field>& fields, Output Field::*member) {
+  std::vector<NodeBuilder::NodeOut> outs;
+  for (const Field& field : fields) {
+    const Output& out = field.*member;
+    outs.emplace_back(const_cast<Node*>(out.first), out.second);
+  }
+  return outs;
+}
+
+// Builds the fused op of `fields`: their field inputs; for the apply, the optimizer inputs and
+// attributes of `apply`, the first update it replaces; and the control inputs of the nodes it
+// replaces.
+Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>& fields,
+                  const Node* apply, Node** fused) {
+  std::vector<DataType> key_dtypes;
+  std::vector<int64_t> dims;
+  std::vector<std::string> combiners;
+  for (const Field& field : fields) {
+    key_dtypes.push_back(field.key_dtype);
+    dims.push_back(field.dim);
+    combiners.push_back(field.combiner);
+  }
+  // A Session caches the kernels of stateful ops by node name across the graphs of its different
+  // fetches, so the name must tell fused ops of different fields apart: it hashes the nodes
+  // they replace.
+  std::string replaced_names;
+  for (const Field& field : fields) replaced_names += field.replaced->name() + ";";
+  NodeBuilder builder(graph->NewName("tf_ext_fused/" + op + "_" +
+                                     std::to_string(std::hash<std::string>()(replaced_names))),
+                      op);
+  builder.Input(Outs(fields, &Field::table))
+      .Input(Outs(fields, &Field::keys))
+      .Input(Outs(fields, &Field::segment_ids))
+      .Input(Outs(fields, &Field::num_segments));
+  if (apply != nullptr) {
+    builder.Input(Outs(fields, &Field::output_gradients));
+    // TfExtTableApplyGradient's inputs 3..7 are scalars (learning_rate .. global_step), then the
+    // hyperparameters list.
+    std::vector<NodeBuilder::NodeOut> hyperparameters;
+    for (int i = 3; i < apply->num_inputs(); ++i) {
+      Output input;
+      TF_RETURN_IF_ERROR(InputOf(apply, i, &input));
+      NodeBuilder::NodeOut out(const_cast<Node*>(input.first), input.second);
+      if (i < 8) {
+        builder.Input(out);
+      } else {
+        hyperparameters.push_back(out);
+      }
+    }
+    builder.Input(hyperparameters);
+    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
+                             "use_nesterov", "num_hyperparameters"}) {
+      builder.Attr(name, *apply->attrs().Find(name));
+    }
+  }
+  builder.Attr("N", static_cast<int64_t>(fields.size()))
+      .Attr("Tkeys", key_dtypes)
+      .Attr("dims", dims)
+      .Attr("combiners", combiners)
+      .Device(fields[0].device)
+      .AssignedDevice(fields[0].device);
+  std::set<Node*> control_inputs;
+  for (const Field& field : fields) {
+    for (const Edge* edge : field.replaced->in_edges()) {
+      if (edge->IsControlEdge() && !edge->src()->IsSource()) control_inputs.insert(edge->src());
+    }
+  }
+  builder.ControlInputs(std::vector<Node*>(control_inputs.begin(), control_inputs.end()));
+  return builder.Finalize(graph, fused);
+}
+
+// Moves the consumers of `from` (output `from_output`, and its control successors) to `to`.
+void MoveConsumers(Graph* graph, Node* from, int from_output, Node* to, int to_output) {
+  std::vector<const Edge*> edges(from->out_edges().begin(), from->out_edges().end());
+  for (const Edge* edge : edges) {
+    if (edge->IsControlEdge()) {
+      if (!edge->dst()->IsSink()) graph->AddControlEdge(to, edge->dst());
+    } else if (edge->src_output() == from_output) {
+      TF_CHECK_OK(graph->UpdateEdge(to, to_output, edge->dst(), edge->dst_input()));
+    }
+  }
+}
+
+// Ops that TensorFlow calls stateful (they read a resource) but that change nothing.
+bool ReadsOnly(const Node* node) {
+  const std::string& op = node->type_string();
+  return op == "TfExtTableFind" || op == "ReadVariableOp" || op == kFieldOp ||
+         op == kRowsGradientOp;
+}
+
+bool Removable(const Node* node, const std::set<const Node*>& kept) {
+  if (!node->IsOp() || kept.count(node) > 0) return false;
+  if (node->op_def().is_stateful() && !ReadsOnly(node)) return false;
+  if (node->IsArg() || node->IsRetval() || node->IsRecv() || node->IsSend()) return false;
+  for (const Edge* edge : node->out_edges()) {
+    if (!edge->dst()->IsSink()) return false;
+  }
+  return true;
+}
+
+// Removes `replaced` (the nodes the fused ops took over) and then every node that has lost its
+// last consumer. `kept`: nodes that had no consumer before the pass (fetch targets) stay.
+int RemoveReplaced(Graph* graph, const std::vector<Node*>& replaced,
+                   const std::set<const Node*>& kept) {
+  std::vector<Node*> orphans;
+  std::set<Node*> queued(replaced.begin(), replaced.end());  // never queued as orphans
+  const auto remove = [&](Node* node) {
+    for (const Edge* edge : node->in_edges()) {
+      if (!edge->src()->IsSource() && queued.insert(edge->src()).second) {
+        orphans.push_back(edge->src());
+      }
+    }
+    graph->RemoveNode(node);
+  };
+  for (Node* node : replaced) remove(node);
+  int removed = static_cast<int>(replaced.size());
+  while (!orphans.empty()) {
+    Node* node = orphans.back();
+    orphans.pop_back();
+    queued.erase(node);
+    if (!Removable(node, kept)) continue;
+    remove(node);
+    ++removed;
+  }
+  return removed;
+}
+
+// The device a field runs on: its table's (where the lookup or update was placed).
+std::string DeviceOf(const Node* node) {
+  return node->assigned_device_name().empty() ? node->requested_device()
+                                              : node->assigned_device_name();
+}
+
+Status ReadField(const Node* marker, int first_ingredient, Field* field) {
+  TF_RETURN_IF_ERROR(::tensorflow::GetNodeAttr(marker->attrs(), "Tkey", &field->key_dtype));
+  TF_RETURN_IF_ERROR(::tensorflow::GetNodeAttr(marker->attrs(), "dim", &field->dim));
+  TF_RETURN_IF_ERROR(::tensorflow::GetNodeAttr(marker->attrs(), "combiner", &field->combiner));
+  TF_RETURN_IF_ERROR(InputOf(marker, first_ingredient, &field->keys));
+  TF_RETURN_IF_ERROR(InputOf(marker, first_ingredient + 1, &field->segment_ids));
+  return InputOf(marker, first_ingredient + 2, &field->num_segments);
+}
+
+// What a hyperparameter input of a table update computes, so that the updates of one step group
+// together: each table's update builds its own constants, variable reads (the learning rate, a
+// Keras optimizer's step) and casts of them. Equal constants, reads of one variable and the same
+// casts of equal values match; anything else is itself.
+std::string ValueSignature(const Output& value, int depth = 0) {
+  const Node* node = value.first;
+  if (node == nullptr) return "?";
+  if (node->IsConstant()) return "const " + node->attrs().Find("value")->ShortDebugString();
+  const std::string& op = node->type_string();
+  if (depth < 4 && node->num_inputs() == 1 && (op == "ReadVariableOp" || op == "Cast")) {
+    const std::string cast = op == "Cast" ? node->attrs().Find("DstT")->ShortDebugString() : "";
+    return op + cast + "(" + ValueSignature(SourceOf(node, 0), depth + 1) + ")";
+  }
+  return node->name() + ":" + std::to_string(value.second);
+}
+
+// The lookups: TfExtEmbeddingField markers, grouped by device.
+Status LookupFields(Graph* graph, const std::vector<bool>& unfusable,
+                    std::map<std::string, std::vector<Field>>* groups) {
+  for (Node* node : graph->op_nodes()) {
+    if (node->type_string() != kFieldOp || unfusable[node->id()]) continue;
+    Field field;
+    field.replaced = node;
+    TF_RETURN_IF_ERROR(InputOf(node, 2, &field.table));
+    TF_RETURN_IF_ERROR(ReadField(node, 3, &field));
+    Output rows;
+    TF_RETURN_IF_ERROR(InputOf(node, 1, &rows));
+    field.device = DeviceOf(rows.first);  // the find, placed with its table
+    (*groups)[field.device].push_back(std::move(field));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// The updates: TfExtTableApplyGradient(table, Unique(keys):0, UnsortedSegmentSum(
+// TfExtEmbeddingRowsGradient(..., keys, ...), Unique(keys):1, n), hyperparameters...), grouped
+// by device, optimizer attributes and hyperparameter inputs.
+Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
+                   std::map<std::string, std::vector<Field>>* groups) {
+  for (Node* node : graph->op_nodes()) {
+    if (node->type_string() != kApplyOp || unfusable[node->id()]) continue;
+    const Output unique = SourceOf(node, 1);
+    const Output summed = SourceOf(node, 2);
+    if (unique.first == nullptr || unique.first->type_string() != "Unique" || unique.second != 0 ||
+        summed.first == nullptr || summed.first->type_string() != "UnsortedSegmentSum") {
+      continue;
+    }
+    const Output marker = SourceOf(summed.first, 0);
+    const Output positions = SourceOf(summed.first, 1);
+    if (marker.first == nullptr || marker.first->type_string() != kRowsGradientOp ||
+        positions != Output{unique.first, 1} ||
+        SourceOf(unique.first, 0) != SourceOf(marker.first, 2)) {
+      continue;
+    }
+    Field field;
+    field.replaced = node;
+    TF_RETURN_IF_ERROR(InputOf(node, 0, &field.table));
+    TF_RETURN_IF_ERROR(ReadField(marker.first, 2, &field));
+    TF_RETURN_IF_ERROR(InputOf(marker.first, 1, &field.output_gradients));
+    field.device = DeviceOf(node);
+    // Applies fuse only with the same optimizer and the same hyperparameter tensors.
+    std::string key = field.device;
+    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
+                             "use_nesterov", "num_hyperparameters"}) {
+      key += "|" + node->attrs().Find(name)->ShortDebugString();
+    }
+    for (int i = 3; i < node->num_inputs(); ++i) key += "|" + ValueSignature(SourceOf(node, i));
+    (*groups)[key].push_back(std::move(field));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+class EmbeddingFusionPass : public GraphOptimizationPass {
+ public:
+  Status Run(const GraphOptimizationPassOptions& options) override {
+    if (options.graph == nullptr || *options.graph == nullptr) return ::tensorflow::OkStatus();
+    PassSwitches switches;
+    TF_RETURN_IF_ERROR(SwitchesFor(options, &switches));
+    if (!switches.fuse_embeddings) return ::tensorflow::OkStatus();
+    Graph* graph = options.graph->get();
+    bool has_markers = false;
+    for (const Node* node : graph->op_nodes()) {
+      has_markers =
+          has_markers || node->type_string() == kFieldOp || node->type_string() == kRowsGradientOp;
+    }
+    if (!has_markers) return ::tensorflow::OkStatus();
+
+    std::set<const Node*> kept;  // fetch targets: no consumer before the pass
+    for (const Node* node : graph->op_nodes()) {
+      if (Removable(node, {})) kept.insert(node);
+    }
+    const std::vector<bool> unfusable = Unfusable(graph);
+    std::map<std::string, std::vector<Field>> lookups, applies;
+    TF_RETURN_IF_ERROR(LookupFields(graph, unfusable, &lookups));
+    TF_RETURN_IF_ERROR(ApplyFields(graph, unfusable, &applies));
+
+    std::vector<Node*> replaced;
+    int fused_lookups = 0, fused_applies = 0;
+    for (auto& [device, fields] : lookups) {
+      DropCycles(graph, &fields);
+      if (fields.empty()) continue;
+      Node* fused;
+      TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingLookup", fields, nullptr, &fused));
+      for (size_t i = 0; i < fields.size(); ++i) {
+        MoveConsumers(graph, fields[i].replaced, 0, fused, static_cast<int>(i));
+        replaced.push_back(fields[i].replaced);
+      }
+      fused_lookups += static_cast<int>(fields.size());
+    }
+    for (auto& [key, fields] : applies) {
+      DropCycles(graph, &fields);
+      if (fields.empty()) continue;
+      Node* fused;
+      TF_RETURN_IF_ERROR(
+          BuildFused(graph, "TfExtFusedEmbeddingApply", fields, fields[0].replaced, &fused));
+      for (const Field& field : fields) {
+        MoveConsumers(graph, field.replaced, -1, fused, -1);
+        replaced.push_back(field.replaced);
+      }
+      fused_applies += static_cast<int>(fields.size());
+    }
+    if (replaced.empty()) return ::tensorflow::OkStatus();
+    const int removed = RemoveReplaced(graph, replaced, kept);
+    RecordFusion(fused_lookups, fused_applies);
+    ::tensorflow::FixupSourceAndSinkEdges(graph);
+    VLOG(1) << "tf_ext embedding fusion: " << fused_lookups << " lookups and " << fused_applies
+            << " updates fused, " << removed << " nodes removed";
+    return ::tensorflow::OkStatus();
+  }
+};
+
+REGISTER_OPTIMIZATION(OptimizationPassRegistry::POST_REWRITE_FOR_EXEC, 1, EmbeddingFusionPass);
+
+}  // namespace
+}  // namespace graph
+}  // namespace tf_ext

@@ -1,0 +1,138 @@
+// Op interfaces of the fused embedding subgraph: the markers that tf_ext's lookups leave in a
+// graph, and the fused ops that kernels/graph/embedding_fusion_pass.cc puts in their place.
+// Kernels: kernels/dynamic_embedding/fused_kernels.cc; combiner arithmetic:
+// kernels/dynamic_embedding/core/combiners.h.
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tf_ext {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+REGISTER_OP("TfExtEmbeddingField")
+    .Input("embeddings: float")
+    .Input("rows: float")
+    .Input("table: resource")
+    .Input("keys: Tkey")
+    .Input("segment_ids: int64")
+    .Input("num_segments: int64")
+    .Output("output: float")
+    .Attr("Tkey: {int64, string}")
+    .Attr("dim: int")
+    .Attr("combiner: {'none', 'sum', 'mean', 'sqrtn'}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Marks one embedding lookup: outputs `embeddings` unchanged.
+
+`embeddings` is the lookup's result, computed by the graph before it from `rows` (TfExtTableFind
+of `keys` in `table`); the other inputs say how, so that the graph pass can compute it in one
+fused op for all lookups of a step: combiner none gives rows (shape keys.shape + [dim]); sum, mean
+and sqrtn combine the rows of 1-D `keys` by `segment_ids` into `num_segments` rows.
+)doc");
+
+REGISTER_OP("TfExtEmbeddingRowsGradient")
+    .Input("row_gradients: float")
+    .Input("output_gradients: float")
+    .Input("keys: Tkey")
+    .Input("segment_ids: int64")
+    .Input("num_segments: int64")
+    .Output("output: float")
+    .Attr("Tkey: {int64, string}")
+    .Attr("dim: int")
+    .Attr("combiner: {'none', 'sum', 'mean', 'sqrtn'}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Marks the gradient of one embedding lookup's rows: outputs `row_gradients` unchanged.
+
+`row_gradients` ([len(keys), dim], keys flattened) is computed by the graph before it from
+`output_gradients`, the gradient of the lookup's output; the graph pass computes it in the fused
+apply instead.
+)doc");
+
+namespace {
+
+Status FieldLists(InferenceContext* c, int* n, std::vector<int64_t>* dims,
+                  std::vector<std::string>* combiners) {
+  TF_RETURN_IF_ERROR(c->GetAttr("N", n));
+  TF_RETURN_IF_ERROR(c->GetAttr("dims", dims));
+  TF_RETURN_IF_ERROR(c->GetAttr("combiners", combiners));
+  if (static_cast<int>(dims->size()) != *n || static_cast<int>(combiners->size()) != *n) {
+    return ::tensorflow::errors::InvalidArgument("dims and combiners must have N = ", *n,
+                                                 " entries");
+  }
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("TfExtFusedEmbeddingLookup")
+    .Input("tables: N * resource")
+    .Input("keys: Tkeys")
+    .Input("segment_ids: N * int64")
+    .Input("num_segments: N * int64")
+    .Output("embeddings: N * float")
+    .Attr("N: int >= 1")
+    .Attr("Tkeys: list({int64, string})")
+    .Attr("dims: list(int)")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      std::vector<int64_t> dims;
+      std::vector<std::string> combiners;
+      TF_RETURN_IF_ERROR(FieldLists(c, &n, &dims, &combiners));
+      for (int i = 0; i < n; ++i) {
+        ShapeHandle out;
+        if (combiners[i] == "none") {
+          TF_RETURN_IF_ERROR(c->Concatenate(c->input(n + i), c->Vector(dims[i]), &out));
+        } else {
+          DimensionHandle rows;
+          TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(3 * n + i, &rows));
+          out = c->Matrix(rows, dims[i]);
+        }
+        c->set_output(i, out);
+      }
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+All embedding lookups of a step in one op: field i looks keys[i] up in tables[i] and combines the
+rows as combiners[i] says (see TfExtEmbeddingField). Equal, to the bit, to the unfused lookups.
+)doc");
+
+REGISTER_OP("TfExtFusedEmbeddingApply")
+    .Input("tables: N * resource")
+    .Input("keys: Tkeys")
+    .Input("segment_ids: N * int64")
+    .Input("num_segments: N * int64")
+    .Input("output_gradients: N * float")
+    .Input("learning_rate: float")
+    .Input("beta1: float")
+    .Input("beta2: float")
+    .Input("epsilon: float")
+    .Input("global_step: int64")
+    .Input("hyperparameters: num_hyperparameters * float")
+    .Attr("N: int >= 1")
+    .Attr("Tkeys: list({int64, string})")
+    .Attr("dims: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'amsgrad', 'momentum', 'keras_momentum', 'ftrl'}")
+    .Attr("epsilon_inside_sqrt: bool = false")
+    .Attr("initial_accumulator_value: float = 0.0")
+    .Attr("use_nesterov: bool = false")
+    .Attr("num_hyperparameters: int >= 0 = 0")
+    .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); })
+    .Doc(R"doc(
+The optimizer steps of all lookups of a step in one op: for field i, the gradient of each key's
+row follows from output_gradients[i] through combiners[i], the gradients of equal keys are summed,
+and tables[i] applies them as TfExtTableApplyGradient does (same attributes and inputs).
+)doc");
+
+}  // namespace tf_ext

@@ -1,0 +1,373 @@
+"""Embedding subgraph fusion (kernels/graph/embedding_fusion_pass.cc): every lookup of a step
+becomes one fused op and the table updates one fused apply, in a TF1 Session, Estimator,
+tf.function and Keras, with results equal to the bit to the unfused graph."""
+
+import itertools
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ext
+from tf_ext import graph_optimizations
+
+_names = itertools.count()
+FUSE_ONLY = {"fuse_embeddings": True, "cluster_dense_for_xla": False}
+UNFUSED = {"fuse_embeddings": False, "cluster_dense_for_xla": False}
+
+
+def unique(prefix):
+  return f"{prefix}_{next(_names)}"
+
+
+@pytest.fixture
+def process_switches():
+  """enable()/disable() change the process; every test leaves them off."""
+  yield
+  graph_optimizations.disable()
+
+
+def sparse_value(rng, batch, width, vocab, empty_rows=True):
+  indices, values = [], []
+  for row in range(batch):
+    count = rng.integers(0 if empty_rows else 1, width + 1)
+    for col in range(count):
+      indices.append([row, col])
+      values.append(rng.integers(0, vocab))
+  return tf.compat.v1.SparseTensorValue(
+    np.array(indices, np.int64).reshape(-1, 2), np.array(values, np.int64), [batch, width]
+  )
+
+
+def _executed_ops(session, fetch, feed):
+  metadata = tf.compat.v1.RunMetadata()
+  options = tf.compat.v1.RunOptions(output_partition_graphs=True)
+  session.run(fetch, feed, options=options, run_metadata=metadata)
+  return [node.op for graph in metadata.partition_graphs for node in graph.node]
+
+
+class SessionModel:
+  """Sparse fields with each combiner (one with a row-less table shared by two lookups), one
+  dense single-id field and one string field, a linear layer and a logistic loss."""
+
+  def __init__(self, optimizer_fn, batch=16):
+    self.graph = tf.Graph()
+    self.batch = batch
+    with self.graph.as_default():
+      tf.compat.v1.set_random_seed(1)
+      init = tf.random_normal_initializer(0.0, 0.1)
+      self.sparse = [tf.compat.v1.sparse_placeholder(tf.int64) for _ in range(3)]
+      self.dense_ids = tf.compat.v1.placeholder(tf.int64, [None])
+      self.words = tf.compat.v1.placeholder(tf.string, [None])
+      self.label = tf.compat.v1.placeholder(tf.float32, [None])
+      table = lambda prefix, dim, key_dtype=tf.int64: tf_ext.get_dynamic_embedding_variable(  # noqa: E731
+        unique(prefix), dim, key_dtype=key_dtype, initializer=init
+      )
+      self.tables = [table("sparse", 4) for _ in range(3)]
+      self.tables += [table("dense", 4), table("words", 3, tf.string), table("shared", 2)]
+      lookup = tf_ext.embedding_lookup
+      embeddings = [
+        lookup(t, ids, combiner=c)
+        for t, ids, c in zip(self.tables, self.sparse, ("mean", "sum", "sqrtn"))
+      ]
+      embeddings += [
+        lookup(self.tables[3], self.dense_ids),
+        lookup(self.tables[4], self.words),
+        # One table, two lookups: fused forward; their summed gradient updates it unfused.
+        lookup(self.tables[5], self.sparse[0], combiner="mean"),
+        lookup(self.tables[5], self.sparse[1], combiner="sum"),
+      ]
+      self.embeddings = embeddings
+      features = tf.concat(embeddings, axis=1)
+      logit = tf.squeeze(tf.keras.layers.Dense(1)(features), axis=1)
+      self.loss = tf.reduce_mean(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=self.label, logits=logit)
+      )
+      optimizer = tf_ext.DynamicEmbeddingOptimizer(optimizer_fn())
+      self.train = optimizer.minimize(self.loss)
+      self.exports = [t.export() for t in self.tables]
+      self.initialize = tf.compat.v1.global_variables_initializer()
+
+  def feeds(self, steps, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+      feed = {ids: sparse_value(rng, self.batch, 4, 30) for ids in self.sparse}
+      feed[self.dense_ids] = rng.integers(0, 30, self.batch)
+      feed[self.words] = np.array([f"w{i}" for i in rng.integers(0, 20, self.batch)], object)
+      feed[self.label] = rng.integers(0, 2, self.batch).astype(np.float32)
+      yield feed
+
+  def train_steps(self, switches, steps=4):
+    """(per step: loss and embeddings), the tables' final exports, the executed op types."""
+    config = graph_optimizations.config_proto(**switches)
+    with tf.compat.v1.Session(graph=self.graph, config=config) as session:
+      session.run(self.initialize)
+      history = []
+      feeds = list(self.feeds(steps))
+      for feed in feeds:
+        loss, embeddings, _ = session.run([self.loss, self.embeddings, self.train], feed)
+        history.append((loss, embeddings))
+      ops = _executed_ops(session, self.train, feeds[0])
+      return history, session.run(self.exports), ops
+
+
+def assert_bit_equal(a, b):
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def assert_same_training(unfused, fused):
+  (history_a, tables_a, _), (history_b, tables_b, _) = unfused, fused
+  for (loss_a, emb_a), (loss_b, emb_b) in zip(history_a, history_b):
+    assert loss_a == loss_b
+    for x, y in zip(emb_a, emb_b):
+      assert_bit_equal(x, y)
+  for export_a, export_b in zip(tables_a, tables_b):
+    order_a, order_b = np.argsort(export_a[0]), np.argsort(export_b[0])
+    for x, y in zip(export_a, export_b):  # keys, rows, slots, counts, steps, slot init
+      if len(x) == len(export_a[0]):
+        x, y = x[order_a], y[order_b]
+      assert_bit_equal(x, y)
+
+
+@pytest.mark.parametrize(
+  "optimizer_fn",
+  [
+    lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+    lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01),
+    lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+  ],
+  ids=["adam", "adagrad", "ftrl", "nesterov"],
+)
+def test_session_training_is_bit_equal_and_fused(optimizer_fn):
+  model = SessionModel(optimizer_fn)
+  unfused = model.train_steps(UNFUSED)
+  fused = model.train_steps(FUSE_ONLY)
+  assert_same_training(unfused, fused)
+  unfused_ops, fused_ops = unfused[2], fused[2]
+  assert unfused_ops.count("TfExtTableFind") == 7
+  assert unfused_ops.count("TfExtTableApplyGradient") == 6
+  # All 7 lookups in one op; the 5 tables of one lookup each in one apply, the shared one apart.
+  assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
+  # Only the shared table's unfused update still reads its forward chain (RealDiv's gradient).
+  assert fused_ops.count("TfExtTableFind") == 1
+  assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
+  assert fused_ops.count("TfExtTableApplyGradient") == 1
+  assert "Unique" in fused_ops  # the shared table's
+  assert len(fused_ops) < 0.75 * len(unfused_ops)
+
+
+def test_session_stats_count_the_fusions():
+  model = SessionModel(lambda: tf.compat.v1.train.AdagradOptimizer(0.1))
+  before = graph_optimizations.stats()
+  model.train_steps(FUSE_ONLY, steps=1)
+  after = graph_optimizations.stats()
+  assert after["graphs_fused"] > before["graphs_fused"]
+  assert after["lookups_fused"] - before["lookups_fused"] >= 7
+  assert after["updates_fused"] - before["updates_fused"] >= 5
+
+
+def test_config_proto_extends_a_given_config_and_replaces_its_own_entry():
+  base = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=2)
+  proto = graph_optimizations.config_proto(base, fuse_embeddings=False)
+  proto = graph_optimizations.config_proto(proto, fuse_embeddings=True)
+  assert proto.intra_op_parallelism_threads == 2
+  customs = [c for c in proto.graph_options.rewrite_options.custom_optimizers]
+  assert [c.name for c in customs] == [graph_optimizations.CONFIG_NAME]
+  assert customs[0].parameter_map["fuse_embeddings"].b
+  assert not base.graph_options.rewrite_options.custom_optimizers  # the given one is unchanged
+
+
+def test_bad_arguments_are_named():
+  with pytest.raises(TypeError, match="ConfigProto"):
+    graph_optimizations.config_proto({"fuse_embeddings": True})
+  with pytest.raises(TypeError, match="fuse_embeddings"):
+    graph_optimizations.enable(fuse_embeddings="yes")
+  with pytest.raises(TypeError, match="cluster_dense_for_xla"):
+    graph_optimizations.config_proto(cluster_dense_for_xla=1)
+
+
+def test_unknown_switch_in_a_session_config_fails_clearly():
+  proto = graph_optimizations.config_proto()
+  proto.graph_options.rewrite_options.custom_optimizers[0].parameter_map["fuse_all"].b = True
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable(unique("bad_switch"), 2)
+    out = tf_ext.embedding_lookup(table, tf.constant([1, 2], tf.int64))
+    initialize = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(config=proto) as session:
+      for fetch in (initialize, out):  # every graph the session runs is checked
+        with pytest.raises(tf.errors.InvalidArgumentError, match="fuse_all"):
+          session.run(fetch)
+
+
+def _settings_subprocess(env_value):
+  code = (
+    "from tf_ext import graph_optimizations as g\n"
+    "print(g.enable()['fuse_embeddings'], g.config_proto().graph_options.rewrite_options"
+    ".custom_optimizers[0].parameter_map['fuse_embeddings'].b)\n"
+  )
+  env = dict(os.environ, TF_EXT_GRAPH_FUSE_EMBEDDINGS=env_value, TF_CPP_MIN_LOG_LEVEL="3")
+  return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_setting_turns_fusion_off_and_rejects_bad_values():
+  off = _settings_subprocess("0")
+  assert off.returncode == 0, off.stderr
+  assert off.stdout.split() == ["False", "False"]
+  bad = _settings_subprocess("maybe")
+  assert bad.returncode != 0
+  assert "TF_EXT_GRAPH_FUSE_EMBEDDINGS" in bad.stderr
+
+
+def _keras_model(prefix, fields=3):
+  tf.keras.utils.set_random_seed(3)
+  ragged = tf.keras.Input(shape=(None,), dtype=tf.int64, ragged=True, name="ragged")
+  single = tf.keras.Input(shape=(), dtype=tf.int64, name="single")
+  init = tf.random_normal_initializer(0.0, 0.1)
+  embeddings = [
+    tf_ext.keras.layers.DynamicEmbedding(
+      4, combiner="mean", initializer=init, name=f"{prefix}r{i}"
+    )(ragged)
+    for i in range(fields)
+  ]
+  embeddings.append(
+    tf_ext.keras.layers.DynamicEmbedding(4, initializer=init, name=f"{prefix}s")(single)
+  )
+  hidden = tf.keras.layers.Dense(8, "relu")(tf.concat(embeddings, axis=1))
+  model = tf.keras.Model({"ragged": ragged, "single": single}, tf.keras.layers.Dense(1)(hidden))
+  model.compile(
+    optimizer=tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.05)),
+    loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+  )
+  return model
+
+
+def _keras_data(batch=32, steps=4):
+  rng = np.random.default_rng(5)
+  lengths = rng.integers(0, 5, batch * steps)
+  ragged = tf.RaggedTensor.from_row_lengths(rng.integers(0, 40, lengths.sum()), lengths)
+  single = rng.integers(0, 40, batch * steps)
+  label = rng.integers(0, 2, batch * steps).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices(({"ragged": ragged, "single": single}, label)).batch(
+    batch
+  )
+
+
+def test_keras_fit_is_bit_equal_and_fused(process_switches):
+  graph_optimizations.disable()
+  unfused = _keras_model(unique("kunfused"))
+  history_a = unfused.fit(_keras_data(), epochs=2, verbose=0).history["loss"]
+  graph_optimizations.enable(**FUSE_ONLY)
+  before = graph_optimizations.stats()
+  fused = _keras_model(unique("kfused"))
+  history_b = fused.fit(_keras_data(), epochs=2, verbose=0).history["loss"]
+  after = graph_optimizations.stats()
+  assert history_a == history_b
+  for a, b in zip(unfused.get_weights(), fused.get_weights()):
+    assert_bit_equal(a, b)
+  assert after["lookups_fused"] - before["lookups_fused"] >= 4
+  assert after["updates_fused"] - before["updates_fused"] >= 4
+  probe = {"ragged": tf.ragged.constant([[1, 2], [3]], tf.int64), "single": tf.constant([1, 39])}
+  assert_bit_equal(unfused.predict(probe, verbose=0), fused.predict(probe, verbose=0))
+
+
+def test_tf_function_tape_loop_is_bit_equal_and_fused(process_switches):
+  def train(prefix):
+    table = tf_ext.get_dynamic_embedding_variable(unique(prefix), 3)
+    optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adagrad(0.5))
+
+    @tf.function
+    def step(ids):
+      with tf.GradientTape() as tape:
+        rows = tf_ext.embedding_lookup(table, ids, combiner="sqrtn")
+        loss = tf.reduce_sum(tf.square(rows - 1.0))
+      variables = [table.gradient_anchor]
+      optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+      return loss
+
+    ids = tf.sparse.from_dense(tf.constant([[1, 2, 2], [3, 0, 0], [2, 5, 1]], tf.int64))
+    losses = [float(step(ids)) for _ in range(3)]
+    return losses, table.lookup(tf.constant([0, 1, 2, 3, 5], tf.int64)).numpy()
+
+  graph_optimizations.disable()
+  losses_a, rows_a = train("tape_unfused")
+  graph_optimizations.enable(**FUSE_ONLY)
+  before = graph_optimizations.stats()
+  losses_b, rows_b = train("tape_fused")
+  after = graph_optimizations.stats()
+  assert losses_a == losses_b
+  assert_bit_equal(rows_a, rows_b)
+  assert after["lookups_fused"] > before["lookups_fused"]
+  assert after["updates_fused"] > before["updates_fused"]
+
+
+def test_graphs_without_tables_are_unchanged(process_switches):
+  graph_optimizations.enable()
+  before = graph_optimizations.stats()
+
+  @tf.function
+  def dense(x):
+    return tf.reduce_sum(tf.matmul(x, x))
+
+  assert float(dense(tf.ones([3, 3]))) == 27.0
+  assert graph_optimizations.stats() == before
+
+
+def test_lookups_in_a_loop_or_cond_stay_unfused_and_correct():
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable(
+      unique("loop"), 2, initializer=tf.constant_initializer(0.5)
+    )
+    ids = tf.sparse.from_dense(tf.constant([[1, 2], [3, 0]], tf.int64))
+    outside = tf_ext.embedding_lookup(table, ids, combiner="sum")
+    inside = tf.while_loop(
+      lambda i, acc: i < 2,
+      lambda i, acc: (i + 1, acc + tf_ext.embedding_lookup(table, ids, combiner="sum")),
+      (0, tf.zeros([2, 2])),
+    )[1]
+    take = tf.compat.v1.placeholder_with_default(True, [])  # not constant: Grappler keeps the cond
+    cond = tf.compat.v1.cond(
+      take,
+      lambda: tf_ext.embedding_lookup(table, ids, combiner="mean"),
+      lambda: tf.zeros([2, 2]),
+    )
+    initialize = tf.compat.v1.global_variables_initializer()
+    config = graph_optimizations.config_proto(**FUSE_ONLY)
+    with tf.compat.v1.Session(config=config) as session:
+      session.run(initialize)
+      got = session.run([outside, inside, cond])
+      ops = _executed_ops(session, [outside, inside, cond], None)
+  # ids 0 (from_dense drops zeros) -> [[1, 1], [0.5, 0.5]] summed, [[0.5]*2, [0.5]*2] mean
+  np.testing.assert_allclose(got[0], [[1.0, 1.0], [0.5, 0.5]])
+  np.testing.assert_allclose(got[1], 2 * got[0])
+  np.testing.assert_allclose(got[2], [[0.5, 0.5], [0.5, 0.5]])
+  assert ops.count("TfExtFusedEmbeddingLookup") == 1  # only the lookup outside the loop and cond
+  assert ops.count("TfExtTableFind") == 2
+
+
+def test_estimator_trains_with_fused_lookups(tmp_path):
+  name = unique("estimator")
+
+  def model_fn(features, labels, mode):
+    rows = tf_ext.dynamic_embedding(features["ids"], 4, name, combiner="mean")
+    logit = tf.squeeze(tf.keras.layers.Dense(1)(rows), axis=1)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+    optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
+    train = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+  def input_fn():
+    ids = tf.sparse.from_dense(tf.constant([[1, 2], [3, 0], [4, 4]], tf.int64))
+    return tf.data.Dataset.from_tensors(({"ids": ids}, tf.constant([1.0, 0.0, 1.0]))).repeat(5)
+
+  config = tf.estimator.RunConfig(
+    model_dir=str(tmp_path), session_config=graph_optimizations.config_proto(**FUSE_ONLY)
+  )
+  before = graph_optimizations.stats()
+  tf.estimator.Estimator(model_fn, config=config).train(input_fn)
+  after = graph_optimizations.stats()
+  assert after["lookups_fused"] > before["lookups_fused"]
+  assert after["updates_fused"] > before["updates_fused"]

@@ -1,0 +1,96 @@
+// The combiner arithmetic of the fused embedding ops: forward combination, the per-key sums of
+// the gradients, and the order of distinct keys, against hand-computed values.
+#include "kernels/dynamic_embedding/core/combiners.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tf_ext {
+namespace de {
+namespace {
+
+TEST(CombinersTest, ParsesTheFourNames) {
+  Combiner c;
+  EXPECT_TRUE(ParseCombiner("none", &c) && c == Combiner::kNone);
+  EXPECT_TRUE(ParseCombiner("sum", &c) && c == Combiner::kSum);
+  EXPECT_TRUE(ParseCombiner("mean", &c) && c == Combiner::kMean);
+  EXPECT_TRUE(ParseCombiner("sqrtn", &c) && c == Combiner::kSqrtn);
+  EXPECT_FALSE(ParseCombiner("max", &c));
+}
+
+// Rows [1,2], [3,4], [5,6] in segments 0, 0, 2 of 3 (segment 1 empty).
+const std::vector<float> kRows = {1, 2, 3, 4, 5, 6};
+const std::vector<int64_t> kSegments = {0, 0, 2};
+
+std::vector<float> Combined(Combiner combiner) {
+  std::vector<float> out(6, -1.0f);
+  CombineRows(combiner, kRows.data(), kSegments.data(), 3, 3, 2, out.data());
+  return out;
+}
+
+TEST(CombinersTest, CombinesBySegmentAndLeavesEmptySegmentsZero) {
+  EXPECT_EQ(Combined(Combiner::kSum), (std::vector<float>{4, 6, 0, 0, 5, 6}));
+  EXPECT_EQ(Combined(Combiner::kMean), (std::vector<float>{2, 3, 0, 0, 5, 6}));
+  const float root2 = std::sqrt(2.0f);
+  EXPECT_EQ(Combined(Combiner::kSqrtn), (std::vector<float>{4 / root2, 6 / root2, 0, 0, 5, 6}));
+}
+
+TEST(CombinersTest, NegativeSegmentIdsDropTheirRows) {
+  const std::vector<int64_t> segments = {0, -1, 0};
+  std::vector<float> out(2);
+  CombineRows(Combiner::kMean, kRows.data(), segments.data(), 3, 1, 2, out.data());
+  EXPECT_EQ(out, (std::vector<float>{3, 4}));  // (1+5)/2, (2+6)/2
+}
+
+TEST(CombinersTest, SumsGradientsPerDistinctKeyInFirstOccurrenceOrder) {
+  // Keys 7, 3, 7 in segments 0, 0, 1 of 2; mean: segment 0 has 2 ids, segment 1 one.
+  const std::vector<int64_t> keys = {7, 3, 7};
+  const std::vector<int64_t> segments = {0, 0, 1};
+  const std::vector<float> output_gradients = {2, 4, 10, 20};  // [2 segments, dim 2]
+  std::vector<int64_t> distinct;
+  std::vector<float> sums;
+  SumGradientsByDistinctKey<int64_t>(
+      Combiner::kMean, output_gradients.data(), segments.data(), 3, 2, 2,
+      [&](int64_t i) { return keys[i]; }, &distinct, &sums);
+  EXPECT_EQ(distinct, (std::vector<int64_t>{7, 3}));
+  // key 7: [2,4]/2 + [10,20]/1; key 3: [2,4]/2.
+  EXPECT_EQ(sums, (std::vector<float>{11, 22, 1, 2}));
+}
+
+TEST(CombinersTest, NoneTakesOneGradientRowPerKey) {
+  const std::vector<std::string> keys = {"b", "a", "b"};
+  const std::vector<float> output_gradients = {1, 2, 3, 4, 5, 6};
+  std::vector<std::string_view> distinct;
+  std::vector<float> sums;
+  SumGradientsByDistinctKey<std::string_view>(
+      Combiner::kNone, output_gradients.data(), nullptr, 3, 0, 2,
+      [&](int64_t i) { return std::string_view(keys[i]); }, &distinct, &sums);
+  EXPECT_EQ(distinct, (std::vector<std::string_view>{"b", "a"}));
+  EXPECT_EQ(sums, (std::vector<float>{6, 8, 3, 4}));
+}
+
+TEST(CombinersTest, ManyDistinctIntKeysKeepTheirOrder) {
+  const int64_t n = 10000;
+  std::vector<int64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = (i * 7919) % 5003 - 2500;  // repeats, negatives
+  std::vector<float> gradients(n, 1.0f);
+  std::vector<int64_t> distinct;
+  std::vector<float> sums;
+  SumGradientsByDistinctKey<int64_t>(
+      Combiner::kNone, gradients.data(), nullptr, n, 0, 1, [&](int64_t i) { return keys[i]; },
+      &distinct, &sums);
+  ASSERT_EQ(distinct.size(), 5003u);
+  float total = 0;
+  for (size_t k = 0; k < distinct.size(); ++k) {
+    EXPECT_EQ(distinct[k], keys[k]);  // the first 5003 keys are all distinct
+    total += sums[k];
+  }
+  EXPECT_EQ(total, static_cast<float>(n));
+}
+
+}  // namespace
+}  // namespace de
+}  // namespace tf_ext
