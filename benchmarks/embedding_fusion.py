@@ -18,11 +18,12 @@ Timed in --rounds interleaved rounds of --steps steps (rotating order; each roun
 untimed, inputs prepared beforehand); steps/s of each variant's best round and the median of the
 rounds' ratios. Target: >= 1.3x steps/s with the passes on (the faster of fusion / all) against
 off, in both the Session and Keras; PASS/MISS per tower. The exit status is 0 whatever the numbers.
+A PNG (--png) charts the steps/s of each variant, tower and API, with the ratios to off.
 
 The default takes about 5 minutes on a 2-CPU machine; --quick (batch 512, fewer steps) about one.
 
   python benchmarks/embedding_fusion.py
-  python benchmarks/embedding_fusion.py --quick --json /tmp/fusion.json
+  python benchmarks/embedding_fusion.py --quick --json /tmp/fusion.json --png /tmp/fusion.png
 """
 
 import os
@@ -39,9 +40,11 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   log,
   machine_report,
   require_positive,
+  save_figure,
   use_checkout,
   verdict,
   versions,
+  write_chart,
 )
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -51,7 +54,9 @@ import _criteo_like  # noqa: E402
 import numpy as np  # noqa: E402
 
 TARGET = 1.3
+DEFAULT_PNG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedding_fusion.png")
 VARIANTS = ("off", "fusion", "all")
+LABELS = {"off": "off", "fusion": "embedding fusion", "all": "fusion + XLA (all passes)"}
 SWITCHES = {
   "off": {"fuse_embeddings": False, "cluster_dense_for_xla": False},
   "fusion": {"fuse_embeddings": True, "cluster_dense_for_xla": False},
@@ -75,6 +80,7 @@ def parse_args(argv):
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--apis", default="session,keras", help="comma-separated: session, keras")
   p.add_argument("--quick", action="store_true", help="batch 512, 3 rounds of 10 steps")
+  p.add_argument("--png", default=DEFAULT_PNG, help="chart path ('' for none)")
   add_intra_op_threads(p)
   add_json(p)
   args = p.parse_args(argv)
@@ -258,15 +264,17 @@ def keras_runners(tf, tf_ext, args, hidden, batches):
     graph_optimizations.enable(**SWITCHES[variant])
     model = build(variant)
     model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)  # instantiates the train step
-    # Then the step `fit` runs, called as `fit` calls it, without fit's per-call set-up.
+    # Then the step `fit` runs, called as `fit` calls it, without fit's per-call set-up. The
+    # variant's switches are set again first: TensorFlow may instantiate a function again at a
+    # later call, and the passes then follow the switches of that moment.
     iterator = iter(dataset)
 
-    def run(k, model=model, iterator=iterator):
+    def run(k, model=model, iterator=iterator, switches=SWITCHES[variant]):
+      graph_optimizations.enable(**switches)
       for _ in range(k):
         model.train_function(iterator)
 
     runners[variant] = run
-  graph_optimizations.disable()
   return runners
 
 
@@ -286,12 +294,49 @@ def report(api, rates):
   return {"steps_per_s": rates, "ratios": ratios, "target": TARGET, "met": on >= TARGET}
 
 
+def chart(path, towers):
+  """Grouped bars: steps/s (best round) of off / fusion / all for each API and tower."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  groups = [
+    (f"{api}\ntower {entry['hidden'] or 'none'}", entry[api])
+    for api in ("session", "keras")
+    for entry in towers
+    if api in entry
+  ]
+  fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+  width = 0.8 / len(VARIANTS)
+  for k, variant in enumerate(VARIANTS):
+    rates = [max(result["steps_per_s"][variant]) for _, result in groups]
+    positions = [g + (k - 1) * width for g in range(len(groups))]
+    bars = ax.bar(positions, rates, width, label=LABELS[variant])
+    if variant != "off":
+      for bar, (_, result) in zip(bars, groups):
+        ratio = result["ratios"][variant]["best"]
+        ax.annotate(
+          f"{ratio:.2f}x",
+          (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+          ha="center",
+          va="bottom",
+          fontsize=7,
+        )
+  ax.set_xticks(range(len(groups)), [name for name, _ in groups], fontsize=8)
+  ax.set_ylabel("training steps/s (best round)")
+  ax.set_title(f"tf_ext graph passes, 26 fields, batch 4096 (ratio to off; target {TARGET}x)")
+  ax.legend()
+  save_figure(fig, plt, path, dpi=120)
+
+
 def main(argv):
   args = parse_args(argv)
   wall_start = time.perf_counter()
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
   import tf_ext  # pylint: disable=import-outside-toplevel
+  from tf_ext import graph_optimizations  # pylint: disable=import-outside-toplevel
 
   if args.intra_op_threads:
     tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
@@ -319,7 +364,10 @@ def main(argv):
       log(f"{name}, Keras: building and warming up the three variants")
       runners = keras_runners(tf, tf_ext, args, hidden, batches)
       entry["keras"] = report("Keras fit", time_rounds(runners, args.steps, args.rounds))
+      graph_optimizations.disable()
     results["towers"].append(entry)
+  if args.png:
+    write_chart(args.png, results, lambda path: chart(path, results["towers"]))
   return finish(results, args.json, wall_start)
 
 

@@ -103,8 +103,10 @@ REGISTER_OP("TfExtFusedEmbeddingLookup")
       return ::tensorflow::OkStatus();
     })
     .Doc(R"doc(
-All embedding lookups of a step in one op: field i looks keys[i] up in tables[i] and combines the
-rows as combiners[i] says (see TfExtEmbeddingField). Equal, to the bit, to the unfused lookups.
+All embedding lookups of a step in one op.
+
+Field i looks keys[i] up in tables[i] and combines the rows as combiners[i] says (see
+TfExtEmbeddingField). Equal, to the bit, to the unfused lookups.
 )doc");
 
 REGISTER_OP("TfExtFusedEmbeddingApply")
@@ -130,9 +132,11 @@ REGISTER_OP("TfExtFusedEmbeddingApply")
     .Attr("num_hyperparameters: int >= 0 = 0")
     .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); })
     .Doc(R"doc(
-The optimizer steps of all lookups of a step in one op: for field i, the gradient of each key's
-row follows from output_gradients[i] through combiners[i], the gradients of equal keys are summed,
-and tables[i] applies them as TfExtTableApplyGradient does (same attributes and inputs).
+The optimizer steps of all lookups of a step in one op.
+
+For field i, the gradient of each key's row follows from output_gradients[i] through
+combiners[i], the gradients of equal keys are summed, and tables[i] applies them as
+TfExtTableApplyGradient does (same attributes and inputs).
 )doc");
 
 }  // namespace tf_ext

@@ -371,3 +371,35 @@ def test_estimator_trains_with_fused_lookups(tmp_path):
   after = graph_optimizations.stats()
   assert after["lookups_fused"] > before["lookups_fused"]
   assert after["updates_fused"] > before["updates_fused"]
+
+
+def test_canned_estimator_with_feature_columns_fuses_and_learns(tmp_path):
+  """The label is the user id's parity: only trained user rows can predict it."""
+  fcol = tf_ext.feature_column
+  user = fcol.categorical_column_with_dynamic_vocabulary(unique("fc_user"), tf.int64)
+  city = fcol.categorical_column_with_dynamic_vocabulary(unique("fc_city"), tf.string)
+  columns = [fcol.dynamic_embedding_column(user, 4), fcol.dynamic_embedding_column(city, 4)]
+  estimator = tf.compat.v1.estimator.DNNClassifier(
+    [8],
+    columns,
+    optimizer=tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.3)),
+    config=tf.estimator.RunConfig(
+      model_dir=str(tmp_path), session_config=graph_optimizations.config_proto(**FUSE_ONLY)
+    ),
+  )
+  rng = np.random.default_rng(1)
+  features = {
+    user.key: rng.integers(10**12, 10**12 + 50, (512, 1)),
+    city.key: rng.choice(np.array([b"a", b"b", b"c"]), (512, 1)),
+  }
+  labels = (features[user.key][:, 0] % 2).astype(np.int64)
+
+  def input_fn():
+    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat(4).batch(32)
+
+  before = graph_optimizations.stats()
+  estimator.train(input_fn)
+  after = graph_optimizations.stats()
+  assert after["lookups_fused"] - before["lookups_fused"] >= 2
+  assert after["updates_fused"] - before["updates_fused"] >= 2
+  assert estimator.evaluate(input_fn, steps=4)["auc"] > 0.95

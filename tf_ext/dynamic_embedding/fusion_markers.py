@@ -11,8 +11,6 @@ from tensorflow.python.framework import ops
 
 from tf_ext import _ops_loader
 
-# ---- markers for the embedding fusion pass (kernels/graph/embedding_fusion_pass.cc) -------------
-#
 # In a graph, each lookup's result goes through a TfExtEmbeddingField marker naming the table,
 # keys, segments and combiner it was computed from, and the gradient of its rows through a
 # TfExtEmbeddingRowsGradient marker naming the gradient of the result. Both pass their first input

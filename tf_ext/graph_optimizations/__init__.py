@@ -10,8 +10,9 @@
 `enable()` turns them on for every graph TensorFlow runs from then on (tf.function, Keras, TF1
 Sessions); `config_proto()` gives a ConfigProto that turns them on for one Session or Estimator
 (`tf.estimator.RunConfig(session_config=...)`). Graphs without tf_ext tables are left unchanged.
-The passes run when a graph is first run (a Session's first run, a tf.function's first call), so
-enable them before that.
+The passes run whenever TensorFlow instantiates a graph (a Session's first run of a set of fetches,
+a tf.function's first call, and at times again later) with the switches of that moment: enable
+them before the first step and leave them on while the model trains.
 """
 
 import ctypes
@@ -79,7 +80,7 @@ def enable(fuse_embeddings=None, cluster_dense_for_xla=None):
 
 
 def disable():
-  """Turns every pass off for graphs run from now on (graphs already run keep their rewrite)."""
+  """Turns every pass off for graphs instantiated from now on."""
   with _lock:
     switches = dict.fromkeys(_SWITCHES, False)
     _set_process_switches(switches)
