@@ -6,7 +6,16 @@ still works and the reason (missing library, TensorFlow version or ABI mismatch)
 first use of an op.
 """
 
-from tf_ext import _ops_loader, feature_column, jit, keras, mixed_precision, saved_model, train
+from tf_ext import (
+  _ops_loader,
+  feature_column,
+  graph_optimizations,
+  jit,
+  keras,
+  mixed_precision,
+  saved_model,
+  train,
+)
 from tf_ext.dynamic_embedding import (
   DeltaCheckpointManager,
   DynamicEmbeddingOptimizer,
