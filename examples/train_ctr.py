@@ -312,6 +312,11 @@ def main(argv=None):
     help="loss-aware mixed precision: tf_ext.mixed_precision.LossAwareOptimizer(half=...)",
   )
   parser.add_argument(
+    "--graph-passes",
+    action="store_true",
+    help="tf_ext.graph_optimizations.enable(): fused embedding lookups and table updates",
+  )
+  parser.add_argument(
     "--log-dir",
     default=os.path.join(tempfile.gettempdir(), "tf_ext_ctr_logs"),
     help="TensorBoard log of the table statistics",
@@ -346,6 +351,8 @@ def main(argv=None):
   eval_ds = _batches(eval_x, eval_y, 4 * batch_size)
 
   # Model.
+  if args.graph_passes:  # before the first step: the passes rewrite graphs as they are built
+    tf_ext.graph_optimizations.enable()
   model = build_model(args.dim, args.min_count, args.evict_window)
   optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(args.learning_rate))
   if args.amp != "off":
@@ -379,6 +386,14 @@ def main(argv=None):
     f"{total_examples / fit_s:,.0f} examples/s ({steady_examples / steady_s:,.0f} examples/s "
     f"after the first step; {throughput.steps} steps of {batch_size})"
   )
+
+  if args.graph_passes:
+    passes = tf_ext.graph_optimizations.stats()
+    print(
+      f"graph passes: {passes['lookups_fused']} lookups and {passes['updates_fused']} table "
+      f"updates fused (graphs rewritten: {passes['graphs_fused']}), {passes['nodes_clustered']} nodes "
+      "clustered for XLA"
+    )
 
   if args.amp != "off":
     amp = {k: float(v) for k, v in tf_ext.mixed_precision.report(optimizer).items()}
