@@ -391,8 +391,8 @@ def main(argv=None):
     passes = tf_ext.graph_optimizations.stats()
     print(
       f"graph passes: {passes['lookups_fused']} lookups and {passes['updates_fused']} table "
-      f"updates fused (graphs rewritten: {passes['graphs_fused']}), {passes['nodes_clustered']} nodes "
-      "clustered for XLA"
+      f"updates fused (graphs rewritten: {passes['graphs_fused']}), "
+      f"{passes['nodes_clustered']} nodes clustered for XLA"
     )
 
   if args.amp != "off":
