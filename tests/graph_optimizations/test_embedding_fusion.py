@@ -403,3 +403,50 @@ def test_canned_estimator_with_feature_columns_fuses_and_learns(tmp_path):
   assert after["lookups_fused"] - before["lookups_fused"] >= 2
   assert after["updates_fused"] - before["updates_fused"] >= 2
   assert estimator.evaluate(input_fn, steps=4)["auc"] > 0.95
+
+
+def test_fused_ops_reject_bad_inputs_with_the_table_named():
+  ops = tf_ext._ops_loader.load()
+  table = tf_ext.get_dynamic_embedding_variable(unique("direct"), 2)
+  keys = tf.constant([1, 2, 3], tf.int64)
+
+  def lookup(segment_ids, num_segments, dims=(2,), combiners=("mean",), field_keys=keys):
+    return ops.tf_ext_fused_embedding_lookup(
+      [table.resource_handle],
+      [field_keys],
+      [tf.constant(segment_ids, tf.int64)],
+      [tf.constant(num_segments, tf.int64)],
+      dims=list(dims),
+      combiners=list(combiners),
+    )
+
+  rows = table.lookup(keys).numpy()
+  np.testing.assert_array_equal(lookup([0, 0, 1], 2)[0].numpy(), [(rows[0] + rows[1]) / 2, rows[2]])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*segment_ids\\[2\\] = 5"):
+    lookup([0, 0, 5], 2)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*num_segments is -1"):
+    lookup([0, 0, 0], -1)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*expects int64 keys and dim 3"):
+    lookup([0, 0, 0], 1, dims=(3,))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*must be 1-D"):
+    lookup([0, 0, 0], 1, field_keys=tf.constant([[1, 2, 3]], tf.int64))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="unknown combiner 'max'"):
+    lookup([0, 0, 0], 1, combiners=("max",))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*output gradient has shape"):
+    ops.tf_ext_fused_embedding_apply(
+      [table.resource_handle],
+      [keys],
+      [tf.constant([0, 0, 1], tf.int64)],
+      [tf.constant(2, tf.int64)],
+      [tf.ones([3, 2])],  # 2 segments, not 3 rows
+      0.1,
+      0.9,
+      0.999,
+      1e-7,
+      tf.constant(1, tf.int64),
+      [],
+      dims=[2],
+      combiners=["mean"],
+      optimizer="sgd",
+    )
+  assert int(table.size()) == 0  # nothing was written
