@@ -1,7 +1,11 @@
 // Kernels of the fused embedding subgraph (ops/dynamic_embedding_fusion_ops.cc): the markers pass
 // their first input through; TfExtFusedEmbeddingLookup and TfExtFusedEmbeddingApply do every
 // field's lookup or update in one op, with the combiner arithmetic of core/combiners.h.
+#include <algorithm>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/dynamic_embedding/apply_rows.h"
@@ -12,7 +16,6 @@ namespace tf_ext {
 namespace {
 
 using ::tensorflow::DT_INT64;
-using ::tensorflow::DT_STRING;
 
 class ForwardFirstInputOp : public OpKernel {
  public:

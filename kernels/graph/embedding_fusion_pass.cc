@@ -1,8 +1,8 @@
 // Embedding subgraph fusion: every embedding lookup of a step becomes one
 // TfExtFusedEmbeddingLookup, and every matching table update one TfExtFusedEmbeddingApply.
 //
-// tf_ext's lookups (tf_ext/dynamic_embedding/lookup.py) leave markers in the graph that name what
-// they compute, so the pass matches markers, not the shapes of arithmetic that Grappler may change:
+// tf_ext's lookups leave markers in the graph (tf_ext/dynamic_embedding/fusion_markers.py) that
+// name what they compute, so the pass matches markers, not arithmetic that Grappler may change:
 //   - TfExtEmbeddingField(embeddings, rows, table, keys, segment_ids, num_segments): the lookup's
 //     result. Its consumers are moved to an output of the fused lookup.
 //   - TfExtEmbeddingRowsGradient(row_gradients, output_gradients, keys, segment_ids, num_segments):
