@@ -215,6 +215,13 @@ def verdict(ok):
   return "PASS" if ok else "MISS"
 
 
+def rotated(names, round_index):
+  """`names` starting at position round_index (mod len): the order of an interleaved round, so
+  that no variant always runs first (or right after a given other one)."""
+  shift = round_index % len(names)
+  return names[shift:] + names[:shift]
+
+
 def int_list(text):
   return [int(x) for x in text.split(",") if x.strip()]
 

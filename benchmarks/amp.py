@@ -58,6 +58,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   log,
   machine_report,
   require_positive,
+  rotated,
   save_figure,
   use_checkout,
   verdict,
@@ -327,7 +328,7 @@ def speed_section(tf, tf_ext, amp, ours_error, args):
   rates = {name: [] for name in models}
   names = list(models)
   for r in range(args.speed_rounds):
-    for name in names[r % len(names) :] + names[: r % len(names)]:
+    for name in rotated(names, r):
       timer = StepTimes()
       timer.times = []
       with grappler_bf16(tf, name == "grappler_bf16"):

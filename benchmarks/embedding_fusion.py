@@ -40,6 +40,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   log,
   machine_report,
   require_positive,
+  rotated,
   save_figure,
   use_checkout,
   verdict,
@@ -144,7 +145,7 @@ def time_rounds(runners, steps, rounds):
   rates = {v: [] for v in runners}
   order = list(runners)
   for r in range(rounds):
-    for v in order[r % len(order) :] + order[: r % len(order)]:
+    for v in rotated(order, r):
       runners[v](1)  # untimed: the round's first step
       start = time.perf_counter()
       runners[v](steps)

@@ -47,6 +47,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   machine_report,
   mib,
   require_positive,
+  rotated,
   rss_bytes,
   use_checkout,
   verdict,
@@ -192,8 +193,7 @@ def run_interleaved(methods, warmup, repeats):
   times = {name: [] for name in names}
   cpu_times = {name: [] for name in names}
   for r in range(repeats):
-    order = names[r % len(names) :] + names[: r % len(names)]
-    for name in order:
+    for name in rotated(names, r):
       fn, batches = methods[name]
       wall, cpu = time_round(fn, batches)
       times[name].append(wall)

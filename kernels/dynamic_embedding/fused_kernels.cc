@@ -169,13 +169,8 @@ class FusedLookupOp : public FusedFieldsKernel {
                      float* found = direct ? outputs[i] : rows.data();
                      WithKeys(field, [&](auto* key_type, auto key_at) {
                        using Key = std::remove_pointer_t<decltype(key_type)>;
-                       auto* core = field.table->template table<Key>();
-                       for (int64_t block = 0; block < field.num_keys; block += kLookupBlock) {
-                         const int64_t count = std::min(kLookupBlock, field.num_keys - block);
-                         core->FindBatch(
-                             count, [&](int64_t k) { return key_at(block + k); },
-                             found + block * field.dim);
-                       }
+                       FindRows(*field.table->template table<Key>(), 0, field.num_keys, key_at,
+                                found);
                      });
                      if (!direct) {
                        de::CombineRows(field.combiner, rows.data(), field.segment_ids,

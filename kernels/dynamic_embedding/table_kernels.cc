@@ -108,15 +108,11 @@ class FindOp : public TableKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
     float* values = out->flat<float>().data();
-    de::EmbeddingTable<Key>* core = table->template table<Key>();
-    const int dim = dim_;
-    ParallelFor(ctx, flat_keys.size(), 50 + 2 * dim, [&](int64_t begin, int64_t end) {
-      for (int64_t block = begin; block < end; block += kLookupBlock) {
-        const int64_t count = std::min(kLookupBlock, end - block);
-        core->FindBatch(
-            count, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(block + i)); },
-            values + block * dim);
-      }
+    const de::EmbeddingTable<Key>& core = *table->template table<Key>();
+    ParallelFor(ctx, flat_keys.size(), 50 + 2 * dim_, [&](int64_t begin, int64_t end) {
+      FindRows(
+          core, begin, end, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); },
+          values + begin * dim_);
     });
   }
 };

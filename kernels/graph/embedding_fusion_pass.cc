@@ -213,18 +213,6 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
   return builder.Finalize(graph, fused);
 }
 
-// Moves the consumers of `from` (output `from_output`, and its control successors) to `to`.
-void MoveConsumers(Graph* graph, Node* from, int from_output, Node* to, int to_output) {
-  std::vector<const Edge*> edges(from->out_edges().begin(), from->out_edges().end());
-  for (const Edge* edge : edges) {
-    if (edge->IsControlEdge()) {
-      if (!edge->dst()->IsSink()) graph->AddControlEdge(to, edge->dst());
-    } else if (edge->src_output() == from_output) {
-      TF_CHECK_OK(graph->UpdateEdge(to, to_output, edge->dst(), edge->dst_input()));
-    }
-  }
-}
-
 // Ops that TensorFlow calls stateful (they read a resource) but that change nothing.
 bool ReadsOnly(const Node* node) {
   const std::string& op = node->type_string();
@@ -358,11 +346,9 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
 class EmbeddingFusionPass : public GraphOptimizationPass {
  public:
   Status Run(const GraphOptimizationPassOptions& options) override {
-    if (options.graph == nullptr || *options.graph == nullptr) return ::tensorflow::OkStatus();
-    PassSwitches switches;
-    TF_RETURN_IF_ERROR(SwitchesFor(options, &switches));
-    if (!switches.fuse_embeddings) return ::tensorflow::OkStatus();
-    Graph* graph = options.graph->get();
+    Graph* graph;
+    TF_RETURN_IF_ERROR(GraphToRewrite(options, &PassSwitches::fuse_embeddings, &graph));
+    if (graph == nullptr) return ::tensorflow::OkStatus();
     bool has_markers = false;
     for (const Node* node : graph->op_nodes()) {
       has_markers =
@@ -387,7 +373,7 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       Node* fused;
       TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingLookup", fields, nullptr, &fused));
       for (size_t i = 0; i < fields.size(); ++i) {
-        MoveConsumers(graph, fields[i].replaced, 0, fused, static_cast<int>(i));
+        TF_RETURN_IF_ERROR(MoveConsumers(graph, fields[i].replaced, 0, fused, static_cast<int>(i)));
         replaced.push_back(fields[i].replaced);
       }
       fused_lookups += static_cast<int>(fields.size());
@@ -399,7 +385,7 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       TF_RETURN_IF_ERROR(
           BuildFused(graph, "TfExtFusedEmbeddingApply", fields, fields[0].replaced, &fused));
       for (const Field& field : fields) {
-        MoveConsumers(graph, field.replaced, -1, fused, -1);
+        TF_RETURN_IF_ERROR(MoveConsumers(graph, field.replaced, -1, fused, -1));
         replaced.push_back(field.replaced);
       }
       fused_applies += static_cast<int>(fields.size());

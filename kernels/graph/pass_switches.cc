@@ -1,6 +1,7 @@
 #include "kernels/graph/pass_switches.h"
 
 #include <string>
+#include <vector>
 
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer.h"
 #include "tensorflow/core/grappler/optimizers/custom_graph_optimizer_registry.h"
@@ -10,6 +11,8 @@
 
 namespace tf_ext {
 namespace graph {
+
+namespace {
 
 ::tensorflow::Status SwitchesFor(const ::tensorflow::GraphOptimizationPassOptions& options,
                                  PassSwitches* switches) {
@@ -28,6 +31,32 @@ namespace graph {
       }
     }
     *switches = own;
+  }
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+::tensorflow::Status GraphToRewrite(const ::tensorflow::GraphOptimizationPassOptions& options,
+                                    bool PassSwitches::*pass, ::tensorflow::Graph** graph) {
+  *graph = nullptr;
+  if (options.graph == nullptr || *options.graph == nullptr) return ::tensorflow::OkStatus();
+  PassSwitches switches;
+  TF_RETURN_IF_ERROR(SwitchesFor(options, &switches));
+  if (switches.*pass) *graph = options.graph->get();
+  return ::tensorflow::OkStatus();
+}
+
+::tensorflow::Status MoveConsumers(::tensorflow::Graph* graph, ::tensorflow::Node* from,
+                                   int from_output, ::tensorflow::Node* to, int to_output) {
+  const std::vector<const ::tensorflow::Edge*> edges(from->out_edges().begin(),
+                                                     from->out_edges().end());
+  for (const ::tensorflow::Edge* edge : edges) {
+    if (edge->IsControlEdge()) {
+      graph->AddControlEdge(to, edge->dst());  // the sink's too: `to` may have no consumer left
+    } else if (edge->src_output() == from_output) {
+      TF_RETURN_IF_ERROR(graph->UpdateEdge(to, to_output, edge->dst(), edge->dst_input()));
+    }
   }
   return ::tensorflow::OkStatus();
 }

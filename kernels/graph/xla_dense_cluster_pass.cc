@@ -176,14 +176,7 @@ Status Unfuse(Graph* graph, Node* fused, std::vector<Node*>* unfused) {
     TF_RETURN_IF_ERROR(add(
         NodeBuilder(graph->NewName(prefix + fused_ops[1]), fused_ops[1]).Input(unfused->back())));
   }
-  const std::vector<const Edge*> consumers(fused->out_edges().begin(), fused->out_edges().end());
-  for (const Edge* edge : consumers) {
-    if (edge->IsControlEdge()) {
-      graph->AddControlEdge(unfused->back(), edge->dst());
-    } else {
-      TF_RETURN_IF_ERROR(graph->UpdateEdge(unfused->back(), 0, edge->dst(), edge->dst_input()));
-    }
-  }
+  TF_RETURN_IF_ERROR(MoveConsumers(graph, fused, 0, unfused->back(), 0));
   graph->RemoveNode(fused);
   return ::tensorflow::OkStatus();
 }
@@ -241,11 +234,9 @@ void AddConstantsAndNoOps(const Graph& graph,
 class XlaDenseClusterPass : public GraphOptimizationPass {
  public:
   Status Run(const GraphOptimizationPassOptions& options) override {
-    if (options.graph == nullptr || *options.graph == nullptr) return ::tensorflow::OkStatus();
-    PassSwitches switches;
-    TF_RETURN_IF_ERROR(SwitchesFor(options, &switches));
-    if (!switches.cluster_dense_for_xla) return ::tensorflow::OkStatus();
-    Graph* graph = options.graph->get();
+    Graph* graph;
+    TF_RETURN_IF_ERROR(GraphToRewrite(options, &PassSwitches::cluster_dense_for_xla, &graph));
+    if (graph == nullptr) return ::tensorflow::OkStatus();
     bool has_tables = false;
     for (const Node* node : graph->op_nodes()) has_tables = has_tables || TakesTable(node);
     if (!has_tables) return ::tensorflow::OkStatus();

@@ -16,7 +16,7 @@ them before the first step and leave them on while the model trains.
 """
 
 import ctypes
-import threading
+import functools
 
 import tensorflow as tf
 
@@ -31,17 +31,12 @@ _SETTING_OF = {
   "fuse_embeddings": "TF_EXT_GRAPH_FUSE_EMBEDDINGS",
   "cluster_dense_for_xla": "TF_EXT_GRAPH_CLUSTER_DENSE",
 }
-_lock = threading.Lock()
-_enabled = dict.fromkeys(_SWITCHES, False)
 
 
 def _switches(fuse_embeddings, cluster_dense_for_xla):
   """Each switch: the argument when given, else its setting."""
   chosen = {}
-  for name, value in (
-    ("fuse_embeddings", fuse_embeddings),
-    ("cluster_dense_for_xla", cluster_dense_for_xla),
-  ):
+  for name, value in zip(_SWITCHES, (fuse_embeddings, cluster_dense_for_xla)):
     if value is None:
       value = settings.get(_SETTING_OF[name])
       if value == "auto":  # XLA pays off on GPUs; on CPU it slowed benchmarks/embedding_fusion.py
@@ -55,15 +50,14 @@ def _switches(fuse_embeddings, cluster_dense_for_xla):
 _STATS = ("graphs_fused", "lookups_fused", "updates_fused", "graphs_clustered", "nodes_clustered")
 
 
+@functools.lru_cache(maxsize=None)
 def _library():
   _ops_loader.load()
   return ctypes.CDLL(_ops_loader.library_path())  # the loaded library: dlopen returns it again
 
 
 def _set_process_switches(switches):
-  _library().TfExtSetGraphOptimizations(
-    int(switches["fuse_embeddings"]), int(switches["cluster_dense_for_xla"])
-  )
+  _library().TfExtSetGraphOptimizations(*(int(switches[name]) for name in _SWITCHES))
 
 
 def enable(fuse_embeddings=None, cluster_dense_for_xla=None):
@@ -72,25 +66,21 @@ def enable(fuse_embeddings=None, cluster_dense_for_xla=None):
   Each argument defaults to its setting: TF_EXT_GRAPH_FUSE_EMBEDDINGS (on) and
   TF_EXT_GRAPH_CLUSTER_DENSE (auto: on where TensorFlow sees a GPU); False keeps that pass off.
   """
-  with _lock:
-    switches = _switches(fuse_embeddings, cluster_dense_for_xla)
-    _set_process_switches(switches)
-    _enabled.update(switches)
-    return dict(_enabled)
+  _set_process_switches(_switches(fuse_embeddings, cluster_dense_for_xla))
+  return enabled()
 
 
 def disable():
   """Turns every pass off for graphs instantiated from now on."""
-  with _lock:
-    switches = dict.fromkeys(_SWITCHES, False)
-    _set_process_switches(switches)
-    _enabled.update(switches)
+  _set_process_switches(dict.fromkeys(_SWITCHES, False))
 
 
 def enabled():
-  """Which passes enable() turned on: {"fuse_embeddings": bool, "cluster_dense_for_xla": bool}."""
-  with _lock:
-    return dict(_enabled)
+  """Which passes are on for the process: {"fuse_embeddings": bool, "cluster_dense_for_xla": bool}
+  (a Session's config_proto() switches are its own)."""
+  switches = (ctypes.c_int * len(_SWITCHES))()
+  _library().TfExtGetGraphOptimizations(switches)
+  return {name: bool(on) for name, on in zip(_SWITCHES, switches)}
 
 
 def config_proto(config=None, fuse_embeddings=None, cluster_dense_for_xla=None):

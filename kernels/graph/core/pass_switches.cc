@@ -70,6 +70,12 @@ extern "C" void TfExtSetGraphOptimizations(int fuse_embeddings, int cluster_dens
   tf_ext::graph::SetProcessSwitches(switches);
 }
 
+extern "C" void TfExtGetGraphOptimizations(int* out) {
+  const tf_ext::graph::PassSwitches switches = tf_ext::graph::ProcessSwitches();
+  out[0] = switches.fuse_embeddings;
+  out[1] = switches.cluster_dense_for_xla;
+}
+
 extern "C" void TfExtGraphOptimizationStats(int64_t* out) {
   const tf_ext::graph::PassStats stats = tf_ext::graph::Stats();
   out[0] = stats.graphs_fused;

@@ -50,6 +50,8 @@ PassStats Stats();
 
 // For tf_ext.graph_optimizations (through ctypes): sets the process switches; 0 is off.
 extern "C" void TfExtSetGraphOptimizations(int fuse_embeddings, int cluster_dense_for_xla);
+// Writes the process switches, in TfExtSetGraphOptimizations' order, to out[0..1].
+extern "C" void TfExtGetGraphOptimizations(int* out);
 // Writes PassStats' five counters, in their order, to out[0..4].
 extern "C" void TfExtGraphOptimizationStats(int64_t* out);
 

@@ -28,6 +28,10 @@ TEST(PassSwitchesTest, ProcessSwitchesAreWhatWasLastSet) {
   TfExtSetGraphOptimizations(0, 1);
   EXPECT_FALSE(ProcessSwitches().fuse_embeddings);
   EXPECT_TRUE(ProcessSwitches().cluster_dense_for_xla);
+  int read[2];
+  TfExtGetGraphOptimizations(read);
+  EXPECT_EQ(read[0], 0);
+  EXPECT_EQ(read[1], 1);
   TfExtSetGraphOptimizations(0, 0);
 }
 
