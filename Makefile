@@ -23,6 +23,8 @@
 #                on and off (TF1 Session and Keras; 26 fields, batch 4096, three dense towers)
 #   make bench-jit  benchmarks/jit_cache.py: tf_ext.jit against plain TF, jit_compile, auto-jit and
 #                static shapes on two varying-shape workloads (writes jit_cache.png)
+#   make bench-jit-session  benchmarks/jit_cache_session.py: tf_ext.jit.Bucketing against
+#                TensorFlow's XLA options in a TF1 Session (writes jit_cache_session.png)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
 #   make clean   bazel clean + built artefacts
@@ -97,7 +99,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-cluster demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-session bench-cluster demo-estimator clean distclean
 
 all: build
 
@@ -266,6 +268,10 @@ bench-fusion: build bench-deps
 # Issue 11's compilation-cache benchmark; BENCH_ARGS=--quick for a short run.
 bench-jit: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_cache.py $(BENCH_ARGS))
+
+# Its TF1 Session path; BENCH_ARGS=--quick for a short run.
+bench-jit-session: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_cache_session.py $(BENCH_ARGS))
 
 # Issue 10's mixed-precision benchmark; BENCH_ARGS=--quick for a short run (matplotlib: bench-deps).
 bench-amp: build bench-deps

@@ -327,7 +327,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_JIT_MAX_EXECUTABLES",
       "8",
       "tf_ext.jit: compiled executables kept per function; the least recently used beyond this "
-      "are dropped.",
+      "are dropped. A Bucketing makes at most this many bucket shapes.",
       capability="graph",
       parse=_int_at_least(1),
     ),
@@ -375,7 +375,8 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_JIT_ASYNC",
       "1",
       "tf_ext.jit: compile in a background thread while calls run uncompiled (0: compile in the "
-      "calling thread, like tf.function(jit_compile=True)).",
+      "calling thread, like tf.function(jit_compile=True)); a Bucketing turns on TensorFlow's "
+      "asynchronous XLA compilation for the process.",
       capability="graph",
       parse=_flag,
     ),

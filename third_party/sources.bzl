@@ -98,12 +98,15 @@ CAPABILITIES = {
     },
     # Graph passes for recommendation models: embedding lookups and their applies fused into one
     # op each, and the dense part around the tables clustered for XLA. The fused ops themselves
-    # are the dynamic_embedding capability's.
+    # are the dynamic_embedding capability's. Also the log of TensorFlow's XLA compilations and the
+    # switch for its asynchronous compilation (for tf_ext.jit's compilation cache).
     "graph": {
         "core_hdrs": [
+            "kernels/graph/core/compile_log.h",
             "kernels/graph/core/pass_switches.h",
         ],
         "core_srcs": [
+            "kernels/graph/core/compile_log.cc",
             "kernels/graph/core/pass_switches.cc",
         ],
         "kernel_hdrs": [
@@ -112,6 +115,7 @@ CAPABILITIES = {
         "kernel_srcs": [
             "kernels/graph/embedding_fusion_pass.cc",
             "kernels/graph/pass_switches.cc",
+            "kernels/graph/xla_compile_listener.cc",
             "kernels/graph/xla_dense_cluster_pass.cc",
         ],
         "op_srcs": [],

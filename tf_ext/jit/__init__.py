@@ -11,8 +11,21 @@ For Keras, `tf_ext.jit.compile(model, optimizer=..., loss=..., ...)` (or on a co
 runs fit / evaluate / predict through such functions, padding the batch and masking padded rows
 out of the compiled loss and metrics; `tf_ext.jit.functions(model)` gives their statistics
 (tf_ext/jit/keras.py).
+
+For TF1 Sessions and Estimator, `tf_ext.jit.Bucketing` pads the batches of the input pipeline to
+planned buckets, so that the XLA clusters of the model (tf_ext.graph_optimizations' dense-part
+pass, auto-jit or a jit_scope) compile once per bucket, in the background; `Bucketing.padded`
+makes the same helpers work in a model_fn, and `unpad` slices predictions back to the real rows
+(tf_ext/jit/bucketing.py). `compile_log()` lists every XLA compilation of the process.
 """
 
 from tf_ext.jit import buckets
+from tf_ext.jit.bucketing import SIZES_KEY, Bucketing, unpad
 from tf_ext.jit.function import Function, function, mask, masked_mean, masked_sum, size
 from tf_ext.jit.keras import compile, functions
+from tf_ext.jit.xla_compiles import (
+  compile_count,
+  compile_log,
+  listener_active,
+  set_async_compilation,
+)

@@ -82,12 +82,12 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tf_ext import settings
 from tf_ext.jit import buckets as bucket_lib
+from tf_ext.jit import planner as planner_lib
+from tf_ext.jit import xla_compiles
 
 logger = logging.getLogger("tf_ext.jit")
 
-_PLAN_VERSION = 1
 _HELPER_SCOPE = "tf_ext_jit_helper"
 # Ops that only read a resource variable: others (assignments, optimizer updates, loops) write.
 _READ_ONLY_RESOURCE_OPS = frozenset(
@@ -156,6 +156,8 @@ def size(dim="batch"):
 
 def _padded_length(ctx, dim):
   tensor, axis = ctx.lengths[dim]
+  if axis is None:  # the length itself (a scalar tensor)
+    return tensor
   static = tensor.shape[axis]
   return static if static is not None else tf.shape(tensor)[axis]
 
@@ -361,9 +363,6 @@ class Function:
     plan_path=None,
     name=None,
   ):
-    def setting(env_name, value):
-      return settings.get(env_name, None if value is None else str(value))
-
     self._fn = fn
     functools.update_wrapper(self, fn)
     self._signature = inspect.signature(fn)
@@ -378,29 +377,22 @@ class Function:
         if key not in self._signature.parameters:
           raise ValueError(f"paddable: {self.name} has no argument {key!r}")
     self._output_dims = output_dims
-    self.max_executables = setting("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
-    self.max_buckets = setting("TF_EXT_JIT_MAX_BUCKETS", max_buckets)
-    if isinstance(max_size, dict):
-      self._max_sizes = {d: setting("TF_EXT_JIT_MAX_SIZE", v) for d, v in max_size.items()}
-      self._default_max_size = setting("TF_EXT_JIT_MAX_SIZE", None)
-    else:
-      self._max_sizes = {}
-      self._default_max_size = setting("TF_EXT_JIT_MAX_SIZE", max_size)
-    self.min_observations = setting("TF_EXT_JIT_MIN_OBSERVATIONS", min_observations)
-    self.min_gain = setting("TF_EXT_JIT_MIN_GAIN", min_gain)
-    self.replan_gain = setting("TF_EXT_JIT_REPLAN_GAIN", replan_gain)
-    if isinstance(async_compile, bool):
-      async_compile = int(async_compile)
-    self.async_compile = setting("TF_EXT_JIT_ASYNC", async_compile)
+    self.max_executables = planner_lib.option("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
+    self._planner = planner_lib.Planner(
+      lambda dims, boundaries, reason: self._event(
+        "plan", dims=dims, boundaries=boundaries, reason=reason
+      ),
+      max_buckets=max_buckets,
+      max_size=max_size,
+      min_observations=min_observations,
+      min_gain=min_gain,
+      replan_gain=replan_gain,
+    )
+    self.async_compile = planner_lib.option("TF_EXT_JIT_ASYNC", async_compile)
 
     self._signatures = {}
     self._cache = collections.OrderedDict()  # executable key -> _Executable, LRU first
     self._lock = threading.RLock()
-    # Per dims tuple: joint histogram {sizes: count}, plan (boundaries per dim), next check.
-    self._joint = {}
-    self._plans = {}
-    self._next_check = {}
-    self._last_plan_at = {}
     self._warm = {}  # dims -> bucket tuples to compile at the first call (from a saved plan)
     self._warned_oversize = False
     self._disabled = None  # reason compilation is off for good (e.g. XLA cannot compile it)
@@ -423,6 +415,10 @@ class Function:
   # -- public -----------------------------------------------------------------------------------
 
   @property
+  def max_buckets(self):
+    return self._planner.max_buckets
+
+  @property
   def compiles(self):
     """Compilations finished so far (each logged with its reason and duration)."""
     return sum(1 for e in self.events if e["event"] == "compile")
@@ -435,7 +431,7 @@ class Function:
   def plan(self):
     """{dims tuple: boundaries per dim} currently in force."""
     with self._lock:
-      return dict(self._plans)
+      return dict(self._planner.plans)
 
   def wait_for_compiles(self, timeout=None):
     """Block until no compilation is queued or running (tests, benchmarks, before serving).
@@ -462,8 +458,7 @@ class Function:
   def replan(self):
     """Plan the buckets again from the histogram now (normally done on a schedule)."""
     with self._lock:
-      for dims in list(self._joint):
-        self._make_plan(dims, force=True, reason="replan (requested)")
+      self._planner.replan()
 
   def close(self):
     """Stops the background compiler (the running compilation finishes first)."""
@@ -481,23 +476,11 @@ class Function:
     `tf_ext_jit_plan.<name>.json` in it. Returns the file's path."""
     path = self._plan_file(path)
     with self._lock:
-      entries = []
-      for dims, plan in self._plans.items():
-        joint = self._joint.get(dims, {})
-        in_use = [list(e.buckets) for e in self._cache.values() if e.signature.dims == dims]
-        entries.append(
-          {
-            "dims": list(dims),
-            "boundaries": [list(b) for b in plan],
-            "histogram": [list(k) + [c] for k, c in sorted(joint.items())],
-            "buckets": in_use[::-1],  # most recently used first
-          }
-        )
-    data = {"version": _PLAN_VERSION, "function": self.name, "plans": entries}
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      json.dump(data, f)
-    os.replace(tmp, path)
+      data = self._planner.to_json(
+        self.name,
+        lambda dims: [e.buckets for e in self._cache.values() if e.signature.dims == dims][::-1],
+      )
+    planner_lib.write_json_atomically(path, data)
     logger.info("tf_ext.jit: %s: saved its bucket plan to %s", self.name, path)
     return path
 
@@ -510,22 +493,8 @@ class Function:
       return False
     with open(path) as f:
       data = json.load(f)
-    if data.get("version") != _PLAN_VERSION:
-      raise ValueError(f"{path}: plan version {data.get('version')}, expected {_PLAN_VERSION}")
     with self._lock:
-      for entry in data["plans"]:
-        dims = tuple(entry["dims"])
-        plan = tuple(tuple(int(b) for b in bounds) for bounds in entry["boundaries"])
-        if len(plan) != len(dims):
-          raise ValueError(f"{path}: {len(plan)} boundary lists for dims {dims}")
-        joint = {tuple(int(v) for v in row[:-1]): int(row[-1]) for row in entry["histogram"]}
-        self._plans[dims] = plan
-        self._joint[dims] = joint
-        seen = sum(joint.values())
-        self._last_plan_at[dims] = seen
-        self._next_check[dims] = max(2 * seen, self.min_observations)
-        self._warm[dims] = [tuple(int(v) for v in b) for b in entry["buckets"]]
-        self._event("plan", dims=dims, boundaries=plan, reason=f"warm restart from {path}")
+      self._warm.update(self._planner.load_json(data, path))
     return True
 
   def __get__(self, instance, owner):
@@ -563,14 +532,16 @@ class Function:
 
     all_sizes = self._sizes(signature, tensors)
     sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
-    too_large = [(dim, n) for dim, n in zip(signature.dims, sizes) if n > self._max_size_of(dim)]
+    too_large = [
+      (dim, n) for dim, n in zip(signature.dims, sizes) if n > self._planner.max_size_of(dim)
+    ]
     if too_large:
       return self._run_oversize(signature, tensors, too_large)
     requests = []
     with self._lock:
-      self._observe(signature.dims, sizes)
-      before = self._plans.get(signature.dims)
-      plan = self._maybe_plan(signature.dims, sizes)
+      self._planner.observe(signature.dims, sizes)
+      before = self._planner.plans.get(signature.dims)
+      plan = self._planner.maybe_plan(signature.dims, sizes, compiler_busy=self._pending > 0)
       if plan is not None and plan != before and self._disabled is None:
         requests += self._plan_requests(signature, tensors, plan, before)
       choice = None
@@ -609,7 +580,7 @@ class Function:
     """A new plan's bucket shapes to compile: first the one holding every size (so that every
     call has a ready bucket after one compilation), then the others the histogram uses, most
     used first; at most max_executables."""
-    joint = self._joint.get(signature.dims, {})
+    joint = self._planner.joint.get(signature.dims, {})
     uses = collections.Counter()
     for sizes, count in joint.items():
       combo = tuple(bucket_lib.bucket_of(n, b) for n, b in zip(sizes, plan))
@@ -632,11 +603,7 @@ class Function:
       paddable=self._paddable,
       output_dims=self._output_dims,
       max_executables=self.max_executables,
-      max_buckets=self.max_buckets,
-      max_size=dict(self._max_sizes) or self._default_max_size,
-      min_observations=self.min_observations,
-      min_gain=self.min_gain,
-      replan_gain=self.replan_gain,
+      **self._planner.options(),
       async_compile=self.async_compile,
       name=self.name,
     )
@@ -696,9 +663,6 @@ class Function:
 
   def _exact_sizes(self, signature, tensors):
     return tf.constant(self._sizes(signature, tensors), tf.int32)
-
-  def _max_size_of(self, dim):
-    return self._max_sizes.get(dim, self._default_max_size)
 
   def _key(self, signature, tensors, buckets):
     bucket_of_dim = dict(zip(signature.dims, buckets))
@@ -789,7 +753,7 @@ class Function:
     self.stats["oversize"] += 1
     if not self._warned_oversize:
       self._warned_oversize = True
-      what = ", ".join(f"{dim}={n} > {self._max_size_of(dim)}" for dim, n in too_large)
+      what = ", ".join(f"{dim}={n} > {self._planner.max_size_of(dim)}" for dim, n in too_large)
       logger.warning(
         "tf_ext.jit: %s: %s exceeds TF_EXT_JIT_MAX_SIZE: such calls run uncompiled (warned once)",
         self.name,
@@ -911,104 +875,17 @@ class Function:
       return
     all_sizes = self._sizes(signature, tensors)
     sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
-    if any(n > self._max_size_of(d) for d, n in zip(signature.dims, sizes)):
+    if any(n > self._planner.max_size_of(d) for d, n in zip(signature.dims, sizes)):
       return
     with self._lock:
-      self._observe(signature.dims, sizes)
-      before = self._plans.get(signature.dims)
-      plan = self._maybe_plan(signature.dims, sizes)
+      self._planner.observe(signature.dims, sizes)
+      before = self._planner.plans.get(signature.dims)
+      plan = self._planner.maybe_plan(signature.dims, sizes, compiler_busy=self._pending > 0)
       requests = []
       if plan is not None and plan != before and self._disabled is None:
         requests = self._plan_requests(signature, tensors, plan, before)
     for request in requests:
       self._enqueue(*request)
-
-  def _observe(self, dims, sizes):
-    if not dims:
-      return
-    joint = self._joint.setdefault(dims, {})
-    joint[sizes] = joint.get(sizes, 0) + 1
-
-  def _maybe_plan(self, dims, sizes):
-    if not dims:
-      return ()
-    plan = self._plans.get(dims)
-    seen = sum(self._joint.get(dims, {}).values())
-    if plan is None:
-      if seen >= self.min_observations:
-        # One bucket shape to start: every call runs compiled after a single compilation.
-        joint = self._joint[dims]
-        first = tuple(
-          (self._round_up(max(sizes[d] for sizes in joint), dims[d]),) for d in range(len(dims))
-        )
-        self._plans[dims] = first
-        self._next_check[dims] = 2 * seen
-        self._event("plan", dims=dims, boundaries=first, reason="first plan")
-        return first
-      return None
-    if any(n > bounds[-1] for n, bounds in zip(sizes, plan)):
-      return self._extend(dims, plan, sizes)
-    if seen >= self._next_check.get(dims, 0) and not self._pending:
-      # Each time the calls seen double (the run has proven that long again), one more
-      # bucket if it pays; a distribution that moved gets a new plan.
-      self._next_check[dims] = 2 * seen
-      replanned = self._make_plan(dims, force=False, reason="replan")
-      if replanned != plan:
-        return replanned
-      joint = self._joint[dims]
-      grown = bucket_lib.grow(joint, plan, self.max_buckets, self.min_gain)
-      if grown != plan:
-        self._plans[dims] = grown
-        self._event("plan", dims=dims, boundaries=grown, reason=f"grown after {seen} calls")
-      return grown
-    return plan
-
-  def _extend(self, dims, plan, sizes):
-    """A size above the plan: a new top boundary (with a little headroom), added if the bucket
-    budget allows, else replacing the old top (whose executable still serves smaller sizes)."""
-    new = [tuple(b) for b in plan]
-    for d, n in enumerate(sizes):
-      if n > new[d][-1]:
-        top = self._round_up(n, dims[d])
-        grown = math.prod(len(b) for b in new) // len(new[d]) * (len(new[d]) + 1)
-        new[d] = new[d] + (top,) if grown <= self.max_buckets else new[d][:-1] + (top,)
-    new = tuple(new)
-    self._plans[dims] = new
-    self._event("plan", dims=dims, boundaries=new, reason=f"size {sizes} above the plan")
-    return new
-
-  def _round_up(self, n, dim):
-    """A top boundary for size n with headroom (so that the next larger size seen does not
-    need a new executable): n rounded up to a multiple of 1/8 of its power of two (500 -> 512,
-    200 -> 208), at most the dimension's maximum size."""
-    step = 2 ** max(0, int(math.floor(math.log2(max(n, 1)))) - 3)
-    return min(self._max_size_of(dim), int(math.ceil(n / step)) * step)
-
-  def _make_plan(self, dims, force, reason):
-    joint = self._joint.get(dims)
-    if not joint:
-      return self._plans.get(dims)
-    old = self._plans.get(dims)
-    budget = self.max_buckets
-    if old is not None and not force:  # as many bucket shapes as now: has the histogram moved?
-      budget = min(budget, math.prod(len(b) for b in old))
-    new = bucket_lib.plan(joint, len(dims), budget, 0.0 if not force else self.min_gain)
-    if old is not None:  # keep compiled boundaries that are close (at most 1/8 larger)
-      new = tuple(
-        tuple(sorted({min((o for o in ob if b <= o <= b * 1.125), default=b) for b in nb}))
-        for nb, ob in zip(new, old)
-      )
-    if old is not None and not force:
-      old_cost = bucket_lib.joint_cost(joint, old)
-      new_cost = bucket_lib.joint_cost(joint, new)
-      work = sum(c * math.prod(s) for s, c in joint.items()) or 1
-      if new == old or (old_cost - new_cost) / work < self.replan_gain:
-        return old
-    self._plans[dims] = new
-    self._last_plan_at[dims] = sum(joint.values())
-    self._next_check.setdefault(dims, 2 * sum(joint.values()))
-    self._event("plan", dims=dims, boundaries=new, reason=reason)
-    return new
 
   def _after_first_call(self, signature, tensors):
     """Warm restart: compile the saved plan's bucket shapes now that the function has run once
@@ -1104,6 +981,7 @@ class Function:
       zeros = [tf.constant([warm_sizes[d] for d in signature.declared_dims], tf.int32)]
       zeros += [tf.zeros(s.shape, s.dtype) for s in specs[1:]]
       captures = self._shadow_captures(concrete)
+      logged = xla_compiles.compile_count()
       if captures is None:
         exe.concrete = concrete  # compiles at its first real call (cannot warm it safely)
         note = "compiles at first use: it writes a resource that is not a variable"
@@ -1111,6 +989,12 @@ class Function:
         concrete._call_flat(zeros, captures)
         note = ""
       exe.seconds = time.perf_counter() - start
+      # XLA's own account (its activity listener): the compile time within exe.seconds.
+      name = concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name
+      xla = [e for e in xla_compiles.compile_log(logged) if name in e["cluster"]]
+      xla_seconds = sum(e["compile_time_us"] for e in xla) / 1e6 if xla else None
+      if xla_seconds is not None:
+        note = f"XLA compiled for {xla_seconds:.2f} s" + (f"; {note}" if note else "")
       exe.concrete = concrete
       with self._lock:
         if exe.state != "evicted":
@@ -1122,6 +1006,7 @@ class Function:
           buckets=exe.buckets,
           reason=exe.reason,
           seconds=exe.seconds,
+          xla_seconds=xla_seconds,
         )
       logger.info(
         "tf_ext.jit: %s: compiled %s (%s) in %.2f s; %d/%d executables ready%s",
@@ -1205,7 +1090,7 @@ def _reaches_values(const):
 def _probe_sizes(owner, count):
   """Distinct primes above every maximum size: no real padded size equals one, and their
   products stay small enough for int32 shape arithmetic."""
-  top = max([owner._default_max_size, *owner._max_sizes.values()])
+  top = owner._planner.largest_max_size()
   out, n = [], top + 101
   while len(out) < count:
     n += 1

@@ -1,0 +1,36 @@
+"""benchmarks/jit_cache_session.py runs end to end on a tiny setting (no timing is asserted: its
+targets are for the full run) and reports every configuration."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_jit_cache_session_tiny_run(tmp_path):
+  out, png = tmp_path / "session.json", tmp_path / "session.png"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "benchmarks", "jit_cache_session.py"),
+      "--quick",
+      "--steps=6",
+      f"--json={out}",
+      f"--plot={png}",
+    ],
+    env=dict(os.environ, PYTHONPATH=ROOT, TF_EXT_JIT_MIN_OBSERVATIONS="2"),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+  assert "ours vs xla_async" in proc.stdout and "steady state per sample" in proc.stdout
+  assert png.exists()
+  results = {r["config"]: r for r in json.loads(out.read_text())}
+  assert set(results) == {"plain", "xla", "xla_async", "ours"}
+  assert results["plain"]["compiles"] == 0  # no XLA without the clustering
+  assert results["ours"]["buckets"] and results["ours"]["compiles"] <= 8
+  for r in results.values():
+    assert len(r["times"]) == 6 and r["total_s"] > 0

@@ -1,0 +1,239 @@
+"""tf_ext.jit.Bucketing: the compilation cache's TF1 Session / Estimator path. Padded batches
+train exactly like unpadded ones (losses, dense weights, table rows, predictions), the XLA
+clusters of graph_optimizations compile once per bucket shape, and the plan survives a restart."""
+
+import collections
+import contextlib
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ext
+from tf_ext import graph_optimizations, jit
+
+# Batch sizes of a stream: 14 distinct sizes, some repeated.
+SIZES = [37, 5, 64, 12, 64, 33, 1, 50, 64, 29, 17, 64, 8, 45, 64, 21, 3, 64, 60, 64]
+WIDTH = 3  # ids per row at most
+DENSE = 5
+_tables = iter(range(10**6))
+
+
+def stream(sizes, seed=0):
+  """(features, label) batches: sparse ids (some rows empty), a ragged id list, dense floats."""
+  rng = np.random.default_rng(seed)
+  batches = []
+  for n in sizes:
+    ids = rng.integers(1, 40, (n, WIDTH)) * (rng.random((n, WIDTH)) < 0.6)
+    batches.append((ids, rng.normal(size=(n, DENSE)).astype(np.float32), rng.integers(0, 2, n)))
+
+  def generate():
+    yield from batches
+
+  signature = (
+    tf.TensorSpec([None, WIDTH], tf.int64),
+    tf.TensorSpec([None, DENSE], tf.float32),
+    tf.TensorSpec([None], tf.int64),
+  )
+
+  def to_features(ids, dense, label):
+    features = {
+      "ids": tf.sparse.from_dense(ids),
+      "history": tf.RaggedTensor.from_tensor(ids, padding=0),
+      "dense": dense,
+    }
+    return features, tf.cast(label, tf.float32)
+
+  return tf.data.Dataset.from_generator(generate, output_signature=signature).map(to_features)
+
+
+def model(features, label, learning_rate=0.1, names=None):
+  """Two tf_ext tables (sparse and ragged ids), a dense tower, a masked batch-mean loss."""
+  init = tf.constant_initializer(0.05)
+  names = names or [f"bucketing_{next(_tables)}" for _ in range(2)]
+  tables = [tf_ext.get_dynamic_embedding_variable(n, 4, initializer=init) for n in names]
+  embedded = [
+    tf_ext.embedding_lookup(tables[0], features["ids"], combiner="mean"),
+    tf_ext.embedding_lookup(tables[1], features["history"], combiner="sum"),
+  ]
+  x = tf.concat(embedded + [features["dense"]], axis=1)
+  hidden = tf.nn.relu(dense_layer(x, 8, seed=1))
+  logit = tf.squeeze(dense_layer(hidden, 1, seed=2), axis=1)
+  predictions = jit.unpad(tf.sigmoid(logit))
+  if label is None:  # Estimator predict
+    return None, None, predictions, tables
+  per_example = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit)
+  loss = jit.masked_mean(per_example)
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(learning_rate))
+  train = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+  return loss, train, predictions, tables
+
+
+def dense_layer(x, units, seed):
+  glorot = tf.compat.v1.glorot_uniform_initializer(seed=seed)
+  kernel = tf.compat.v1.get_variable(f"kernel_{seed}", [x.shape[1], units], initializer=glorot)
+  bias = tf.compat.v1.get_variable(f"bias_{seed}", [units], initializer=tf.zeros_initializer())
+  return tf.matmul(x, kernel) + bias
+
+
+def run_session(sizes, bucketing=None, cluster=True):
+  """Per step: (loss, predictions); then the dense variables and the tables' (keys, rows)."""
+  graph = tf.Graph()
+  with graph.as_default():
+    dataset = stream(sizes)
+    if bucketing is not None:
+      dataset = bucketing.pad(dataset)
+    features, label = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    scope = bucketing.padded(features) if bucketing is not None else contextlib.nullcontext()
+    with scope:
+      loss, train, predictions, tables = model(features, label)
+    exports = [t.export()[:2] for t in tables]
+    dense = tf.compat.v1.trainable_variables()
+    config = graph_optimizations.config_proto(fuse_embeddings=True, cluster_dense_for_xla=cluster)
+    with tf.compat.v1.Session(config=config) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      history = [session.run([loss, predictions, train])[:2] for _ in sizes]
+      return history, session.run(dense), session.run(exports)
+
+
+def sorted_rows(export):
+  keys, rows = export
+  order = np.argsort(keys)
+  return keys[order], rows[order]
+
+
+def compiles_per_cluster(after):
+  return collections.Counter(e["cluster"] for e in jit.compile_log(after))
+
+
+def test_padded_session_trains_like_the_unpadded_one_and_compiles_per_bucket():
+  assert jit.listener_active()
+  before = jit.compile_count()
+  reference = run_session(SIZES, cluster=False)
+  bucketing = jit.Bucketing(name="session", min_observations=4, async_compile=False)
+  start = jit.compile_count()
+  padded = run_session(SIZES, bucketing)
+  assert start >= before
+
+  for (loss_a, pred_a), (loss_b, pred_b), n in zip(reference[0], padded[0], SIZES):
+    np.testing.assert_allclose(loss_b, loss_a, rtol=2e-5)
+    assert pred_b.shape == (n,)  # unpad: the real rows only
+    np.testing.assert_allclose(pred_b, pred_a, rtol=2e-5, atol=1e-6)
+  for a, b in zip(reference[1], padded[1]):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+  for export_a, export_b in zip(reference[2], padded[2]):  # padded rows touch no table row
+    keys_a, rows_a = sorted_rows(export_a)
+    keys_b, rows_b = sorted_rows(export_b)
+    np.testing.assert_array_equal(keys_b, keys_a)
+    np.testing.assert_allclose(rows_b, rows_a, rtol=1e-4, atol=1e-6)
+
+  shapes = bucketing.buckets()
+  assert 1 < len(shapes) <= 8 < len(set(SIZES))
+  assert sum(shapes.values()) == len(SIZES)
+  assert bucketing.stats["elements"] == sum(SIZES)
+  assert bucketing.stats["padding"] == sum(b[0] * n for b, n in shapes.items()) - sum(SIZES)
+  compiles = compiles_per_cluster(start)
+  assert compiles, "the dense part was not compiled by XLA"
+  assert max(compiles.values()) <= len(shapes)
+  kinds = [e["event"] for e in bucketing.events]
+  assert "plan" in kinds and "bucket" in kinds
+
+
+def test_async_compilation_is_switched_on_by_a_bucketing():
+  previous = jit.set_async_compilation(False)
+  try:
+    jit.Bucketing(name="async")
+    assert jit.set_async_compilation(False) is True
+  finally:
+    jit.set_async_compilation(bool(previous))
+
+
+def test_estimator_predicts_the_real_rows_and_a_restart_reuses_the_plan(tmp_path):
+  model_dir = str(tmp_path / "model")
+  sizes = [30, 7, 30, 19, 30, 2, 30, 25] * 2
+
+  def make_model_fn(bucketing):
+    def model_fn(features, labels, mode):
+      scope = bucketing.padded(features) if bucketing else contextlib.nullcontext()
+      with scope:
+        loss, train, predictions, _ = model(features, labels, names=["ids", "history"])
+      return tf.estimator.EstimatorSpec(
+        mode, loss=loss, train_op=train, predictions={"probability": predictions}
+      )
+
+    return model_fn
+
+  def predict(bucketing):
+    estimator = tf.estimator.Estimator(make_model_fn(bucketing), model_dir=model_dir)
+
+    def input_fn():
+      dataset = stream(sizes, seed=1).map(lambda f, _: f)
+      return bucketing.pad(dataset) if bucketing else dataset
+
+    return np.array([p["probability"] for p in estimator.predict(input_fn)])
+
+  trained = jit.Bucketing(name="ctr", plan_path=model_dir, min_observations=4)
+  os.makedirs(model_dir)
+  estimator = tf.estimator.Estimator(make_model_fn(trained), model_dir=model_dir)
+  estimator.train(lambda: trained.pad(stream(sizes)))
+  plan_file = os.path.join(model_dir, "tf_ext_jit_plan.ctr.json")
+  saved = json.load(open(plan_file))
+  assert saved["plans"][0]["dims"] == ["batch"] and saved["plans"][0]["buckets"]
+
+  padded = predict(jit.Bucketing(name="ctr", plan_path=model_dir))
+  unpadded = predict(None)
+  assert padded.shape == unpadded.shape == (sum(sizes),)
+  np.testing.assert_allclose(padded, unpadded, rtol=2e-5, atol=1e-6)
+
+  restarted = jit.Bucketing(name="ctr", plan_path=model_dir, min_observations=1000)
+  assert restarted.plan() == trained.plan()  # no observation phase after a restart
+  predict(restarted)
+  planned = set(trained.plan()[("batch",)][0])
+  assert {b[0] for b, used in restarted.buckets().items() if used} <= planned
+
+
+def test_oversize_batches_are_not_padded_and_warn_once(caplog):
+  bucketing = jit.Bucketing(name="oversize", max_size=40, min_observations=2, async_compile=False)
+  with caplog.at_level(logging.WARNING, logger="tf_ext.jit"):
+    history, _, _ = run_session([10, 12, 50, 60, 11], bucketing, cluster=False)
+  assert [len(p) for _, p in history] == [10, 12, 50, 60, 11]
+  assert bucketing.stats["oversize"] == 2
+  assert sum("TF_EXT_JIT_MAX_SIZE" in r.getMessage() for r in caplog.records) == 1
+  assert all(b[0] <= 40 for b in bucketing.buckets())
+
+
+def test_only_declared_axes_are_padded():
+  """A feature whose length is not the batch (here: a per-batch vector) keeps its shape."""
+  bucketing = jit.Bucketing(
+    ({"x": "batch", "scale": None}, "batch"), name="declared", min_observations=1
+  )
+  dataset = tf.data.Dataset.from_tensors(
+    ({"x": tf.ones([17, 2]), "scale": tf.constant([2.0, 3.0])}, tf.ones([17]))
+  )
+  features, label = next(iter(bucketing.pad(dataset)))
+  assert features["x"].shape == (18, 2) and label.shape == (18,)  # 17 rounded up: 18
+  assert features["scale"].shape == (2,)
+  np.testing.assert_array_equal(features[jit.SIZES_KEY], [[17], [18]])
+  np.testing.assert_array_equal(features["x"][17], [0.0, 0.0])
+
+
+def test_bad_input_fails_clearly():
+  bucketing = jit.Bucketing(name="bad")
+  with pytest.raises(TypeError, match="tf.data.Dataset"):
+    bucketing.pad([1, 2, 3])
+  with pytest.raises(TypeError, match="dict of features"):
+    bucketing.pad(tf.data.Dataset.from_tensors(tf.ones([2, 2])))
+  with pytest.raises(ValueError, match="tf_ext_jit_sizes"):
+    with bucketing.padded({"x": tf.ones([2])}):
+      pass
+  with pytest.raises(ValueError, match="non-empty string"):
+    jit.Bucketing(name="")
+  with pytest.raises(ValueError, match="TF_EXT_JIT_MAX_EXECUTABLES"):
+    jit.Bucketing(max_executables=0)
+  mismatched = jit.Bucketing(name="mismatch", min_observations=1)
+  dataset = tf.data.Dataset.from_tensors(({"a": tf.ones([3]), "b": tf.ones([2])}, tf.ones([3])))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="'batch' has sizes 3 and 2"):
+    next(iter(mismatched.pad(dataset)))
