@@ -16,10 +16,10 @@ compilations included:
   ours         tf_ext.jit.Bucketing on the input pipeline, plus the clustering (its async
                compilation on).
 Compilations are counted by tf_ext's XLA activity listener (tf_ext.jit.compile_log()).
-Targets: ours faster over the whole run than xla and xla_async; at most 8 compilations. Printed
-as context: the steady-state time per sample against xla's, and the rows padding added. Against plain TF the
-outcome is XLA's own steady-state gain on the machine (printed as context): the cache removes the
-recompilations, not the cost of XLA's code. `--quick` is a short smoke run, not a measurement.
+Targets: ours faster over the whole run than xla and xla_async; at most 8 compilations.
+Printed as context: the steady-state time per sample against xla's, the rows padding added, and
+XLA's own steady-state gain over plain TF on the machine (the cache removes the recompilations,
+not the cost of XLA's code). `--quick` is a short smoke run, not a measurement.
 """
 
 import argparse

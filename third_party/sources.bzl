@@ -118,7 +118,9 @@ CAPABILITIES = {
             "kernels/graph/xla_compile_listener.cc",
             "kernels/graph/xla_dense_cluster_pass.cc",
         ],
-        "op_srcs": [],
+        "op_srcs": [
+            "ops/graph_ops.cc",
+        ],
         "deps": [],
     },
     # HARP, the NCCL network plugin: no TensorFlow at all. NCCL loads libnccl-net-<name>.so.

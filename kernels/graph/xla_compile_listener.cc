@@ -16,7 +16,11 @@
 #include "tensorflow/compiler/jit/flags.h"
 #include "tensorflow/compiler/jit/xla_activity.pb.h"
 #include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_handle.h"
+#include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/lib/core/status.h"
+#include "tensorflow/core/platform/hash.h"
 #include "tensorflow/core/platform/logging.h"
 
 // The listener's base class has out-of-line members (its destructor, Flush, its vtable and type
@@ -41,6 +45,12 @@ constexpr char kRegisterListenerSymbol[] =
     "_ZN10tensorflow27RegisterXlaActivityListenerESt10unique_ptrINS_"
     "19XlaActivityListenerESt14default_deleteIS1_EE";
 constexpr char kXlaOpsCommonFlagsSymbol[] = "_ZN10tensorflow20GetXlaOpsCommonFlagsEv";
+constexpr char kOngoingCompilationsSymbol[] =
+    "_ZNK10tensorflow25DeviceCompilationProfiler30GetNumOngoingAsyncCompilationsEv";
+// What XlaCompileOp registers in its device's ResourceMgr: the name, and the type name whose
+// Hash64 is the resource's type key (TypeIndex::Make<DeviceCompilationProfiler>()).
+constexpr char kProfilerResourceName[] = "device_compilation_profiler";
+constexpr char kProfilerTypeName[] = "N10tensorflow25DeviceCompilationProfilerE";
 constexpr char kTensorflowCcLibrary[] = "libtensorflow_cc.so.2";
 
 using RegisterListenerFunction = void (*)(std::unique_ptr<::tensorflow::XlaActivityListener>);
@@ -89,6 +99,10 @@ void* FindTensorflowSymbol(void* tensorflow_cc, const char* name) {
 }
 
 XlaOpsCommonFlagsFunction xla_ops_common_flags = nullptr;
+// DeviceCompilationProfiler::GetNumOngoingAsyncCompilations, a const member function: called with
+// the object as its first argument (the Itanium C++ ABI's convention for `this`).
+using OngoingCompilationsFunction = int64_t (*)(const void* profiler);
+OngoingCompilationsFunction ongoing_compilations = nullptr;
 
 int SetAsyncCompilation(int enable) {
   ::tensorflow::XlaOpsCommonFlags* flags = xla_ops_common_flags();
@@ -117,11 +131,47 @@ void ConnectToTensorflow() {
     LOG(WARNING) << "tf_ext: TensorFlow's GetXlaOpsCommonFlags was not found: asynchronous XLA "
                     "compilation cannot be switched";
   }
+  ongoing_compilations = reinterpret_cast<OngoingCompilationsFunction>(
+      FindTensorflowSymbol(tensorflow_cc, kOngoingCompilationsSymbol));
   // The handle stays open: TensorFlow keeps the listener, whose Listen it calls from then on.
 }
 
 // Once, when TensorFlow loads the op library.
 [[maybe_unused]] const bool connected = (ConnectToTensorflow(), true);
+
+// The profiler is looked up through a handle, by its type's hash, because naming its C++ type
+// here would need that type's RTTI from libtensorflow_cc at load time.
+class XlaOngoingCompilationsOp : public ::tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+    ::tensorflow::Tensor* ongoing = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, {}, &ongoing));
+    ongoing->scalar<int64_t>()() = Count(ctx);
+  }
+
+ private:
+  static int64_t Count(::tensorflow::OpKernelContext* ctx) {
+    if (ongoing_compilations == nullptr) return -1;
+    ::tensorflow::ResourceMgr* resources = ctx->resource_manager();
+    if (resources == nullptr) return 0;
+    ::tensorflow::ResourceHandle handle;
+    handle.set_device(ctx->device()->name());
+    handle.set_container(resources->default_container());
+    handle.set_name(kProfilerResourceName);
+    handle.set_hash_code(::tensorflow::Hash64(kProfilerTypeName));
+    ::tensorflow::ResourceBase* profiler = nullptr;
+    if (!resources->Lookup(handle, &profiler).ok()) return 0;  // nothing compiled here yet
+    // The profiler's only base is ResourceBase: both pointers are the object's address.
+    const int64_t count = ongoing_compilations(profiler);
+    profiler->Unref();
+    return count;
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("TfExtXlaOngoingCompilations").Device(::tensorflow::DEVICE_CPU),
+                        XlaOngoingCompilationsOp);
 
 }  // namespace
 }  // namespace graph

@@ -7,6 +7,8 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -158,10 +160,20 @@ def test_estimator_predicts_the_real_rows_and_a_restart_reuses_the_plan(tmp_path
   def make_model_fn(bucketing):
     def model_fn(features, labels, mode):
       scope = bucketing.padded(features) if bucketing else contextlib.nullcontext()
+      metrics = None
       with scope:
         loss, train, predictions, _ = model(features, labels, names=["ids", "history"])
+        if mode == tf.estimator.ModeKeys.EVAL:  # metrics over the real rows: the unpadded ones
+          metrics = {
+            "mean_probability": tf.compat.v1.metrics.mean(predictions),
+            "auc": tf.compat.v1.metrics.auc(jit.unpad(labels), predictions),
+          }
       return tf.estimator.EstimatorSpec(
-        mode, loss=loss, train_op=train, predictions={"probability": predictions}
+        mode,
+        loss=loss,
+        train_op=train,
+        predictions={"probability": predictions},
+        eval_metric_ops=metrics,
       )
 
     return model_fn
@@ -187,6 +199,20 @@ def test_estimator_predicts_the_real_rows_and_a_restart_reuses_the_plan(tmp_path
   unpadded = predict(None)
   assert padded.shape == unpadded.shape == (sum(sizes),)
   np.testing.assert_allclose(padded, unpadded, rtol=2e-5, atol=1e-6)
+
+  def evaluate(bucketing):
+    estimator = tf.estimator.Estimator(make_model_fn(bucketing), model_dir=model_dir)
+
+    def input_fn():
+      dataset = stream(sizes, seed=2)
+      return bucketing.pad(dataset) if bucketing else dataset
+
+    return estimator.evaluate(input_fn)
+
+  padded_metrics = evaluate(jit.Bucketing(name="ctr", plan_path=model_dir))
+  unpadded_metrics = evaluate(None)
+  for key in ("loss", "mean_probability", "auc"):  # batch-mean loss and metrics: as unpadded
+    np.testing.assert_allclose(padded_metrics[key], unpadded_metrics[key], rtol=2e-5)
 
   restarted = jit.Bucketing(name="ctr", plan_path=model_dir, min_observations=1000)
   assert restarted.plan() == trained.plan()  # no observation phase after a restart
@@ -237,3 +263,61 @@ def test_bad_input_fails_clearly():
   dataset = tf.data.Dataset.from_tensors(({"a": tf.ones([3]), "b": tf.ones([2])}, tf.ones([3])))
   with pytest.raises(tf.errors.InvalidArgumentError, match="'batch' has sizes 3 and 2"):
     next(iter(mismatched.pad(dataset)))
+
+
+@pytest.mark.parametrize(
+  "loss_of, flagged",
+  [
+    (lambda y, x: tf.reduce_mean(tf.square(y - x[:, 0])), "a mean over the batch"),
+    (
+      lambda y, x: tf.keras.losses.BinaryCrossentropy(from_logits=True)(y[:, None], x[:, :1]),
+      "the batch size used as a value",
+    ),
+    (
+      lambda y, x: jit.masked_mean(tf.keras.layers.BatchNormalization()(x, training=True)[:, 0]),
+      "batch_normalization/moments/mean",  # Keras' batch statistics on rank 2: a Mean
+    ),
+    (
+      lambda y, x: tf.reduce_sum(x) / tf.cast(tf.shape(x)[0], tf.float32),
+      "the batch size used as a value",
+    ),
+  ],
+)
+def test_a_model_whose_results_depend_on_the_batch_size_is_refused(loss_of, flagged):
+  """Padding such a model would train on wrong numbers: padded() names the op instead."""
+  bucketing = jit.Bucketing(name="dependent", min_observations=1, async_compile=False)
+  with tf.Graph().as_default():
+    dataset = bucketing.pad(stream([5]))
+    features, label = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    with pytest.raises(ValueError, match=flagged):
+      with bucketing.padded(features):
+        loss_of(label, features["dense"])
+    with bucketing.padded(features, check=False):  # the user's call: not checked
+      loss_of(label, features["dense"])
+    with bucketing.padded(features):  # the masked forms pass the check
+      jit.masked_mean(tf.square(label - features["dense"][:, 0]))
+      jit.masked_sum(features["dense"]) / tf.cast(jit.size(), tf.float32)
+
+
+def test_sessions_close_only_after_the_compilations_in_flight():
+  """TensorFlow's asynchronous compilation reads the Session's function library after the step:
+  closing the Session under it crashes the process (checked while building this: a segmentation
+  fault in the first round). A padded graph's Session waits for them in close()."""
+  code = """
+import logging, sys
+sys.path.insert(0, {tests!r})
+import test_bucketing as t
+from tf_ext import jit
+logging.basicConfig(level=logging.INFO)
+for round_ in range(4):  # new bucket shapes up to the last step, then close at once
+  bucketing = jit.Bucketing(name=f"race{{round_}}", min_observations=1)
+  t.run_session([40 + round_, 90, 200, 7], bucketing)
+print("all sessions closed")
+""".format(tests=os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  proc = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "all sessions closed" in proc.stdout
+  assert "closing a Session after its" in proc.stderr  # it did wait, at least once

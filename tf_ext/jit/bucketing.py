@@ -13,7 +13,7 @@ know which reductions are over the batch. So the padding happens where the batch
     with bucketing.padded(features):            # tf_ext.jit.size / mask / masked_* see the rows
       logits = tower(features)
       loss = tf_ext.jit.masked_mean(per_example_loss(labels, logits))
-      predictions = bucketing.unpad(logits)     # the real rows only
+      predictions = tf_ext.jit.unpad(logits)    # the real rows only
 
 * `pad` pads every declared axis (`paddable`, as for tf_ext.jit.function; "batch" = axis 0 of
   every tensor) to its bucket with zeros; a SparseTensor is padded by its dense shape alone (its
@@ -22,14 +22,16 @@ know which reductions are over the batch. So the padding happens where the batch
   SIZES_KEY.
 * The buckets come from the same planner as tf_ext.jit.function (tf_ext/jit/planner.py): before
   the first plan, batches are padded to the largest size seen so far, rounded up to a power of
-  two (so the observation phase makes a few shapes, not one per size); the first plan is that size, then
-  the plan grows as the run proves long. At most `max_executables` distinct bucket shapes are
-  ever emitted: TensorFlow cannot free an executable from a Session's XLA cache, so the bound
-  holds by never making more shapes (later sizes go to an emitted bucket that holds them).
+  two (so the observation phase makes a few shapes, not one per size); then the plan grows as the
+  run proves long. At most `max_executables` distinct bucket shapes are ever emitted: TensorFlow
+  cannot free an executable from a Session's XLA cache, so the bound holds by never making more
+  shapes (later sizes go to an emitted bucket that holds them).
 * No waiting on the compiler: a Bucketing turns on TensorFlow's asynchronous XLA compilation
   (TF_EXT_JIT_ASYNC), under which a cluster seeing a new bucket shape runs uncompiled while that
   shape compiles in the background. With at most max_executables (8) shapes, TensorFlow's limit
   of 10 compilations in flight and its megamorphic cut-off (after 10 compiles) are never reached.
+  A Session of a padded graph waits in close() for the compilations in flight: closing it under
+  them crashes TensorFlow 2.15.
 * Every XLA compilation of the process is recorded by tf_ext's XLA activity listener:
   tf_ext.jit.compile_log().
 * Warm restart: the plan (boundaries, histogram, bucket shapes in use) is written to `plan_path`
@@ -42,23 +44,30 @@ know which reductions are over the batch. So the padding happens where the batch
 """
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.client import session as session_lib
 
+from tf_ext import _ops_loader
 from tf_ext.jit import buckets as bucket_lib
 from tf_ext.jit import function as function_lib
 from tf_ext.jit import planner as planner_lib
 from tf_ext.jit import xla_compiles
 
 logger = logging.getLogger("tf_ext.jit")
+
+# The graph collection of unpad()'s results.
+_UNPADDED = "tf_ext_jit_unpadded"
 
 # The features key that carries a padded batch's sizes: int32 [2, dims], true then padded.
 SIZES_KEY = "tf_ext_jit_sizes"
@@ -119,6 +128,7 @@ class Bucketing:
       self._load_plan()
     if self.async_compile:
       xla_compiles.set_async_compilation(True)
+      _install_close_guard()
 
   # -- public -----------------------------------------------------------------------------------
 
@@ -176,6 +186,9 @@ class Bucketing:
         self._planner.joint.clear()
         self._loaded = {}
 
+    if self.async_compile:
+      _guard_sessions_of(tf.compat.v1.get_default_graph())
+
     @tf.autograph.experimental.do_not_convert
     def pad_element(*components):
       element = components[0] if len(components) == 1 else components
@@ -184,9 +197,12 @@ class Bucketing:
     return dataset.map(pad_element)
 
   @contextlib.contextmanager
-  def padded(self, features):
+  def padded(self, features, check=True):
     """Within this block (e.g. a model_fn's body), tf_ext.jit.size / mask / masked_sum /
-    masked_mean and unpad see the true sizes of the batch in `features` (a dict from pad())."""
+    masked_mean and unpad see the true sizes of the batch in `features` (a dict from pad()).
+    With `check`, the block's ops are scanned on exit for results that padded rows would change
+    (a mean or a batch normalization over the batch, a batch size used as a value), and such a
+    model fails with a ValueError naming them, instead of training on wrong numbers."""
     if not isinstance(features, dict) or SIZES_KEY not in features:
       raise ValueError(
         f"tf_ext.jit.Bucketing.padded: features have no {SIZES_KEY!r}: pass the features dict of "
@@ -206,12 +222,26 @@ class Bucketing:
       for axis, dim in axes.items():
         if isinstance(leaf, tf.Tensor) and lengths.get(dim, (0, 0))[1] is None:
           lengths[dim] = (leaf, axis % leaf.shape.rank)
+    graph = tf.compat.v1.get_default_graph()
+    if self.async_compile:
+      _guard_sessions_of(graph)
+    first_op = len(graph.get_operations())
     stack = function_lib._local.__dict__.setdefault("stack", [])
     stack.append(function_lib._Context(self._dims, sizes[0], lengths))
     try:
       yield
     finally:
       stack.pop()
+    if check:
+      found = _depends_on_batch_size(graph.get_operations()[first_op:])
+      if found:
+        raise ValueError(
+          f"tf_ext.jit.Bucketing {self.name!r}: padded rows would change these results: "
+          + "; ".join(found[:5])
+          + ". Reduce over the batch with tf_ext.jit.masked_mean / masked_sum (a Keras loss: "
+          "reduction NONE, then masked_mean), use tf_ext.jit.size() for the batch size, or do not "
+          "pad this model (padded(..., check=False) skips this check)"
+        )
 
   # -- internals --------------------------------------------------------------------------------
 
@@ -379,7 +409,88 @@ def unpad(values, dim="batch", axis=0):
   no_xla = {"_XlaCompile": attr_value_pb2.AttrValue(b=False)}
   with tf.compat.v1.get_default_graph()._attr_scope(no_xla):
     with tf.name_scope(function_lib._HELPER_SCOPE):
-      return tf.slice(values, tf.stack(begin), tf.stack(size))
+      real = tf.slice(values, tf.stack(begin), tf.stack(size))
+  if not tf.executing_eagerly():  # what is computed from it has no padded rows to check
+    tf.compat.v1.add_to_collection(_UNPADDED, real)
+  return real
+
+
+# TensorFlow's asynchronous XLA compilation goes on after the step that started it, reading the
+# Session's function library: closing the Session meanwhile crashes the process (a use after
+# free in TensorFlow 2.15). So a Session of a graph that a Bucketing pads waits, in close(), until
+# its device has no compilation in flight (TfExtXlaOngoingCompilations counts them).
+_ONGOING = weakref.WeakKeyDictionary()  # graph -> its TfExtXlaOngoingCompilations tensor
+_CLOSE_WAIT_S = 600.0
+
+
+def _guard_sessions_of(graph):
+  if tf.executing_eagerly() or graph.finalized or graph in _ONGOING:
+    return
+  with graph.as_default(), graph.name_scope(None), tf.device("/cpu:0"):
+    _ONGOING[graph] = _ops_loader.load().tf_ext_xla_ongoing_compilations(
+      name="tf_ext_jit_ongoing_compilations"
+    )
+
+
+def _install_close_guard():
+  close = session_lib.BaseSession.close
+  if getattr(close, "waits_for_xla_compilations", False):
+    return
+
+  @functools.wraps(close)
+  def close_after_compilations(session):
+    ongoing = _ONGOING.get(session.graph)
+    if ongoing is not None and not session._closed:
+      _wait_for_compilations(session, ongoing)
+    close(session)
+
+  close_after_compilations.waits_for_xla_compilations = True
+  session_lib.BaseSession.close = close_after_compilations
+
+
+def _wait_for_compilations(session, ongoing):
+  deadline = time.monotonic() + _CLOSE_WAIT_S
+  logged = False
+  while time.monotonic() < deadline:
+    try:
+      count = int(session.run(ongoing))
+    except Exception:  # a session that cannot run any more: nothing to wait for
+      return
+    if count <= 0:
+      return
+    if not logged:
+      logged = True
+      logger.info("tf_ext.jit: closing a Session after its %d XLA compilation(s) in flight", count)
+    time.sleep(0.02)
+  logger.warning("tf_ext.jit: XLA compilations still in flight after %.0f s", _CLOSE_WAIT_S)
+
+
+def _depends_on_batch_size(ops):
+  """Ops whose results padded rows of a batch (axis 0, unknown size in the graph) would change:
+  a Mean over axis 0, a batch normalization in training, a Shape / Size whose value reaches
+  computed values (x / tf.shape(x)[0], Keras' SUM_OVER_BATCH_SIZE); gradients are not scanned."""
+  found = []
+  graph = ops[0].graph if ops else None
+  unpadded = {t.name for t in graph.get_collection(_UNPADDED)} if graph is not None else set()
+  for op in ops:  # creation order: inputs before their consumers
+    if op.name.startswith("gradients") or function_lib._HELPER_SCOPE in op.name or not op.inputs:
+      continue
+    if op.inputs[0].name in unpadded:  # computed from unpad(): the real rows only
+      unpadded.update(t.name for t in op.outputs)
+      continue
+    shape = op.inputs[0].shape
+    if shape.rank is None or shape.rank == 0 or shape[0] is not None:
+      continue  # not a batch of unknown size
+    if op.type == "Mean":
+      axes = tf.get_static_value(op.inputs[1])
+      axes = range(shape.rank) if axes is None else np.reshape(axes, -1) % shape.rank
+      if 0 in axes:
+        found.append(f"{op.name} (a mean over the batch)")
+    elif op.type.startswith("FusedBatchNorm") and op.get_attr("is_training"):
+      found.append(f"{op.name} (batch normalization in training)")
+    elif op.type in ("Shape", "Size") and function_lib._reaches_values(op):
+      found.append(f"{op.name} (the batch size used as a value)")
+  return found
 
 
 def _features_of(element):
