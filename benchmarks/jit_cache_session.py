@@ -217,9 +217,7 @@ def plot(results, path):
   ax.set_ylabel("step time (ms)")
   ax.set_title("TF1 Session, varying batch sizes: step times over the whole run")
   ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  print(f"\nPlot: {path}")
+  _common.save_figure(fig, plt, path, dpi=90)
 
 
 def main():
@@ -248,7 +246,10 @@ def main():
   verdicts = report(results) if set(CONFIGS) <= set(configs) else []
   if not args.quick or args.plot:
     here = os.path.dirname(os.path.abspath(__file__))
-    plot(results, args.plot or os.path.join(here, "jit_cache_session.png"))
+    chart = {}
+    _common.write_chart(
+      args.plot or os.path.join(here, "jit_cache_session.png"), chart, lambda p: plot(results, p)
+    )
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f)

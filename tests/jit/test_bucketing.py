@@ -294,9 +294,13 @@ def test_a_model_whose_results_depend_on_the_batch_size_is_refused(loss_of, flag
         loss_of(label, features["dense"])
     with bucketing.padded(features, check=False):  # the user's call: not checked
       loss_of(label, features["dense"])
-    with bucketing.padded(features):  # the masked forms pass the check
-      jit.masked_mean(tf.square(label - features["dense"][:, 0]))
-      jit.masked_sum(features["dense"]) / tf.cast(jit.size(), tf.float32)
+    with bucketing.padded(features):  # the masked forms pass the check, and their gradients
+      weights = tf.compat.v1.get_variable("weights", [DENSE, 1])
+      prediction = tf.squeeze(tf.matmul(features["dense"], weights), axis=1)
+      loss = jit.masked_mean(tf.square(label - prediction))
+      loss += jit.masked_sum(features["dense"]) / tf.cast(jit.size(), tf.float32)
+      with tf.name_scope("train"):
+        tf.compat.v1.train.AdamOptimizer().minimize(loss)
 
 
 def test_sessions_close_only_after_the_compilations_in_flight():

@@ -259,6 +259,9 @@ def test_the_cache_is_bounded_and_every_compile_is_logged(caplog):
   assert any("bucket plan batch: [8] (first plan)" in m for m in messages)
   assert any("bucket plan batch: [2, 4, 6, 8] (replan (requested))" in m for m in messages)
   assert sum(1 for e in ours.events if e["event"] == "evict") == ours.compiles - 2
+  # XLA's own account of each compile, from its activity listener.
+  assert all("XLA compiled for" in m for m in compiles), compiles
+  assert all(e["xla_seconds"] > 0 for e in ours.events if e["event"] == "compile")
 
 
 def test_warm_restart_compiles_the_saved_buckets_at_start(tmp_path, caplog):

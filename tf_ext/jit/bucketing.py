@@ -147,8 +147,7 @@ class Bucketing:
     if self._plan_file is None:
       raise ValueError(f"tf_ext.jit.Bucketing {self.name!r} has no plan_path")
     with self._lock:
-      data = self._planner.to_json(self.name, lambda dims: list(self._emitted)[::-1])
-    planner_lib.write_json_atomically(self._plan_file, data)
+      self._write_plan()
     return self._plan_file
 
   def pad(self, dataset):
@@ -473,7 +472,9 @@ def _depends_on_batch_size(ops):
   graph = ops[0].graph if ops else None
   unpadded = {t.name for t in graph.get_collection(_UNPADDED)} if graph is not None else set()
   for op in ops:  # creation order: inputs before their consumers
-    if op.name.startswith("gradients") or function_lib._HELPER_SCOPE in op.name or not op.inputs:
+    scopes = op.name.split("/")
+    helper = any(part.startswith(function_lib._HELPER_SCOPE) for part in scopes)
+    if _is_gradient(scopes) or helper or not op.inputs:
       continue
     if op.inputs[0].name in unpadded:  # computed from unpad(): the real rows only
       unpadded.update(t.name for t in op.outputs)
@@ -491,6 +492,11 @@ def _depends_on_batch_size(ops):
     elif op.type in ("Shape", "Size") and function_lib._reaches_values(op):
       found.append(f"{op.name} (the batch size used as a value)")
   return found
+
+
+def _is_gradient(scopes):
+  """tf.gradients' ops: under a "gradients" (or "gradients_1", ...) scope at any depth."""
+  return any(s == "gradients" or s.startswith("gradients_") for s in scopes[:-1])
 
 
 def _features_of(element):

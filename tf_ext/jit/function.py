@@ -55,7 +55,9 @@ boundary (up to TF_EXT_JIT_MAX_SIZE) extends the plan at once; a size above TF_E
 runs uncompiled, with one warning per function. `fn.replan()` makes the optimal plan now.
 
 At most TF_EXT_JIT_MAX_EXECUTABLES executables are kept (least recently used dropped); every
-plan, compile and eviction is logged on the "tf_ext.jit" logger and kept in `fn.events`.
+plan, compile and eviction is logged on the "tf_ext.jit" logger and kept in `fn.events`; a
+compile event carries XLA's own compile time (`xla_seconds`), as TensorFlow's XLA activity
+listener reports it (tf_ext.jit.compile_log() lists every compilation of the process).
 TensorFlow 2.15 has no API to free an executable from its own XLA cache: dropping ours frees the
 function, its traced graph and our reference, not the XLA executable inside TensorFlow.
 
