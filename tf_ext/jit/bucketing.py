@@ -340,6 +340,10 @@ class Bucketing:
     want = tuple(bucket_lib.bucket_of(n, b) for n, b in zip(sizes, plan))
     if plan != before and self._plan_file is not None:
       self._write_plan()
+    if want not in self._emitted:  # a made shape at most 1/8 larger costs no compilation
+      near = [b for b in self._emitted if all(w <= x <= w * 1.125 for w, x in zip(want, b))]
+      if near:
+        want = min(near, key=lambda b: np.prod(b))
     if want in self._emitted or len(self._emitted) < self.max_executables:
       return self._use(want)
     # The bound: an emitted bucket that holds the sizes, the smallest; else a new shape anyway.
