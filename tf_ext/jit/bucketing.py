@@ -45,7 +45,6 @@ know which reductions are over the batch. So the padding happens where the batch
 
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
@@ -389,11 +388,10 @@ class Bucketing:
     planner_lib.write_json_atomically(self._plan_file, data)
 
   def _load_plan(self):
-    if not os.path.exists(self._plan_file):
+    data = planner_lib.read_json(self._plan_file)
+    if data is None:
       logger.info("tf_ext.jit.Bucketing %s: no saved plan at %s", self.name, self._plan_file)
       return
-    with open(self._plan_file) as f:
-      data = json.load(f)
     self._loaded = self._planner.load_json(data, self._plan_file)
 
 

@@ -73,7 +73,6 @@ import collections
 import contextlib
 import functools
 import inspect
-import json
 import logging
 import math
 import os
@@ -500,11 +499,10 @@ class Function:
     """Reads a plan written by save_plan; its bucket shapes are compiled at the first call.
     A missing file is not an error (a first run): returns False."""
     path = self._plan_file(path)
-    if not os.path.exists(path):
+    data = planner_lib.read_json(path)
+    if data is None:
       logger.info("tf_ext.jit: %s: no saved plan at %s (first run)", self.name, path)
       return False
-    with open(path) as f:
-      data = json.load(f)
     with self._lock:
       self._warm.update(self._planner.load_json(data, path))
     return True

@@ -42,22 +42,20 @@ class Planner:
     min_gain=None,
     replan_gain=None,
   ):
-    setting = option
     self._on_plan = on_plan
-    self.max_buckets = setting("TF_EXT_JIT_MAX_BUCKETS", max_buckets)
+    self.max_buckets = option("TF_EXT_JIT_MAX_BUCKETS", max_buckets)
     if isinstance(max_size, dict):
-      self._max_sizes = {d: setting("TF_EXT_JIT_MAX_SIZE", v) for d, v in max_size.items()}
-      self._default_max_size = setting("TF_EXT_JIT_MAX_SIZE", None)
+      self._max_sizes = {d: option("TF_EXT_JIT_MAX_SIZE", v) for d, v in max_size.items()}
+      self._default_max_size = option("TF_EXT_JIT_MAX_SIZE", None)
     else:
       self._max_sizes = {}
-      self._default_max_size = setting("TF_EXT_JIT_MAX_SIZE", max_size)
-    self.min_observations = setting("TF_EXT_JIT_MIN_OBSERVATIONS", min_observations)
-    self.min_gain = setting("TF_EXT_JIT_MIN_GAIN", min_gain)
-    self.replan_gain = setting("TF_EXT_JIT_REPLAN_GAIN", replan_gain)
+      self._default_max_size = option("TF_EXT_JIT_MAX_SIZE", max_size)
+    self.min_observations = option("TF_EXT_JIT_MIN_OBSERVATIONS", min_observations)
+    self.min_gain = option("TF_EXT_JIT_MIN_GAIN", min_gain)
+    self.replan_gain = option("TF_EXT_JIT_REPLAN_GAIN", replan_gain)
     self.joint = {}  # dims -> joint histogram {sizes tuple: count}
     self.plans = {}  # dims -> boundaries per dimension
     self._next_check = {}  # dims -> observation count at which to consider growing
-    self._last_plan_at = {}
 
   def options(self):
     """The constructor's arguments, to make a planner like this one."""
@@ -157,7 +155,6 @@ class Planner:
       if new == old or (old_cost - new_cost) / work < self.replan_gain:
         return old
     self.plans[dims] = new
-    self._last_plan_at[dims] = sum(joint.values())
     self._next_check.setdefault(dims, 2 * sum(joint.values()))
     self._on_plan(dims, new, reason)
     return new
@@ -196,12 +193,18 @@ class Planner:
       joint = {tuple(int(v) for v in row[:-1]): int(row[-1]) for row in entry["histogram"]}
       self.plans[dims] = plan
       self.joint[dims] = joint
-      seen = sum(joint.values())
-      self._last_plan_at[dims] = seen
-      self._next_check[dims] = max(2 * seen, self.min_observations)
+      self._next_check[dims] = max(2 * sum(joint.values()), self.min_observations)
       warm[dims] = [tuple(int(v) for v in b) for b in entry["buckets"]]
       self._on_plan(dims, plan, f"warm restart from {path}")
     return warm
+
+
+def read_json(path):
+  """A saved plan's JSON, or None where there is none yet (a first run)."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
 
 
 def write_json_atomically(path, data):
