@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tf_ext.jit as jit
+from tf_ext.jit import speed_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -293,6 +294,12 @@ def test_warm_restart_compiles_the_saved_buckets_at_start(tmp_path, caplog):
   assert restarted.stats["compiled"] == 3 and restarted.compiles == len(warm)
   # plan_path= at construction does the same; a missing file is a first run.
   assert jit.function(lambda x: x, plan_path=str(tmp_path / "none.json")).plan() == {}
+  # The plan_path rule of Bucketing too: a .json path is the file; another path a directory,
+  # made when needed (e.g. a model_dir before the first checkpoint).
+  assert first.save_plan(tmp_path / "given.json") == str(tmp_path / "given.json")
+  made = first.save_plan(tmp_path / "model_dir")
+  assert made == str(tmp_path / "model_dir" / "tf_ext_jit_plan.predict.json")
+  assert make().load_plan(tmp_path / "model_dir") and make().load_plan(tmp_path / "given.json")
 
 
 def test_too_large_inputs_run_uncompiled_with_one_warning(caplog):
@@ -337,6 +344,103 @@ def test_sync_mode_decorators_and_methods():
     jit.function(lambda x: x, paddable={"y": "batch"})
 
 
+def test_the_speed_check_picks_the_faster_way_and_results_stay_equal():
+  """Once an executable is ready, a function times compiled and uncompiled calls, interleaved,
+  and runs the faster way; whichever way a call runs, its results equal plain TensorFlow's."""
+  model = mlp(seed=4, width=32)
+  fn = loss_and_grads(model)
+  reference = tf.function(fn)
+  ours = jit.function(fn, paddable={"x": "batch", "y": "batch"}, min_observations=4)
+  ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=2, samples=4)
+  rng = np.random.default_rng(5)
+  # Observed uncompiled, then one bucket; then 2 calls to settle and 4 of each kind (calls while
+  # the compiler is busy, e.g. after the plan grows, are not timed: that would be unfair).
+  checks = []
+  for n in rng.integers(1, 33, size=80):
+    x, y = batch(rng, int(n))
+    assert_close(ours(x, y), reference(x, y))
+    checks = [e for e in ours.events if e["event"] == "speed check"]
+    if checks:
+      break
+  assert len(checks) == 1, ours.events
+  check = checks[0]
+  per_element = check["compiled_us_per_element"]
+  per_padded = check["compiled_us_per_padded_element"]
+  uncompiled = check["uncompiled_us_per_element"]
+  assert 0 < per_padded <= per_element and uncompiled > 0  # padding only adds elements
+  assert check["compiled_faster"] == (per_element <= 1.05 * uncompiled)
+  assert check["xla_faster"] == (per_padded <= 1.05 * uncompiled)
+  assert ours.stats["speed_check_uncompiled"] >= 4
+  ours.wait_for_compiles()
+  ours._speed_checks.clear()  # a long check again: the calls below follow the verdict
+  ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=1000)
+  before = dict(ours.stats)
+  for n in rng.integers(1, 33, size=6):
+    x, y = batch(rng, int(n))
+    assert_close(ours(x, y), reference(x, y))
+  ran_compiled = ours.stats["compiled"] + ours.stats["larger_bucket"]
+  ran_compiled -= before["compiled"] + before.get("larger_bucket", 0)
+  assert ran_compiled == 6, (before, ours.stats)  # no verdict yet: compiled
+  ours.close()
+
+
+def test_when_xla_is_slower_calls_run_uncompiled_and_nothing_more_is_compiled():
+  ours = jit.function(lambda x: tf.reduce_sum(x, axis=1), paddable="batch", min_observations=2)
+  for n in (3, 7, 5):
+    ours(np.ones((n, 4), "float32"))
+  ours.wait_for_compiles()
+  compiles = ours.compiles
+  assert compiles >= 1
+  (check,) = ours._speed_checks.values()
+  # The verdicts of a check that measured XLA slower, even per padded element.
+  check.compiled_faster = check.xla_faster = False
+  check.executables_changed = lambda: None  # no new check
+  check._next_check = 10**9
+  for n in (3, 7, 100, 300):  # 100 and 300 need a larger bucket: not compiled now
+    np.testing.assert_allclose(ours(np.ones((n, 4), "float32")).numpy(), np.full(n, 4.0))
+  ours.wait_for_compiles()
+  assert ours.compiles == compiles
+  assert ours.stats["speed_check_uncompiled"] == 2  # 3 and 7 had a ready bucket
+  assert ours.stats["compiled"] == 0
+  ours.close()
+
+
+def test_speed_check_verdicts():
+  check = speed_check.SpeedCheck(settle_calls=2, samples=3, margin=0.05, recheck_every=10)
+  assert [check.run_compiled() for _ in range(2)] == [True, True]  # settling: compiled
+  assert not check.record(True, 1.0, 10, 16)  # not checking yet: ignored
+  kinds = []
+  for _ in range(6):
+    compiled = check.run_compiled()
+    kinds.append(compiled)
+    # Uncompiled: 1 ms per 100 elements. Compiled: 1.5 ms for 100 elements padded to 200, so
+    # XLA's code is faster (0.75 ms per 100 padded elements), but not with this much padding.
+    done = check.record(compiled, 0.0015 if compiled else 0.001, 100, 200)
+  assert kinds == [True, False, True, False, True, False]  # interleaved
+  assert done and check.compiled_faster is False and check.xla_faster is True
+  assert check.last == pytest.approx({"compiled": 1.5e-5, "padded": 7.5e-6, "uncompiled": 1e-5})
+  assert not any(check.run_compiled() for _ in range(5))  # uncompiled for now
+  check.executables_changed()  # a smaller bucket is ready: check again after 2 calls
+  assert not any(check.run_compiled() for _ in range(2))
+  kinds = []
+  for _ in range(6):
+    compiled = check.run_compiled()
+    kinds.append(compiled)
+    done = check.record(compiled, 0.00102 if compiled else 0.001, 100, 110)  # within the margin
+  assert done and check.compiled_faster is True and kinds.count(True) == 3
+  assert all(check.run_compiled() for _ in range(10))  # until the re-check, 10 calls later
+  assert check.run_compiled() and check.checking
+  assert not check.record(True, 0.5, 0, 0)  # empty calls are not timed
+  assert not check.record(True, 0.003, 100, 110)  # one compiled sample ...
+  assert check.run_compiled(timed=False)  # untimed calls (compiler busy) follow the verdict
+  assert not check.run_compiled(timed=True)  # ... so an uncompiled one is next
+  check.record(False, 0.001, 100, None)
+  for _ in range(4):
+    compiled = check.run_compiled()
+    done = check.record(compiled, 0.003 if compiled else 0.001, 100, 110)
+  assert done and check.compiled_faster is False and check.xla_faster is False
+
+
 SETTINGS = {
   "TF_EXT_JIT_MAX_EXECUTABLES": ("max_executables", "0"),
   "TF_EXT_JIT_MAX_BUCKETS": ("max_buckets", "-1"),
@@ -345,6 +449,7 @@ SETTINGS = {
   "TF_EXT_JIT_MIN_GAIN": ("min_gain", "-0.5"),
   "TF_EXT_JIT_REPLAN_GAIN": ("replan_gain", "inf"),
   "TF_EXT_JIT_ASYNC": ("async_compile", "maybe"),
+  "TF_EXT_JIT_ADAPTIVE": ("adaptive", "sometimes"),
 }
 
 

@@ -37,8 +37,9 @@ know which reductions are over the batch. So the padding happens where the batch
 * Warm restart: the plan (boundaries, histogram, bucket shapes in use) is written to `plan_path`
   whenever it changes, and read back at construction: a restarted job pads to the planned
   buckets from its first batch (each compiles, in the background, when it first occurs) instead
-  of observing again. `plan_path` is a .json file, or a directory (made if missing; e.g. the
-  Estimator's model_dir, next to the checkpoints) that gets tf_ext_jit_plan.<name>.json.
+  of observing again. `plan_path` is a .json file (or an existing file), or a directory (made if
+  missing; e.g. the Estimator's model_dir, next to the checkpoints) that gets
+  tf_ext_jit_plan.<name>.json: the same rule as tf_ext.jit.function's.
 * A size above TF_EXT_JIT_MAX_SIZE is not padded (one warning); the cluster compiles it as its
   own shape.
 """
@@ -47,7 +48,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import threading
 import time
 import weakref
@@ -121,9 +121,7 @@ class Bucketing:
     self.stats = {"batches": 0, "elements": 0, "padding": 0, "oversize": 0}
     self._plan_file = None
     if plan_path is not None:
-      self._plan_file = os.fspath(plan_path)
-      if not self._plan_file.endswith(".json"):  # a directory, e.g. a model_dir not made yet
-        self._plan_file = os.path.join(self._plan_file, f"tf_ext_jit_plan.{name}.json")
+      self._plan_file = planner_lib.plan_file(plan_path, name)
       self._load_plan()
     if self.async_compile:
       xla_compiles.set_async_compilation(True)
@@ -383,7 +381,6 @@ class Bucketing:
     self.events.append(dict(event=event, time=time.time(), **fields))
 
   def _write_plan(self):
-    os.makedirs(os.path.dirname(self._plan_file) or ".", exist_ok=True)
     data = self._planner.to_json(self.name, lambda dims: list(self._emitted)[::-1])
     planner_lib.write_json_atomically(self._plan_file, data)
 

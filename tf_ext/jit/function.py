@@ -61,6 +61,13 @@ listener reports it (tf_ext.jit.compile_log() lists every compilation of the pro
 TensorFlow 2.15 has no API to free an executable from its own XLA cache: dropping ours frees the
 function, its traced graph and our reference, not the XLA executable inside TensorFlow.
 
+Compiled only where XLA is faster (TF_EXT_JIT_ADAPTIVE, tf_ext/jit/speed_check.py): XLA's code
+is not always faster than TensorFlow's kernels. A few calls after each executable becomes ready,
+a function times 12 calls compiled and 12 uncompiled, interleaved, while the compiler is idle,
+and compares their median times per element. It runs the faster way (padding counted against
+the compiled calls); if XLA is slower even per padded element, no new bucket is compiled. Each
+verdict is a "speed check" event; the check repeats every 1000 calls.
+
 Warm restart: `fn.save_plan(path)` writes the plan (boundaries, the size histogram, the bucket
 shapes in use) as JSON, e.g. next to a checkpoint; `function(..., plan_path=path)` reads it back
 and, at the first call, compiles those bucket shapes in the background. TensorFlow's persistent
@@ -75,7 +82,6 @@ import functools
 import inspect
 import logging
 import math
-import os
 import threading
 import time
 import weakref
@@ -85,7 +91,7 @@ import tensorflow as tf
 
 from tf_ext.jit import buckets as bucket_lib
 from tf_ext.jit import planner as planner_lib
-from tf_ext.jit import xla_compiles
+from tf_ext.jit import speed_check, xla_compiles
 
 logger = logging.getLogger("tf_ext.jit")
 
@@ -371,6 +377,7 @@ class Function:
     min_gain=None,
     replan_gain=None,
     async_compile=None,
+    adaptive=None,
     plan_path=None,
     name=None,
   ):
@@ -400,6 +407,9 @@ class Function:
       replan_gain=replan_gain,
     )
     self.async_compile = planner_lib.option("TF_EXT_JIT_ASYNC", async_compile)
+    self.adaptive = planner_lib.option("TF_EXT_JIT_ADAPTIVE", adaptive)
+    self._speed_checks = {}  # signature key -> SpeedCheck
+    self._new_speed_check = speed_check.SpeedCheck  # its defaults; tests make shorter checks
 
     self._signatures = {}
     self._cache = collections.OrderedDict()  # executable key -> _Executable, LRU first
@@ -408,7 +418,9 @@ class Function:
     self._warned_oversize = False
     self._disabled = None  # reason compilation is off for good (e.g. XLA cannot compile it)
     self.events = []  # dicts: plan / compile / evict / oversize / fallback, in order
-    self.stats = collections.Counter()  # compiled, larger_bucket, uncompiled, oversize calls
+    # Calls: compiled, larger_bucket, uncompiled (of which speed_check_uncompiled: a ready
+    # executable was there, but the speed check chose to run uncompiled), oversize.
+    self.stats = collections.Counter()
     self._queue = collections.deque()
     self._pending = 0
     self._cond = threading.Condition(self._lock)
@@ -485,7 +497,7 @@ class Function:
   def save_plan(self, path):
     """Writes the bucket plan as JSON (atomically). A directory gets
     `tf_ext_jit_plan.<name>.json` in it. Returns the file's path."""
-    path = self._plan_file(path)
+    path = planner_lib.plan_file(path, self.name)
     with self._lock:
       data = self._planner.to_json(
         self.name,
@@ -498,7 +510,7 @@ class Function:
   def load_plan(self, path):
     """Reads a plan written by save_plan; its bucket shapes are compiled at the first call.
     A missing file is not an error (a first run): returns False."""
-    path = self._plan_file(path)
+    path = planner_lib.plan_file(path, self.name)
     data = planner_lib.read_json(path)
     if data is None:
       logger.info("tf_ext.jit: %s: no saved plan at %s (first run)", self.name, path)
@@ -570,21 +582,67 @@ class Function:
             choice = self._ready_larger(signature, tensors, sizes)
             if choice is not None:
               self._cache.move_to_end(choice.key)
+    speed = None
+    if self.adaptive:
+      with self._lock:
+        speed = self._speed_checks.get(signature.key)
+        if speed is None:
+          speed = self._speed_checks[signature.key] = self._new_speed_check()
+        if speed.xla_faster is False and not speed.checking:
+          requests = []  # XLA's code is slower here: no new bucket until a check says otherwise
     if not self.async_compile and self._disabled is None and plan is not None:
       for request in requests:  # compile in this call, like tf.function(jit_compile=True)
         self._enqueue(*request)
       requests = []
       if self._queue:
         choice = self._sync_ready(signature, tensors, sizes)
+    timed = False
+    if choice is not None and speed is not None:
+      with self._lock:
+        timed = speed.checking and self._pending == 0  # a busy compiler would skew the times
+        if not speed.run_compiled(timed):
+          choice = None
+          self.stats["speed_check_uncompiled"] += 1
+    start = time.perf_counter()
     if choice is None:
       self.stats["uncompiled"] += 1
       result = signature.plain(tf.constant(all_sizes, tf.int32), *tensors)
     else:
       self.stats["compiled" if choice.buckets == buckets else "larger_bucket"] += 1
       result = self._run(choice, signature, tensors, all_sizes)
+    if timed:
+      seconds = time.perf_counter() - start
+      padded = math.prod(choice.buckets) if choice is not None else None
+      self._record_speed(speed, signature, seconds, math.prod(sizes), padded)
     for request in requests:
       self._enqueue(*request)
     return result
+
+  def _record_speed(self, speed, signature, seconds, elements, padded_elements):
+    """Times a call for the speed check (`padded_elements` None: it ran uncompiled)."""
+    with self._lock:
+      if not speed.record(padded_elements is not None, seconds, elements, padded_elements):
+        return
+      us = {kind: value * 1e6 for kind, value in speed.last.items()}
+      self._event(
+        "speed check",
+        dims=signature.dims,
+        compiled_faster=speed.compiled_faster,
+        xla_faster=speed.xla_faster,
+        compiled_us_per_element=us["compiled"],
+        compiled_us_per_padded_element=us["padded"],
+        uncompiled_us_per_element=us["uncompiled"],
+      )
+    logger.info(
+      "tf_ext.jit: %s: per element, compiled calls take %.3g us (%.3g per padded element), "
+      "uncompiled %.3g: running %s%s",
+      self.name,
+      us["compiled"],
+      us["padded"],
+      us["uncompiled"],
+      "compiled" if speed.compiled_faster else "uncompiled",
+      "" if speed.xla_faster else "; XLA is slower here, so no new bucket is compiled",
+    )
 
   def _plan_requests(self, signature, tensors, plan, before):
     """A new plan's bucket shapes to compile: first the one holding every size (so that every
@@ -615,14 +673,9 @@ class Function:
       max_executables=self.max_executables,
       **self._planner.options(),
       async_compile=self.async_compile,
+      adaptive=self.adaptive,
       name=self.name,
     )
-
-  def _plan_file(self, path):
-    path = os.fspath(path)
-    if os.path.isdir(path):
-      return os.path.join(path, f"tf_ext_jit_plan.{self.name}.json")
-    return path
 
   def _signature_for(self, arguments, leaves):
     parts = []
@@ -1009,6 +1062,9 @@ class Function:
       with self._lock:
         if exe.state != "evicted":
           exe.state = "ready"
+          speed = self._speed_checks.get(signature.key)
+          if speed is not None:
+            speed.executables_changed()
         count = sum(1 for e in self._cache.values() if e.state == "ready")
         self._event(
           "compile",

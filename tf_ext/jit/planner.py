@@ -199,6 +199,17 @@ class Planner:
     return warm
 
 
+def plan_file(path, name):
+  """Where a plan named `name` lives for a user's `plan_path`, the one rule of tf_ext.jit.function
+  and Bucketing: a .json path or an existing file is the file itself; anything else is a
+  directory (made when the plan is first written; e.g. a model_dir not made yet) that gets
+  tf_ext_jit_plan.<name>.json."""
+  path = os.fspath(path)
+  if path.endswith(".json") or os.path.isfile(path):
+    return path
+  return os.path.join(path, f"tf_ext_jit_plan.{name}.json")
+
+
 def read_json(path):
   """A saved plan's JSON, or None where there is none yet (a first run)."""
   if not os.path.exists(path):
@@ -209,6 +220,7 @@ def read_json(path):
 
 def write_json_atomically(path, data):
   """Readers (a restarting job) see the old file or the new one, never half of one."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
     json.dump(data, f)
