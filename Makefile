@@ -27,6 +27,12 @@
 #                TensorFlow's XLA options in a TF1 Session (writes jit_cache_session.png)
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
+#   make bench-harp  benchmarks/harp_transport.py: HARP's NCCL plugin against a stand-in for NCCL's
+#                default socket transport over veth with tc-shaped profiles (root: via sudo when
+#                not root; writes harp_transport.png)
+#   make bench-harp-nccl  benchmarks/harp_nccl_e2e.py: NCCL end to end through HARP's plugin against
+#                NCCL's Socket transport, two ranks on one GPU (a GPU machine with PyTorch and NCCL;
+#                TORCH_PYTHON=its Python; BENCH_ARGS=--dry-run prints the commands only)
 #   make clean   bazel clean + built artefacts
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
@@ -99,7 +105,8 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-session bench-cluster demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-session bench-cluster bench-harp bench-harp-nccl \
+        demo-estimator clean distclean
 
 all: build
 
@@ -207,8 +214,8 @@ develop:
 	  echo "$$want" > "$(DEVELOP_STAMP)"; \
 	fi
 
-# C++ sources under the project's own folders (not bazel-*, not .venv).
-CXX_SOURCES = $$(find kernels ops tests -name '*.cc' -o -name '*.c' -o -name '*.h')
+# C++ sources under the project's own folders (not bazel-*, not .venv), the benchmarks' included.
+CXX_SOURCES = $$(find kernels ops tests benchmarks -name '*.cc' -o -name '*.c' -o -name '*.h')
 
 lint: venv
 	@$(VENV)/bin/ruff format --check --quiet . || { echo "[lint] Python is not formatted: run make format"; exit 1; }
@@ -282,6 +289,22 @@ bench-amp: build bench-deps
 bench-cluster: build bench-deps
 	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
 	  $(VENV)/bin/python benchmarks/lightcc_cluster.py $(BENCH_ARGS))
+
+# Issue 12's transport benchmark: HARP's plugin against a stand-in for NCCL's default socket
+# transport across two network namespaces (root: via sudo when not root; compiles its driver and
+# the baseline plugin with g++); BENCH_ARGS=--quick for a short run.
+bench-harp: build bench-deps
+	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) \
+	  $(VENV)/bin/python benchmarks/harp_transport.py $(BENCH_ARGS))
+
+# Issue 12's NCCL end-to-end check, for a GPU machine with PyTorch and NCCL (the script needs no
+# TensorFlow; its ranks run under TORCH_PYTHON, default the venv's Python): two ranks on one GPU,
+# HARP's plugin against NCCL's Socket transport, results and NCCL's logs checked. Root (sudo when
+# not root) only with BENCH_ARGS="--netns aggregate" or "--netns cloud"; BENCH_ARGS=--dry-run
+# prints each rank's command and environment without a GPU.
+bench-harp-nccl: build
+	@cd $(ROOT) && $(if $(findstring --netns,$(BENCH_ARGS)),$(SUDO)) \
+	  $(or $(TORCH_PYTHON),$(VENV)/bin/python) benchmarks/harp_nccl_e2e.py $(BENCH_ARGS)
 
 clean:
 	-$(BAZEL) clean

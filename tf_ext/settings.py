@@ -172,6 +172,35 @@ def registry(declarations):
   return by_name
 
 
+# HARP's parsers accept exactly what the plugin's C++ parser accepts (plain decimal digits, no
+# sign or spaces), so a value that passes here cannot fail at NCCL's init.
+def _harp_integer(minimum, maximum):
+  def parse(raw):
+    if not re.fullmatch(r"[0-9]{1,19}", raw) or not minimum <= int(raw) <= maximum:
+      raise ValueError(f"expected an integer in [{minimum}, {maximum}]")
+    return int(raw)
+
+  return parse
+
+
+def _harp_cpu_list(raw):
+  cpus = []
+  for item in raw.split(",") if raw else []:
+    match = re.fullmatch(r"([0-9]{1,19})(?:-([0-9]{1,19}))?", item)
+    first = int(match.group(1)) if match else 0
+    last = int(match.group(2) or first) if match else -1
+    if not match or first > last or last >= 4096:
+      raise ValueError("expected CPU numbers below 4096 and ranges, e.g. 0,2,4-7")
+    cpus.extend(range(first, last + 1))
+  return tuple(cpus)
+
+
+def _harp_interface(raw):
+  if len(raw) > 64 or " " in raw:
+    raise ValueError("expected an interface name or an IPv4 address, or empty (auto)")
+  return raw
+
+
 SETTINGS: Dict[str, Setting] = registry(
   [
     # tf_ext: the package itself.
@@ -380,6 +409,15 @@ SETTINGS: Dict[str, Setting] = registry(
       capability="graph",
       parse=_flag,
     ),
+    Setting(
+      "TF_EXT_JIT_ADAPTIVE",
+      "1",
+      "tf_ext.jit.function: after each new executable, time 12 calls compiled and 12 "
+      "uncompiled, interleaved, and run the faster way; compile no new bucket where XLA is "
+      "slower even per padded element (checked again every 1000 calls). 0: always compiled.",
+      capability="graph",
+      parse=_flag,
+    ),
     # Graph passes (tf_ext.graph_optimizations): read by enable() and config_proto().
     Setting(
       "TF_EXT_GRAPH_FUSE_EMBEDDINGS",
@@ -490,6 +528,72 @@ SETTINGS: Dict[str, Setting] = registry(
       capability="lightcc",
       parse=_int_at_least(0),
       attribute="fusion_reprobe_steps",
+    ),
+    Setting(
+      "LIGHT_HARP",
+      "0",
+      "1: init() points NCCL at HARP (NCCL_NET_PLUGIN = tf_ext.harp.plugin_path(), NCCL_NET=HARP) "
+      "before NCCL starts; only Horovod built with NCCL uses it.",
+      capability="lightcc",
+      parse=_flag,
+      attribute="harp",
+    ),
+    # HARP, the NCCL network plugin (kernels/harp/): read by the plugin itself at NCCL's init, in
+    # C++ (kernels/harp/core/config.cc has the same names, defaults and checks;
+    # tests/harp/test_plugin.py checks that the two agree).
+    Setting(
+      "HARP_NSTREAMS",
+      "4",
+      "TCP data streams per connection; each message is split into chunks spread over them.",
+      capability="harp",
+      parse=_harp_integer(1, 64),
+    ),
+    Setting(
+      "HARP_NTHREADS",
+      "2",
+      "Worker threads driving the sockets; each connection belongs to one of them.",
+      capability="harp",
+      parse=_harp_integer(1, 64),
+    ),
+    Setting(
+      "HARP_CPU_AFFINITY",
+      "",
+      "CPUs to pin the worker threads to, e.g. 0,2,4-7 (worker i on the i-th, cycling); "
+      "empty: not pinned.",
+      capability="harp",
+      parse=_harp_cpu_list,
+    ),
+    Setting(
+      "HARP_CHUNK_BYTES",
+      "524288",
+      "Bytes per chunk, the unit a message is spread over the streams in (4096 to 64 MiB).",
+      capability="harp",
+      parse=_harp_integer(4096, 64 << 20),
+    ),
+    Setting(
+      "HARP_ZEROCOPY_THRESHOLD",
+      "0",
+      "Bytes from which a chunk is sent with MSG_ZEROCOPY (the send completes once the "
+      "kernel's notification releases the buffer); 0 is off, the default (over loopback and "
+      "veth the kernel copies anyway, and harp_transport.py measured it slower). Where "
+      "SO_ZEROCOPY is unavailable, sends copy (logged once).",
+      capability="harp",
+      parse=_harp_integer(0, 1 << 62),
+    ),
+    Setting(
+      "HARP_IFNAME",
+      "",
+      "Interface name or IPv4 address to listen on; empty: the first interface that is up "
+      "and not loopback, else loopback.",
+      capability="harp",
+      parse=_harp_interface,
+    ),
+    Setting(
+      "HARP_TIMEOUT_MS",
+      "30000",
+      "Milliseconds after which a silent peer or an unfinished connection set-up is an error.",
+      capability="harp",
+      parse=_harp_integer(100, 3600 * 1000),
     ),
   ]
 )

@@ -38,6 +38,9 @@ def capability_targets():
             srcs = capability["core_srcs"],
             hdrs = capability["core_hdrs"],
             copts = _PLUGIN_COPTS if plugin else [],
+            # A plugin's core hides its symbols, so its tests must link it statically, not as a
+            # shared library (Bazel's default for tests).
+            linkstatic = 1 if plugin else 0,
             deps = dep_cores,
         )
         if capability["kernel_srcs"] or capability["op_srcs"]:

@@ -127,9 +127,17 @@ CAPABILITIES = {
     "harp": {
         "core_hdrs": [
             "kernels/harp/core/build_info.h",
+            "kernels/harp/core/config.h",
+            "kernels/harp/core/nccl_net_abi.h",
+            "kernels/harp/core/spsc_ring.h",
+            "kernels/harp/core/transport.h",
+            "kernels/harp/core/wire_format.h",
         ],
         "core_srcs": [
             "kernels/harp/core/build_info.cc",
+            "kernels/harp/core/config.cc",
+            "kernels/harp/core/transport.cc",
+            "kernels/harp/core/wire_format.cc",
         ],
         "kernel_hdrs": [],
         "kernel_srcs": [],

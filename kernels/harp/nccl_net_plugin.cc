@@ -1,8 +1,422 @@
 // The exported C interface of tf_ext/harp/libnccl-net-harp.so (NCCL finds network plugins by the
-// file name libnccl-net-<name>.so). The library is built with hidden visibility, so only what is
-// marked here is exported. For now that is harp_build_info(); the ncclNetPlugin_v* tables follow.
-#include "kernels/harp/core/build_info.h"
+// file name libnccl-net-<name>.so, then the symbols ncclNetPlugin_vN). The library is built with
+// hidden visibility, so only what is marked here is exported: harp_build_info() and the tables
+// ncclNetPlugin_v6 ... ncclNetPlugin_v10, thin adapters over one tf_ext::harp::Transport.
+#include <cstdarg>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
 
-extern "C" __attribute__((visibility("default"))) const char* harp_build_info() {
-  return tf_ext::harp::BuildInfo();
+#include "kernels/harp/core/build_info.h"
+#include "kernels/harp/core/config.h"
+#include "kernels/harp/core/nccl_net_abi.h"
+#include "kernels/harp/core/transport.h"
+
+#define HARP_EXPORT extern "C" __attribute__((visibility("default")))
+
+HARP_EXPORT const char* harp_build_info() { return tf_ext::harp::BuildInfo(); }
+
+namespace {
+
+using tf_ext::harp::Config;
+using tf_ext::harp::ListenSocket;
+using tf_ext::harp::LogLevel;
+using tf_ext::harp::ReceiveConnection;
+using tf_ext::harp::Request;
+using tf_ext::harp::SendConnection;
+using tf_ext::harp::Status;
+using tf_ext::harp::Transport;
+
+// One transport per process, created by the first init and never destroyed: NCCL may call into
+// the plugin until the process exits, and worker threads must not be joined from a static
+// destructor.
+std::mutex init_mutex;
+Transport* transport = nullptr;
+ncclDebugLogger_t logger = nullptr;
+
+void Log(LogLevel level, const std::string& message) {
+  ncclDebugLogger_t log = logger;
+  if (log == nullptr) return;
+  log(level == LogLevel::kWarning ? NCCL_LOG_WARN : NCCL_LOG_INFO, NCCL_INIT | NCCL_NET, __FILE__,
+      __LINE__, "%s", message.c_str());
 }
+
+ncclResult_t ToNccl(Status status) {
+  switch (status) {
+    case Status::kOk:
+      return ncclSuccess;
+    case Status::kInvalidArgument:
+      return ncclInvalidArgument;
+    case Status::kInvalidUsage:
+      return ncclInvalidUsage;
+    case Status::kSystemError:
+      return ncclSystemError;
+    case Status::kRemote:
+      return ncclRemoteError;
+    case Status::kInternalError:
+      break;
+  }
+  return ncclInternalError;
+}
+
+// NCCL calls everything below only after a successful init.
+#define HARP_REQUIRE_INIT()                                             \
+  do {                                                                  \
+    if (transport == nullptr) {                                         \
+      Log(LogLevel::kWarning, "HARP: called before a successful init"); \
+      return ncclInternalError;                                         \
+    }                                                                   \
+  } while (0)
+
+ncclResult_t Init(ncclDebugLogger_t log_function) {
+  std::lock_guard<std::mutex> lock(init_mutex);
+  if (log_function != nullptr) logger = log_function;
+  if (transport != nullptr) return ncclSuccess;
+  Config config;
+  std::string error;
+  if (!tf_ext::harp::ConfigFromEnvironment(&config, &error)) {
+    Log(LogLevel::kWarning, "HARP: " + error);
+    return ncclInvalidUsage;
+  }
+  std::unique_ptr<Transport> created;
+  Status status = Transport::Create(config, Log, &created, &error);
+  if (status != Status::kOk) {
+    Log(LogLevel::kWarning, "HARP: " + error);
+    return ToNccl(status);
+  }
+  transport = created.release();
+  Log(LogLevel::kInfo, std::string(tf_ext::harp::BuildInfo()) + " on " +
+                           transport->interface_name() + " " + transport->address() + ": " +
+                           tf_ext::harp::DescribeConfig(config));
+  if (config.zerocopy_threshold != 0) {
+    Log(LogLevel::kInfo, "HARP: chunks of " + std::to_string(config.zerocopy_threshold) +
+                             " bytes or more are sent with MSG_ZEROCOPY");
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t InitV10(ncclDebugLogger_t log_function, ncclProfilerCallback_t) {
+  return Init(log_function);
+}
+
+ncclResult_t Devices(int* count) {
+  HARP_REQUIRE_INIT();
+  *count = 1;
+  return ncclSuccess;
+}
+
+// The newest properties; older versions copy the fields they have.
+ncclResult_t Properties(int dev, ncclNetProperties_v10_t* props) {
+  HARP_REQUIRE_INIT();
+  if (dev != 0) return ncclInvalidArgument;
+  *props = ncclNetProperties_v10_t{};
+  props->name = const_cast<char*>(transport->interface_name().c_str());
+  props->pciPath = nullptr;  // a TCP interface, no PCI placement to offer NCCL's topology
+  props->guid = 0;
+  props->ptrSupport = NCCL_PTR_HOST;
+  props->regIsGlobal = 0;
+  props->forceFlush = 0;
+  props->speed = transport->link_speed_mbps();
+  props->port = 0;
+  props->latency = 0;
+  props->maxComms = 65536;
+  props->maxRecvs = tf_ext::harp::kMaxReceivesPerRequest;
+  props->netDeviceType = NCCL_NET_DEVICE_HOST;
+  props->netDeviceVersion = 0;
+  props->vProps.ndevs = 1;
+  props->vProps.devs[0] = 0;
+  // Test reports sizes as int.
+  props->maxP2pBytes = 0x7fffffff;
+  props->maxCollBytes = 0x7fffffff;
+  return ncclSuccess;
+}
+
+template <typename OldProperties>
+void CopyCommon(const ncclNetProperties_v10_t& from, OldProperties* to) {
+  to->name = from.name;
+  to->pciPath = from.pciPath;
+  to->guid = from.guid;
+  to->ptrSupport = from.ptrSupport;
+  to->speed = from.speed;
+  to->port = from.port;
+  to->latency = from.latency;
+  to->maxComms = from.maxComms;
+  to->maxRecvs = from.maxRecvs;
+}
+
+ncclResult_t PropertiesV6(int dev, ncclNetProperties_v6_t* props) {
+  ncclNetProperties_v10_t all;
+  ncclResult_t result = Properties(dev, &all);
+  if (result == ncclSuccess) CopyCommon(all, props);
+  return result;
+}
+
+ncclResult_t PropertiesV7(int dev, ncclNetProperties_v7_t* props) {
+  ncclNetProperties_v10_t all;
+  ncclResult_t result = Properties(dev, &all);
+  if (result != ncclSuccess) return result;
+  CopyCommon(all, props);
+  props->netDeviceType = all.netDeviceType;
+  props->netDeviceVersion = all.netDeviceVersion;
+  return ncclSuccess;
+}
+
+ncclResult_t PropertiesV8(int dev, ncclNetProperties_v8_t* props) {
+  ncclNetProperties_v10_t all;
+  ncclResult_t result = Properties(dev, &all);
+  if (result != ncclSuccess) return result;
+  CopyCommon(all, props);
+  props->regIsGlobal = all.regIsGlobal;
+  props->netDeviceType = all.netDeviceType;
+  props->netDeviceVersion = all.netDeviceVersion;
+  return ncclSuccess;
+}
+
+ncclResult_t Listen(int dev, void* handle, void** listen_comm) {
+  HARP_REQUIRE_INIT();
+  if (dev != 0) return ncclInvalidArgument;
+  ListenSocket* listener = nullptr;
+  Status status = transport->Listen(handle, &listener);
+  *listen_comm = listener;
+  return ToNccl(status);
+}
+
+ncclResult_t Connect(int dev, void* handle, void** send_comm) {
+  HARP_REQUIRE_INIT();
+  if (dev != 0) return ncclInvalidArgument;
+  SendConnection* connection = nullptr;
+  Status status = transport->Connect(handle, &connection);
+  *send_comm = connection;
+  return ToNccl(status);
+}
+
+ncclResult_t ConnectV7(int dev, void* handle, void** send_comm, ncclNetDeviceHandle_t**) {
+  return Connect(dev, handle, send_comm);
+}
+
+ncclResult_t ConnectV10(int dev, ncclNetCommConfig_v10_t*, void* handle, void** send_comm,
+                        ncclNetDeviceHandle_t**) {
+  return Connect(dev, handle, send_comm);
+}
+
+ncclResult_t Accept(void* listen_comm, void** recv_comm) {
+  HARP_REQUIRE_INIT();
+  ReceiveConnection* connection = nullptr;
+  Status status = transport->Accept(static_cast<ListenSocket*>(listen_comm), &connection);
+  *recv_comm = connection;
+  return ToNccl(status);
+}
+
+ncclResult_t AcceptV7(void* listen_comm, void** recv_comm, ncclNetDeviceHandle_t**) {
+  return Accept(listen_comm, recv_comm);
+}
+
+// Host memory needs no registration with a TCP socket (MSG_ZEROCOPY pins pages per send); the
+// handle records the region.
+struct MemoryRegion {
+  void* data;
+  size_t size;
+};
+
+ncclResult_t RegisterMemory(void* comm, void* data, size_t size, int type, void** mhandle) {
+  HARP_REQUIRE_INIT();
+  if (type != NCCL_PTR_HOST) {
+    Log(LogLevel::kWarning,
+        "HARP: only host memory can be registered (ptrSupport is "
+        "NCCL_PTR_HOST), got type " +
+            std::to_string(type));
+    return ncclInternalError;
+  }
+  (void)comm;
+  *mhandle = new MemoryRegion{data, size};
+  return ncclSuccess;
+}
+
+ncclResult_t RegisterMemoryIntSize(void* comm, void* data, int size, int type, void** mhandle) {
+  if (size < 0) return ncclInvalidArgument;
+  return RegisterMemory(comm, data, static_cast<size_t>(size), type, mhandle);
+}
+
+ncclResult_t RegisterDmaBuf(void*, void*, size_t, int, uint64_t, int, void**) {
+  Log(LogLevel::kWarning, "HARP: DMA-BUF registration is not supported (host memory only)");
+  return ncclInternalError;
+}
+
+ncclResult_t DeregisterMemory(void*, void* mhandle) {
+  delete static_cast<MemoryRegion*>(mhandle);
+  return ncclSuccess;
+}
+
+ncclResult_t Send(void* send_comm, void* data, size_t size, int tag, void** request) {
+  HARP_REQUIRE_INIT();
+  Request* posted = nullptr;
+  Status status =
+      transport->Send(static_cast<SendConnection*>(send_comm), data, size, tag, &posted);
+  *request = posted;
+  return ToNccl(status);
+}
+
+ncclResult_t SendIntSize(void* send_comm, void* data, int size, int tag, void*, void** request) {
+  if (size < 0) return ncclInvalidArgument;
+  return Send(send_comm, data, static_cast<size_t>(size), tag, request);
+}
+
+ncclResult_t SendV9(void* send_comm, void* data, size_t size, int tag, void*, void** request) {
+  return Send(send_comm, data, size, tag, request);
+}
+
+ncclResult_t SendV10(void* send_comm, void* data, size_t size, int tag, void*, void*,
+                     void** request) {
+  return Send(send_comm, data, size, tag, request);
+}
+
+template <typename Size>
+ncclResult_t Receive(void* recv_comm, int n, void** data, const Size* sizes, int* tags,
+                     void** request) {
+  HARP_REQUIRE_INIT();
+  if (n < 1 || n > tf_ext::harp::kMaxReceivesPerRequest) return ncclInvalidArgument;
+  uint64_t capacities[tf_ext::harp::kMaxReceivesPerRequest];
+  for (int b = 0; b < n; ++b) {
+    if (sizes[b] < 0) return ncclInvalidArgument;
+    capacities[b] = static_cast<uint64_t>(sizes[b]);
+  }
+  Request* posted = nullptr;
+  Status status = transport->Receive(static_cast<ReceiveConnection*>(recv_comm), n, data,
+                                     capacities, tags, &posted);
+  *request = posted;
+  return ToNccl(status);
+}
+
+ncclResult_t ReceiveIntSizes(void* recv_comm, int n, void** data, int* sizes, int* tags, void**,
+                             void** request) {
+  return Receive(recv_comm, n, data, sizes, tags, request);
+}
+
+ncclResult_t ReceiveV9(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void**,
+                       void** request) {
+  return Receive(recv_comm, n, data, sizes, tags, request);
+}
+
+ncclResult_t ReceiveV10(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void**,
+                        void**, void** request) {
+  return Receive(recv_comm, n, data, sizes, tags, request);
+}
+
+// With ptrSupport = NCCL_PTR_HOST NCCL never flushes; nothing to wait for if it does.
+ncclResult_t Flush(void*, int, void**, int*, void**, void** request) {
+  *request = nullptr;
+  return ncclSuccess;
+}
+
+ncclResult_t Test(void* request, int* done, int* sizes) {
+  HARP_REQUIRE_INIT();
+  auto* posted = static_cast<Request*>(request);
+  uint64_t received[tf_ext::harp::kMaxReceivesPerRequest];
+  const int count = posted->count;
+  bool finished = false;
+  Status status = transport->Test(posted, &finished, received);
+  *done = finished ? 1 : 0;
+  if (finished && sizes != nullptr) {
+    for (int b = 0; b < count; ++b) sizes[b] = static_cast<int>(received[b]);
+  }
+  return ToNccl(status);
+}
+
+ncclResult_t CloseConnection(void* comm) {
+  HARP_REQUIRE_INIT();
+  transport->Close(
+      static_cast<tf_ext::harp::Connection*>(static_cast<tf_ext::harp::Connection*>(comm)));
+  return ncclSuccess;
+}
+
+ncclResult_t CloseSend(void* send_comm) {
+  return CloseConnection(
+      static_cast<tf_ext::harp::Connection*>(static_cast<SendConnection*>(send_comm)));
+}
+
+ncclResult_t CloseReceive(void* recv_comm) {
+  return CloseConnection(
+      static_cast<tf_ext::harp::Connection*>(static_cast<ReceiveConnection*>(recv_comm)));
+}
+
+ncclResult_t CloseListen(void* listen_comm) {
+  HARP_REQUIRE_INIT();
+  transport->CloseListen(static_cast<ListenSocket*>(listen_comm));
+  return ncclSuccess;
+}
+
+ncclResult_t DeviceMemoryHandle(void*, void*, void**) { return ncclInternalError; }
+
+ncclResult_t ReceiveConsumed(void*, int, void*) { return ncclSuccess; }
+
+ncclResult_t MakeVirtualDevice(int*, ncclNetVDeviceProps_v9_t*) {
+  Log(LogLevel::kWarning, "HARP: virtual devices (NIC fusion) are not supported");
+  return ncclInvalidUsage;
+}
+
+}  // namespace
+
+HARP_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
+    "HARP",          InitV10,
+    Devices,         Properties,
+    Listen,          ConnectV10,
+    AcceptV7,        RegisterMemory,
+    RegisterDmaBuf,  DeregisterMemory,
+    SendV10,         ReceiveV10,
+    Flush,           Test,
+    CloseSend,       CloseReceive,
+    CloseListen,     DeviceMemoryHandle,
+    ReceiveConsumed, MakeVirtualDevice,
+};
+
+HARP_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
+    "HARP",          Init,
+    Devices,         Properties,
+    Listen,          ConnectV7,
+    AcceptV7,        RegisterMemory,
+    RegisterDmaBuf,  DeregisterMemory,
+    SendV9,          ReceiveV9,
+    Flush,           Test,
+    CloseSend,       CloseReceive,
+    CloseListen,     DeviceMemoryHandle,
+    ReceiveConsumed, MakeVirtualDevice,
+};
+
+HARP_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
+    "HARP",          Init,
+    Devices,         PropertiesV8,
+    Listen,          ConnectV7,
+    AcceptV7,        RegisterMemory,
+    RegisterDmaBuf,  DeregisterMemory,
+    SendIntSize,     ReceiveIntSizes,
+    Flush,           Test,
+    CloseSend,       CloseReceive,
+    CloseListen,     DeviceMemoryHandle,
+    ReceiveConsumed,
+};
+
+HARP_EXPORT const ncclNet_v7_t ncclNetPlugin_v7 = {
+    "HARP",          Init,
+    Devices,         PropertiesV7,
+    Listen,          ConnectV7,
+    AcceptV7,        RegisterMemoryIntSize,
+    RegisterDmaBuf,  DeregisterMemory,
+    SendIntSize,     ReceiveIntSizes,
+    Flush,           Test,
+    CloseSend,       CloseReceive,
+    CloseListen,     DeviceMemoryHandle,
+    ReceiveConsumed,
+};
+
+HARP_EXPORT const ncclNet_v6_t ncclNetPlugin_v6 = {
+    "HARP",         Init,
+    Devices,        PropertiesV6,
+    Listen,         Connect,
+    Accept,         RegisterMemoryIntSize,
+    RegisterDmaBuf, DeregisterMemory,
+    SendIntSize,    ReceiveIntSizes,
+    Flush,          Test,
+    CloseSend,      CloseReceive,
+    CloseListen,
+};

@@ -36,8 +36,16 @@ def test_the_library_exports_its_entry_points_only():
     check=True,
   ).stdout
   assert re.search(r" T harp_build_info$", exported, re.MULTILINE), exported
-  # The core is compiled with hidden visibility: nothing of tf_ext's C++ leaks into NCCL's process.
+  # The NCCL net tables NCCL looks up by name (data symbols), v6 through v10.
+  tables = set(re.findall(r" [DR] (ncclNetPlugin_v\d+)$", exported, re.MULTILINE))
+  assert tables == {f"ncclNetPlugin_v{v}" for v in range(6, 11)}, exported
+  # Nothing else of ours is exported (the C++ standard library's own weak template instances,
+  # e.g. std::vector<int>, may be): the core is compiled with hidden visibility, so nothing of
+  # tf_ext's C++ leaks into NCCL's process.
   assert "tf_ext::" not in exported, exported
+  ours = re.findall(r" [TDRB] (\w+)$", exported, re.MULTILINE)
+  linker = {"__bss_start", "_edata", "_end", "_init", "_fini"}
+  assert set(ours) - linker == {"harp_build_info"} | tables, exported
 
 
 def test_harp_build_info_names_the_package_version():

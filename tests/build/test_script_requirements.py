@@ -22,6 +22,11 @@ DISTRIBUTION_OF = {
   "tensorflow_recommenders_addons": "tensorflow-recommenders-addons",
 }
 
+# Scripts whose make target runs them under an interpreter the user names (a GPU machine's Python
+# with PyTorch and NCCL), with the modules that interpreter must bring: script -> (make variable
+# naming the interpreter, modules).
+OWN_INTERPRETER = {"benchmarks/harp_nccl_e2e.py": ("TORCH_PYTHON", {"torch"})}
+
 
 def normalize(name):
   return re.sub(r"[-_.]+", "-", name).lower()
@@ -51,6 +56,11 @@ def third_party_imports(path):
   return sorted(
     n for n in names if n not in sys.stdlib_module_names and n not in local | {"tf_ext"}
   )
+
+
+def makefile():
+  with open(os.path.join(ROOT, "Makefile")) as f:
+    return f.read()
 
 
 def make_target_running(script):
@@ -117,7 +127,14 @@ def test_every_script_imports_only_what_its_make_target_installs():
       problems.append(f"{script}: no make target runs it (the README documents each script's)")
       continue
     provided = with_dependencies(installed_by(target))
+    variable, brought = OWN_INTERPRETER.get(script, (None, set()))
+    if variable is not None and not re.search(
+      rf"^{re.escape(target)}:.*\n(\t.*\n)*\t.*\$\(or \$\({variable}\)", makefile(), re.M
+    ):
+      problems.append(f"{script}: `make {target}` does not run it under $({variable})")
     for module in third_party_imports(script):
+      if module in brought:
+        continue
       candidates = installed_here.get(module) or [DISTRIBUTION_OF.get(module, module)]
       if not {normalize(c) for c in candidates} & provided:
         problems.append(

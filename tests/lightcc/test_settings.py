@@ -61,3 +61,30 @@ print('OK')
 """
   proc = init_in_subprocess({}, code)
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_light_harp_points_nccl_at_the_plugin_before_init():
+  code = """
+import os, tf_ext.harp
+hvd.init()
+assert hvd.light_config().harp
+assert os.environ["NCCL_NET_PLUGIN"] == tf_ext.harp.plugin_path(), os.environ["NCCL_NET_PLUGIN"]
+assert os.path.exists(os.environ["NCCL_NET_PLUGIN"]) and os.environ["NCCL_NET"] == "HARP"
+print('OK')
+"""
+  proc = init_in_subprocess({"LIGHT_HARP": "1"}, code)
+  assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-2000:]
+  # This project's Horovod has no NCCL (CPU collectives): the user is told HARP carries nothing.
+  assert "built without NCCL" in proc.stderr
+  # Off by default: NCCL's environment is left alone.
+  off = init_in_subprocess({}, "import os; hvd.init(); print(os.environ.get('NCCL_NET'))")
+  assert off.returncode == 0 and off.stdout.strip() == "None", off.stderr[-2000:]
+
+
+def test_light_harp_refuses_to_override_another_plugin():
+  proc = init_in_subprocess({"LIGHT_HARP": "1", "NCCL_NET_PLUGIN": "/opt/other/libnccl-net.so"})
+  assert proc.returncode != 0 and "already has NCCL_NET_PLUGIN=/opt/other" in proc.stderr, (
+    proc.stderr[-2000:]
+  )
+  proc = init_in_subprocess({"LIGHT_HARP": "maybe"})
+  assert proc.returncode != 0 and "LIGHT_HARP" in proc.stderr

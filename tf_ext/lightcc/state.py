@@ -1,6 +1,8 @@
 """LightCC's state: the configuration and 2D topology set by init(), and what it keeps per graph
 (traffic counters, error-feedback residuals, fusion policies)."""
 
+import logging
+import os
 import threading
 import weakref
 
@@ -8,6 +10,7 @@ import horovod.tensorflow as _hvd
 import tensorflow as tf
 from horovod.runner.common.util import env as _horovod_env
 
+from tf_ext import harp as _harp
 from tf_ext.lightcc import config as _config
 
 
@@ -167,6 +170,8 @@ def init(*args, **kwargs):
     if len(args) > 1:
       args = args[:1]
     kwargs["process_sets"] = list(process_sets or []) + topology.process_sets
+  if config.harp:
+    _use_harp()
   _hvd.init(*args, **kwargs)
   if topology is not None:
     if _hvd.size() != world_size:
@@ -176,6 +181,25 @@ def init(*args, **kwargs):
       )
     topology.bind(_hvd.rank())
   process.config, process.topology = config, topology
+
+
+def _use_harp():
+  """LIGHT_HARP: NCCL reads its plugin settings once, when it starts (at Horovod's first NCCL
+  collective, after init), so setting them here is in time."""
+  wanted = {"NCCL_NET_PLUGIN": _harp.plugin_path(), "NCCL_NET": "HARP"}
+  for name, value in wanted.items():
+    given = os.environ.get(name)
+    if given not in (None, "", value):
+      raise ValueError(
+        f"LIGHT_HARP=1 sets {name}={value}, but the environment already has {name}={given}: "
+        "unset it, or set LIGHT_HARP=0 to keep yours"
+      )
+  os.environ.update(wanted)
+  if not _hvd.nccl_built():
+    logging.getLogger("tf_ext.lightcc").warning(
+      "LIGHT_HARP=1: this Horovod is built without NCCL (its collectives run on Gloo/MPI), so "
+      "HARP carries nothing; NCCL_NET_PLUGIN is set for NCCL users of this process only"
+    )
 
 
 def light_config():

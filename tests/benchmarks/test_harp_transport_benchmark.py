@@ -1,0 +1,70 @@
+"""benchmarks/harp_transport.py --quick runs end to end: two network namespaces, both tc profiles,
+HARP's plugin and the baseline plugin, every byte of the check pass verified. No timing is
+asserted (the issue's targets are for the full run), only that the figures are sane. Needs root
+(network namespaces) and `ip`/`tc`/g++: skipped where they are missing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "benchmarks", "harp_transport.py")
+QUICK_SIZES = [64 * 1024, 1 << 20, 4 << 20]
+
+
+def _skip_reason():
+  if os.geteuid() != 0:
+    return "needs root (network namespaces, veth, tc)"
+  for tool in ("ip", "tc", "g++"):
+    if shutil.which(tool) is None:
+      return f"`{tool}` is not installed"
+  probe = f"harpb_probe_{os.getpid()}"
+  if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
+    return "cannot create network namespaces here"
+  subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+  return None
+
+
+def test_quick_run_of_both_plugins(tmp_path):
+  reason = _skip_reason()
+  if reason:
+    pytest.skip(reason)
+  out, png = tmp_path / "harp.json", tmp_path / "harp.png"
+  proc = subprocess.run(
+    [sys.executable, SCRIPT, "--quick", f"--json={out}", f"--plot={png}"],
+    env=dict(os.environ, PYTHONPATH=ROOT, TF_EXT_CACHE_DIR=str(tmp_path / "cache")),
+    capture_output=True,
+    text=True,
+    timeout=240,
+  )
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+  assert "targets (issue 12; ratios harp/baseline" in proc.stdout, proc.stdout
+  assert png.exists() or "not written (No module named 'matplotlib'" in proc.stdout
+  results = json.loads(out.read_text())
+  assert set(results["profiles"]) == {"aggregate", "cloud"}
+  for profile, entry in results["profiles"].items():
+    assert entry["check"]["one_flow_gbps"] > 0, profile
+    assert set(entry["plugins"]) == {"harp", "baseline"}
+    for name, result in entry["plugins"].items():
+      assert result["ok"], f"{profile}/{name}: {result.get('error')}"
+      data = result["data"]
+      assert data["plugin_name"] == ("HARP" if name == "harp" else "BaselineSocket")
+      assert sorted(int(s) for s in data["sizes"]) == QUICK_SIZES
+      for size, figures in data["sizes"].items():
+        assert figures["gbps"] > 0 and figures["cpu_ns_per_byte"] > 0, (profile, name, size)
+        assert figures["bytes"] >= int(size)
+      # The check pass: every size, every byte (one message each in --quick) plus the ping-pongs.
+      assert sorted(data["verified_sizes"]) == QUICK_SIZES
+      assert data["bytes_in_check_pass"] == sum(QUICK_SIZES)
+      assert data["verified_bytes"] >= sum(QUICK_SIZES)
+      assert data["latency_us"]["median"] > 0 and data["latency_us"]["iters"] == 200
+  # Throughput, CPU and latency for each profile, each with its verdict.
+  assert len(results["targets"]) == 6
+  assert all(t["ratio"] > 0 and isinstance(t["met"], bool) for t in results["targets"])
+  # Nothing left behind.
+  netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+  assert "harpb_" not in netns
