@@ -15,7 +15,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "harp_nccl_e2e.py")
-DEFAULT_PLUGIN = os.path.join(ROOT, "tf_ext", "harp", "libnccl-net-harp.so")
 
 # A stand-in for the parts of torch the script uses. all_reduce really exchanges the two ranks'
 # data (over one TCP connection, rank 0 listening at init_method's address); the "NCCL log" says
@@ -199,11 +198,13 @@ def test_dry_run_gives_each_rank_its_network_and_host(tmp_path):
     assert entry["ranks"][0]["env"]["NCCL_HOSTID"] != entry["ranks"][1]["env"]["NCCL_HOSTID"]
   assert len(set(hostids)) == 4
   assert f"NCCL_NET_PLUGIN={plugin}" in out
-  # The plugin beside the checkout's tf_ext by default.
+  # The plugin of the checkout the script lives in, by default (under Bazel the script's runfile
+  # links into the checkout, while this test's own tree holds Bazel's copy of the plugin).
   _, plan = _dry_run(tmp_path, ["--transports=harp"])
-  assert plan["plugin"] == DEFAULT_PLUGIN
+  checkout = os.path.dirname(os.path.dirname(os.path.realpath(SCRIPT)))
+  assert plan["plugin"] == os.path.join(checkout, "tf_ext", "harp", "libnccl-net-harp.so")
   assert all(
-    r["env"]["NCCL_NET_PLUGIN"] == DEFAULT_PLUGIN for r in plan["transports"]["harp"]["ranks"]
+    r["env"]["NCCL_NET_PLUGIN"] == plan["plugin"] for r in plan["transports"]["harp"]["ranks"]
   )
 
 

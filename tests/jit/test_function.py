@@ -350,7 +350,7 @@ def test_the_speed_check_picks_the_faster_way_and_results_stay_equal():
   model = mlp(seed=4, width=32)
   fn = loss_and_grads(model)
   reference = tf.function(fn)
-  ours = jit.function(fn, paddable={"x": "batch", "y": "batch"}, min_observations=4)
+  ours = jit.function(fn, paddable={"x": "batch", "y": "batch"}, min_observations=4, adaptive=True)
   ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=2, samples=4)
   rng = np.random.default_rng(5)
   # Observed uncompiled, then one bucket; then 2 calls to settle and 4 of each kind (calls while
@@ -385,7 +385,9 @@ def test_the_speed_check_picks_the_faster_way_and_results_stay_equal():
 
 
 def test_when_xla_is_slower_calls_run_uncompiled_and_nothing_more_is_compiled():
-  ours = jit.function(lambda x: tf.reduce_sum(x, axis=1), paddable="batch", min_observations=2)
+  ours = jit.function(
+    lambda x: tf.reduce_sum(x, axis=1), paddable="batch", min_observations=2, adaptive=True
+  )
   for n in (3, 7, 5):
     ours(np.ones((n, 4), "float32"))
   ours.wait_for_compiles()

@@ -495,8 +495,9 @@ class Function:
       self._thread.join()
 
   def save_plan(self, path):
-    """Writes the bucket plan as JSON (atomically). A directory gets
-    `tf_ext_jit_plan.<name>.json` in it. Returns the file's path."""
+    """Writes the bucket plan as JSON (atomically). `path`: a .json file (or an existing file),
+    else a directory (made if missing) that gets `tf_ext_jit_plan.<name>.json`. Returns the
+    file's path."""
     path = planner_lib.plan_file(path, self.name)
     with self._lock:
       data = self._planner.to_json(

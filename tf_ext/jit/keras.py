@@ -84,7 +84,7 @@ def compile(model, paddable="batch", **kwargs):  # noqa: A001 (tf_ext.jit.compil
       weight), or None to pad nothing (each batch shape its own executable, compiled once it
       comes back).
     **kwargs: tf_ext.jit.function options (max_executables, max_buckets, max_size,
-      min_observations, min_gain, replan_gain, async_compile, plan_path: a directory, each
+      min_observations, min_gain, replan_gain, async_compile, adaptive, plan_path: a directory, each
       Function reads `tf_ext_jit_plan.<model name>.<train|test|predict>.json` there); every
       other keyword goes to `model.compile(...)`. Without Keras arguments the model must be
       compiled already.
