@@ -605,10 +605,16 @@ def parse_args(argv):
   p.add_argument("--rounds", type=int, help="rounds per profile (plugins alternate first)")
   p.add_argument("--pair-timeout", type=float, default=600, help="seconds for one plugin pair")
   p.add_argument("--no-profile-check", action="store_true", help="skip the TCP check of the qdiscs")
-  p.add_argument("--plot", default=os.path.join(HERE, "harp_transport.png"), help="chart path")
+  p.add_argument(
+    "--plot",
+    default=None,
+    help="chart path (default: benchmarks/harp_transport.png; a --quick run writes none)",
+  )
   _common.add_json(p)
   args = p.parse_args(argv)
   q = args.quick
+  if args.plot is None and not q:  # a smoke run must not replace the committed chart
+    args.plot = os.path.join(HERE, "harp_transport.png")
   args.sizes = _common.int_list(args.sizes) if args.sizes else (QUICK_SIZES if q else FULL_SIZES)
   args.bytes_per_size = args.bytes_per_size or (16 * MIB if q else 256 * MIB)
   args.latency_iters = args.latency_iters or (200 if q else 2000)
