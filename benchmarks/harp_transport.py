@@ -541,22 +541,15 @@ def draw_chart(path, all_results, names, args):
       x = [s / MIB for s in sizes]
       label = f"{n} ({profile})"
       color = f"C{n_index}"
-      axes[0].plot(
-        x,
-        [r["data"]["sizes"][s]["gbps"] for s in sizes],
-        styles[p_index % 2],
-        marker="o",
-        color=color,
-        label=label,
-      )
-      axes[1].plot(
-        x,
-        [r["data"]["sizes"][s]["cpu_ns_per_byte"] for s in sizes],
-        styles[p_index % 2],
-        marker="o",
-        color=color,
-        label=label,
-      )
+      for ax, key in zip(axes, ("gbps", "cpu_ns_per_byte")):
+        ax.plot(
+          x,
+          [r["data"]["sizes"][s][key] for s in sizes],
+          styles[p_index % 2],
+          marker="o",
+          color=color,
+          label=label,
+        )
       bars.append((f"{n}\n{profile}", r["data"]["latency_us"]["median"], color))
   all_sizes = sorted(args.sizes)
   for ax, title in zip(axes, ("throughput (Gbit/s)", "CPU time per byte (ns, both processes)")):
