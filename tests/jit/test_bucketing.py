@@ -144,6 +144,86 @@ def test_padded_session_trains_like_the_unpadded_one_and_compiles_per_bucket():
   assert "plan" in kinds and "bucket" in kinds
 
 
+def dense_id_model(features, label):
+  """Dense id tensors, as most CTR fields are: one id per row (a slice of the padded input), a
+  [batch, 3] id list with a mean combiner, and string ids made from the int ones; Adam, whose
+  update moves a row even for a zero gradient (momentum), so a looked-up padded id would show."""
+  init = tf.constant_initializer(0.05)
+  names = [f"dense_ids_{next(_tables)}" for _ in range(3)]
+  tables = [tf_ext.get_dynamic_embedding_variable(names[0], 4, initializer=init)]
+  tables.append(tf_ext.get_dynamic_embedding_variable(names[1], 4, initializer=init))
+  tables.append(
+    tf_ext.get_dynamic_embedding_variable(names[2], 4, key_dtype=tf.string, initializer=init)
+  )
+  ids = features["dense_ids"]
+  embedded = [
+    tf_ext.embedding_lookup(tables[0], ids[:, 0]),
+    tf_ext.embedding_lookup(tables[1], ids, combiner="mean"),
+    tf_ext.embedding_lookup(tables[2], tf.strings.as_string(ids[:, 1])),
+  ]
+  logit = tf.reduce_sum(tf.concat(embedded, axis=1), axis=1)
+  loss = jit.masked_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
+  train = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1)).minimize(loss)
+  return loss, train, tables
+
+
+def run_dense_ids(bucketing=None):
+  graph = tf.Graph()
+  with graph.as_default():
+    rng = np.random.default_rng(3)
+    batches = [(rng.integers(1, 40, (n, WIDTH)), rng.integers(0, 2, n)) for n in SIZES]
+    dataset = tf.data.Dataset.from_generator(
+      lambda: iter(batches),
+      output_signature=(tf.TensorSpec([None, WIDTH], tf.int64), tf.TensorSpec([None], tf.int64)),
+    ).map(lambda ids, label: ({"dense_ids": ids}, tf.cast(label, tf.float32)))
+    if bucketing is not None:
+      dataset = bucketing.pad(dataset)
+    features, label = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    scope = bucketing.padded(features) if bucketing is not None else contextlib.nullcontext()
+    with scope:
+      loss, train, tables = dense_id_model(features, label)
+    exports = [t.export()[:2] for t in tables]
+    config = graph_optimizations.config_proto(fuse_embeddings=True, cluster_dense_for_xla=False)
+    with tf.compat.v1.Session(config=config) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      losses = [session.run([loss, train])[0] for _ in SIZES]
+      return losses, session.run(exports)
+
+
+def test_padded_dense_ids_look_up_and_update_no_table_row():
+  # A padded dense id is a 0, a real key: looked up, it would insert row 0 and Adam would move it.
+  reference = run_dense_ids()
+  bucketing = jit.Bucketing(name="dense_ids", min_observations=4, async_compile=False)
+  padded = run_dense_ids(bucketing)
+  assert bucketing.stats["padding"] > 0
+  np.testing.assert_allclose(padded[0], reference[0], rtol=2e-5)
+  for export_a, export_b in zip(reference[1], padded[1]):
+    keys_a, rows_a = sorted_rows(export_a)
+    keys_b, rows_b = sorted_rows(export_b)
+    np.testing.assert_array_equal(keys_b, keys_a)  # no key 0 / b"0"
+    np.testing.assert_allclose(rows_b, rows_a, rtol=1e-4, atol=1e-6)
+
+
+def test_padded_extent_follows_casts_and_slices_that_keep_the_padded_axes():
+  from tf_ext.jit.function import padded_extent
+
+  seen = {}
+
+  def body(x):
+    seen["input"] = sorted(padded_extent(x))
+    seen["column"] = sorted(padded_extent(x[:, 1]))
+    seen["cast"] = sorted(padded_extent(tf.cast(x[:, :2], tf.int32)))
+    seen["cut"] = sorted(padded_extent(x[:3]))  # cuts into the padded axis: not followed
+    seen["other"] = sorted(padded_extent(x + 1))
+    return jit.masked_sum(tf.cast(x, tf.float32))
+
+  fn = jit.function(body, paddable={"x": "batch"}, min_observations=1)
+  fn(tf.ones([5, 3], tf.int64))
+  fn.close()
+  assert seen == {"input": [0], "column": [0], "cast": [0], "cut": [], "other": []}
+  assert padded_extent(tf.ones([2])) == {}  # outside a padded function
+
+
 def test_async_compilation_is_switched_on_by_a_bucketing():
   previous = jit.set_async_compilation(False)
   try:

@@ -29,6 +29,9 @@ def embedding_lookup(table, ids, combiner=None, name=None):
     combined: S[:-1] + [dim] (rank-1 ids are one id per row, so [batch, dim] either way).
   - SparseTensor or RaggedTensor ids of shape [batch, None] give [batch, dim], combining each
     row's ids with `combiner` ("sum", "mean" (default) or "sqrtn"); empty rows give zeros.
+  - Inside a tf_ext.jit.function or a Bucketing.padded block, the padded positions of dense ids
+    (a padded input, or a cast, hash or slice of one) are not looked up: they give zero rows and
+    touch no table row, as a padded SparseTensor's empty rows do.
   """
   if combiner is not None and combiner not in COMBINERS:
     raise variable_lib.invalid_argument(
@@ -53,16 +56,52 @@ def embedding_lookup(table, ids, combiner=None, name=None):
       segments = (ids.value_rowids(), ids.nrows())
       combined = _combine(rows, *segments, combiner or "mean")
       return marked(table, rows, combined, *segments, combiner or "mean")
-    rows = table.lookup(ids)
-    if combiner is None or rows.shape.rank == 2:
-      return marked(table, rows, rows, *_NO_SEGMENTS, "none")
-    if rows.shape.rank is not None and rows.shape.rank < 2:
-      raise variable_lib.invalid_argument(table.name, "a combiner needs ids of rank >= 1")
-    if combiner == "sum":
-      return tf.reduce_sum(rows, axis=-2)
-    count = tf.cast(tf.shape(rows)[-2], tf.float32)
-    scale = count if combiner == "mean" else tf.sqrt(count)
-    return tf.reduce_sum(rows, axis=-2) / tf.maximum(scale, 1.0)
+    from tf_ext.jit.function import padded_extent  # noqa: PLC0415 (tf_ext.jit needs tf_ext's ops)
+
+    extent = padded_extent(ids)
+    if extent:
+      return _lookup_real_ids(table, ids, combiner, extent)
+    return _dense_lookup(table, ids, combiner)
+
+
+def _dense_lookup(table, ids, combiner):
+  rows = table.lookup(ids)
+  if combiner is None or rows.shape.rank == 2:
+    return marked(table, rows, rows, *_NO_SEGMENTS, "none")
+  if rows.shape.rank is not None and rows.shape.rank < 2:
+    raise variable_lib.invalid_argument(table.name, "a combiner needs ids of rank >= 1")
+  if combiner == "sum":
+    return tf.reduce_sum(rows, axis=-2)
+  count = rows.shape[-2] if rows.shape[-2] is not None else tf.shape(rows)[-2]
+  count = tf.cast(count, tf.float32)
+  scale = count if combiner == "mean" else tf.sqrt(count)
+  return tf.reduce_sum(rows, axis=-2) / tf.maximum(scale, 1.0)
+
+
+def _lookup_real_ids(table, ids, combiner, extent):
+  """A padded dense id tensor (tf_ext.jit; extent: {axis: (true size, padded length)}): only its
+  real block is looked up, so padded positions insert, read and update no table row (a padded id
+  is a zero, a real key), and a combiner averages over the real positions; the result is padded
+  back with zero rows, as a SparseTensor's padded rows are."""
+  rank = ids.shape.rank
+  real = tf.slice(
+    ids,
+    tf.zeros([rank], tf.int32),
+    tf.stack([tf.cast(extent[a][0], tf.int32) if a in extent else -1 for a in range(rank)]),
+  )
+  real.set_shape([None if a in extent else ids.shape[a] for a in range(rank)])
+  result = _dense_lookup(table, real, combiner)
+  combined = combiner is not None and rank >= 2
+  kept_axes = rank - 1 if combined else rank  # the result's leading axes are ids' axes
+  paddings = [
+    tf.stack([0, tf.cast(extent[a][1], tf.int32) - tf.cast(extent[a][0], tf.int32)])
+    if a in extent and a < kept_axes
+    else tf.zeros([2], tf.int32)
+    for a in range(kept_axes + 1)
+  ]
+  padded = tf.pad(result, tf.stack(paddings))
+  padded.set_shape(ids.shape[:kept_axes].concatenate([table.dim]))
+  return padded
 
 
 def _key_dtype_of(ids):

@@ -18,8 +18,9 @@ know which reductions are over the batch. So the padding happens where the batch
 * `pad` pads every declared axis (`paddable`, as for tf_ext.jit.function; "batch" = axis 0 of
   every tensor) to its bucket with zeros; a SparseTensor is padded by its dense shape alone (its
   padded rows are empty: an embedding lookup gives them zero rows, and no table row is touched)
-  and a RaggedTensor by empty rows. It adds the true and padded sizes to the features dict under
-  SIZES_KEY.
+  and a RaggedTensor by empty rows. Dense ids are padded with zeros, a real key: inside
+  `padded`, tf_ext.embedding_lookup looks up the real rows of a padded input (or of a cast, hash or
+  slice of one) only. It adds the true and padded sizes to the features dict under SIZES_KEY.
 * The buckets come from the same planner as tf_ext.jit.function (tf_ext/jit/planner.py): before
   the first plan, batches are padded to the largest size seen so far, rounded up to a power of
   two (so the observation phase makes a few shapes, not one per size); then the plan grows as the
@@ -214,16 +215,21 @@ class Bucketing:
     if isinstance(spec, (list, tuple)):  # (features, labels, ...): the features' part
       spec = spec[0]
     leaf_axes = function_lib._leaf_axes(plain, spec)
+    padded_inputs = {}  # the dense tensors: lookups of padded ids look up the real ones only
     for leaf, axes in zip(tf.nest.flatten(plain), leaf_axes):
+      if not isinstance(leaf, tf.Tensor) or not axes:
+        continue
+      axes = {axis % leaf.shape.rank: dim for axis, dim in axes.items()}
+      padded_inputs[leaf.ref()] = axes
       for axis, dim in axes.items():
-        if isinstance(leaf, tf.Tensor) and lengths.get(dim, (0, 0))[1] is None:
-          lengths[dim] = (leaf, axis % leaf.shape.rank)
+        if lengths.get(dim, (0, 0))[1] is None:
+          lengths[dim] = (leaf, axis)
     graph = tf.compat.v1.get_default_graph()
     if self.async_compile:
       _guard_sessions_of(graph)
     first_op = len(graph.get_operations())
     stack = function_lib._local.__dict__.setdefault("stack", [])
-    stack.append(function_lib._Context(self._dims, sizes[0], lengths))
+    stack.append(function_lib._Context(self._dims, sizes[0], lengths, padded_inputs))
     try:
       yield
     finally:

@@ -16,6 +16,8 @@ The padding contract (what makes padded results equal unpadded ones)
   helpers `size(dim)` (the true size, a scalar int32 tensor), `mask(dim)` (bool, True on real
   positions), `masked_sum` / `masked_mean`; they work the same uncompiled and unpadded, so the
   function has one code path. Gradients of a masked loss are then exactly the unpadded ones.
+  Padded ids are zeros, a real key: tf_ext.embedding_lookup of a padded input (or of a cast,
+  string hash or whole-axis slice of one, padded_extent) looks up its real positions only.
 * Outputs: an output axis is sliced back to the true size where shape inference shows that it is
   a padded dimension (the function is traced once with each padded dimension given a distinct
   probe size). `output_dims` overrides this: one entry per flattened output, None or
@@ -143,10 +145,11 @@ _local = threading.local()
 
 
 class _Context:
-  def __init__(self, dims, sizes, lengths):
+  def __init__(self, dims, sizes, lengths, padded_inputs):
     self.dims = dims  # dimension names, in the order of `sizes`
     self.sizes = sizes  # int32 [len(dims)] tensor: the true sizes
     self.lengths = lengths  # dim -> (tensor, axis) holding it (padded length)
+    self.padded_inputs = padded_inputs  # tensor.ref() -> {axis: dim} of the padded inputs
 
 
 def _context(dim):
@@ -199,6 +202,75 @@ def _masked(values, dim, axis):
 
 def _inside():
   return bool(getattr(_local, "stack", None))
+
+
+# Ops whose output keeps every axis of their first input (ids cast, hashed or renamed).
+_AXES_KEEPING_OPS = frozenset(
+  {"Identity", "Cast", "AsString", "StringToHashBucket", "StringToHashBucketFast"}
+  | {"StringToHashBucketStrong"}
+)
+
+
+def _axes_through_strided_slice(op, axes):
+  """{output axis: dim} of the padded `axes` of a StridedSlice's input that it keeps whole
+  (x[:, i], x[..., :3] keep axis 0); None where it cuts into one or the slice is not constant."""
+  begin, end, strides = (tf.get_static_value(t) for t in op.inputs[1:4])
+  if begin is None or end is None or strides is None:
+    return None
+  masks = {m: op.get_attr(m) for m in ("begin_mask", "end_mask", "shrink_axis_mask")}
+  if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
+    return None
+  rank = op.inputs[0].shape.rank
+  if rank is None:
+    return None
+  out, output_axis = {}, 0
+  for axis in range(rank):
+    sliced = axis < len(begin)
+    if sliced and masks["shrink_axis_mask"] >> axis & 1:
+      if axis in axes:
+        return None
+      continue
+    whole = not sliced or (
+      masks["begin_mask"] >> axis & 1 and masks["end_mask"] >> axis & 1 and strides[axis] == 1
+    )
+    if axis in axes:
+      if not whole:
+        return None
+      out[output_axis] = axes[axis]
+    output_axis += 1
+  return out
+
+
+def _padded_axes(ctx, tensor, depth=16):
+  """{axis: dim} of `tensor`: a padded input of `ctx`, or a short chain of casts, string hashes
+  and slices that keep those axes whole from one."""
+  axes = ctx.padded_inputs.get(tensor.ref())
+  if axes is not None or depth == 0:
+    return axes or {}
+  op = tensor.op
+  if op.type in _AXES_KEEPING_OPS:
+    return _padded_axes(ctx, op.inputs[0], depth - 1)
+  if op.type == "StridedSlice":
+    axes = _padded_axes(ctx, op.inputs[0], depth - 1)
+    return (_axes_through_strided_slice(op, axes) or {}) if axes else {}
+  return {}
+
+
+def padded_extent(tensor):
+  """{axis: (true size, padded length)} of the padded dimensions that `tensor` carries inside a
+  tf_ext.jit function or a Bucketing.padded block (see _padded_axes); {} anywhere else. Lookups
+  use it to look up the real ids of a padded dense id tensor only."""
+  stack = getattr(_local, "stack", None)
+  if not stack or not isinstance(tensor, tf.Tensor) or tf.executing_eagerly():
+    return {}
+  ctx = stack[-1]
+  out = {}
+  for axis, dim in _padded_axes(ctx, tensor).items():
+    if dim in ctx.dims:
+      with tf.name_scope(_HELPER_SCOPE):  # a padded length the model may use
+        length = tensor.shape[axis] if tensor.shape[axis] is not None else tf.shape(tensor)[axis]
+      out[axis] = (ctx.sizes[ctx.dims.index(dim)], length)
+  return out
 
 
 def masked_sum(values, dim="batch", axis=0):
@@ -339,7 +411,12 @@ class _Signature:
     arguments = tf.nest.pack_sequence_as(self.structure, leaves)
     bound = inspect.BoundArguments(self.owner._signature, collections.OrderedDict(arguments))
     stack = _local.__dict__.setdefault("stack", [])
-    stack.append(_Context(self.declared_dims, sizes, self.lengths_in(tensors)))
+    padded_inputs = {  # dense ids among them: lookups look up the real ones only
+      t.ref(): {axis % t.shape.rank: dim for axis, dim in self.leaf_axes[i].items()}
+      for i, t in enumerate(tensors)
+      if self.leaf_axes[i] and t.shape.rank
+    }
+    stack.append(_Context(self.declared_dims, sizes, self.lengths_in(tensors), padded_inputs))
     try:
       return self.owner._fn(*bound.args, **bound.kwargs)
     finally:
