@@ -1,6 +1,7 @@
 """Lookups with combiners over Tensor, SparseTensor and RaggedTensor ids."""
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from tf_ext.dynamic_embedding import variable as variable_lib
 from tf_ext.dynamic_embedding.fusion_markers import marked
@@ -70,9 +71,14 @@ def _dense_lookup(table, ids, combiner):
     return marked(table, rows, rows, *_NO_SEGMENTS, "none")
   if rows.shape.rank is not None and rows.shape.rank < 2:
     raise variable_lib.invalid_argument(table.name, "a combiner needs ids of rank >= 1")
+  count = rows.shape[-2] if rows.shape[-2] is not None else tf.shape(rows)[-2]
+  return _combine_last_axis(rows, combiner, count)
+
+
+def _combine_last_axis(rows, combiner, count):
+  """Combines rows [..., ids, dim] over their ids axis; `count`: the ids per row."""
   if combiner == "sum":
     return tf.reduce_sum(rows, axis=-2)
-  count = rows.shape[-2] if rows.shape[-2] is not None else tf.shape(rows)[-2]
   count = tf.cast(count, tf.float32)
   scale = count if combiner == "mean" else tf.sqrt(count)
   return tf.reduce_sum(rows, axis=-2) / tf.maximum(scale, 1.0)
@@ -81,8 +87,8 @@ def _dense_lookup(table, ids, combiner):
 def _lookup_real_ids(table, ids, combiner, extent):
   """A padded dense id tensor (tf_ext.jit; extent: {axis: (true size, padded length)}): only its
   real block is looked up, so padded positions insert, read and update no table row (a padded id
-  is a zero, a real key), and a combiner averages over the real positions; the result is padded
-  back with zero rows, as a SparseTensor's padded rows are."""
+  is a zero, a real key). The rows are padded back with zeros, as a SparseTensor's padded rows
+  are, before a combiner, which divides by the real number of ids."""
   rank = ids.shape.rank
   real = tf.slice(
     ids,
@@ -90,18 +96,27 @@ def _lookup_real_ids(table, ids, combiner, extent):
     tf.stack([tf.cast(extent[a][0], tf.int32) if a in extent else -1 for a in range(rank)]),
   )
   real.set_shape([None if a in extent else ids.shape[a] for a in range(rank)])
-  result = _dense_lookup(table, real, combiner)
+  rows = table.lookup(real)
   combined = combiner is not None and rank >= 2
-  kept_axes = rank - 1 if combined else rank  # the result's leading axes are ids' axes
+  if not combined:
+    rows = marked(table, rows, rows, *_NO_SEGMENTS, "none")
   paddings = [
     tf.stack([0, tf.cast(extent[a][1], tf.int32) - tf.cast(extent[a][0], tf.int32)])
-    if a in extent and a < kept_axes
+    if a in extent
     else tf.zeros([2], tf.int32)
-    for a in range(kept_axes + 1)
+    for a in range(rank + 1)
   ]
-  padded = tf.pad(result, tf.stack(paddings))
-  padded.set_shape(ids.shape[:kept_axes].concatenate([table.dim]))
-  return padded
+  padded = tf.pad(rows, tf.stack(paddings))
+  # The pad's input has the real rows' shape, which changes every batch: it stays outside XLA's
+  # cluster (graph_optimizations' dense-part pass keeps an op's own XLA attribute), or the
+  # cluster would compile once per real batch size.
+  padded.op._set_attr("_XlaCompile", attr_value_pb2.AttrValue(b=False))  # noqa: SLF001
+  padded.set_shape(ids.shape.concatenate([table.dim]))
+  if not combined:
+    return padded
+  last = rank - 1
+  count = extent[last][0] if last in extent else ids.shape[last] or tf.shape(ids)[last]
+  return _combine_last_axis(padded, combiner, count)
 
 
 def _key_dtype_of(ids):
