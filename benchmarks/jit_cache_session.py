@@ -17,6 +17,8 @@ compilations included:
                compilation on).
 Compilations are counted by tf_ext's XLA activity listener (tf_ext.jit.compile_log()).
 Targets: ours faster over the whole run than xla and xla_async; at most 8 compilations.
+`--rounds N` runs every configuration N times in rotating order and reports each one's median run
+with the per-round ratios (one round takes about a minute or two on a 2-CPU machine).
 Printed as context: the steady-state time per sample against xla's, the rows padding added, and
 XLA's own steady-state gain over plain TF on the machine (the cache removes the recompilations,
 not the cost of XLA's code). `--quick` is a short smoke run, not a measurement.
@@ -248,7 +250,16 @@ def main():
   p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
   p.add_argument("--plot", default=None, help="PNG (default: benchmarks/jit_cache_session.png)")
   p.add_argument("--json", default=None, help="write all results here")
+  p.add_argument(
+    "--rounds",
+    type=int,
+    default=1,
+    help="rounds of every configuration, in rotating order; each configuration's median run is "
+    "reported (the machine's speed drifts between processes)",
+  )
   args = p.parse_args()
+  if args.rounds < 1:
+    p.error("--rounds must be at least 1")
   _common.use_checkout()
   import numpy as np
   import tensorflow as tf
@@ -259,7 +270,18 @@ def main():
   steps = args.steps or (12 if args.quick else 1000)
   wall = time.perf_counter()
   configs = args.configs.split(",")
-  results = [run_config(c, steps, args.quick) for c in configs]
+  runs = {c: [] for c in configs}
+  for round_index in range(args.rounds):
+    if args.rounds > 1:
+      _common.log(f"round {round_index + 1}/{args.rounds}")
+    for config in _common.rotated(configs, round_index):
+      runs[config].append(run_config(config, steps, args.quick))
+  results = [sorted(runs[c], key=lambda r: r["total_s"])[(args.rounds - 1) // 2] for c in configs]
+  if args.rounds > 1 and {"ours", "xla", "xla_async"} <= set(configs):
+    for other in ("xla", "xla_async"):
+      ratios = [b["total_s"] / a["total_s"] for a, b in zip(runs["ours"], runs[other])]
+      print(f"per round, ours vs {other}: " + ", ".join(f"{r:.2f}x" for r in ratios))
+    print("(the table and verdicts below: each configuration's median run)")
   verdicts = report(results) if set(CONFIGS) <= set(configs) else []
   if not args.quick or args.plot:
     here = os.path.dirname(os.path.abspath(__file__))
@@ -269,7 +291,7 @@ def main():
     )
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(results, f)
+      json.dump(results if args.rounds == 1 else {"median_runs": results, "rounds": runs}, f)
   print(f"\n{sum(verdicts)}/{len(verdicts)} targets met; {time.perf_counter() - wall:.0f} s in all")
   return 0
 

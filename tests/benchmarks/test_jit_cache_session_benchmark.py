@@ -34,3 +34,28 @@ def test_jit_cache_session_tiny_run(tmp_path):
   assert results["ours"]["buckets"] and results["ours"]["compiles"] <= 8
   for r in results.values():
     assert len(r["times"]) == 6 and r["total_s"] > 0
+
+
+def test_rounds_report_each_configurations_median_run(tmp_path):
+  out = tmp_path / "rounds.json"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "benchmarks", "jit_cache_session.py"),
+      "--quick",
+      "--steps=4",
+      "--configs=plain,ours",
+      "--rounds=3",
+      f"--json={out}",
+    ],
+    env=dict(os.environ, PYTHONPATH=ROOT),
+    capture_output=True,
+    text=True,
+    timeout=700,
+  )
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+  saved = json.loads(out.read_text())
+  assert [len(saved["rounds"][c]) for c in ("plain", "ours")] == [3, 3]
+  for median in saved["median_runs"]:
+    totals = sorted(r["total_s"] for r in saved["rounds"][median["config"]])
+    assert median["total_s"] == totals[1]
