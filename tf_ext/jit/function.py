@@ -206,14 +206,21 @@ def _inside():
 
 # Ops whose output keeps every axis of their first input (ids cast, hashed or renamed).
 _AXES_KEEPING_OPS = frozenset(
-  {"Identity", "Cast", "AsString", "StringToHashBucket", "StringToHashBucketFast"}
-  | {"StringToHashBucketStrong"}
+  {
+    "Identity",
+    "Cast",
+    "AsString",
+    "StringToHashBucket",
+    "StringToHashBucketFast",
+    "StringToHashBucketStrong",
+  }
 )
 
 
 def _axes_through_strided_slice(op, axes):
   """{output axis: dim} of the padded `axes` of a StridedSlice's input that it keeps whole
-  (x[:, i], x[..., :3] keep axis 0); None where it cuts into one or the slice is not constant."""
+  (x[:, i] and x[:, :3] keep axis 0); None where it cuts into one, uses an ellipsis or a new axis,
+  or is not constant."""
   begin, end, strides = (tf.get_static_value(t) for t in op.inputs[1:4])
   if begin is None or end is None or strides is None:
     return None
