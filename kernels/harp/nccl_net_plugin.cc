@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/harp/core/build_info.h"
 #include "kernels/harp/core/config.h"
@@ -145,31 +146,20 @@ void CopyCommon(const ncclNetProperties_v10_t& from, OldProperties* to) {
   to->maxRecvs = from.maxRecvs;
 }
 
-ncclResult_t PropertiesV6(int dev, ncclNetProperties_v6_t* props) {
-  ncclNetProperties_v10_t all;
-  ncclResult_t result = Properties(dev, &all);
-  if (result == ncclSuccess) CopyCommon(all, props);
-  return result;
-}
-
-ncclResult_t PropertiesV7(int dev, ncclNetProperties_v7_t* props) {
+// getProperties of v6 to v8: the v10 properties, less the fields an older version lacks.
+template <typename OldProperties>
+ncclResult_t PropertiesOf(int dev, OldProperties* props) {
   ncclNetProperties_v10_t all;
   ncclResult_t result = Properties(dev, &all);
   if (result != ncclSuccess) return result;
   CopyCommon(all, props);
-  props->netDeviceType = all.netDeviceType;
-  props->netDeviceVersion = all.netDeviceVersion;
-  return ncclSuccess;
-}
-
-ncclResult_t PropertiesV8(int dev, ncclNetProperties_v8_t* props) {
-  ncclNetProperties_v10_t all;
-  ncclResult_t result = Properties(dev, &all);
-  if (result != ncclSuccess) return result;
-  CopyCommon(all, props);
-  props->regIsGlobal = all.regIsGlobal;
-  props->netDeviceType = all.netDeviceType;
-  props->netDeviceVersion = all.netDeviceVersion;
+  if constexpr (!std::is_same_v<OldProperties, ncclNetProperties_v6_t>) {
+    props->netDeviceType = all.netDeviceType;
+    props->netDeviceVersion = all.netDeviceVersion;
+  }
+  if constexpr (std::is_same_v<OldProperties, ncclNetProperties_v8_t>) {
+    props->regIsGlobal = all.regIsGlobal;
+  }
   return ncclSuccess;
 }
 
@@ -385,7 +375,7 @@ HARP_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
 
 HARP_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
     "HARP",          Init,
-    Devices,         PropertiesV8,
+    Devices,         PropertiesOf<ncclNetProperties_v8_t>,
     Listen,          ConnectV7,
     AcceptV7,        RegisterMemory,
     RegisterDmaBuf,  DeregisterMemory,
@@ -398,7 +388,7 @@ HARP_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
 
 HARP_EXPORT const ncclNet_v7_t ncclNetPlugin_v7 = {
     "HARP",          Init,
-    Devices,         PropertiesV7,
+    Devices,         PropertiesOf<ncclNetProperties_v7_t>,
     Listen,          ConnectV7,
     AcceptV7,        RegisterMemoryIntSize,
     RegisterDmaBuf,  DeregisterMemory,
@@ -411,7 +401,7 @@ HARP_EXPORT const ncclNet_v7_t ncclNetPlugin_v7 = {
 
 HARP_EXPORT const ncclNet_v6_t ncclNetPlugin_v6 = {
     "HARP",         Init,
-    Devices,        PropertiesV6,
+    Devices,        PropertiesOf<ncclNetProperties_v6_t>,
     Listen,         Connect,
     Accept,         RegisterMemoryIntSize,
     RegisterDmaBuf, DeregisterMemory,

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/harp/core/nccl_net_abi.h"
@@ -134,28 +135,12 @@ Net Bind(void* library, int version) {
       void* profiler[8] = {};
       return t->irecv(comm, n, data, sizes, tags, mh, profiler, request);
     };
-  } else if (version == 9) {
-    auto* t = static_cast<const ncclNet_v9_t*>(table);
-    BindCommon(t, &net);
-    net.init = [t] { return t->init(Logger); };
-    net.connect = [t](void* handle, void** comm) {
-      ncclNetDeviceHandle_t* device = nullptr;
-      return t->connect(0, handle, comm, &device);
-    };
-    net.accept = [t](void* listen, void** comm) {
-      ncclNetDeviceHandle_t* device = nullptr;
-      return t->accept(listen, comm, &device);
-    };
-    net.reg = [t](void* comm, void* data, size_t size, void** mh) {
-      return t->regMr(comm, data, size, NCCL_PTR_HOST, mh);
-    };
-    net.isend = [t](void* comm, void* data, size_t size, int tag, void* mh, void** request) {
-      return t->isend(comm, data, size, tag, mh, request);
-    };
-    net.irecv = t->irecv;
-  } else if (version == 7 || version == 8) {
-    // v7 and v8 differ only in regMr's size type and the properties.
+  } else if (version >= 7 && version <= 9) {
+    // v7 to v9 connect and accept with a device handle; v9 widened the sizes to size_t, and v7
+    // and v8 differ only in the properties.
     auto bind = [&](auto* t) {
+      using Table = std::remove_cv_t<std::remove_pointer_t<decltype(t)>>;
+      using Size = std::conditional_t<std::is_same_v<Table, ncclNet_v9_t>, size_t, int>;
       BindCommon(t, &net);
       net.init = [t] { return t->init(Logger); };
       net.connect = [t](void* handle, void** comm) {
@@ -167,21 +152,27 @@ Net Bind(void* library, int version) {
         return t->accept(listen, comm, &device);
       };
       net.reg = [t](void* comm, void* data, size_t size, void** mh) {
-        return t->regMr(comm, data, static_cast<int>(size), NCCL_PTR_HOST, mh);
+        return t->regMr(comm, data, static_cast<Size>(size), NCCL_PTR_HOST, mh);
       };
       net.isend = [t](void* comm, void* data, size_t size, int tag, void* mh, void** request) {
-        return t->isend(comm, data, static_cast<int>(size), tag, mh, request);
+        return t->isend(comm, data, static_cast<Size>(size), tag, mh, request);
       };
-      net.irecv = [t](void* comm, int n, void** data, size_t* sizes, int* tags, void** mh,
-                      void** request) {
-        std::vector<int> narrow = Narrow<int>(n, sizes);
-        return t->irecv(comm, n, data, narrow.data(), tags, mh, request);
-      };
+      if constexpr (std::is_same_v<Size, size_t>) {
+        net.irecv = t->irecv;
+      } else {
+        net.irecv = [t](void* comm, int n, void** data, size_t* sizes, int* tags, void** mh,
+                        void** request) {
+          std::vector<int> narrow = Narrow<int>(n, sizes);
+          return t->irecv(comm, n, data, narrow.data(), tags, mh, request);
+        };
+      }
     };
     if (version == 7) {
       bind(static_cast<const ncclNet_v7_t*>(table));
-    } else {
+    } else if (version == 8) {
       bind(static_cast<const ncclNet_v8_t*>(table));
+    } else {
+      bind(static_cast<const ncclNet_v9_t*>(table));
     }
   } else if (version == 6) {
     auto* t = static_cast<const ncclNet_v6_t*>(table);
