@@ -414,7 +414,8 @@ SETTINGS: Dict[str, Setting] = registry(
       "1",
       "tf_ext.jit.function: after each new executable, time 12 calls compiled and 12 "
       "uncompiled, interleaved, and run the faster way; compile no new bucket where XLA is "
-      "slower even per padded element (checked again every 1000 calls). 0: always compiled.",
+      "slower even per padded element (checked again every 1000 calls), and grow a plan only "
+      "after a check. 0: always compiled.",
       capability="graph",
       parse=_flag,
     ),

@@ -1,5 +1,6 @@
 """tf_ext.jit.buckets: the bucket planning (pure Python): exact optimal boundaries, the bucket
-budget across dimensions, the gain threshold, geometric defaults."""
+budget across dimensions, the gain threshold, geometric defaults; and when the planner may grow a
+plan."""
 
 import itertools
 import math
@@ -8,6 +9,7 @@ import random
 import pytest
 
 from tf_ext.jit import buckets
+from tf_ext.jit.planner import Planner
 
 
 def brute_force(histogram, k):
@@ -101,3 +103,23 @@ def test_grow_adds_one_boundary_and_keeps_the_others():
   joint2 = {(128, n): 1 for n in range(1, 201)}
   assert buckets.grow(joint2, [(128,), (200,)], max_buckets=8)[0] == (128,)
   assert len(buckets.grow(joint2, [(128,), (200,)], max_buckets=8)[1]) == 2
+
+
+def test_the_planner_grows_only_when_its_owner_allows():
+  plans = []
+  planner = Planner(lambda dims, plan, reason: plans.append((plan, reason)), min_observations=4)
+  planner.max_buckets, planner.min_gain = 4, 0.0
+  dims, sizes = ("batch",), [2, 8, 2, 8]
+
+  def call(n, **rule):
+    planner.observe(dims, (n,))
+    return planner.maybe_plan(dims, (n,), **rule)
+
+  for n in sizes:
+    call(n)
+  assert plans == [(((8,),), "first plan")]
+  # The calls double (8 seen): growing is due, but waits while the owner says it may not.
+  for n in sizes * 2:
+    assert call(n, may_grow=False) == ((8,),)
+  # Still due (not postponed to the next doubling while held): grows at the first call allowed.
+  assert call(2) == ((2, 8),) and plans[-1][1] == "grown after 13 calls"

@@ -33,9 +33,10 @@ The padding contract (what makes padded results equal unpadded ones)
 
 Compilation
 -----------
-A call never waits for the compiler. Each bucket shape is one tf.function(jit_compile=True)
-concrete function; a background thread traces it and forces its XLA compilation by running it
-once on zeros, with every variable the function writes replaced by a zero-filled shadow copy (so
+A call never waits for the compiler. The compiled calls share one tf.function(jit_compile=True)
+trace with the declared axes unknown (traced once, by the compiler thread), which XLA compiles
+once per bucket shape; a background thread forces each bucket's compilation by running it once
+on zeros, with every variable the function writes replaced by a zero-filled shadow copy (so
 the warm-up changes no state; the XLA cache key holds only dtypes and shapes, so the real call
 then finds the executable; the shadows cost one zero copy of each written variable). Until its
 bucket is ready a call runs in the smallest ready larger bucket, else uncompiled (a plain
@@ -52,16 +53,18 @@ extra bucket shape, up to TF_EXT_JIT_MAX_BUCKETS shapes; the boundaries already 
 So the number of executables grows with the run's proven length (a compilation pays off over
 the calls still to come). If the histogram moves so that the optimal plan with as many shapes
 (exact dynamic programming) cuts the padded work by TF_EXT_JIT_REPLAN_GAIN, that plan replaces it
-(boundaries within 1/8 of a compiled one keep the compiled one). A size above the largest
-boundary (up to TF_EXT_JIT_MAX_SIZE) extends the plan at once; a size above TF_EXT_JIT_MAX_SIZE
-runs uncompiled, with one warning per function. `fn.replan()` makes the optimal plan now.
+(boundaries within 1/8 of a compiled one keep the compiled one). With the speed check on (below),
+a plan grows or is replaced only after a check has timed the compiled calls. A size above the
+largest boundary (up to TF_EXT_JIT_MAX_SIZE) extends the plan at once; a size above
+TF_EXT_JIT_MAX_SIZE runs uncompiled, with one warning per function. `fn.replan()` makes the
+optimal plan now.
 
 At most TF_EXT_JIT_MAX_EXECUTABLES executables are kept (least recently used dropped); every
 plan, compile and eviction is logged on the "tf_ext.jit" logger and kept in `fn.events`; a
 compile event carries XLA's own compile time (`xla_seconds`), as TensorFlow's XLA activity
 listener reports it (tf_ext.jit.compile_log() lists every compilation of the process).
-TensorFlow 2.15 has no API to free an executable from its own XLA cache: dropping ours frees the
-function, its traced graph and our reference, not the XLA executable inside TensorFlow.
+TensorFlow 2.15 has no API to free an executable from its own XLA cache: dropping ours drops
+our reference and stops its use, not the XLA executable inside TensorFlow.
 
 Compiled only where XLA is faster (TF_EXT_JIT_ADAPTIVE, tf_ext/jit/speed_check.py): XLA's code
 is not always faster than TensorFlow's kernels. A few calls after each executable becomes ready,
@@ -398,9 +401,31 @@ class _Signature:
     self.output_dims = None  # per flat output: {axis: dim} (set by the probe)
     self.probed = False
     self.plain = tf.function(self.body, reduce_retracing=True)
+    self._jit_traces = {}  # shapes with the declared axes unknown, dtypes -> concrete function
+    self._jit_trace_lock = threading.Lock()
 
   def effective_axes(self, index):
     return {a: d for a, d in self.leaf_axes[index].items() if d in self.dims}
+
+  def jit_trace(self, shapes, dtypes):
+    """The tf.function(jit_compile=True) trace that runs the bucket shapes `shapes`: one trace
+    per family of shapes (the declared axes left unknown), which XLA compiles once per concrete
+    shape. A new bucket then costs its XLA compilation only, not a trace as well (a third of a
+    compilation's time for a Keras training step)."""
+    relaxed = []
+    for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+      shape = list(shape)
+      for axis in self.leaf_axes[index]:
+        shape[axis] = None
+      relaxed.append(tf.TensorSpec(shape, tf.as_dtype(dtype)))
+    key = tuple((tuple(spec.shape.as_list()), spec.dtype.name) for spec in relaxed)
+    with self._jit_trace_lock:
+      concrete = self._jit_traces.get(key)
+      if concrete is None:
+        specs = [tf.TensorSpec([len(self.declared_dims)], tf.int32), *relaxed]
+        compiled = tf.function(self.body, jit_compile=True, input_signature=specs)
+        concrete = self._jit_traces[key] = compiled.get_concrete_function()
+    return concrete
 
   def lengths_in(self, tensors):
     out = {}
@@ -648,7 +673,9 @@ class Function:
     with self._lock:
       self._planner.observe(signature.dims, sizes)
       before = self._planner.plans.get(signature.dims)
-      plan = self._planner.maybe_plan(signature.dims, sizes, compiler_busy=self._pending > 0)
+      plan = self._planner.maybe_plan(
+        signature.dims, sizes, compiler_busy=self._pending > 0, **self._growth_rule(signature)
+      )
       if plan is not None and plan != before and self._disabled is None:
         requests += self._plan_requests(signature, tensors, plan, before)
       choice = None
@@ -728,6 +755,15 @@ class Function:
       "compiled" if speed.compiled_faster else "uncompiled",
       "" if speed.xla_faster else "; XLA is slower here, so no new bucket is compiled",
     )
+
+  def _growth_rule(self, signature):
+    """With the speed check on, a plan grows (or is replaced) only once a check has timed the
+    compiled calls: more buckets only cut padding, which is worth compiling for only where XLA
+    is faster (a verdict saying it is not stops new buckets altogether)."""
+    if not self.adaptive:
+      return {}
+    speed = self._speed_checks.get(signature.key)
+    return {"may_grow": speed is not None and speed.last is not None}
 
   def _plan_requests(self, signature, tensors, plan, before):
     """A new plan's bucket shapes to compile: first the one holding every size (so that every
@@ -1118,16 +1154,13 @@ class Function:
         return
       start = time.perf_counter()
       signature = exe.signature
-      specs = [tf.TensorSpec([len(signature.declared_dims)], tf.int32)]
-      specs += [tf.TensorSpec(s, tf.as_dtype(d)) for s, d in zip(exe.shapes, exe.key[2])]
-      compiled = tf.function(signature.body, jit_compile=True, input_signature=specs)
-      concrete = compiled.get_concrete_function()
+      concrete = signature.jit_trace(exe.shapes, exe.key[2])
       warm_sizes = {}
       for index, shape in enumerate(exe.shapes):
         for axis, dim in signature.leaf_axes[index].items():
           warm_sizes[dim] = shape[axis]
       zeros = [tf.constant([warm_sizes[d] for d in signature.declared_dims], tf.int32)]
-      zeros += [tf.zeros(s.shape, s.dtype) for s in specs[1:]]
+      zeros += [tf.zeros(s, tf.as_dtype(d)) for s, d in zip(exe.shapes, exe.key[2])]
       captures = self._shadow_captures(concrete)
       logged = xla_compiles.compile_count()
       if captures is None:
@@ -1143,6 +1176,9 @@ class Function:
       xla_seconds = sum(e["compile_time_us"] for e in xla) / 1e6 if xla else None
       if xla_seconds is not None:
         note = f"XLA compiled for {xla_seconds:.2f} s" + (f"; {note}" if note else "")
+      elif captures is not None:  # an evicted bucket back: the shared trace's XLA cache has it
+        xla_seconds = 0.0
+        note = "XLA's cache still held it"
       exe.concrete = concrete
       with self._lock:
         if exe.state != "evicted":

@@ -4,10 +4,10 @@ replace it. Pure Python; the optimal-boundary arithmetic is tf_ext.jit.buckets.
 
 The schedule (documented for users in tf_ext/jit/function.py): no plan before
 `min_observations` observations; then one bucket shape (the largest sizes seen, rounded up);
-each time the observations double (and the compiler is idle) the plan grows by the boundary that
-cuts the padded work most, if it cuts at least `min_gain` of the unpadded work, up to
-`max_buckets` shapes, or is replaced by the optimal plan of as many shapes if that cuts the padded
-work by `replan_gain`; a size above the plan extends it at once.
+each time the observations double (and the compiler is idle, and the owner allows it) the plan
+grows by the boundary that cuts the padded work most, if it cuts at least `min_gain` of the
+unpadded work, up to `max_buckets` shapes, or is replaced by the optimal plan of as many shapes if
+that cuts the padded work by `replan_gain`; a size above the plan extends it at once.
 """
 
 import json
@@ -79,8 +79,10 @@ class Planner:
     joint = self.joint.setdefault(dims, {})
     joint[sizes] = joint.get(sizes, 0) + 1
 
-  def maybe_plan(self, dims, sizes, compiler_busy=False):
-    """The plan for `dims` after observing `sizes`: None before the first plan."""
+  def maybe_plan(self, dims, sizes, compiler_busy=False, may_grow=True):
+    """The plan for `dims` after observing `sizes`: None before the first plan. Growing or
+    replanning, which only saves padding, waits while `may_grow` is False (asked again at the
+    next call)."""
     if not dims:
       return ()
     plan = self.plans.get(dims)
@@ -99,7 +101,7 @@ class Planner:
       return None
     if any(n > bounds[-1] for n, bounds in zip(sizes, plan)):
       return self._extend(dims, plan, sizes)
-    if seen >= self._next_check.get(dims, 0) and not compiler_busy:
+    if seen >= self._next_check.get(dims, 0) and not compiler_busy and may_grow:
       # Each time the calls seen double (the run has proven that long again), one more
       # bucket if it pays; a distribution that moved gets a new plan.
       self._next_check[dims] = 2 * seen
