@@ -59,7 +59,9 @@ def keras_tower(seed=1):
 
 
 def executed_and_half_nodes(sess, fetches, feed):
-  """(names of the nodes a run executed, names of its MatMul nodes typed half)."""
+  """(names of the nodes a run executed, names of its MatMul nodes typed half: MatMul, or what
+  Grappler's remapper and oneDNN make of it, e.g. _MklNativeFusedMatMul with its BiasAdd and
+  Relu, on CPUs with AVX512_BF16)."""
   options = tf.compat.v1.RunOptions(
     trace_level=tf.compat.v1.RunOptions.FULL_TRACE, output_partition_graphs=True
   )
@@ -70,7 +72,7 @@ def executed_and_half_nodes(sess, fetches, feed):
     n.name
     for g in metadata.partition_graphs
     for n in g.node
-    if n.op == "MatMul"
+    if n.op.endswith("MatMul")
     and n.attr["T"].type in (tf.bfloat16.as_datatype_enum, tf.float16.as_datatype_enum)
   }
   return result, executed, half_matmuls
