@@ -674,7 +674,7 @@ class Function:
       self._planner.observe(signature.dims, sizes)
       before = self._planner.plans.get(signature.dims)
       plan = self._planner.maybe_plan(
-        signature.dims, sizes, compiler_busy=self._pending > 0, **self._growth_rule(signature)
+        signature.dims, sizes, compiler_busy=self._pending > 0, may_grow=self._may_grow(signature)
       )
       if plan is not None and plan != before and self._disabled is None:
         requests += self._plan_requests(signature, tensors, plan, before)
@@ -756,14 +756,14 @@ class Function:
       "" if speed.xla_faster else "; XLA is slower here, so no new bucket is compiled",
     )
 
-  def _growth_rule(self, signature):
+  def _may_grow(self, signature):
     """With the speed check on, a plan grows (or is replaced) only once a check has timed the
     compiled calls: more buckets only cut padding, which is worth compiling for only where XLA
     is faster (a verdict saying it is not stops new buckets altogether)."""
     if not self.adaptive:
-      return {}
+      return True
     speed = self._speed_checks.get(signature.key)
-    return {"may_grow": speed is not None and speed.last is not None}
+    return speed is not None and speed.last is not None
 
   def _plan_requests(self, signature, tensors, plan, before):
     """A new plan's bucket shapes to compile: first the one holding every size (so that every
