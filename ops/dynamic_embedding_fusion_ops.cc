@@ -121,6 +121,7 @@ REGISTER_OP("TfExtFusedEmbeddingApply")
     .Input("epsilon: float")
     .Input("global_step: int64")
     .Input("hyperparameters: num_hyperparameters * float")
+    .Input("split_sizes: Tsplit_sizes")
     .Attr("N: int >= 1")
     .Attr("Tkeys: list({int64, string})")
     .Attr("dims: list(int)")
@@ -130,6 +131,9 @@ REGISTER_OP("TfExtFusedEmbeddingApply")
     .Attr("initial_accumulator_value: float = 0.0")
     .Attr("use_nesterov: bool = false")
     .Attr("num_hyperparameters: int >= 0 = 0")
+    .Attr("Tsplit_sizes: list({int32, int64}) >= 0 = []")
+    .Attr("gradient_splits: list(int) = []")
+    .Attr("gradient_split_axes: list(int) = []")
     .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); })
     .Doc(R"doc(
 The optimizer steps of all lookups of a step in one op.
@@ -137,6 +141,10 @@ The optimizer steps of all lookups of a step in one op.
 For field i, the gradient of each key's row follows from output_gradients[i] through
 combiners[i], the gradients of equal keys are summed, and tables[i] applies them as
 TfExtTableApplyGradient does (same attributes and inputs).
+
+Where gradient_splits[i] = k >= 0, output_gradients[i] is the input of a SplitV and field i's
+gradient its output k: the split of it along gradient_split_axes[i] by the next entry of
+split_sizes (one per such field, in field order), read from there instead of from a copy.
 )doc");
 
 }  // namespace tf_ext

@@ -22,6 +22,7 @@ CAPABILITIES = {
     "dynamic_embedding": {
         "core_hdrs": [
             "kernels/dynamic_embedding/core/admission.h",
+            "kernels/dynamic_embedding/core/column_windows.h",
             "kernels/dynamic_embedding/core/combiners.h",
             "kernels/dynamic_embedding/core/embedding_table.h",
             "kernels/dynamic_embedding/core/initializers.h",
@@ -31,6 +32,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/snapshot_file.h",
         ],
         "core_srcs": [
+            "kernels/dynamic_embedding/core/column_windows.cc",
             "kernels/dynamic_embedding/core/combiners.cc",
             "kernels/dynamic_embedding/core/initializers.cc",
             "kernels/dynamic_embedding/core/snapshot_file.cc",

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/apply_rows.h"
+#include "kernels/dynamic_embedding/core/column_windows.h"
 #include "kernels/dynamic_embedding/core/combiners.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 
@@ -16,6 +17,7 @@ namespace tf_ext {
 namespace {
 
 using ::tensorflow::DT_INT64;
+using ::tensorflow::OpInputList;
 
 class ForwardFirstInputOp : public OpKernel {
  public:
@@ -181,25 +183,32 @@ class FusedLookupOp : public FusedFieldsKernel {
   }
 };
 
+// A field's output gradient that is a piece of a SplitV's input (the fused apply reads it there).
+struct SplitGradient {
+  bool split = false;
+  de::ColumnWindow window;
+};
+
 class FusedApplyOp : public FusedFieldsKernel {
  public:
   explicit FusedApplyOp(OpKernelConstruction* ctx) : FusedFieldsKernel(ctx) {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("gradient_splits", &gradient_splits_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("gradient_split_axes", &gradient_split_axes_));
+    if (gradient_splits_.empty()) gradient_splits_.assign(n_, -1);
+    if (gradient_split_axes_.empty()) gradient_split_axes_.assign(n_, 0);
+    OP_REQUIRES(ctx,
+                static_cast<int>(gradient_splits_.size()) == n_ &&
+                    static_cast<int>(gradient_split_axes_.size()) == n_,
+                ::tensorflow::errors::InvalidArgument(
+                    "gradient_splits and gradient_split_axes need N = ", n_, " entries"));
   }
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<Field> fields;
     OP_REQUIRES_OK(ctx, ReadFields(ctx, &fields));
-    for (int i = 0; i < n_; ++i) {
-      const Field& field = fields[i];
-      const Tensor& gradient = ctx->input(4 * n_ + i);
-      const int64_t rows =
-          field.combiner == de::Combiner::kNone ? field.num_keys : field.num_segments;
-      OP_REQUIRES(ctx, gradient.NumElements() == rows * field.dim,
-                  field.table->Invalid("fused apply field ", i, ": the output gradient has shape ",
-                                       gradient.shape().DebugString(), ", expected ", rows,
-                                       " rows of ", field.dim));
-    }
+    std::vector<SplitGradient> splits;
+    OP_REQUIRES_OK(ctx, ReadSplits(ctx, fields, &splits));
     de::OptimizerParams params;
     int64_t step;
     OP_REQUIRES_OK(ctx, attrs_.ReadInputs(ctx, 5 * n_, *fields[0].table, &params, &step));
@@ -217,6 +226,14 @@ class FusedApplyOp : public FusedFieldsKernel {
         ctx, ForEachField(ctx, fields, [&](int64_t i) {
           const Field& field = fields[i];
           const float* output_gradient = ctx->input(4 * n_ + i).flat<float>().data();
+          // A piece of a split's input is copied out first, by the field's own task: its rows lie
+          // far apart, and the sums below would miss the cache on each of them.
+          std::vector<float> piece;
+          if (splits[i].split) {
+            piece.resize(splits[i].window.rows * splits[i].window.width);
+            de::CopyFromWindow(output_gradient, splits[i].window, piece.data());
+            output_gradient = piece.data();
+          }
           WithKeys(field, [&](auto* key_type, auto key_at) {
             using TableKey = std::remove_pointer_t<decltype(key_type)>;
             using Key =
@@ -235,7 +252,53 @@ class FusedApplyOp : public FusedFieldsKernel {
   }
 
  private:
+  // Checks each field's output gradient: [rows, dim] elements, in its own tensor or in the piece
+  // gradient_splits[i] of the split of output_gradients[i] by the next split_sizes entry.
+  Status ReadSplits(OpKernelContext* ctx, const std::vector<Field>& fields,
+                    std::vector<SplitGradient>* splits) const {
+    OpInputList split_sizes;
+    TF_RETURN_IF_ERROR(ctx->input_list("split_sizes", &split_sizes));
+    splits->assign(n_, SplitGradient());
+    int next_sizes = 0;
+    for (int i = 0; i < n_; ++i) {
+      const Field& field = fields[i];
+      const Tensor& gradient = ctx->input(4 * n_ + i);
+      const int64_t rows =
+          field.combiner == de::Combiner::kNone ? field.num_keys : field.num_segments;
+      int64_t elements = gradient.NumElements();
+      if (gradient_splits_[i] >= 0) {
+        if (next_sizes >= split_sizes.size()) {
+          return field.table->Invalid("fused apply field ", i, ": no split_sizes entry left");
+        }
+        const Tensor& sizes_tensor = split_sizes[next_sizes++];
+        std::vector<int64_t> sizes;
+        for (int64_t k = 0; k < sizes_tensor.NumElements(); ++k) {
+          sizes.push_back(sizes_tensor.dtype() == DT_INT64 ? sizes_tensor.flat<int64_t>()(k)
+                                                           : sizes_tensor.flat<int32_t>()(k));
+        }
+        std::vector<int64_t> dims;
+        for (int d = 0; d < gradient.dims(); ++d) dims.push_back(gradient.dim_size(d));
+        std::string error;
+        SplitGradient& split = (*splits)[i];
+        split.split = true;
+        if (!de::SplitWindow(dims, gradient_split_axes_[i], sizes, gradient_splits_[i],
+                             &split.window, &error)) {
+          return field.table->Invalid("fused apply field ", i, ": ", error);
+        }
+        elements = split.window.rows * split.window.width;
+      }
+      if (elements != rows * field.dim) {
+        return field.table->Invalid("fused apply field ", i, ": the output gradient has ", elements,
+                                    " elements (", gradient_splits_[i] >= 0 ? "a split of " : "",
+                                    gradient.shape().DebugString(), "), expected ", rows,
+                                    " rows of ", field.dim);
+      }
+    }
+    return ::tensorflow::OkStatus();
+  }
+
   OptimizerAttrs attrs_;
+  std::vector<int64_t> gradient_splits_, gradient_split_axes_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtFusedEmbeddingLookup").Device(DEVICE_CPU), FusedLookupOp);

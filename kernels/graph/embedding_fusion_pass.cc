@@ -13,6 +13,12 @@
 // without consumers and removed. The fused kernels repeat their arithmetic in the same order
 // (kernels/dynamic_embedding/core/combiners.h), so the results are equal to the bit.
 //
+// The split before the apply goes too: where a field's output gradient is an output of a SplitV
+// (TensorFlow's gradient of a ConcatV2 of more than 16 inputs, as tf.concat(embeddings + [dense],
+// 1) before a dense tower makes), the fused apply reads it in the SplitV's input, each field's
+// piece copied out by the field's own task (kernels/dynamic_embedding/core/column_windows.h): one
+// pass over the gradient instead of the SplitV's and then the apply's.
+//
 // Runs after Grappler and placement (POST_REWRITE_FOR_EXEC) and before XLA's clustering (phase
 // 10), on every Session graph and tf.function, when the switches (pass_switches.h) say so.
 // Conservative: markers inside loops or behind a Switch (tf.cond), and markers whose inputs depend
@@ -29,6 +35,7 @@
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/graph/algorithm.h"
 #include "tensorflow/core/graph/control_flow.h"
 #include "tensorflow/core/graph/graph.h"
@@ -77,6 +84,11 @@ Output SourceOf(const Node* node, int index) {
 struct Field {
   Node* replaced = nullptr;
   Output table, keys, segment_ids, num_segments, output_gradients;
+  // An update whose output gradient is output split_index of a SplitV along split_axis:
+  // output_gradients is then the SplitV's input, and split_sizes its size_splits.
+  Output split_sizes;
+  int64_t split_index = -1;
+  int64_t split_axis = 0;
   DataType key_dtype;
   int64_t dim = 0;
   std::string combiner;
@@ -130,8 +142,8 @@ void DropCycles(Graph* graph, std::vector<Field>* fields) {
   std::vector<Field> kept;
   for (Field& field : *fields) {
     bool cycle = false;
-    for (const Output& input :
-         {field.table, field.keys, field.segment_ids, field.num_segments, field.output_gradients}) {
+    for (const Output& input : {field.table, field.keys, field.segment_ids, field.num_segments,
+                                field.output_gradients, field.split_sizes}) {
       cycle = cycle || (input.first != nullptr && downstream[input.first->id()]);
     }
     for (const Edge* edge : field.replaced->in_edges()) {
@@ -140,6 +152,33 @@ void DropCycles(Graph* graph, std::vector<Field>* fields) {
     if (!cycle) kept.push_back(std::move(field));
   }
   *fields = std::move(kept);
+}
+
+// The value of a constant integer scalar (a SplitV's axis).
+bool ConstantInteger(const Output& value, int64_t* out) {
+  const Node* node = value.first;
+  if (node == nullptr || !node->IsConstant()) return false;
+  const ::tensorflow::TensorProto* proto;
+  ::tensorflow::Tensor tensor;
+  if (!::tensorflow::GetNodeAttr(node->attrs(), "value", &proto).ok() ||
+      !tensor.FromProto(*proto) || tensor.NumElements() != 1) {
+    return false;
+  }
+  if (tensor.dtype() == ::tensorflow::DT_INT32) {
+    *out = tensor.flat<int32_t>()(0);
+  } else if (tensor.dtype() == ::tensorflow::DT_INT64) {
+    *out = tensor.flat<int64_t>()(0);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool IsFloatOp(const Node* node, const char* op) {
+  DataType dtype;
+  return node != nullptr && node->type_string() == op &&
+         ::tensorflow::GetNodeAttr(node->attrs(), "T", &dtype).ok() &&
+         dtype == ::tensorflow::DT_FLOAT;
 }
 
 std::vector<NodeBuilder::NodeOut> Outs(const std::vector<Field>& fields, Output Field::*member) {
@@ -152,8 +191,8 @@ std::vector<NodeBuilder::NodeOut> Outs(const std::vector<Field>& fields, Output 
 }
 
 // Builds the fused op of `fields`: their field inputs; for the apply, the optimizer inputs and
-// attributes of `apply`, the first update it replaces; and the control inputs of the nodes it
-// replaces.
+// attributes of `apply`, the first update it replaces, and the splits it reads its gradients in;
+// and the control inputs of the nodes it replaces.
 Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>& fields,
                   const Node* apply, Node** fused) {
   std::vector<DataType> key_dtypes;
@@ -196,6 +235,21 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
                              "use_nesterov", "num_hyperparameters"}) {
       builder.Attr(name, *apply->attrs().Find(name));
     }
+    std::vector<NodeBuilder::NodeOut> split_sizes;
+    ::tensorflow::DataTypeVector split_size_types;
+    std::vector<int64_t> splits, axes;
+    for (const Field& field : fields) {
+      splits.push_back(field.split_index);
+      axes.push_back(field.split_axis);
+      if (field.split_index < 0) continue;
+      split_sizes.emplace_back(const_cast<Node*>(field.split_sizes.first),
+                               field.split_sizes.second);
+      split_size_types.push_back(field.split_sizes.first->output_type(field.split_sizes.second));
+    }
+    builder.Input(split_sizes)
+        .Attr("Tsplit_sizes", split_size_types)
+        .Attr("gradient_splits", splits)
+        .Attr("gradient_split_axes", axes);
   }
   builder.Attr("N", static_cast<int64_t>(fields.size()))
       .Attr("Tkeys", key_dtypes)
@@ -305,6 +359,23 @@ Status LookupFields(Graph* graph, const std::vector<bool>& unfusable,
   return ::tensorflow::OkStatus();
 }
 
+// An output gradient that is output k of a SplitV of floats along a constant axis, on the update's
+// device, is read by the fused apply in the SplitV's input.
+void ReadFromSplitInput(const Output& gradient, Field* field) {
+  const Node* split = gradient.first;
+  int64_t axis;
+  Output value, sizes;
+  if (!IsFloatOp(split, "SplitV") || DeviceOf(split) != field->device ||
+      !ConstantInteger(SourceOf(split, 2), &axis) || !InputOf(split, 0, &value).ok() ||
+      !InputOf(split, 1, &sizes).ok()) {
+    return;
+  }
+  field->output_gradients = value;
+  field->split_sizes = sizes;
+  field->split_index = gradient.second;
+  field->split_axis = axis;
+}
+
 // The updates: TfExtTableApplyGradient(table, Unique(keys):0, UnsortedSegmentSum(
 // TfExtEmbeddingRowsGradient(..., keys, ...), Unique(keys):1, n), hyperparameters...), grouped
 // by device, optimizer attributes and hyperparameter inputs.
@@ -331,6 +402,7 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
     TF_RETURN_IF_ERROR(ReadField(marker.first, 2, &field));
     TF_RETURN_IF_ERROR(InputOf(marker.first, 1, &field.output_gradients));
     field.device = DeviceOf(node);
+    ReadFromSplitInput(SourceOf(marker.first, 1), &field);
     // Applies fuse only with the same optimizer and the same hyperparameter tensors.
     std::string key = field.device;
     for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
@@ -366,7 +438,7 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     TF_RETURN_IF_ERROR(ApplyFields(graph, unfusable, &applies));
 
     std::vector<Node*> replaced;
-    int fused_lookups = 0, fused_applies = 0;
+    int fused_lookups = 0, fused_applies = 0, splits_read = 0;
     for (auto& [device, fields] : lookups) {
       DropCycles(graph, &fields);
       if (fields.empty()) continue;
@@ -387,15 +459,17 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       for (const Field& field : fields) {
         TF_RETURN_IF_ERROR(MoveConsumers(graph, field.replaced, -1, fused, -1));
         replaced.push_back(field.replaced);
+        splits_read += field.split_index >= 0 ? 1 : 0;
       }
       fused_applies += static_cast<int>(fields.size());
     }
     if (replaced.empty()) return ::tensorflow::OkStatus();
     const int removed = RemoveReplaced(graph, replaced, kept);
-    RecordFusion(fused_lookups, fused_applies);
+    RecordFusion(fused_lookups, fused_applies, splits_read);
     ::tensorflow::FixupSourceAndSinkEdges(graph);
     VLOG(1) << "tf_ext embedding fusion: " << fused_lookups << " lookups and " << fused_applies
-            << " updates fused, " << removed << " nodes removed";
+            << " updates fused (" << splits_read << " gradients read in a split's input), "
+            << removed << " nodes removed";
     return ::tensorflow::OkStatus();
   }
 };

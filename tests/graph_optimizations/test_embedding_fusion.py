@@ -160,6 +160,65 @@ def test_session_training_is_bit_equal_and_fused(optimizer_fn):
   assert len(fused_ops) < 0.75 * len(unfused_ops)
 
 
+class WideSessionModel:
+  """20 single-id fields and a dense feature through one tf.concat (more than 16 inputs, so
+  TensorFlow's gradient splits it with a SplitV), a small tower and Adam."""
+
+  def __init__(self, fields=20, batch=24):
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      tf.compat.v1.set_random_seed(2)
+      init = tf.random_normal_initializer(0.0, 0.1)
+      self.ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(fields)]
+      self.dense = tf.compat.v1.placeholder(tf.float32, [None, 3])
+      self.label = tf.compat.v1.placeholder(tf.float32, [None])
+      tables = [
+        tf_ext.get_dynamic_embedding_variable(unique("wide"), 2 + f % 3, initializer=init)
+        for f in range(fields)
+      ]
+      embeddings = [tf_ext.embedding_lookup(t, x) for t, x in zip(tables, self.ids)]
+      hidden = tf.keras.layers.Dense(4, "relu")(tf.concat(embeddings + [self.dense], 1))
+      logit = tf.squeeze(tf.keras.layers.Dense(1)(hidden), 1)
+      self.loss = tf.reduce_mean(
+        tf.nn.sigmoid_cross_entropy_with_logits(labels=self.label, logits=logit)
+      )
+      optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.05))
+      self.train = optimizer.minimize(self.loss)
+      self.probe = [t.lookup(tf.range(12, dtype=tf.int64)) for t in tables]
+      self.initialize = tf.compat.v1.global_variables_initializer()
+    rng = np.random.default_rng(4)
+    self.feeds = []
+    for _ in range(3):
+      feed = {x: rng.integers(0, 12, batch) for x in self.ids}
+      feed[self.dense] = rng.normal(size=(batch, 3)).astype(np.float32)
+      feed[self.label] = rng.integers(0, 2, batch).astype(np.float32)
+      self.feeds.append(feed)
+
+  def train_steps(self, switches):
+    """The losses, the rows of keys 0-11 of every table afterwards, the executed op types."""
+    config = graph_optimizations.config_proto(**switches)
+    with tf.compat.v1.Session(graph=self.graph, config=config) as session:
+      session.run(self.initialize)
+      losses = [session.run([self.loss, self.train], feed)[0] for feed in self.feeds]
+      ops = _executed_ops(session, self.train, self.feeds[0])
+      return losses, session.run(self.probe), ops
+
+
+def test_a_split_gradient_is_read_in_place_and_training_stays_bit_equal():
+  model = WideSessionModel()
+  unfused = model.train_steps(UNFUSED)
+  before = graph_optimizations.stats()
+  fused = model.train_steps(FUSE_ONLY)
+  after = graph_optimizations.stats()
+  assert unfused[0] == fused[0]
+  for a, b in zip(unfused[1], fused[1]):
+    assert_bit_equal(a, b)
+  assert "SplitV" in unfused[2]
+  assert "SplitV" not in fused[2]  # the fused apply reads every field's piece of its input
+  assert fused[2].count("TfExtFusedEmbeddingApply") == 1
+  assert after["splits_read"] - before["splits_read"] >= 20
+
+
 def test_session_stats_count_the_fusions():
   model = SessionModel(lambda: tf.compat.v1.train.AdagradOptimizer(0.1))
   before = graph_optimizations.stats()
@@ -272,6 +331,23 @@ def test_keras_fit_is_bit_equal_and_fused(process_switches):
   assert after["updates_fused"] - before["updates_fused"] >= 4
   probe = {"ragged": tf.ragged.constant([[1, 2], [3]], tf.int64), "single": tf.constant([1, 39])}
   assert_bit_equal(unfused.predict(probe, verbose=0), fused.predict(probe, verbose=0))
+
+
+def test_keras_fit_with_a_split_gradient_is_bit_equal(process_switches):
+  """17 fields in one concatenation: the tape's gradient splits it with a SplitV, which the fused
+  apply reads in place."""
+  graph_optimizations.disable()
+  unfused = _keras_model(unique("ksplit_unfused"), fields=16)
+  history_a = unfused.fit(_keras_data(), epochs=1, verbose=0).history["loss"]
+  graph_optimizations.enable(**FUSE_ONLY)
+  before = graph_optimizations.stats()
+  fused = _keras_model(unique("ksplit_fused"), fields=16)
+  history_b = fused.fit(_keras_data(), epochs=1, verbose=0).history["loss"]
+  after = graph_optimizations.stats()
+  assert history_a == history_b
+  for a, b in zip(unfused.get_weights(), fused.get_weights()):
+    assert_bit_equal(a, b)
+  assert after["splits_read"] - before["splits_read"] >= 17
 
 
 def test_tf_function_tape_loop_is_bit_equal_and_fused(process_switches):
@@ -432,7 +508,9 @@ def test_fused_ops_reject_bad_inputs_with_the_table_named():
     lookup([0, 0, 0], 1, field_keys=tf.constant([[1, 2, 3]], tf.int64))
   with pytest.raises(tf.errors.InvalidArgumentError, match="unknown combiner 'max'"):
     lookup([0, 0, 0], 1, combiners=("max",))
-  with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*output gradient has shape"):
+  with pytest.raises(
+    tf.errors.InvalidArgumentError, match="direct.*output gradient has 6 elements"
+  ):
     ops.tf_ext_fused_embedding_apply(
       [table.resource_handle],
       [keys],
@@ -445,8 +523,59 @@ def test_fused_ops_reject_bad_inputs_with_the_table_named():
       1e-7,
       tf.constant(1, tf.int64),
       [],
+      [],
       dims=[2],
       combiners=["mean"],
       optimizer="sgd",
     )
   assert int(table.size()) == 0  # nothing was written
+
+
+def test_fused_apply_reads_a_split_piece_and_rejects_bad_splits():
+  """The fused apply reads field gradients as pieces of a SplitV's input: the same update as the
+  piece itself, and a clear error for sizes, indices or axes that do not fit."""
+  ops = tf_ext._ops_loader.load()
+  keys = tf.constant([1, 2, 3], tf.int64)
+  block = tf.reshape(tf.range(15, dtype=tf.float32), [3, 5])  # pieces of widths 1, 2, 2
+
+  def apply(table, gradient, split_sizes=(), splits=None, axes=None):
+    extra = {} if splits is None else {"gradient_splits": splits, "gradient_split_axes": axes}
+    return ops.tf_ext_fused_embedding_apply(
+      [table.resource_handle],
+      [keys],
+      [tf.zeros([3], tf.int64)],
+      [tf.constant(0, tf.int64)],
+      [gradient],
+      0.1,
+      0.9,
+      0.999,
+      1e-7,
+      tf.constant(1, tf.int64),
+      [],
+      [tf.constant(s, dtype) for s, dtype in split_sizes],
+      dims=[2],
+      combiners=["none"],
+      optimizer="sgd",
+      **extra,
+    )
+
+  piece = tf_ext.get_dynamic_embedding_variable(unique("piece"), 2)
+  split = tf_ext.get_dynamic_embedding_variable(unique("split"), 2)
+  apply(piece, block[:, 3:5])
+  apply(split, block, [([1, 2, -1], tf.int32)], splits=[2], axes=[1])
+  assert_bit_equal(piece.lookup(keys), split.lookup(keys))
+  bad = tf_ext.get_dynamic_embedding_variable(unique("bad_split"), 2)
+  for sizes, index, axis, message in [
+    ([1, 2, 1], 2, 1, "do not add up"),
+    ([1, 2, -1, -1], 2, 1, "negative size"),
+    ([1, 2, 2], 3, 1, "split 3 of 3"),
+    ([1, 2, 2], 1, 2, "axis 2 is out of range"),
+    ([1, 2, 2], 0, 1, "has 3 elements"),  # a piece of width 1 cannot hold 3 rows of 2
+  ]:
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"bad_split.*{message}"):
+      apply(bad, block, [(sizes, tf.int64)], splits=[index], axes=[axis])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="bad_split.*no split_sizes entry"):
+    apply(bad, block, [], splits=[1], axes=[1])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="gradient_splits and gradient_split"):
+    apply(bad, block, [([3, 2], tf.int64)], splits=[1, 0], axes=[1, 1])
+  assert int(bad.size()) == 0  # nothing was written

@@ -47,7 +47,14 @@ def _switches(fuse_embeddings, cluster_dense_for_xla):
   return chosen
 
 
-_STATS = ("graphs_fused", "lookups_fused", "updates_fused", "graphs_clustered", "nodes_clustered")
+_STATS = (
+  "graphs_fused",
+  "lookups_fused",
+  "updates_fused",
+  "graphs_clustered",
+  "nodes_clustered",
+  "splits_read",
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,8 +116,10 @@ def config_proto(config=None, fuse_embeddings=None, cluster_dense_for_xla=None):
 
 
 def stats():
-  """What the passes did in this process so far: graphs_fused, lookups_fused, updates_fused (by
-  the fusion pass), graphs_clustered, nodes_clustered (nodes the XLA pass marked)."""
+  """What the passes did in this process so far: graphs_fused, lookups_fused, updates_fused and
+  splits_read (lookup gradients that a fused apply reads in the input of the split that made
+  them, which then goes) by the fusion pass; graphs_clustered, nodes_clustered (nodes the XLA
+  pass marked)."""
   counters = (ctypes.c_int64 * len(_STATS))()
   _library().TfExtGraphOptimizationStats(counters)
   return dict(zip(_STATS, counters))

@@ -10,8 +10,8 @@ namespace {
 std::atomic<bool> process_fuse_embeddings{false};
 std::atomic<bool> process_cluster_dense_for_xla{false};
 
-std::atomic<int64_t> graphs_fused{0}, lookups_fused{0}, updates_fused{0}, graphs_clustered{0},
-    nodes_clustered{0};
+std::atomic<int64_t> graphs_fused{0}, lookups_fused{0}, updates_fused{0}, splits_read{0},
+    graphs_clustered{0}, nodes_clustered{0};
 
 }  // namespace
 
@@ -27,10 +27,11 @@ void SetProcessSwitches(const PassSwitches& switches) {
   process_cluster_dense_for_xla.store(switches.cluster_dense_for_xla);
 }
 
-void RecordFusion(int64_t lookups, int64_t updates) {
+void RecordFusion(int64_t lookups, int64_t updates, int64_t splits) {
   graphs_fused.fetch_add(1);
   lookups_fused.fetch_add(lookups);
   updates_fused.fetch_add(updates);
+  splits_read.fetch_add(splits);
 }
 
 void RecordClustering(int64_t nodes) {
@@ -43,6 +44,7 @@ PassStats Stats() {
   stats.graphs_fused = graphs_fused.load();
   stats.lookups_fused = lookups_fused.load();
   stats.updates_fused = updates_fused.load();
+  stats.splits_read = splits_read.load();
   stats.graphs_clustered = graphs_clustered.load();
   stats.nodes_clustered = nodes_clustered.load();
   return stats;
@@ -83,4 +85,5 @@ extern "C" void TfExtGraphOptimizationStats(int64_t* out) {
   out[2] = stats.updates_fused;
   out[3] = stats.graphs_clustered;
   out[4] = stats.nodes_clustered;
+  out[5] = stats.splits_read;
 }

@@ -40,8 +40,9 @@ struct PassStats {
   int64_t updates_fused = 0;     // table updates replaced by fused applies
   int64_t graphs_clustered = 0;  // graphs in which the XLA pass marked nodes
   int64_t nodes_clustered = 0;   // nodes it marked for XLA
+  int64_t splits_read = 0;       // lookup gradients that fused applies read in a SplitV's input
 };
-void RecordFusion(int64_t lookups, int64_t updates);
+void RecordFusion(int64_t lookups, int64_t updates, int64_t splits);
 void RecordClustering(int64_t nodes);
 PassStats Stats();
 
@@ -52,7 +53,7 @@ PassStats Stats();
 extern "C" void TfExtSetGraphOptimizations(int fuse_embeddings, int cluster_dense_for_xla);
 // Writes the process switches, in TfExtSetGraphOptimizations' order, to out[0..1].
 extern "C" void TfExtGetGraphOptimizations(int* out);
-// Writes PassStats' five counters, in their order, to out[0..4].
+// Writes PassStats' six counters, in their order, to out[0..5].
 extern "C" void TfExtGraphOptimizationStats(int64_t* out);
 
 #endif  // TF_EXT_KERNELS_GRAPH_CORE_PASS_SWITCHES_H_

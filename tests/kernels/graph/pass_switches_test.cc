@@ -37,15 +37,16 @@ TEST(PassSwitchesTest, ProcessSwitchesAreWhatWasLastSet) {
 
 TEST(PassSwitchesTest, CountsWhatThePassesDid) {
   const PassStats before = Stats();
-  RecordFusion(26, 25);
+  RecordFusion(26, 25, 24);
   RecordClustering(40);
-  int64_t out[5];
+  int64_t out[6];
   TfExtGraphOptimizationStats(out);
   EXPECT_EQ(out[0], before.graphs_fused + 1);
   EXPECT_EQ(out[1], before.lookups_fused + 26);
   EXPECT_EQ(out[2], before.updates_fused + 25);
   EXPECT_EQ(out[3], before.graphs_clustered + 1);
   EXPECT_EQ(out[4], before.nodes_clustered + 40);
+  EXPECT_EQ(out[5], before.splits_read + 24);
 }
 
 }  // namespace

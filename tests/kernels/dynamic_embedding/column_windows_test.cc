@@ -1,0 +1,85 @@
+// A split as column windows (the fused apply's reads of field gradients in a SplitV's input),
+// against hand-computed layouts and the element-wise definition of the split.
+#include "kernels/dynamic_embedding/core/column_windows.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace tf_ext {
+namespace de {
+namespace {
+
+TEST(ColumnWindowsTest, SplitWindowsFollowTheSizesAndResolveOneMinusOne) {
+  ColumnWindow window;
+  std::string error;
+  ASSERT_TRUE(SplitWindow({4, 10}, 1, {3, -1, 2}, 1, &window, &error)) << error;
+  EXPECT_EQ(window.rows, 4);
+  EXPECT_EQ(window.row_width, 10);
+  EXPECT_EQ(window.column, 3);
+  EXPECT_EQ(window.width, 5);
+  ASSERT_TRUE(SplitWindow({4, 10}, -1, {3, -1, 2}, 2, &window, &error)) << error;
+  EXPECT_EQ(window.column, 8);
+  EXPECT_EQ(window.width, 2);
+  ASSERT_TRUE(SplitWindow({2, 5, 3}, 1, {2, 3}, 1, &window, &error)) << error;
+  EXPECT_EQ(window.rows, 2);
+  EXPECT_EQ(window.row_width, 15);
+  EXPECT_EQ(window.column, 6);
+  EXPECT_EQ(window.width, 9);
+  ASSERT_TRUE(SplitWindow({6, 4}, 0, {2, 4}, 1, &window, &error)) << error;  // whole rows
+  EXPECT_EQ(window.rows, 1);
+  EXPECT_EQ(window.column, 8);
+  EXPECT_EQ(window.width, 16);
+}
+
+TEST(ColumnWindowsTest, SplitRejectsSizesIndicesAndAxesThatDoNotFit) {
+  ColumnWindow window;
+  std::string error;
+  EXPECT_FALSE(SplitWindow({4, 10}, 1, {3, 3}, 0, &window, &error));
+  EXPECT_NE(error.find("do not add up"), std::string::npos) << error;
+  EXPECT_FALSE(SplitWindow({4, 10}, 1, {3, -1, -1}, 0, &window, &error));
+  EXPECT_NE(error.find("negative size"), std::string::npos) << error;
+  EXPECT_FALSE(SplitWindow({4, 10}, 1, {12, -1}, 0, &window, &error));
+  EXPECT_FALSE(SplitWindow({4, 10}, 1, {5, 5}, 2, &window, &error));
+  EXPECT_FALSE(SplitWindow({4, 10}, 1, {5, 5}, -1, &window, &error));
+  EXPECT_FALSE(SplitWindow({4, 10}, 2, {5, 5}, 0, &window, &error));
+  EXPECT_NE(error.find("out of range"), std::string::npos) << error;
+  EXPECT_FALSE(SplitWindow({4, 10}, -3, {5, 5}, 0, &window, &error));
+}
+
+// Every piece copied out of its window equals the split's definition, element by element.
+TEST(ColumnWindowsTest, CopiesGiveTheSplitAlongEveryAxis) {
+  const std::vector<int64_t> dims = {2, 3, 4};
+  std::vector<float> matrix(24);
+  std::iota(matrix.begin(), matrix.end(), 0.0f);
+  for (int64_t axis = 0; axis < 3; ++axis) {
+    const std::vector<int64_t> sizes = {1, dims[axis] - 1};
+    int64_t begin = 0;
+    for (int64_t index = 0; index < 2; ++index) {
+      ColumnWindow window;
+      std::string error;
+      ASSERT_TRUE(SplitWindow(dims, axis, sizes, index, &window, &error)) << error;
+      std::vector<float> piece(window.rows * window.width, -1.0f);
+      CopyFromWindow(matrix.data(), window, piece.data());
+      std::vector<float> expected;
+      for (int64_t a = 0; a < 2; ++a) {
+        for (int64_t b = 0; b < 3; ++b) {
+          for (int64_t c = 0; c < 4; ++c) {
+            const int64_t at[3] = {a, b, c};
+            if (at[axis] >= begin && at[axis] < begin + sizes[index]) {
+              expected.push_back(matrix[(a * 3 + b) * 4 + c]);
+            }
+          }
+        }
+      }
+      EXPECT_EQ(piece, expected) << "axis " << axis << ", piece " << index;
+      begin += sizes[index];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace de
+}  // namespace tf_ext
