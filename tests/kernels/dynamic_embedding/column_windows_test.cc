@@ -80,6 +80,29 @@ TEST(ColumnWindowsTest, CopiesGiveTheSplitAlongEveryAxis) {
   }
 }
 
+// The widths with a copy of their own (8, 16, 32, 64 floats) give the same pieces as any other.
+TEST(ColumnWindowsTest, EveryWidthCopiesTheSameWay) {
+  const std::vector<int64_t> widths = {8, 16, 32, 64, 3};
+  int64_t row_width = 0;
+  for (int64_t w : widths) row_width += w;
+  std::vector<float> matrix(5 * row_width);
+  std::iota(matrix.begin(), matrix.end(), 0.0f);
+  int64_t column = 0;
+  for (size_t index = 0; index < widths.size(); ++index) {
+    ColumnWindow window;
+    std::string error;
+    ASSERT_TRUE(SplitWindow({5, row_width}, 1, widths, index, &window, &error)) << error;
+    std::vector<float> piece(5 * widths[index]);
+    CopyFromWindow(matrix.data(), window, piece.data());
+    for (int64_t r = 0; r < 5; ++r) {
+      for (int64_t c = 0; c < widths[index]; ++c) {
+        ASSERT_EQ(piece[r * widths[index] + c], matrix[r * row_width + column + c]);
+      }
+    }
+    column += widths[index];
+  }
+}
+
 }  // namespace
 }  // namespace de
 }  // namespace tf_ext
