@@ -410,14 +410,16 @@ def plot(all_results, path):
   for ax, (workload, results) in zip(axes, all_results.items()):
     by = {r["config"]: r for r in results}
     for config, style in [("jit_compile", "tab:red"), ("plain", "tab:gray"), ("ours", "tab:blue")]:
+      if "times" not in by.get(config, {}):  # not run (--configs) or crashed
+        continue
       r = by[config]
       ends, t = [], 0.0
       for dt in r["times"]:
         t += dt
         ends.append(t)
       ax.plot(ends, [dt * 1e3 for dt in r["times"]], ".", ms=3, color=style, label=config)
-    ours = by["ours"]
-    for e in ours["ours_events"]:
+    ours = by.get("ours", {})
+    for e in ours.get("ours_events", []):
       if e["event"] == "compile":
         ax.axvline(e["time"] - ours["start_time"], color="tab:blue", alpha=0.3, lw=1)
     ax.set_yscale("log")
