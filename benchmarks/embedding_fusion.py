@@ -20,7 +20,8 @@ rounds' ratios. Target: >= 1.3x steps/s with the passes on (the faster of fusion
 off, in both the Session and Keras; PASS/MISS per tower. The exit status is 0 whatever the numbers.
 A PNG (--png) charts the steps/s of each variant, tower and API, with the ratios to off.
 
-The default takes about 5 minutes on a 2-CPU machine; --quick (batch 512, fewer steps) about one.
+The default takes 1.5-5 minutes on a 2-CPU machine (the CPU matters); --quick (batch 512, fewer
+steps) under one.
 
   python benchmarks/embedding_fusion.py
   python benchmarks/embedding_fusion.py --quick --json /tmp/fusion.json --png /tmp/fusion.png
