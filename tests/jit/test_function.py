@@ -258,8 +258,36 @@ def test_every_bucket_compiles_from_one_trace():
   for n in [2, 4, 6, 8]:
     np.testing.assert_allclose(ours(np.ones((n, 1), "float32")), np.full((n, 1), 2.0))
   assert ours.compiles == 4 and ours.stats["compiled"] == before + 4
-  # The uncompiled function, the probe of the output shapes, and one trace for every bucket.
-  assert len(traces) == 3 and traces.count([None, 1]) == 2, traces
+  # The uncompiled function and the probe of the output shapes: every bucket's executable
+  # compiles from a wrapper of the uncompiled trace, which does not trace the function again.
+  assert len(traces) == 2 and traces.count([None, 1]) == 1, traces
+
+
+def test_a_trace_that_xla_cannot_compile_is_traced_again_for_xla(caplog):
+  # TensorFlow's weighted losses assert their weights' shape with an op that XLA has no kernel
+  # for, and leave the assert out of a trace made for XLA: the wrapper of the uncompiled trace
+  # fails to compile, and the function is traced for XLA, once for every bucket.
+  traces = []
+
+  def fn(x, w):
+    traces.append(x.shape.as_list())
+    none = tf.compat.v1.losses.Reduction.NONE
+    return tf.compat.v1.losses.compute_weighted_loss(x, w[:, None], reduction=none)
+
+  ours = jit.function(fn, paddable="batch", min_observations=2, min_gain=0, adaptive=False)
+  with caplog.at_level(logging.INFO, logger="tf_ext.jit"):
+    for n in [2, 3, 4, 2, 3, 4]:
+      ours(np.ones((n, 3), "float32"), np.full((n,), 2.0, "float32"))
+      ours.wait_for_compiles()
+  before = ours.stats["compiled"]
+  for n in [2, 3, 4]:
+    got = ours(np.ones((n, 3), "float32"), np.full((n,), 2.0, "float32"))
+    np.testing.assert_allclose(got, np.full((n, 3), 2.0))
+  assert ours.stats["compiled"] == before + 3 and ours.compiles == 3
+  messages = [r.getMessage() for r in caplog.records]
+  assert sum("XLA cannot compile the uncompiled calls' trace" in m for m in messages) == 1
+  # The uncompiled function, the probe, and the one trace for XLA.
+  assert len(traces) == 3 and traces.count([None, 3]) == 2, traces
 
 
 def test_the_cache_is_bounded_and_every_compile_is_logged(caplog):

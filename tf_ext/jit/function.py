@@ -34,8 +34,9 @@ The padding contract (what makes padded results equal unpadded ones)
 Compilation
 -----------
 A call never waits for the compiler. The compiled calls share one tf.function(jit_compile=True)
-trace with the declared axes unknown (traced once, by the compiler thread), which XLA compiles
-once per bucket shape; a background thread forces each bucket's compilation by running it once
+that calls the uncompiled calls' trace (declared axes unknown; wrapping it costs milliseconds,
+tracing the function again would cost a third of a compilation), which XLA compiles once per
+bucket shape; a background thread forces each bucket's compilation by running it once
 on zeros, with every variable the function writes replaced by a zero-filled shadow copy (so
 the warm-up changes no state; the XLA cache key holds only dtypes and shapes, so the real call
 then finds the executable; the shadows cost one zero copy of each written variable). Until its
@@ -401,17 +402,21 @@ class _Signature:
     self.output_dims = None  # per flat output: {axis: dim} (set by the probe)
     self.probed = False
     self.plain = tf.function(self.body, reduce_retracing=True)
-    self._jit_traces = {}  # shapes with the declared axes unknown, dtypes -> concrete function
+    self._jit_traces = {}  # shapes with the declared axes unknown, dtypes -> (compiled, body)
     self._jit_trace_lock = threading.Lock()
 
   def effective_axes(self, index):
     return {a: d for a, d in self.leaf_axes[index].items() if d in self.dims}
 
-  def jit_trace(self, shapes, dtypes):
-    """The tf.function(jit_compile=True) trace that runs the bucket shapes `shapes`: one trace
-    per family of shapes (the declared axes left unknown), which XLA compiles once per concrete
-    shape. A new bucket then costs its XLA compilation only, not a trace as well (a third of a
-    compilation's time for a Keras training step)."""
+  def jit_trace(self, shapes, dtypes, wrap=True):
+    """(compiled, body): the tf.function(jit_compile=True) trace that runs the bucket shapes
+    `shapes`, one per family of shapes (the declared axes left unknown), which XLA compiles once
+    per concrete shape; `body` is the graph that shows what it does with its captured inputs.
+    With `wrap`, `compiled` only calls the uncompiled calls' trace of that family (`body`):
+    milliseconds, where tracing the function again costs a third of a compilation's time (a
+    Keras training step). Without it (after a wrapper failed to compile: a trace made outside
+    XLA may hold what a trace for XLA leaves out, such as Keras' metric asserts), the function is
+    traced for XLA itself, and that trace then serves the family."""
     relaxed = []
     for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
       shape = list(shape)
@@ -419,13 +424,24 @@ class _Signature:
         shape[axis] = None
       relaxed.append(tf.TensorSpec(shape, tf.as_dtype(dtype)))
     key = tuple((tuple(spec.shape.as_list()), spec.dtype.name) for spec in relaxed)
+    specs = [tf.TensorSpec([len(self.declared_dims)], tf.int32), *relaxed]
     with self._jit_trace_lock:
-      concrete = self._jit_traces.get(key)
-      if concrete is None:
-        specs = [tf.TensorSpec([len(self.declared_dims)], tf.int32), *relaxed]
+      traces = self._jit_traces.get(key)
+      if traces is not None and (wrap or traces[0] is traces[1]):
+        return traces
+      if wrap:
+        body = self.plain.get_concrete_function(*specs)
+
+        def compiled_body(sizes, *tensors):
+          return body(sizes, *tensors)  # XLA compiles the called function's graph
+
+        compiled = tf.function(compiled_body, jit_compile=True, input_signature=specs)
+        traces = (compiled.get_concrete_function(), body)
+      else:
         compiled = tf.function(self.body, jit_compile=True, input_signature=specs)
-        concrete = self._jit_traces[key] = compiled.get_concrete_function()
-    return concrete
+        traces = (compiled.get_concrete_function(),) * 2
+      self._jit_traces[key] = traces
+    return traces
 
   def lengths_in(self, tensors):
     out = {}
@@ -1156,21 +1172,37 @@ class Function:
         return
       start = time.perf_counter()
       signature = exe.signature
-      concrete = signature.jit_trace(exe.shapes, exe.key[2])
+      concrete, body = signature.jit_trace(exe.shapes, exe.key[2])
+      captures = self._shadow_captures(concrete, body)
+      if captures is None and concrete is not body:  # no warm-up to try the wrapper with
+        concrete, body = signature.jit_trace(exe.shapes, exe.key[2], wrap=False)
+        captures = self._shadow_captures(concrete, body)
       warm_sizes = {}
       for index, shape in enumerate(exe.shapes):
         for axis, dim in signature.leaf_axes[index].items():
           warm_sizes[dim] = shape[axis]
       zeros = [tf.constant([warm_sizes[d] for d in signature.declared_dims], tf.int32)]
       zeros += [tf.zeros(s, tf.as_dtype(d)) for s, d in zip(exe.shapes, exe.key[2])]
-      captures = self._shadow_captures(concrete)
       logged = xla_compiles.compile_count()
+      if captures is not None:
+        try:
+          concrete._call_flat(zeros, captures)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+          if concrete is body:
+            raise
+          logger.info(
+            "tf_ext.jit: %s: XLA cannot compile the uncompiled calls' trace (%s); tracing the "
+            "function for XLA",
+            self.name,
+            str(error).splitlines()[0][:200],
+          )
+          concrete, body = signature.jit_trace(exe.shapes, exe.key[2], wrap=False)
+          captures = self._shadow_captures(concrete, body)
+          if captures is not None:
+            concrete._call_flat(zeros, captures)
+      note = ""
       if captures is None:
-        exe.concrete = concrete  # compiles at its first real call (cannot warm it safely)
         note = "compiles at first use: it writes a resource that is not a variable"
-      else:
-        concrete._call_flat(zeros, captures)
-        note = ""
       exe.seconds = time.perf_counter() - start
       # XLA's own account (its activity listener): the compile time within exe.seconds.
       name = concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name
@@ -1222,22 +1254,16 @@ class Function:
         self._pending = max(0, self._pending - 1)
         self._cond.notify_all()
 
-  def _shadow_captures(self, concrete):
-    """The captured inputs with each written variable replaced by its zero shadow; None if a
+  def _shadow_captures(self, concrete, body):
+    """The captured inputs of `concrete` with each variable that `body` (the trace it calls, and
+    whose graph shows how each capture is used) writes replaced by its zero shadow; None if a
     written resource is not a variable."""
-    captures = list(concrete.captured_inputs)
-    placeholders = list(concrete.graph.internal_captures)
-    variables = {}
-    for variable in concrete.variables:
-      variables[id(variable.handle)] = variable
-    out = []
-    for capture, placeholder in zip(captures, placeholders):
+    variables = {id(variable.handle): variable for variable in body.variables}
+    shadow_of = {}
+    for capture, placeholder in zip(body.captured_inputs, body.graph.internal_captures):
       if capture.dtype != tf.resource:
-        out.append(capture)
         continue
-      consumers = placeholder.consumers()
-      if all(c.type in _READ_ONLY_RESOURCE_OPS for c in consumers):
-        out.append(capture)
+      if all(c.type in _READ_ONLY_RESOURCE_OPS for c in placeholder.consumers()):
         continue
       variable = variables.get(id(capture))
       if variable is None:
@@ -1247,8 +1273,8 @@ class Function:
         with tf.init_scope():
           shadow = tf.Variable(tf.zeros_like(variable), trainable=False, name="tf_ext_jit_shadow")
         entry = self._shadows[id(variable)] = (variable, shadow)
-      out.append(entry[1].handle)
-    return out
+      shadow_of[id(capture)] = entry[1].handle
+    return [shadow_of.get(id(capture), capture) for capture in concrete.captured_inputs]
 
 
 def _reaches_values(const):
