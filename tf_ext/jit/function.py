@@ -38,14 +38,13 @@ that calls the uncompiled calls' trace (declared axes unknown; wrapping it costs
 tracing the function again would cost a third of a compilation; where XLA cannot compile that
 trace, e.g. for Keras' metric asserts, which a trace made for XLA leaves out, the function is
 traced for XLA once), which XLA compiles once per bucket shape; a background thread forces each
-bucket's compilation by running it once on zeros, with every variable the function writes
-replaced by a zero-filled shadow copy (so the warm-up changes no state; the XLA cache key holds
-only dtypes and shapes, so the real call then finds the executable; the shadows cost one zero
-copy of each written variable). Until its
-bucket is ready a call runs in the smallest ready larger bucket, else uncompiled (a plain
-tf.function traced once with the declared axes unknown) on its unpadded shape. A function that
-writes a resource other than a variable (e.g. a hash table) cannot be warmed up safely: its
-executables compile at their first real call, which then waits (logged).
+bucket's compilation by running it once on zeros, with every variable the function writes replaced
+by a zero-filled shadow copy (so the warm-up changes no state; the XLA cache key holds only dtypes
+and shapes, so the real call then finds the executable; the shadows cost one zero copy of each
+written variable). Until its bucket is ready a call runs in the smallest ready larger bucket, else
+uncompiled (a plain tf.function traced once with the declared axes unknown) on its unpadded shape.
+A function that writes a resource other than a variable (e.g. a hash table) cannot be warmed up
+safely: its executables compile at their first real call, which then waits (logged).
 
 Bucket plans (tf_ext.jit.buckets): the first TF_EXT_JIT_MIN_OBSERVATIONS calls run uncompiled and
 fill a histogram of the padded dimensions' sizes. The first plan is one bucket shape, the largest
