@@ -1173,11 +1173,6 @@ class Function:
         return
       start = time.perf_counter()
       signature = exe.signature
-      concrete, body = signature.jit_trace(exe.shapes, exe.key[2])
-      captures = self._shadow_captures(concrete, body)
-      if captures is None and concrete is not body:  # no warm-up to try the wrapper with
-        concrete, body = signature.jit_trace(exe.shapes, exe.key[2], wrap=False)
-        captures = self._shadow_captures(concrete, body)
       warm_sizes = {}
       for index, shape in enumerate(exe.shapes):
         for axis, dim in signature.leaf_axes[index].items():
@@ -1185,22 +1180,7 @@ class Function:
       zeros = [tf.constant([warm_sizes[d] for d in signature.declared_dims], tf.int32)]
       zeros += [tf.zeros(s, tf.as_dtype(d)) for s, d in zip(exe.shapes, exe.key[2])]
       logged = xla_compiles.compile_count()
-      if captures is not None:
-        try:
-          concrete._call_flat(zeros, captures)
-        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
-          if concrete is body:
-            raise
-          logger.info(
-            "tf_ext.jit: %s: XLA cannot compile the uncompiled calls' trace (%s); tracing the "
-            "function for XLA",
-            self.name,
-            str(error).splitlines()[0][:200],
-          )
-          concrete, body = signature.jit_trace(exe.shapes, exe.key[2], wrap=False)
-          captures = self._shadow_captures(concrete, body)
-          if captures is not None:
-            concrete._call_flat(zeros, captures)
+      concrete, captures = self._warm_up(exe, zeros)
       note = ""
       if captures is None:
         note = "compiles at first use: it writes a resource that is not a variable"
@@ -1254,6 +1234,33 @@ class Function:
       with self._cond:
         self._pending = max(0, self._pending - 1)
         self._cond.notify_all()
+
+  def _warm_up(self, exe, zeros):
+    """Compiles exe's bucket by running the family's jit trace once on `zeros`, with the variables
+    it writes shadowed; returns (the trace, its shadowed captures), the captures None where it
+    cannot be warmed up safely (it then compiles at its first real call). A wrapper of the
+    uncompiled trace that cannot be warmed up, or that XLA cannot compile, gives way to a trace
+    made for XLA."""
+    signature = exe.signature
+    concrete, body = signature.jit_trace(exe.shapes, exe.key[2])
+    captures = self._shadow_captures(concrete, body)
+    if concrete is not body:
+      try:
+        if captures is not None:
+          concrete._call_flat(zeros, captures)
+          return concrete, captures
+      except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+        logger.info(
+          "tf_ext.jit: %s: XLA cannot compile the uncompiled calls' trace (%s); tracing the "
+          "function for XLA",
+          self.name,
+          str(error).splitlines()[0][:200],
+        )
+      concrete, body = signature.jit_trace(exe.shapes, exe.key[2], wrap=False)
+      captures = self._shadow_captures(concrete, body)
+    if captures is not None:
+      concrete._call_flat(zeros, captures)
+    return concrete, captures
 
   def _shadow_captures(self, concrete, body):
     """The captured inputs of `concrete` with each variable that `body` (the trace it calls, and
