@@ -14,7 +14,8 @@ compilations included:
   xla_async    the same with TensorFlow's --tf_xla_async_compilation (a new size compiles in the
                background while its steps run uncompiled; at most 10 in flight);
   ours         tf_ext.jit.Bucketing on the input pipeline, plus the clustering (its async
-               compilation on).
+               compilation and its speed gate on: the clusters run compiled only where the
+               timed steps say that is faster).
 Compilations are counted by tf_ext's XLA activity listener (tf_ext.jit.compile_log()).
 Targets: ours faster over the whole run than xla and xla_async; at most 8 compilations.
 `--rounds N` runs every configuration N times in rotating order and reports each one's median run
@@ -132,6 +133,7 @@ def worker(config, steps, quick):
       result["plan"] = [list(b) for b in bucketing.plan().get(("batch",), [])]
       result["elements"] = bucketing.stats["elements"]
       result["padding"] = bucketing.stats["padding"]
+      result["speed_checks"] = jit.speed_verdicts()
     # Before the Session closes: TensorFlow's own asynchronous compilation may crash or hang
     # there (xla_async), and the run has been measured by then.
     print("RESULT " + json.dumps(result), flush=True)
@@ -204,6 +206,13 @@ def report(results):
     f"{_common.verdict(ours['compiles'] <= 8)}"
   )
   print(f"ours: buckets {ours.get('buckets')}, plan {ours.get('plan')}")
+  for check in ours.get("speed_checks", []):
+    way = "compiled" if check["run_compiled"] else "uncompiled"
+    print(
+      f"ours: speed gate: {check['clusters']} run {way} (steps took "
+      f"{check['compiled_ns_per_element']:.3g} ns per input element compiled, "
+      f"{check['uncompiled_ns_per_element']:.3g} uncompiled)"
+    )
   xla_gain = steady_per_sample(by["plain"]) / steady_per_sample(by["xla"])
   print(
     f"context: XLA's own steady-state gain over no XLA on this machine is {xla_gain:.2f}x, "

@@ -22,4 +22,39 @@ this TensorFlow does not expose the count.
 ongoing: the number of compilations in flight, or -1.
 )doc");
 
+REGISTER_OP("TfExtXlaSpeedGate")
+    .Input("args: T")
+    .Output("ask: bool")
+    .Attr("T: list(type) >= 0")
+    .Attr("gate: string")
+    .Attr("clusters: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Decides whether a lazily compiled XLA cluster asks XLA for its executable this step (the speed
+gate); if not, the cluster runs as TensorFlow's function call.
+
+Put in by tf_ext's speed-gate pass before a cluster's _XlaCompile; never built by hand. The
+graph's timed steps decide (kernels/graph/core/speed_gate.h).
+
+args: the cluster's inputs, counted in elements to compare steps of different shapes.
+ask: whether _XlaCompile runs.
+gate: the gate's key (one per graph instance, shared by its clusters).
+clusters: the gated clusters' names, for the verdicts' log.
+)doc");
+
+REGISTER_OP("TfExtXlaSpeedGateReady")
+    .Input("ready: bool")
+    .Attr("gate: string")
+    .Attr("clusters: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Tells a cluster's speed gate whether XLA had an executable ready (_XlaCompile's second output).
+
+ready: _XlaCompile's "compilation successful".
+gate: the gate's key.
+clusters: the gated clusters' names.
+)doc");
+
 }  // namespace tf_ext

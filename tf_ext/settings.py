@@ -415,7 +415,9 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit.function: after each new executable, time 12 calls compiled and 12 "
       "uncompiled, interleaved, and run the faster way; compile no new bucket where XLA is "
       "slower even per padded element (checked again every 1000 calls), and grow a plan only "
-      "after a check. 0: always compiled.",
+      "after a check. tf_ext.jit.Bucketing (Sessions): a speed gate times 12 steps each way "
+      "once executables are ready and runs the graph's XLA clusters the faster way; after an "
+      "uncompiled verdict XLA is no longer asked and batches pass unpadded. 0: always compiled.",
       capability="graph",
       parse=_flag,
     ),

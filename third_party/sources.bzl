@@ -106,10 +106,12 @@ CAPABILITIES = {
         "core_hdrs": [
             "kernels/graph/core/compile_log.h",
             "kernels/graph/core/pass_switches.h",
+            "kernels/graph/core/speed_gate.h",
         ],
         "core_srcs": [
             "kernels/graph/core/compile_log.cc",
             "kernels/graph/core/pass_switches.cc",
+            "kernels/graph/core/speed_gate.cc",
         ],
         "kernel_hdrs": [
             "kernels/graph/pass_switches.h",
@@ -119,6 +121,7 @@ CAPABILITIES = {
             "kernels/graph/pass_switches.cc",
             "kernels/graph/xla_compile_listener.cc",
             "kernels/graph/xla_dense_cluster_pass.cc",
+            "kernels/graph/xla_speed_gate_pass.cc",
         ],
         "op_srcs": [
             "ops/graph_ops.cc",

@@ -416,3 +416,77 @@ print("all sessions closed")
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "all sessions closed" in proc.stdout
   assert "closing a Session after its" in proc.stderr  # it did wait, at least once
+
+
+def gated_session(bucketing, steps):
+  """Trains `steps` batches of 33-64 rows (one bucket: 64) in a Session of a padded graph; then
+  one traced step. Returns (the traced step's executed node names, its partition graphs' op
+  types, the losses)."""
+  sizes = list(np.random.default_rng(5).integers(33, 65, steps))
+  graph = tf.Graph()
+  with graph.as_default():
+    features, label = tf.compat.v1.data.make_one_shot_iterator(
+      bucketing.pad(stream(sizes + [40]))
+    ).get_next()
+    with bucketing.padded(features):
+      loss, train, _, _ = model(features, label)
+    config = graph_optimizations.config_proto(fuse_embeddings=True, cluster_dense_for_xla=True)
+    with tf.compat.v1.Session(config=config) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      losses = [session.run([loss, train])[0] for _ in sizes]
+      options = tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE, output_partition_graphs=True
+      )
+      metadata = tf.compat.v1.RunMetadata()
+      session.run([loss, train], options=options, run_metadata=metadata)
+  executed = {n.node_name for d in metadata.step_stats.dev_stats for n in d.node_stats}
+  op_types = {n.op for g in metadata.partition_graphs for n in g.node}
+  return executed, op_types, losses
+
+
+def test_the_speed_gate_runs_the_clusters_the_way_the_timed_steps_chose():
+  """The gate (Bucketing's TF_EXT_JIT_ADAPTIVE) times real steps with the dense clusters compiled
+  and uncompiled, and then runs them the faster way; which way wins depends on the machine, so
+  the test follows the verdict: after a compiled one the traced step ran _XlaRun; after an
+  uncompiled one it ran the clusters' function calls without asking XLA (no _XlaCompile ran),
+  and the batches stopped being padded."""
+  after = (jit.speed_verdicts() or [{"sequence": 0}])[-1]["sequence"]
+  bucketing = jit.Bucketing(
+    name="gated", min_observations=10**6, async_compile=False, adaptive=True
+  )
+  # A verdict needs the executables (compiled when the shape is seen again), 8 ready steps and
+  # 12 timed steps each way; then a few steps for the input pipeline to hear of it.
+  executed, op_types, losses = gated_session(bucketing, 60)
+  assert {"TfExtXlaSpeedGate", "TfExtXlaSpeedGateReady", "_XlaCompile"} <= op_types
+  assert np.all(np.isfinite(losses))
+  verdicts = jit.speed_verdicts(after)
+  assert len(verdicts) == 1, verdicts
+  verdict = verdicts[0]
+  assert "xla_compile" in verdict["clusters"]
+  compiled, uncompiled = verdict["compiled_ns_per_element"], verdict["uncompiled_ns_per_element"]
+  assert compiled > 0 and uncompiled > 0
+  assert verdict["run_compiled"] == (compiled <= uncompiled * 1.05)
+  ran = {
+    kind: any(name.endswith(kind) for name in executed)
+    for kind in ("/xla_compile", "/xla_run", "partitioned_call")
+  }
+  events = bucketing.events
+  checks = [e for e in events if e["event"] == "speed check"]
+  assert [e["clusters"] for e in checks] == [verdict["clusters"]]
+  padding = [e["on"] for e in events if e["event"] == "padding"]
+  if verdict["run_compiled"]:
+    assert ran == {"/xla_compile": True, "/xla_run": True, "partitioned_call": False}, executed
+    assert padding == []
+  else:
+    assert ran == {"/xla_compile": False, "/xla_run": False, "partitioned_call": True}, executed
+    assert padding == [False]
+    assert sum(bucketing.buckets().values()) < bucketing.stats["batches"]  # some unpadded
+
+
+def test_the_speed_gate_is_off_without_adaptive():
+  bucketing = jit.Bucketing(name="ungated", min_observations=10**6, adaptive=False)
+  assert not jit.set_speed_gate(False)  # the Bucketing set it off
+  jit.set_speed_gate(False)
+  executed, op_types, _ = gated_session(bucketing, 4)
+  assert "_XlaCompile" in op_types
+  assert not {"TfExtXlaSpeedGate", "TfExtXlaSpeedGateReady"} & op_types

@@ -16,7 +16,8 @@ For TF1 Sessions and Estimator, `tf_ext.jit.Bucketing` pads the batches of the i
 planned buckets, so that the XLA clusters of the model (tf_ext.graph_optimizations' dense-part
 pass, auto-jit or a jit_scope) compile once per bucket, in the background; `Bucketing.padded`
 makes the same helpers work in a model_fn, and `unpad` slices predictions back to the real rows
-(tf_ext/jit/bucketing.py). `compile_log()` lists every XLA compilation of the process.
+(tf_ext/jit/bucketing.py); its speed gate runs each cluster compiled only where that is faster
+(`speed_verdicts()`). `compile_log()` lists every XLA compilation of the process.
 """
 
 from tf_ext.jit import buckets
@@ -28,4 +29,6 @@ from tf_ext.jit.xla_compiles import (
   compile_log,
   listener_active,
   set_async_compilation,
+  set_speed_gate,
+  speed_verdicts,
 )

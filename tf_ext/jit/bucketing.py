@@ -33,6 +33,18 @@ know which reductions are over the batch. So the padding happens where the batch
   of 10 compilations in flight and its megamorphic cut-off (after 10 compiles) are never reached.
   A Session of a padded graph waits in close() for the compilations in flight: closing it under
   them crashes TensorFlow 2.15.
+* Compiled only where XLA is faster (TF_EXT_JIT_ADAPTIVE, the speed gate: kernels/graph/
+  core/speed_gate.h): XLA's code is not faster on every CPU (oneDNN's kernels may win). A
+  Bucketing turns on, process-wide, a pass that gates the lazily compiled CPU clusters of the
+  graphs built afterwards: once executables are ready, 12 steps run them compiled and 12
+  uncompiled, alternating, the steps' times per input element are compared, and the faster way
+  runs (compiled: checked again every 1000 steps). Whole steps are timed, not the clusters: a
+  cluster runs beside other work, and one faster alone can still make the step slower. A step
+  that runs uncompiled does not even ask XLA for an executable (so new shapes compile nothing),
+  and after an uncompiled verdict the batches pass unpadded (padding would only cost) and no
+  check follows: the verdict is final for that graph; a later pad() (a new graph) pads again.
+  Each verdict is a "speed check" event (with a "padding" event when padding stops or resumes)
+  and an INFO log line; tf_ext.jit.speed_verdicts() lists them all.
 * Every XLA compilation of the process is recorded by tf_ext's XLA activity listener:
   tf_ext.jit.compile_log().
 * Warm restart: the plan (boundaries, histogram, bucket shapes in use) is written to `plan_path`
@@ -90,6 +102,7 @@ class Bucketing:
     min_gain=None,
     replan_gain=None,
     async_compile=None,
+    adaptive=None,
   ):
     if not isinstance(name, str) or not name:
       raise ValueError(f"tf_ext.jit.Bucketing: name must be a non-empty string, got {name!r}")
@@ -103,6 +116,7 @@ class Bucketing:
       raise ValueError("tf_ext.jit.Bucketing: paddable names no dimension")
     self.max_executables = planner_lib.option("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
     self.async_compile = planner_lib.option("TF_EXT_JIT_ASYNC", async_compile)
+    self.adaptive = planner_lib.option("TF_EXT_JIT_ADAPTIVE", adaptive)
     self._planner = planner_lib.Planner(
       self._on_plan,
       max_buckets=max_buckets,
@@ -117,7 +131,7 @@ class Bucketing:
     self._observing_top = None  # the padded sizes of the observation phase
     self._warned_oversize = False
     self._loaded = {}  # from a saved plan: dims -> bucket tuples in use (checked by pad())
-    self.events = []  # dicts: plan / bucket / oversize / over_bound, in order
+    self._events = []  # dicts: plan / bucket / oversize / over_bound / speed check / padding
     # elements: the product of a batch's true sizes, summed; padding: what padding added to it.
     self.stats = {"batches": 0, "elements": 0, "padding": 0, "oversize": 0}
     self._plan_file = None
@@ -127,8 +141,24 @@ class Bucketing:
     if self.async_compile:
       xla_compiles.set_async_compilation(True)
       _install_close_guard()
+    self._verdicts_seen = 0  # the speed gate's verdicts already turned into events
+    self._verdicts_polled = 0.0
+    self._unpadded = False  # the speed gate chose uncompiled: batches pass unpadded
+    if self.adaptive:
+      earlier = xla_compiles.speed_verdicts()  # process-wide: those of earlier graphs
+      self._verdicts_seen = earlier[-1]["sequence"] if earlier else 0
+    xla_compiles.set_speed_gate(self.adaptive)  # process-wide, like the asynchronous compilation
 
   # -- public -----------------------------------------------------------------------------------
+
+  @property
+  def events(self):
+    """What happened, in order: dicts with "event" (plan, bucket, oversize, over_bound, speed
+    check, padding) and "time"."""
+    with self._lock:
+      if self.adaptive:
+        self._note_speed_verdicts()
+      return list(self._events)
 
   def plan(self):
     """{dims tuple: boundaries per dim} in force."""
@@ -167,6 +197,8 @@ class Bucketing:
           f"{self._dims}; use one Bucketing per kind of input"
         )
       self._dims = tuple(dims)
+      # A new pipeline is likely a new graph, whose gate asks XLA until its own check: pad.
+      self._unpadded = False
       in_use = self._loaded.pop(self._dims, None)
       if in_use is not None:  # a restart: the shapes of the saved plan are the ones compiled
         for bucket in in_use[::-1][: self.max_executables]:
@@ -311,7 +343,28 @@ class Bucketing:
       self.stats["batches"] += 1
       self.stats["elements"] += int(np.prod(sizes))
       self.stats["padding"] += int(np.prod(padded) - np.prod(sizes))
+      if self.adaptive and time.monotonic() > self._verdicts_polled + 1.0:
+        self._note_speed_verdicts()
     return np.array([sizes, padded], np.int32)
+
+  def _note_speed_verdicts(self):
+    """The speed gate's new verdicts (they come from the Session's steps) as events and logs."""
+    self._verdicts_polled = time.monotonic()
+    for verdict in xla_compiles.speed_verdicts(self._verdicts_seen):
+      self._verdicts_seen = verdict["sequence"]
+      self._event("speed check", **{k: v for k, v in verdict.items() if k != "sequence"})
+      if self._unpadded == verdict["run_compiled"]:
+        self._unpadded = not verdict["run_compiled"]
+        self._event("padding", on=not self._unpadded)
+      logger.info(
+        "tf_ext.jit.Bucketing %s: speed check of XLA clusters %s: steps took %.3g ns per input "
+        "element compiled, %.3g uncompiled: they run %s",
+        self.name,
+        verdict["clusters"],
+        verdict["compiled_ns_per_element"],
+        verdict["uncompiled_ns_per_element"],
+        "compiled" if verdict["run_compiled"] else "uncompiled (batches now pass unpadded)",
+      )
 
   def _choose(self, sizes):
     dims = self._dims
@@ -330,6 +383,8 @@ class Bucketing:
         self._event("oversize", sizes=sizes)
       return sizes
     self._planner.observe(dims, sizes)
+    if self._unpadded:
+      return sizes
     before = self._planner.plans.get(dims)
     plan = self._planner.maybe_plan(dims, sizes)
     if plan is None:  # observing: the largest size so far, up to a power of two
@@ -384,7 +439,7 @@ class Bucketing:
     logger.info("tf_ext.jit.Bucketing %s: bucket plan %s (%s)", self.name, bounds, reason)
 
   def _event(self, event, **fields):
-    self.events.append(dict(event=event, time=time.time(), **fields))
+    self._events.append(dict(event=event, time=time.time(), **fields))
 
   def _write_plan(self):
     data = self._planner.to_json(self.name, lambda dims: list(self._emitted)[::-1])

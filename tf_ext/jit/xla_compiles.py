@@ -1,6 +1,7 @@
-"""Every XLA compilation of this process, as TensorFlow's XLA activity listener reports it, and
-the switch for TensorFlow's asynchronous XLA compilation. Both live in the op library
-(kernels/graph/xla_compile_listener.cc), which registers the listener when it loads."""
+"""Every XLA compilation of this process, as TensorFlow's XLA activity listener reports it, the
+switch for TensorFlow's asynchronous XLA compilation, and the Session speed gate's switch and
+verdicts. All live in the op library (kernels/graph/xla_compile_listener.cc, which registers the
+listener when it loads; kernels/graph/core/speed_gate.h)."""
 
 import ctypes
 import logging
@@ -23,9 +24,21 @@ _FIELDS = (
 def _library():
   library = ctypes.CDLL(_ops_loader.library_path())  # the loaded library: dlopen returns it again
   library.TfExtJitCompileEventCount.restype = ctypes.c_int64
-  library.TfExtJitCompileLog.restype = ctypes.c_int64
-  library.TfExtJitCompileLog.argtypes = [ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
+  for reader in (library.TfExtJitCompileLog, library.TfExtJitSpeedVerdicts):
+    reader.restype = ctypes.c_int64
+    reader.argtypes = [ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
   return library
+
+
+def _read_lines(reader, after):
+  """The lines a library log reader (TfExtJitCompileLog's convention) gives after `after`."""
+  capacity = 1 << 16
+  while True:
+    buffer = ctypes.create_string_buffer(capacity)
+    needed = reader(int(after), buffer, capacity)
+    if needed < capacity:
+      return buffer.value.decode("utf-8", "replace").splitlines()
+    capacity = needed + 1
 
 
 def listener_active():
@@ -42,19 +55,37 @@ def compile_log(after=0):
   """The recorded compilations with a sequence number above `after` (the most recent 4096 are
   kept), oldest first: dicts with sequence, time, cluster, device, compile_count (of that
   cluster), compile_time_us and cumulative_compile_time_us."""
-  library = _library()
-  capacity = 1 << 16
-  while True:
-    buffer = ctypes.create_string_buffer(capacity)
-    needed = library.TfExtJitCompileLog(int(after), buffer, capacity)
-    if needed < capacity:
-      break
-    capacity = needed + 1
-  events = []
-  for line in buffer.value.decode("utf-8", "replace").splitlines():
-    parts = line.split("\t")
-    events.append({name: kind(value) for (name, kind), value in zip(_FIELDS, parts)})
-  return events
+  lines = _read_lines(_library().TfExtJitCompileLog, after)
+  return [_parse(line, _FIELDS) for line in lines]
+
+
+def _parse(line, fields):
+  return {name: kind(value) for (name, kind), value in zip(fields, line.split("\t"))}
+
+
+_VERDICT_FIELDS = (
+  ("sequence", int),
+  ("clusters", str),
+  ("run_compiled", lambda v: v == "1"),
+  ("compiled_ns_per_element", float),
+  ("uncompiled_ns_per_element", float),
+)
+
+
+def set_speed_gate(enable):
+  """Turns the Session speed gate on or off for graphs built from now on (kernels/graph/
+  xla_speed_gate_pass.cc): the lazily compiled CPU clusters of a graph then run compiled only
+  where its timed steps say that is faster. Returns the previous value."""
+  return bool(_library().TfExtJitSetSpeedGate(int(bool(enable))))
+
+
+def speed_verdicts(after=0):
+  """The speed gate's finished checks with a sequence number above `after` (the most recent 1024
+  are kept), oldest first: dicts with sequence, clusters (the graph's gated clusters,
+  ", "-joined), run_compiled, and each way's median step time per input element, in ns."""
+  return [
+    _parse(line, _VERDICT_FIELDS) for line in _read_lines(_library().TfExtJitSpeedVerdicts, after)
+  ]
 
 
 _warned_async = False

@@ -91,15 +91,7 @@ void SetListenerState(ListenerState state) { listener_state.store(static_cast<in
 
 void SetAsyncCompilationHook(AsyncCompilationHook hook) { async_compilation_hook.store(hook); }
 
-}  // namespace graph
-}  // namespace tf_ext
-
-extern "C" int64_t TfExtJitCompileEventCount(void) {
-  return tf_ext::graph::ProcessCompileLog().Count();
-}
-
-extern "C" int64_t TfExtJitCompileLog(int64_t after_sequence, char* buffer, int64_t capacity) {
-  const std::string text = tf_ext::graph::ProcessCompileLog().FormatAfter(after_sequence);
+int64_t CopyText(const std::string& text, char* buffer, int64_t capacity) {
   const int64_t needed = static_cast<int64_t>(text.size());
   if (buffer == nullptr || capacity <= 0) return needed;
   if (needed >= capacity) {
@@ -109,6 +101,18 @@ extern "C" int64_t TfExtJitCompileLog(int64_t after_sequence, char* buffer, int6
   std::memcpy(buffer, text.data(), text.size());
   buffer[needed] = '\0';
   return needed;
+}
+
+}  // namespace graph
+}  // namespace tf_ext
+
+extern "C" int64_t TfExtJitCompileEventCount(void) {
+  return tf_ext::graph::ProcessCompileLog().Count();
+}
+
+extern "C" int64_t TfExtJitCompileLog(int64_t after_sequence, char* buffer, int64_t capacity) {
+  return tf_ext::graph::CopyText(tf_ext::graph::ProcessCompileLog().FormatAfter(after_sequence),
+                                 buffer, capacity);
 }
 
 extern "C" int TfExtJitListenerState(void) {

@@ -65,6 +65,11 @@ void SetListenerState(ListenerState state);
 using AsyncCompilationHook = int (*)(int enable);
 void SetAsyncCompilationHook(AsyncCompilationHook hook);
 
+// Copies `text` NUL-terminated into buffer[0..capacity) for a ctypes caller and returns its length
+// without the NUL; when that is >= capacity only an empty string is written (the caller retries
+// with a larger buffer).
+int64_t CopyText(const std::string& text, char* buffer, int64_t capacity);
+
 }  // namespace graph
 }  // namespace tf_ext
 
