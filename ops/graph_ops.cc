@@ -31,8 +31,9 @@ REGISTER_OP("TfExtXlaSpeedGate")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
-Decides whether a lazily compiled XLA cluster asks XLA for its executable this step (the speed
-gate); if not, the cluster runs as TensorFlow's function call.
+Decides whether an XLA cluster asks XLA for its executable this step (the speed gate).
+
+If not, the lazily compiled cluster runs as TensorFlow's function call.
 
 Put in by tf_ext's speed-gate pass before a cluster's _XlaCompile; never built by hand. The
 graph's timed steps decide (kernels/graph/core/speed_gate.h).

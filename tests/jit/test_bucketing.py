@@ -418,22 +418,30 @@ print("all sessions closed")
   assert "closing a Session after its" in proc.stderr  # it did wait, at least once
 
 
-def gated_session(bucketing, steps):
-  """Trains `steps` batches of 33-64 rows (one bucket: 64) in a Session of a padded graph; then
-  one traced step. Returns (the traced step's executed node names, its partition graphs' op
-  types, the losses)."""
-  sizes = list(np.random.default_rng(5).integers(33, 65, steps))
+def gated_session(bucketing, steps, verdicts_after=None):
+  """Trains batches of 33-64 rows (one bucket: 64) in a Session of a padded graph: `steps` of
+  them, or with `verdicts_after` (a speed_verdicts sequence number) until a newer verdict is
+  out (at most `steps`) and then 10 more, the pipeline told of it first; then one traced step.
+  Returns (the traced step's executed node names, its partition graphs' op types, the
+  losses)."""
+  sizes = list(np.random.default_rng(5).integers(33, 65, steps + 11))
   graph = tf.Graph()
   with graph.as_default():
     features, label = tf.compat.v1.data.make_one_shot_iterator(
-      bucketing.pad(stream(sizes + [40]))
+      bucketing.pad(stream(sizes))
     ).get_next()
     with bucketing.padded(features):
       loss, train, _, _ = model(features, label)
     config = graph_optimizations.config_proto(fuse_embeddings=True, cluster_dense_for_xla=True)
     with tf.compat.v1.Session(config=config) as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      losses = [session.run([loss, train])[0] for _ in sizes]
+      losses = []
+      for _ in range(steps):
+        losses.append(session.run([loss, train])[0])
+        if verdicts_after is not None and jit.speed_verdicts(verdicts_after):
+          bucketing.events  # noqa: B018 (reading the events polls the verdicts)
+          losses += [session.run([loss, train])[0] for _ in range(10)]
+          break
       options = tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE, output_partition_graphs=True
       )
@@ -454,9 +462,10 @@ def test_the_speed_gate_runs_the_clusters_the_way_the_timed_steps_chose():
   bucketing = jit.Bucketing(
     name="gated", min_observations=10**6, async_compile=False, adaptive=True
   )
-  # A verdict needs the executables (compiled when the shape is seen again), 8 ready steps and
-  # 12 timed steps each way; then a few steps for the input pipeline to hear of it.
-  executed, op_types, losses = gated_session(bucketing, 60)
+  # A verdict needs the executables (compiled when the shape is seen again, or in the
+  # background where an earlier test turned asynchronous compilation on), 8 ready steps and 12
+  # timed steps each way.
+  executed, op_types, losses = gated_session(bucketing, 400, verdicts_after=after)
   assert {"TfExtXlaSpeedGate", "TfExtXlaSpeedGateReady", "_XlaCompile"} <= op_types
   assert np.all(np.isfinite(losses))
   verdicts = jit.speed_verdicts(after)
