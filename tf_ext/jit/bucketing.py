@@ -142,11 +142,9 @@ class Bucketing:
       xla_compiles.set_async_compilation(True)
       _install_close_guard()
     self._verdicts_seen = 0  # the speed gate's verdicts already turned into events
-    self._verdicts_polled = 0.0
     self._unpadded = False  # the speed gate chose uncompiled: batches pass unpadded
-    if self.adaptive:
-      earlier = xla_compiles.speed_verdicts()  # process-wide: those of earlier graphs
-      self._verdicts_seen = earlier[-1]["sequence"] if earlier else 0
+    if self.adaptive:  # the verdicts are process-wide: those of earlier graphs are not ours
+      self._verdicts_seen = xla_compiles.speed_verdict_count()
     xla_compiles.set_speed_gate(self.adaptive)  # process-wide, like the asynchronous compilation
 
   # -- public -----------------------------------------------------------------------------------
@@ -343,13 +341,12 @@ class Bucketing:
       self.stats["batches"] += 1
       self.stats["elements"] += int(np.prod(sizes))
       self.stats["padding"] += int(np.prod(padded) - np.prod(sizes))
-      if self.adaptive and time.monotonic() > self._verdicts_polled + 1.0:
+      if self.adaptive and xla_compiles.speed_verdict_count() > self._verdicts_seen:
         self._note_speed_verdicts()
     return np.array([sizes, padded], np.int32)
 
   def _note_speed_verdicts(self):
     """The speed gate's new verdicts (they come from the Session's steps) as events and logs."""
-    self._verdicts_polled = time.monotonic()
     for verdict in xla_compiles.speed_verdicts(self._verdicts_seen):
       self._verdicts_seen = verdict["sequence"]
       self._event("speed check", **{k: v for k, v in verdict.items() if k != "sequence"})

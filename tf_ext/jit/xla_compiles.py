@@ -4,6 +4,7 @@ verdicts. All live in the op library (kernels/graph/xla_compile_listener.cc, whi
 listener when it loads; kernels/graph/core/speed_gate.h)."""
 
 import ctypes
+import functools
 import logging
 
 from tf_ext import _ops_loader
@@ -21,9 +22,11 @@ _FIELDS = (
 )
 
 
+@functools.cache
 def _library():
   library = ctypes.CDLL(_ops_loader.library_path())  # the loaded library: dlopen returns it again
   library.TfExtJitCompileEventCount.restype = ctypes.c_int64
+  library.TfExtJitSpeedVerdictCount.restype = ctypes.c_int64
   for reader in (library.TfExtJitCompileLog, library.TfExtJitSpeedVerdicts):
     reader.restype = ctypes.c_int64
     reader.argtypes = [ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
@@ -77,6 +80,11 @@ def set_speed_gate(enable):
   xla_speed_gate_pass.cc): the lazily compiled CPU clusters of a graph then run compiled only
   where its timed steps say that is faster. Returns the previous value."""
   return bool(_library().TfExtJitSetSpeedGate(int(bool(enable))))
+
+
+def speed_verdict_count():
+  """How many speed-gate verdicts the process has recorded (the newest one's sequence number)."""
+  return int(_library().TfExtJitSpeedVerdictCount())
 
 
 def speed_verdicts(after=0):

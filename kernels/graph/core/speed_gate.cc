@@ -103,6 +103,11 @@ void SpeedGates::Record(SpeedVerdict* verdict) {
   log_.push_back(*verdict);
 }
 
+int64_t SpeedGates::Count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return count_;
+}
+
 std::string SpeedGates::FormatAfter(int64_t after) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::ostringstream text;
@@ -132,6 +137,10 @@ extern "C" int TfExtJitSetSpeedGate(int enable) {
   const int previous = tf_ext::graph::SpeedGateEnabled() ? 1 : 0;
   if (enable >= 0) tf_ext::graph::SetSpeedGateEnabled(enable > 0);
   return previous;
+}
+
+extern "C" int64_t TfExtJitSpeedVerdictCount(void) {
+  return tf_ext::graph::ProcessSpeedGates().Count();
 }
 
 extern "C" int64_t TfExtJitSpeedVerdicts(int64_t after, char* buffer, int64_t capacity) {

@@ -100,6 +100,8 @@ class SpeedGates {
   SpeedGate* Get(const std::string& key, const std::string& clusters);
   // Records a verdict; sets its sequence number.
   void Record(SpeedVerdict* verdict);
+  // Verdicts recorded so far (the last one's sequence number).
+  int64_t Count() const;
   // The kept verdicts with a sequence number above `after`, one per line, tab-separated in
   // SpeedVerdict's order (run_compiled as 0/1).
   std::string FormatAfter(int64_t after) const;
@@ -123,6 +125,8 @@ void SetSpeedGateEnabled(bool enabled);
 
 // For tf_ext (through ctypes). Sets the switch (enable >= 0) and returns its previous value.
 extern "C" int TfExtJitSetSpeedGate(int enable);
+// How many verdicts the process has recorded: cheap enough to poll per batch.
+extern "C" int64_t TfExtJitSpeedVerdictCount(void);
 // The verdicts after `after` as SpeedGates::FormatAfter's text, NUL-terminated, into
 // buffer[0..capacity); returns its length without the NUL (>= capacity: nothing was written but an
 // empty string; retry with a larger buffer).

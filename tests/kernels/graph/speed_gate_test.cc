@@ -173,6 +173,7 @@ TEST(SpeedGatesTest, OneGatePerKeyAndAVerdictLog) {
   gates.Record(&second);
   EXPECT_EQ(first.sequence, 1);
   EXPECT_EQ(second.sequence, 2);
+  EXPECT_EQ(gates.Count(), 2);
   EXPECT_EQ(gates.FormatAfter(0), "1\tcluster a\t0\t12.5\t10\n2\tcluster_b\t1\t1\t2\n");
   EXPECT_EQ(gates.FormatAfter(1), "2\tcluster_b\t1\t1\t2\n");
   EXPECT_EQ(gates.FormatAfter(2), "");
@@ -188,6 +189,7 @@ TEST(SpeedGatesTest, TheCInterfaceSwitchesAndCopiesTheLog) {
 
   SpeedVerdict verdict{0, "cluster_c", true, 1, 3};
   ProcessSpeedGates().Record(&verdict);
+  EXPECT_EQ(TfExtJitSpeedVerdictCount(), verdict.sequence);
   const std::string expected = ProcessSpeedGates().FormatAfter(verdict.sequence - 1);
   char small[4];
   EXPECT_EQ(TfExtJitSpeedVerdicts(verdict.sequence - 1, small, sizeof(small)),
