@@ -23,8 +23,10 @@
 #                on and off (TF1 Session and Keras; 26 fields, batch 4096, three dense towers)
 #   make bench-jit  benchmarks/jit_cache.py: tf_ext.jit against plain TF, jit_compile, auto-jit and
 #                static shapes on two varying-shape workloads (writes jit_cache.png)
-#   make bench-jit-session  benchmarks/jit_cache_session.py: tf_ext.jit.Bucketing against
+#   make bench-jit-session bench-jit-verdicts  benchmarks/jit_cache_session.py: tf_ext.jit.Bucketing against
 #                TensorFlow's XLA options in a TF1 Session (writes jit_cache_session.png)
+#   make bench-jit-verdicts  benchmarks/speed_check_verdicts.py: how often tf_ext.jit's speed check
+#                decides right on simulated calls, against the median rule it replaced
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
 #   make bench-harp  benchmarks/harp_transport.py: HARP's NCCL plugin against a stand-in for NCCL's
@@ -105,8 +107,8 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-session bench-cluster bench-harp bench-harp-nccl \
-        demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-session \
+        bench-jit-verdicts bench-cluster bench-harp bench-harp-nccl demo-estimator clean distclean
 
 all: build
 
@@ -279,6 +281,10 @@ bench-jit: build bench-deps
 # Its TF1 Session path; BENCH_ARGS=--quick for a short run.
 bench-jit-session: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_cache_session.py $(BENCH_ARGS))
+
+# How often the speed check's verdicts are right, on simulated calls (no XLA; seconds).
+bench-jit-verdicts: build
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/speed_check_verdicts.py $(BENCH_ARGS))
 
 # Issue 10's mixed-precision benchmark; BENCH_ARGS=--quick for a short run (matplotlib: bench-deps).
 bench-amp: build bench-deps

@@ -371,11 +371,15 @@ def report(workload, results):
   checks = [e for e in ours["ours_events"] if e["event"] == "speed check"]
   if checks:  # tf_ext.jit's own verdicts: compiled vs uncompiled, us per element
     verdicts_seen = [
-      f"{e['compiled_us_per_element']:.0f}/{e['compiled_us_per_padded_element']:.0f}/"
-      f"{e['uncompiled_us_per_element']:.0f} -> {'compiled' if e['compiled_faster'] else 'plain'}"
+      f"{e['compiled_us_per_element']:.2g}/{e['compiled_us_per_padded_element']:.2g}/"
+      f"{e['compiled_us_per_element_unpadded']:.2g}/{e['uncompiled_us_per_element']:.2g} -> "
+      f"{'compiled' if e['compiled_faster'] else 'plain'}"
       for e in checks
     ]
-    print("  ours' speed checks (us per element: compiled/per padded element/uncompiled): ")
+    print(
+      "  ours' speed checks (us per element: compiled/per padded element/compiled if unpadded/"
+      "uncompiled): "
+    )
     print("    " + ", ".join(verdicts_seen))
   checks = [
     (f"ours {speed_jit:.2f}x jit_compile=True (target >= 2.25x)", speed_jit >= 2.25),

@@ -413,9 +413,10 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_JIT_ADAPTIVE",
       "1",
       "tf_ext.jit.function: after each new executable, time 12 calls compiled and 12 "
-      "uncompiled, interleaved, and run the faster way; compile no new bucket where XLA is "
-      "slower even per padded element (checked again every 1000 calls), and grow a plan only "
-      "after a check. tf_ext.jit.Bucketing (Sessions): a speed gate times 12 steps each way "
+      "uncompiled, interleaved, fit each way's time as a fixed cost per call plus a cost per "
+      "element, and run the faster way; compile no new bucket where XLA would be slower even "
+      "unpadded (checked again every 1000 calls), and grow a plan only after a check. "
+      "tf_ext.jit.Bucketing (Sessions): a speed gate times 12 steps each way "
       "once executables are ready and runs the graph's XLA clusters the faster way; after an "
       "uncompiled verdict XLA is no longer asked and batches pass unpadded. 0: always compiled.",
       capability="graph",

@@ -170,13 +170,15 @@ def test_a_function_of_the_batch_size_is_detected_and_not_padded(caplog):
     for n in [3, 5, 3, 5, 7, 3]:
       x = np.arange(n * 2, dtype="float32").reshape(n, 2)
       np.testing.assert_allclose(ours(x), x / n, rtol=1e-6)
-    ours.wait_for_compiles()
-    for n in [3, 5, 7]:
-      x = np.ones((n, 2), "float32")
-      np.testing.assert_allclose(ours(x), x / n, rtol=1e-6)
+    for _round in range(2):
+      ours.wait_for_compiles()
+      for n in [3, 5, 7]:
+        x = np.ones((n, 2), "float32")
+        np.testing.assert_allclose(ours(x), x / n, rtol=1e-6)
   assert any("depends on the size of 'batch'" in r.getMessage() for r in caplog.records)
   assert any(e["event"] == "not padded" for e in ours.events)
-  # Compiled per exact shape instead, once a shape comes back.
+  # Compiled per exact shape instead, once a shape comes back (the calls made while the probe
+  # ran count as seen): the first round after them queued the compilations, the second ran them.
   assert ours.stats["compiled"] >= 2
   assert all(buckets == () for _, buckets, _ in ours.executables())
 
@@ -203,6 +205,7 @@ def test_batch_normalization_in_training_declared_non_paddable_is_exact():
   declared = jit.function(fn, paddable="batch", min_observations=1)
   x = rng.normal(size=(6, 5)).astype("float32")
   np.testing.assert_allclose(declared(x), reference(x), rtol=1e-4, atol=1e-5)
+  declared.wait_for_compiles()  # the probe that detects it runs in the background
   assert [e["dims"] for e in declared.events if e["event"] == "not padded"] == [("batch",)]
 
 
@@ -214,8 +217,10 @@ def test_calls_never_wait_for_the_compiler():
     return tf.reduce_sum(x, 1)
 
   ours = jit.function(fn, paddable="batch", min_observations=2)
+  assert ours(np.ones((4, 3), "float32")).shape == (4,)
+  ours.wait_for_compiles()  # the probe of the first call, in the compiler's thread
   with ours.compiles_paused():  # the compiler is held: every compile stays queued
-    for n in [4, 8, 4, 8, 4, 8]:
+    for n in [8, 4, 8, 4, 8]:
       assert ours(np.ones((n, 3), "float32")).shape == (n,)
     assert ours.stats["uncompiled"] == 6 and ours.stats["compiled"] == 0  # none waited
     # The first plan: one bucket (8), holding every size seen.
@@ -370,6 +375,7 @@ def test_too_large_inputs_run_uncompiled_with_one_warning(caplog):
   warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
   assert len(warnings) == 1 and "TF_EXT_JIT_MAX_SIZE" in warnings[0].getMessage()
   assert ours.stats["oversize"] == 3
+  ours.wait_for_compiles()  # the probe, which then plans
   assert ours.plan()[("batch",)] == ((4,),)  # oversized sizes are not planned for
 
 
@@ -426,10 +432,12 @@ def test_the_speed_check_picks_the_faster_way_and_results_stay_equal():
   check = checks[0]
   per_element = check["compiled_us_per_element"]
   per_padded = check["compiled_us_per_padded_element"]
+  unpadded = check["compiled_us_per_element_unpadded"]
   uncompiled = check["uncompiled_us_per_element"]
-  assert 0 < per_padded <= per_element and uncompiled > 0  # padding only adds elements
+  # Padding only adds elements: the fitted compiled time covers more of them, and is no smaller.
+  assert 0 < per_padded <= per_element and 0 < unpadded <= per_element and uncompiled > 0
   assert check["compiled_faster"] == (per_element <= 1.05 * uncompiled)
-  assert check["xla_faster"] == (per_padded <= 1.05 * uncompiled)
+  assert check["xla_faster"] == (unpadded <= 1.05 * uncompiled)
   assert ours.stats["speed_check_uncompiled"] >= 4
   ours.wait_for_compiles()
   ours._speed_checks.clear()  # a long check again: the calls below follow the verdict
@@ -507,7 +515,9 @@ def test_speed_check_verdicts():
     done = check.record(compiled, 0.0015 if compiled else 0.001, 100, 200)
   assert kinds == [True, False, True, False, True, False]  # interleaved
   assert done and check.compiled_faster is False and check.xla_faster is True
-  assert check.last == pytest.approx({"compiled": 1.5e-5, "padded": 7.5e-6, "uncompiled": 1e-5})
+  # Calls of one size: time per element is all there is to compare.
+  expected = {"compiled": 1.5e-5, "padded": 7.5e-6, "unpadded": 7.5e-6, "uncompiled": 1e-5}
+  assert check.last == pytest.approx(expected)
   assert not any(check.run_compiled() for _ in range(5))  # uncompiled for now
   check.executables_changed()  # a smaller bucket is ready: check again after 2 calls
   assert not any(check.run_compiled() for _ in range(2))
@@ -523,11 +533,50 @@ def test_speed_check_verdicts():
   assert not check.record(True, 0.003, 100, 110)  # one compiled sample ...
   assert check.run_compiled(timed=False)  # untimed calls (compiler busy) follow the verdict
   assert not check.run_compiled(timed=True)  # ... so an uncompiled one is next
-  check.record(False, 0.001, 100, None)
+  check.record(False, 0.001, 100, 110)
   for _ in range(4):
     compiled = check.run_compiled()
     done = check.record(compiled, 0.003 if compiled else 0.001, 100, 110)
   assert done and check.compiled_faster is False and check.xla_faster is False
+
+
+def test_speed_check_weighs_each_calls_fixed_cost():
+  """Calls of many sizes: a call costs a fixed 0.4 ms plus 24 us per element uncompiled, or
+  0.6 ms plus 10 us per padded element compiled (one bucket of 512). Over these calls compiled is
+  faster (0.75x the time), but the compiled ones happen to include six small calls, whose time
+  per element is mostly the fixed cost: medians of time per element would call compiled 2.7x
+  slower. The fitted lines get both verdicts right."""
+  check = speed_check.SpeedCheck(settle_calls=0, samples=12)
+  sizes = {
+    True: [8, 16, 24, 32, 40, 48, 400, 440, 480, 500, 510, 512],
+    False: [100, 150, 200, 250, 300, 350, 400, 450, 480, 500, 510, 512],
+  }
+  elements = sum(sizes[True]) + sum(sizes[False])
+  check.run_compiled()  # past the settling calls
+  done = False
+  while not done:
+    compiled = check.run_compiled()
+    n = sizes[compiled].pop()
+    seconds = 0.0006 + 10e-6 * 512 if compiled else 0.0004 + 24e-6 * n
+    done = check.record(compiled, seconds, n, 512)
+  assert check.compiled_faster is True and check.xla_faster is True
+  # Uncompiled: 0.4 ms + 24 us per element, fitted exactly; compiled at the true sizes: its
+  # fixed cost taken as the uncompiled one's (one bucket: no slope to fit).
+  uncompiled = (24 * 0.0004 + 24e-6 * elements) / elements
+  assert check.last["uncompiled"] == pytest.approx(uncompiled)
+  assert check.last["compiled"] == pytest.approx(24 * (0.0006 + 10e-6 * 512) / elements)
+  assert check.last["compiled"] == pytest.approx(0.751 * uncompiled, rel=1e-3)
+  # A stalled call (a pause 10x its time) among them moves no verdict.
+  check = speed_check.SpeedCheck(settle_calls=0, samples=12)
+  check.run_compiled()
+  for index in range(24):
+    compiled = check.run_compiled()
+    n = 32 + 20 * index
+    seconds = 0.0006 + 10e-6 * 512 if compiled else 0.0004 + 24e-6 * n
+    done = check.record(compiled, seconds * (10 if index == 5 else 1), n, 512)
+  assert done and check.compiled_faster is True
+  elements = 24 * 32 + 20 * sum(range(24))
+  assert check.last["uncompiled"] * 1e6 == pytest.approx(24 + 24 * 400 / elements)  # the line
 
 
 SETTINGS = {

@@ -30,6 +30,9 @@ The padding contract (what makes padded results equal unpadded ones)
   helpers above and gradients are not flagged. The scan cannot see everything (e.g. a plain
   `tf.reduce_sum` over padded rows that are not zero after a nonlinearity): declare a dimension
   paddable only if the function masks it.
+* The probe trace runs in the compiler's thread (with TF_EXT_JIT_ASYNC; else in the first call),
+  so that the first call costs one trace, not two: until it is done, calls run uncompiled, and
+  their sizes are observed once it is. Its warnings and "not padded" events come from there.
 
 Compilation
 -----------
@@ -43,6 +46,8 @@ by a zero-filled shadow copy (so the warm-up changes no state; the XLA cache key
 and shapes, so the real call then finds the executable; the shadows cost one zero copy of each
 written variable). Until its bucket is ready a call runs in the smallest ready larger bucket, else
 uncompiled (a plain tf.function traced once with the declared axes unknown) on its unpadded shape.
+Both ways call their trace flat (the inputs already in the trace's order): tf.function's own
+dispatch would add 60-170 us to every call.
 A function that writes a resource other than a variable (e.g. a hash table) cannot be warmed up
 safely: its executables compile at their first real call, which then waits (logged).
 
@@ -71,9 +76,10 @@ our reference and stops its use, not the XLA executable inside TensorFlow.
 Compiled only where XLA is faster (TF_EXT_JIT_ADAPTIVE, tf_ext/jit/speed_check.py): XLA's code
 is not always faster than TensorFlow's kernels. A few calls after each executable becomes ready,
 a function times 12 calls compiled and 12 uncompiled, interleaved, while the compiler is idle,
-and compares their median times per element. It runs the faster way (padding counted against
-the compiled calls); if XLA is slower even per padded element, no new bucket is compiled. Each
-verdict is a "speed check" event; the check repeats every 1000 calls.
+fits each way's time as a fixed cost per call plus a cost per element, and compares the two
+over the same calls. It runs the faster way (padding counted against the compiled calls); if
+XLA would be slower even with no padding, no new bucket is compiled. Each verdict is a "speed
+check" event; the check repeats every 1000 calls.
 
 Warm restart: `fn.save_plan(path)` writes the plan (boundaries, the size histogram, the bucket
 shapes in use) as JSON, e.g. next to a checkpoint; `function(..., plan_path=path)` reads it back
@@ -401,13 +407,43 @@ class _Signature:
     self.declared_dims = tuple(dims)
     self.dims = tuple(dims)  # the padded ones (detection may drop some)
     self.output_dims = None  # per flat output: {axis: dim} (set by the probe)
-    self.probed = False
+    self.probe_state = "new"  # -> "probing" (at the first call) -> "probed"
+    self.early_sizes = []  # the declared sizes of the calls made while probing
     self.plain = tf.function(self.body, reduce_retracing=True)
-    self._jit_traces = {}  # shapes with the declared axes unknown, dtypes -> (compiled, body)
+    self._plain_traces = {}  # family_key -> the uncompiled trace
+    self._jit_traces = {}  # family_key -> (compiled, body)
     self._jit_trace_lock = threading.Lock()
 
   def effective_axes(self, index):
     return {a: d for a, d in self.leaf_axes[index].items() if d in self.dims}
+
+  def family_key(self, shapes, dtypes):
+    """The shapes with every declared axis unknown, and the dtype names: one uncompiled trace
+    and one jit trace serve each such family."""
+    key = []
+    for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+      axes = self.leaf_axes[index]
+      key.append((tuple(None if a in axes else n for a, n in enumerate(shape)), dtype))
+    return tuple(key)
+
+  def specs(self, family):
+    """The input signature of a family's traces: the sizes vector, then one spec per tensor."""
+    sizes = tf.TensorSpec([len(self.declared_dims)], tf.int32)
+    return [sizes] + [tf.TensorSpec(shape, tf.as_dtype(dtype)) for shape, dtype in family]
+
+  def plain_trace(self, tensors):
+    """The uncompiled trace of the tensors' family (traced at its first use)."""
+    family = self.family_key([t.shape for t in tensors], [t.dtype.name for t in tensors])
+    concrete = self._plain_traces.get(family)
+    if concrete is None:
+      concrete = self._plain_traces[family] = self.plain.get_concrete_function(*self.specs(family))
+    return concrete
+
+  def run_plain(self, sizes, tensors):
+    """Runs the call uncompiled, through its family's trace called flat: tf.function's own
+    dispatch (binding the arguments, looking up the trace) costs about 170 us more per call."""
+    concrete = self.plain_trace(tensors)
+    return concrete._call_flat([tf.constant(sizes, tf.int32), *tensors], concrete.captured_inputs)
 
   def jit_trace(self, shapes, dtypes, wrap=True):
     """(compiled, body): the tf.function(jit_compile=True) trace that runs the bucket shapes
@@ -418,14 +454,8 @@ class _Signature:
     Keras training step). Without it (after a wrapper failed to compile: a trace made outside
     XLA may hold what a trace for XLA leaves out, such as Keras' metric asserts), the function is
     traced for XLA itself, and that trace then serves the family."""
-    relaxed = []
-    for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-      shape = list(shape)
-      for axis in self.leaf_axes[index]:
-        shape[axis] = None
-      relaxed.append(tf.TensorSpec(shape, tf.as_dtype(dtype)))
-    key = tuple((tuple(spec.shape.as_list()), spec.dtype.name) for spec in relaxed)
-    specs = [tf.TensorSpec([len(self.declared_dims)], tf.int32), *relaxed]
+    key = self.family_key(shapes, dtypes)
+    specs = self.specs(key)
     with self._jit_trace_lock:
       traces = self._jit_traces.get(key)
       if traces is not None and (wrap or traces[0] is traces[1]):
@@ -482,6 +512,14 @@ class _Executable:
     self.concrete = None
     self.state = "queued"  # queued -> ready | failed; evicted at any time
     self.seconds = None
+
+
+class _Probe:
+  """A queued probe of a signature's first call (its input specs)."""
+
+  def __init__(self, signature, specs):
+    self.signature = signature
+    self.specs = specs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -663,23 +701,30 @@ class Function:
     leaves = tf.nest.flatten(arguments)
     signature = self._signature_for(arguments, leaves)
     tensors = [tf.convert_to_tensor(leaves[p]) for p in signature.tensor_positions]
-    if not signature.probed:
-      if signature.declared_dims:  # one trace for every size of the declared dimensions
-        relaxed = [tf.TensorSpec([len(signature.declared_dims)], tf.int32)]
-        for index, tensor in enumerate(tensors):
-          shape = list(tensor.shape)
-          for axis in signature.leaf_axes[index]:
-            shape[axis] = None
-          relaxed.append(tf.TensorSpec(shape, tensor.dtype))
-        signature.plain.get_concrete_function(*relaxed)
-      result = signature.plain(self._exact_sizes(signature, tensors), *tensors)
-      self.stats["uncompiled"] += 1
-      self._probe(signature, tensors)
-      self._after_first_call(signature, tensors)
-      self._observe_and_plan(signature, tensors)
-      return result
-
     all_sizes = self._sizes(signature, tensors)
+    if signature.probe_state != "probed":
+      # Until the probe has said what can be padded, calls run uncompiled (one trace for every
+      # size of the declared dimensions) and their sizes wait to be observed.
+      too_large = [
+        (dim, n)
+        for dim, n in zip(signature.declared_dims, all_sizes)
+        if n > self._planner.max_size_of(dim)
+      ]
+      if too_large and signature.probe_state == "probing":
+        return self._run_oversize(signature, tensors, too_large)
+      with self._lock:
+        probing = signature.probe_state != "probed"
+        if probing:
+          start_probe = signature.probe_state == "new"
+          signature.probe_state = "probing"
+          signature.early_sizes.append(all_sizes)
+      if probing:
+        result = signature.run_plain(all_sizes, tensors)
+        self.stats["uncompiled"] += 1
+        if start_probe:
+          self._start_probe(signature, [tf.TensorSpec(t.shape, t.dtype) for t in tensors])
+        return result
+
     sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
     too_large = [
       (dim, n) for dim, n in zip(signature.dims, sizes) if n > self._planner.max_size_of(dim)
@@ -725,7 +770,7 @@ class Function:
       requests = []
       if self._queue:
         choice = self._sync_ready(signature, tensors, sizes)
-    timed = False
+    timed, ready = False, choice
     if choice is not None and speed is not None:
       with self._lock:
         timed = speed.checking and self._pending == 0  # a busy compiler would skew the times
@@ -735,22 +780,22 @@ class Function:
     start = time.perf_counter()
     if choice is None:
       self.stats["uncompiled"] += 1
-      result = signature.plain(tf.constant(all_sizes, tf.int32), *tensors)
+      result = signature.run_plain(all_sizes, tensors)
     else:
       self.stats["compiled" if choice.buckets == buckets else "larger_bucket"] += 1
       result = self._run(choice, signature, tensors, all_sizes)
-    if timed:
+    if timed:  # `ready`'s buckets: what this call was (or would have been) padded to
       seconds = time.perf_counter() - start
-      padded = math.prod(choice.buckets) if choice is not None else None
-      self._record_speed(speed, signature, seconds, math.prod(sizes), padded)
+      padded = math.prod(ready.buckets)
+      self._record_speed(speed, signature, seconds, choice is not None, math.prod(sizes), padded)
     for request in requests:
       self._enqueue(*request)
     return result
 
-  def _record_speed(self, speed, signature, seconds, elements, padded_elements):
-    """Times a call for the speed check (`padded_elements` None: it ran uncompiled)."""
+  def _record_speed(self, speed, signature, seconds, compiled, elements, padded_elements):
+    """Times a call for the speed check."""
     with self._lock:
-      if not speed.record(padded_elements is not None, seconds, elements, padded_elements):
+      if not speed.record(compiled, seconds, elements, padded_elements):
         return
       us = {kind: value * 1e6 for kind, value in speed.last.items()}
       self._event(
@@ -760,14 +805,16 @@ class Function:
         xla_faster=speed.xla_faster,
         compiled_us_per_element=us["compiled"],
         compiled_us_per_padded_element=us["padded"],
+        compiled_us_per_element_unpadded=us["unpadded"],
         uncompiled_us_per_element=us["uncompiled"],
       )
     logger.info(
-      "tf_ext.jit: %s: per element, compiled calls take %.3g us (%.3g per padded element), "
-      "uncompiled %.3g: running %s%s",
+      "tf_ext.jit: %s: per element, compiled calls take %.3g us (%.3g per padded element; %.3g "
+      "unpadded), uncompiled %.3g: running %s%s",
       self.name,
       us["compiled"],
       us["padded"],
+      us["unpadded"],
       us["uncompiled"],
       "compiled" if speed.compiled_faster else "uncompiled",
       "" if speed.xla_faster else "; XLA is slower here, so no new bucket is compiled",
@@ -823,11 +870,16 @@ class Function:
         parts.append(("tensor", dtype.name, len(leaf.shape)))
       else:
         parts.append(_static_key(leaf))
-    structure = tf.nest.map_structure(lambda _: 0, arguments)
-    key = (repr(structure), tuple(parts))
+    if len(leaves) == len(arguments) and all(
+      arguments[name] is leaf for name, leaf in zip(sorted(arguments), leaves)
+    ):  # every argument a leaf (tf.nest sorts a dict's keys): the names say the structure
+      key = (tuple(arguments), tuple(parts))
+    else:
+      key = (repr(tf.nest.map_structure(lambda _: 0, arguments)), tuple(parts))
     signature = self._signatures.get(key)
     if signature is not None:
       return signature
+    structure = tf.nest.map_structure(lambda _: 0, arguments)
     positions = [i for i, leaf in enumerate(leaves) if _is_tensor(leaf)]
     static = {i: leaf for i, leaf in enumerate(leaves) if not _is_tensor(leaf)}
     leaf_axes = []
@@ -862,16 +914,18 @@ class Function:
           )
     return tuple(found[dim] for dim in signature.declared_dims)
 
-  def _exact_sizes(self, signature, tensors):
-    return tf.constant(self._sizes(signature, tensors), tf.int32)
-
-  def _key(self, signature, tensors, buckets):
+  def _key(self, signature, tensors, buckets, exact_sizes=None):
+    """(cache key, padded shapes) of the tensors in `buckets`; `exact_sizes` ({dim: size}) sets
+    the declared axes that are not padded (default: as the tensors have them)."""
     bucket_of_dim = dict(zip(signature.dims, buckets))
     shapes = []
     for index, tensor in enumerate(tensors):
       shape = list(tensor.shape)
-      for axis, dim in signature.effective_axes(index).items():
-        shape[axis] = bucket_of_dim[dim]
+      for axis, dim in signature.leaf_axes[index].items():
+        if dim in bucket_of_dim:
+          shape[axis] = bucket_of_dim[dim]
+        elif exact_sizes is not None:
+          shape[axis] = exact_sizes[dim]
       shapes.append(tuple(shape))
     dtypes = tuple(t.dtype.name for t in tensors)
     return (signature.key, tuple(shapes), dtypes), tuple(shapes)
@@ -936,7 +990,10 @@ class Function:
           # on every call.
           tensor = tf.raw_ops.Pad(input=tensor, paddings=paddings)
       padded.append(tensor)
-    result = exe.concrete(tf.constant(sizes, tf.int32), *padded)
+    # Called flat, as the warm-up did: the structured call binds its arguments again (60 us).
+    result = exe.concrete._call_flat(
+      [tf.constant(sizes, tf.int32), *padded], exe.concrete.captured_inputs
+    )
     if not signature.dims:
       return result
     true_size = dict(zip(signature.declared_dims, sizes))
@@ -963,23 +1020,22 @@ class Function:
         what,
       )
       self._event("oversize", dims=signature.dims, sizes=tuple(n for _, n in too_large))
-    return signature.plain(self._exact_sizes(signature, tensors), *tensors)
+    return signature.run_plain(self._sizes(signature, tensors), tensors)
 
   # -- internals: probing the traced function ---------------------------------------------------
 
-  def _probe(self, signature, tensors):
+  def _probe(self, signature, inputs):
     """Output dims by shape inference, and padded dims the function depends on by size."""
-    signature.probed = True
     if not signature.dims:
       signature.output_dims = None
       return
     probe_of = dict(zip(signature.dims, _probe_sizes(self, len(signature.dims))))
     specs = []
-    for index, tensor in enumerate(tensors):
-      shape = list(tensor.shape)
+    for index, spec in enumerate(inputs):
+      shape = list(spec.shape)
       for axis, dim in signature.effective_axes(index).items():
         shape[axis] = probe_of[dim]
-      specs.append(tf.TensorSpec(shape, tensor.dtype))
+      specs.append(tf.TensorSpec(shape, spec.dtype))
     sizes_spec = tf.TensorSpec([len(signature.declared_dims)], tf.int32)
     try:
       concrete = tf.function(signature.body).get_concrete_function(sizes_spec, *specs)
@@ -1073,20 +1129,49 @@ class Function:
 
   # -- internals: plans -------------------------------------------------------------------------
 
-  def _observe_and_plan(self, signature, tensors):
-    if not signature.dims:
-      return
-    all_sizes = self._sizes(signature, tensors)
-    sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
-    if any(n > self._planner.max_size_of(d) for d, n in zip(signature.dims, sizes)):
-      return
+  def _start_probe(self, signature, specs):
+    """The probe traces the function again (for a Keras training step, as long as the first
+    call's own trace): with background compilation it runs in the compiler's thread, so that the
+    first call does not wait for it."""
+    if self.async_compile and signature.declared_dims:
+      self._push(_Probe(signature, specs))
+    else:
+      self._finish_probe(signature, specs)
+
+  def _finish_probe(self, signature, specs):
+    """Probes the function, then observes the sizes of the calls made meanwhile, plans if that is
+    due, and compiles a saved plan's buckets (a warm restart)."""
+    try:
+      self._probe(signature, specs)
+    except Exception as error:  # not a failed trace (the probe handles those): a bug
+      logger.warning(
+        "tf_ext.jit: %s: probing its padded dimensions failed (%s: %s); not padding",
+        self.name,
+        type(error).__name__,
+        error,
+      )
+      signature.dims, signature.output_dims = (), None
+    requests = []
     with self._lock:
-      self._planner.observe(signature.dims, sizes)
-      before = self._planner.plans.get(signature.dims)
-      plan = self._planner.maybe_plan(signature.dims, sizes, compiler_busy=self._pending > 0)
-      requests = []
-      if plan is not None and plan != before and self._disabled is None:
-        requests = self._plan_requests(signature, tensors, plan, before)
+      early, signature.early_sizes = signature.early_sizes, []
+      signature.probe_state = "probed"
+      if self.adaptive:
+        self._speed_checks.setdefault(signature.key, self._new_speed_check())
+      observed = None
+      for all_sizes in early:
+        if not signature.dims:  # each exact shape its own executable: these were seen
+          exact = dict(zip(signature.declared_dims, all_sizes))
+          self._seen_again(self._key(signature, specs, (), exact)[0])
+          continue
+        sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
+        if all(n <= self._planner.max_size_of(d) for d, n in zip(signature.dims, sizes)):
+          self._planner.observe(signature.dims, sizes)
+          observed = sizes
+      if observed is not None:
+        plan = self._planner.maybe_plan(signature.dims, observed, may_grow=False)
+        if plan is not None and self._disabled is None:
+          requests = self._plan_requests(signature, specs, plan, None)
+    self._after_first_call(signature, specs)
     for request in requests:
       self._enqueue(*request)
 
@@ -1131,10 +1216,17 @@ class Function:
           _describe(old.signature.dims, old.buckets),
           previous,
         )
+      self._push(exe, first)
+
+  def _push(self, job, first=False):
+    """Queues a job for the compiler (an _Executable to compile, or a _Probe)."""
+    with self._cond:
+      if self._closed:
+        return
       if first:
-        self._queue.appendleft(exe)
+        self._queue.appendleft(job)
       else:
-        self._queue.append(exe)
+        self._queue.append(job)
       self._pending += 1
       if self.async_compile and self._thread is None:
         self._thread = threading.Thread(
@@ -1164,8 +1256,16 @@ class Function:
       with self._cond:
         if self._closed or not self._queue:
           continue
-        exe = self._queue.popleft()
-      self._compile(exe)
+        job = self._queue.popleft()
+      if isinstance(job, _Probe):
+        try:
+          self._finish_probe(job.signature, job.specs)
+        finally:
+          with self._cond:
+            self._pending = max(0, self._pending - 1)
+            self._cond.notify_all()
+      else:
+        self._compile(job)
 
   def _compile(self, exe):
     try:

@@ -3,13 +3,26 @@
 XLA is not always faster: on some CPUs its code for a model is slower than TensorFlow's own
 kernels, and a short run may never earn back a compilation. So once a tf_ext.jit.function has a
 ready executable, it runs a few calls each way, interleaved (so that both see the same machine
-load), and compares their median times per element (the product of the padded dimensions' sizes).
+load), and compares what the two ways would cost over the same calls.
+
+Each way's time is modelled as a fixed cost per call plus a cost per element (the product of the
+padded dimensions' sizes; a compiled call pays for its padded elements), fitted robustly
+(Theil-Sen) to its timed calls. Comparing fitted lines over all the timed calls' sizes, rather
+than medians of time per element, keeps the verdicts from swinging with the sizes a check happens
+to draw: a small call's time per element is mostly its fixed cost. (Simulated checks,
+benchmarks/speed_check_verdicts.py: on benchmark A's stream the first verdict is right 92% of the
+time instead of 73%, on benchmark B's the "keep compiling?" verdict 80-84% instead of 8-21%.)
 Two verdicts come out of one check:
-  * run compiled?   compiled time per true element <= uncompiled time per element: the padding
-                    of today's buckets included, which way is faster now;
-  * keep compiling? compiled time per padded element <= uncompiled time per element: is XLA's
-                    code faster at all; if not, better buckets cannot help, so no new bucket is
-                    compiled (the executables already made still run where they win).
+  * run compiled?   the compiled line at the calls' padded sizes against the uncompiled line at
+                    their true sizes: the padding of today's buckets included, which way is
+                    faster now;
+  * keep compiling? the compiled line at the true sizes against the uncompiled line: would XLA's
+                    code be faster with no padding at all; if not, better buckets cannot help,
+                    so no new bucket is compiled (the executables already made still run where
+                    they win).
+Where the compiled calls' padded sizes barely vary (one bucket), their line has no slope to fit:
+its fixed cost is taken as the uncompiled calls' (both ways pay the same dispatch), at most its
+fastest call's time.
 A new check starts a few calls after each new executable is ready (the buckets changed), and
 every `recheck_every` calls (the load or the shape mix may have changed).
 
@@ -29,13 +42,16 @@ class SpeedCheck:
     self.recheck_every = recheck_every
     self.compiled_faster = None  # run compiled? None: no verdict yet
     self.xla_faster = None  # keep compiling new buckets? None: no verdict yet
-    self.last = None  # medians of the last check, seconds: {"compiled", "padded", "uncompiled"}
+    # The last check's fitted seconds per element over its calls: "compiled" (per true element,
+    # padding included), "padded" (per padded element), "unpadded" (the compiled line at the true
+    # sizes), "uncompiled".
+    self.last = None
     self._calls = 0  # calls that could have run compiled
     self._next_check = settle_calls
     self._reset_samples()
 
   def _reset_samples(self):
-    self._compiled, self._padded, self._uncompiled = [], [], []
+    self._compiled, self._uncompiled = [], []  # (seconds, elements, padded elements) per call
 
   @property
   def checking(self):
@@ -57,25 +73,58 @@ class SpeedCheck:
     return self.compiled_faster is not False
 
   def record(self, compiled, seconds, elements, padded_elements):
-    """A call that run_compiled() chose, its time, its true and padded element counts. Returns
-    True when this call completed a check (the verdicts are new), else False."""
+    """A call that run_compiled() chose: whether it ran compiled, its time, its true element
+    count and its padded one (for an uncompiled call, what its bucket would have padded it to).
+    Returns True when this call completed a check (the verdicts are new), else False."""
     if not self.checking or elements <= 0:
       return False
-    if compiled:
-      self._compiled.append(seconds / elements)
-      self._padded.append(seconds / padded_elements)
-    else:
-      self._uncompiled.append(seconds / elements)
+    (self._compiled if compiled else self._uncompiled).append(
+      (seconds, elements, max(padded_elements, elements))
+    )
     if min(len(self._compiled), len(self._uncompiled)) < self.samples:
       return False
-    self.last = {
-      "compiled": statistics.median(self._compiled),
-      "padded": statistics.median(self._padded),
-      "uncompiled": statistics.median(self._uncompiled),
+    calls = self._compiled + self._uncompiled
+    uncompiled = _fit([n for _, n, _ in self._uncompiled], [t for t, _, _ in self._uncompiled])
+    if uncompiled is None:  # every call of one size: time proportional to the elements
+      uncompiled = (0.0, statistics.median([t / n for t, n, _ in self._uncompiled]))
+    compiled = _fit([p for _, _, p in self._compiled], [t for t, _, _ in self._compiled])
+    if compiled is None:  # one bucket: no slope to fit (see the module doc)
+      fixed = min(uncompiled[0], min(t for t, _, _ in self._compiled))
+      compiled = (fixed, statistics.median([(t - fixed) / p for t, _, p in self._compiled]))
+    elements = sum(n for _, n, _ in calls)
+    padded = sum(p for _, _, p in calls)
+    cost = {
+      "compiled": _total(compiled, [p for _, _, p in calls]),
+      "unpadded": _total(compiled, [n for _, n, _ in calls]),
+      "uncompiled": _total(uncompiled, [n for _, n, _ in calls]),
     }
-    bound = self.last["uncompiled"] * (1.0 + self.margin)
-    self.compiled_faster = self.last["compiled"] <= bound
-    self.xla_faster = self.last["padded"] <= bound
+    self.last = {kind: value / elements for kind, value in cost.items()}
+    self.last["padded"] = cost["compiled"] / padded
+    bound = cost["uncompiled"] * (1.0 + self.margin)
+    self.compiled_faster = cost["compiled"] <= bound
+    self.xla_faster = cost["unpadded"] <= bound
     self._reset_samples()
     self._next_check = self._calls + self.recheck_every
     return True
+
+
+def _fit(sizes, seconds):
+  """(fixed, per element) seconds of a call: the Theil-Sen line (the median of the pairwise
+  slopes, then the median intercept; one stalled call cannot move it), both at least 0. None
+  where the sizes span less than a factor 1.5 (no slope to fit)."""
+  if min(sizes) * 1.5 > max(sizes):
+    return None
+  slopes = [
+    (seconds[j] - seconds[i]) / (sizes[j] - sizes[i])
+    for i in range(len(sizes))
+    for j in range(i + 1, len(sizes))
+    if sizes[j] != sizes[i]
+  ]
+  slope = max(0.0, statistics.median(slopes))
+  fixed = max(0.0, statistics.median([t - slope * n for n, t in zip(sizes, seconds)]))
+  return fixed, slope
+
+
+def _total(line, sizes):
+  fixed, slope = line
+  return sum(fixed + slope * n for n in sizes)

@@ -19,6 +19,38 @@ double Median(std::vector<double> values) {
   return (upper + *std::max_element(values.begin(), values.begin() + middle)) / 2;
 }
 
+// A way's step time as a fixed cost per step plus a cost per element.
+struct Line {
+  double fixed_ns = 0;
+  double per_element_ns = 0;
+  double At(double elements) const { return fixed_ns + per_element_ns * elements; }
+};
+
+// The Theil-Sen line of `steps` (the median of the pairwise slopes, then the median intercept:
+// one stalled step cannot move it), both parts at least 0. False where the steps' elements span
+// less than a factor 1.5: there is no slope to fit.
+bool FitLine(const std::vector<SpeedGate::TimedStep>& steps, Line* line) {
+  double low = steps[0].elements, high = low;
+  for (const auto& step : steps) {
+    low = std::min(low, step.elements);
+    high = std::max(high, step.elements);
+  }
+  if (low * 1.5 > high) return false;
+  std::vector<double> slopes;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    for (size_t j = i + 1; j < steps.size(); ++j) {
+      if (steps[j].elements == steps[i].elements) continue;
+      slopes.push_back((steps[j].ns - steps[i].ns) / (steps[j].elements - steps[i].elements));
+    }
+  }
+  line->per_element_ns = std::max(0.0, Median(slopes));
+  std::vector<double> intercepts;
+  for (const auto& step : steps)
+    intercepts.push_back(step.ns - line->per_element_ns * step.elements);
+  line->fixed_ns = std::max(0.0, Median(intercepts));
+  return true;
+}
+
 std::atomic<bool> speed_gate_enabled{false};
 
 }  // namespace
@@ -68,14 +100,39 @@ void SpeedGate::Ready(int64_t step_id, bool ready) {
 bool SpeedGate::CloseStep(int64_t now_ns, SpeedVerdict* verdict) {
   if (!step_timed_ || step_elements_ <= 0 || phase_ != Phase::kChecking) return false;
   if (step_compiled_ && step_mixed_) return false;  // it ran partly uncompiled
-  const double per_element = static_cast<double>(now_ns - step_start_ns_) / step_elements_;
-  (step_compiled_ ? compiled_ : uncompiled_).push_back(per_element);
+  (step_compiled_ ? compiled_ : uncompiled_)
+      .push_back(
+          {static_cast<double>(step_elements_), static_cast<double>(now_ns - step_start_ns_)});
   const size_t wanted = static_cast<size_t>(options_.samples);
   if (compiled_.size() < wanted || uncompiled_.size() < wanted) return false;
+  // Both ways' lines over every timed step's elements (see the header).
+  Line uncompiled, compiled;
+  if (!FitLine(uncompiled_, &uncompiled)) {  // steps of one size: time per element is all
+    std::vector<double> per_element;
+    for (const auto& step : uncompiled_) per_element.push_back(step.ns / step.elements);
+    uncompiled.per_element_ns = Median(per_element);
+  }
+  if (!FitLine(compiled_, &compiled)) {  // the fixed cost taken as the uncompiled steps'
+    compiled.fixed_ns = uncompiled.fixed_ns;
+    for (const auto& step : compiled_) compiled.fixed_ns = std::min(compiled.fixed_ns, step.ns);
+    std::vector<double> per_element;
+    for (const auto& step : compiled_) {
+      per_element.push_back((step.ns - compiled.fixed_ns) / step.elements);
+    }
+    compiled.per_element_ns = Median(per_element);
+  }
+  double elements = 0, compiled_total = 0, uncompiled_total = 0;
+  for (const std::vector<TimedStep>* steps : {&compiled_, &uncompiled_}) {
+    for (const TimedStep& step : *steps) {
+      elements += step.elements;
+      compiled_total += compiled.At(step.elements);
+      uncompiled_total += uncompiled.At(step.elements);
+    }
+  }
   verdict->clusters = clusters_;
-  verdict->compiled_ns = Median(compiled_);
-  verdict->uncompiled_ns = Median(uncompiled_);
-  verdict->run_compiled = verdict->compiled_ns <= verdict->uncompiled_ns * (1 + options_.margin);
+  verdict->compiled_ns = compiled_total / elements;
+  verdict->uncompiled_ns = uncompiled_total / elements;
+  verdict->run_compiled = compiled_total <= uncompiled_total * (1 + options_.margin);
   verdict_ = verdict->run_compiled ? 1 : 0;
   compiled_.clear();
   uncompiled_.clear();

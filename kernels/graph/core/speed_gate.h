@@ -14,12 +14,18 @@
 // step's first gate (the Session's steps run one after another).
 //
 // The phases: until executables are ready, every step asks XLA (as TensorFlow would); `settle`
-// ready steps later a check runs `samples` steps each way, alternating, and compares their median
-// times per element (the gated clusters' input elements); compiled wins unless it is more than
-// `margin` slower. A step in which a cluster had no executable ready while the step meant to run
-// compiled is not counted. A compiled verdict is checked again after `recheck_every` steps; an
-// uncompiled one is final (tf_ext.jit.Bucketing then stops padding, and checking again would make
-// XLA compile the new shapes). TensorFlow-free and thread-safe.
+// ready steps later a check runs `samples` steps each way, alternating, fits each way's step time
+// as a fixed cost per step plus a cost per element (the gated clusters' input elements; Theil-Sen,
+// so that one stalled step cannot move it), and compares the two lines over every timed step's
+// elements; compiled wins unless it is more than `margin` slower. (Medians of time per element
+// would swing with the sizes a check happens to draw: a small step's time per element is mostly
+// its fixed cost. Where one way's steps all have about one size, its line has no slope: the
+// uncompiled steps' time is then taken as proportional to the elements, the compiled steps'
+// fixed cost as the uncompiled one's.) This is tf_ext.jit.function's rule too. A step in which a
+// cluster had no executable ready while the step meant to run compiled is not counted. A compiled
+// verdict is checked again after `recheck_every` steps; an uncompiled one is final
+// (tf_ext.jit.Bucketing then stops padding, and checking again would make XLA compile the new
+// shapes). TensorFlow-free and thread-safe.
 #ifndef TF_EXT_KERNELS_GRAPH_CORE_SPEED_GATE_H_
 #define TF_EXT_KERNELS_GRAPH_CORE_SPEED_GATE_H_
 
@@ -45,12 +51,17 @@ struct SpeedVerdict {
   int64_t sequence = 0;      // 1, 2, ... over every gate of the process
   std::string clusters;      // the gated clusters: their _XlaCompile nodes' names, ", "-joined
   bool run_compiled = true;  // the verdict
-  double compiled_ns = 0;    // median step time per input element, compiled
-  double uncompiled_ns = 0;  // median step time per input element, uncompiled
+  double compiled_ns = 0;    // fitted step time per input element over the check, compiled
+  double uncompiled_ns = 0;  // fitted step time per input element over the check, uncompiled
 };
 
 class SpeedGate {
  public:
+  struct TimedStep {
+    double elements;
+    double ns;
+  };
+
   SpeedGate(std::string clusters, SpeedGateOptions options);
 
   // A cluster of step `step_id` is about to run: `elements` is its input elements, `now_ns` a
@@ -78,7 +89,7 @@ class SpeedGate {
   int64_t ready_steps_ = 0;  // steps that found an executable ready (while warming)
   int64_t next_check_step_ = 0;
   int verdict_ = -1;
-  std::vector<double> compiled_, uncompiled_;  // ns per element, this check
+  std::vector<TimedStep> compiled_, uncompiled_;  // this check's timed steps
   // The current step.
   bool in_step_ = false;
   int64_t step_id_ = 0;

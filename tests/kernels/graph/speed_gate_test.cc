@@ -118,6 +118,40 @@ TEST(SpeedGateTest, ComparesTimePerElementAndAllowsTheMargin) {
   EXPECT_EQ(gate.Verdict(), 1);
 }
 
+TEST(SpeedGateTest, WeighsEachStepsFixedCost) {
+  // A step costs 500 ns plus 1 ns per element compiled, 100 ns plus 1.2 ns per element
+  // uncompiled. Over these steps compiled is faster, but its timed steps happen to include three
+  // small ones, whose time per element is mostly the fixed cost: medians of time per element
+  // would call compiled 1.5x slower. The fitted lines get the verdict right.
+  SpeedGateOptions options = Short();
+  options.samples = 6;
+  SpeedGate gate("c", options);
+  std::vector<int64_t> compiled_sizes = {8000, 7000, 6000, 300, 200, 100};
+  std::vector<int64_t> uncompiled_sizes = {6000, 5000, 4000, 3000, 2000, 1000};
+  int64_t clock = 0, step = 0;
+  SpeedVerdict verdict;
+  bool finished = false;
+  while (!finished && step < 40) {
+    ++step;
+    // Warming: 3 ready steps compiled; then the check alternates, compiled first.
+    const bool expect_compiled = step <= 3 || step % 2 == 0;
+    std::vector<int64_t>& sizes = expect_compiled ? compiled_sizes : uncompiled_sizes;
+    const int64_t elements = sizes.empty() ? 1000 : sizes.back();
+    if (step > 3 && !sizes.empty()) sizes.pop_back();
+    const bool ask = gate.Begin(step, elements, clock, &verdict, &finished);
+    if (finished) break;
+    ASSERT_EQ(ask, expect_compiled) << "step " << step;
+    gate.Ready(step, true);
+    clock += ask ? 500 + elements : 100 + 12 * elements / 10;
+  }
+  ASSERT_TRUE(finished);
+  EXPECT_TRUE(compiled_sizes.empty() && uncompiled_sizes.empty());
+  EXPECT_TRUE(verdict.run_compiled);
+  const double elements = 21600 + 21000;
+  EXPECT_NEAR(verdict.compiled_ns, (12 * 500 + elements) / elements, 1e-9);
+  EXPECT_NEAR(verdict.uncompiled_ns, (12 * 100 + 1.2 * elements) / elements, 1e-9);
+}
+
 TEST(SpeedGateTest, ACompiledVerdictIsCheckedAgainAfterRecheckEverySteps) {
   SpeedGate gate("c", Short());
   Steps steps{&gate};
