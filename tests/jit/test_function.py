@@ -183,6 +183,20 @@ def test_a_function_of_the_batch_size_is_detected_and_not_padded(caplog):
   assert all(buckets == () for _, buckets, _ in ours.executables())
 
 
+def test_without_padded_dimensions_a_shape_compiles_once_it_comes_back():
+  ours = jit.function(lambda x: x * 2.0)  # nothing declared paddable: exact shapes only
+  for n in range(1, 11):  # ten one-off shapes: nothing to compile
+    np.testing.assert_allclose(ours(np.ones((n, 3), "float32")), np.full((n, 3), 2.0))
+  ours.wait_for_compiles()
+  assert ours.compiles == 0 and not ours.executables()
+  for _round in range(2):  # two shapes come back: compiled, then run compiled
+    for n in (4, 7):
+      np.testing.assert_allclose(ours(np.ones((n, 3), "float32")), np.full((n, 3), 2.0))
+    ours.wait_for_compiles()
+  assert ours.compiles == 2 and ours.stats["compiled"] == 2
+  ours.close()
+
+
 def test_batch_normalization_in_training_declared_non_paddable_is_exact():
   tf.keras.utils.set_random_seed(7)
   norm = tf.keras.layers.BatchNormalization()

@@ -8,8 +8,9 @@ The padding contract (what makes padded results equal unpadded ones)
   ("batch" alone means {0: "batch"}; a nested dict follows a nested argument, e.g. a dict of
   features; `paddable="batch"` makes axis 0 of every tensor argument "batch"). Every axis
   carrying one dimension has the same size in a call. Nothing else is ever padded; without
-  `paddable` nothing is, and each distinct shape is its own executable (still compiled in the
-  background and kept in the bounded cache).
+  `paddable` nothing is, and each distinct shape is its own executable (compiled in the
+  background once the shape comes back, so that one-off shapes cost no compilation, and kept in
+  the bounded cache).
 * Padding appends zeros. The function sees padded tensors, and must not let padded positions
   reach a result that is not sliced away: per-row results are sliced back (below); whatever
   reduces over a padded axis (a batch-mean loss, a metric, attention over a sequence) uses the
@@ -738,7 +739,8 @@ class Function:
       plan = self._planner.maybe_plan(
         signature.dims, sizes, compiler_busy=self._pending > 0, may_grow=self._may_grow(signature)
       )
-      if plan is not None and plan != before and self._disabled is None:
+      if signature.dims and plan is not None and plan != before and self._disabled is None:
+        # (Without padded dimensions there is no plan: a shape compiles once it comes back.)
         requests += self._plan_requests(signature, tensors, plan, before)
       choice = None
       if plan is not None and self._disabled is None:
@@ -827,7 +829,7 @@ class Function:
     if not self.adaptive:
       return True
     speed = self._speed_checks.get(signature.key)
-    return speed is not None and speed.last is not None
+    return speed is not None and speed.last is not None and speed.xla_faster is not False
 
   def _plan_requests(self, signature, tensors, plan, before):
     """A new plan's bucket shapes to compile: first the one holding every size (so that every
