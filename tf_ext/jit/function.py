@@ -149,6 +149,8 @@ _SHAPE_INPUTS = {
   "StatelessRandomNormalV2": (0,),
 }
 _INTEGER_TYPES = (tf.int32, tf.int64)
+# Sizes kept from the calls made while the probe runs (a paused or closed compiler never ends it).
+_MAX_EARLY_SIZES = 4096
 
 # ---------------------------------------------------------------------------------------------
 # The helpers a function uses inside: size, mask, masked_sum, masked_mean.
@@ -718,7 +720,8 @@ class Function:
         if probing:
           start_probe = signature.probe_state == "new"
           signature.probe_state = "probing"
-          signature.early_sizes.append(all_sizes)
+          if len(signature.early_sizes) < _MAX_EARLY_SIZES:
+            signature.early_sizes.append(all_sizes)
       if probing:
         result = signature.run_plain(all_sizes, tensors)
         self.stats["uncompiled"] += 1
