@@ -708,11 +708,7 @@ class Function:
     if signature.probe_state != "probed":
       # Until the probe has said what can be padded, calls run uncompiled (one trace for every
       # size of the declared dimensions) and their sizes wait to be observed.
-      too_large = [
-        (dim, n)
-        for dim, n in zip(signature.declared_dims, all_sizes)
-        if n > self._planner.max_size_of(dim)
-      ]
+      too_large = self._too_large(signature.declared_dims, all_sizes)
       if too_large and signature.probe_state == "probing":
         return self._run_oversize(signature, tensors, too_large)
       with self._lock:
@@ -730,9 +726,7 @@ class Function:
         return result
 
     sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
-    too_large = [
-      (dim, n) for dim, n in zip(signature.dims, sizes) if n > self._planner.max_size_of(dim)
-    ]
+    too_large = self._too_large(signature.dims, sizes)
     if too_large:
       return self._run_oversize(signature, tensors, too_large)
     requests = []
@@ -764,9 +758,7 @@ class Function:
     speed = None
     if self.adaptive:
       with self._lock:
-        speed = self._speed_checks.get(signature.key)
-        if speed is None:
-          speed = self._speed_checks[signature.key] = self._new_speed_check()
+        speed = self._speed_check(signature)
         if speed.xla_faster is False and not speed.checking:
           requests = []  # XLA's code is slower here: no new bucket until a check says otherwise
     if not self.async_compile and self._disabled is None and plan is not None:
@@ -824,6 +816,17 @@ class Function:
       "compiled" if speed.compiled_faster else "uncompiled",
       "" if speed.xla_faster else "; XLA is slower here, so no new bucket is compiled",
     )
+
+  def _too_large(self, dims, sizes):
+    """(dim, size) of the sizes above their dimension's TF_EXT_JIT_MAX_SIZE."""
+    return [(dim, n) for dim, n in zip(dims, sizes) if n > self._planner.max_size_of(dim)]
+
+  def _speed_check(self, signature):
+    """The signature's SpeedCheck (made at its first use). The caller holds the lock."""
+    speed = self._speed_checks.get(signature.key)
+    if speed is None:
+      speed = self._speed_checks[signature.key] = self._new_speed_check()
+    return speed
 
   def _may_grow(self, signature):
     """With the speed check on, a plan grows (or is replaced) only once a check has timed the
@@ -1161,7 +1164,7 @@ class Function:
       early, signature.early_sizes = signature.early_sizes, []
       signature.probe_state = "probed"
       if self.adaptive:
-        self._speed_checks.setdefault(signature.key, self._new_speed_check())
+        self._speed_check(signature)
       observed = None
       for all_sizes in early:
         if not signature.dims:  # each exact shape its own executable: these were seen
@@ -1169,7 +1172,7 @@ class Function:
           self._seen_again(self._key(signature, specs, (), exact)[0])
           continue
         sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
-        if all(n <= self._planner.max_size_of(d) for d, n in zip(signature.dims, sizes)):
+        if not self._too_large(signature.dims, sizes):
           self._planner.observe(signature.dims, sizes)
           observed = sizes
       if observed is not None:

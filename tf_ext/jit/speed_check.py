@@ -84,13 +84,14 @@ class SpeedCheck:
     if min(len(self._compiled), len(self._uncompiled)) < self.samples:
       return False
     calls = self._compiled + self._uncompiled
-    uncompiled = _fit([n for _, n, _ in self._uncompiled], [t for t, _, _ in self._uncompiled])
-    if uncompiled is None:  # every call of one size: time proportional to the elements
-      uncompiled = (0.0, statistics.median([t / n for t, n, _ in self._uncompiled]))
-    compiled = _fit([p for _, _, p in self._compiled], [t for t, _, _ in self._compiled])
-    if compiled is None:  # one bucket: no slope to fit (see the module doc)
-      fixed = min(uncompiled[0], min(t for t, _, _ in self._compiled))
-      compiled = (fixed, statistics.median([(t - fixed) / p for t, _, p in self._compiled]))
+    sizes = [n for _, n, _ in self._uncompiled]
+    seconds = [t for t, _, _ in self._uncompiled]
+    # Every call of one size: time proportional to the elements.
+    uncompiled = _fit(sizes, seconds) or _line_through(0.0, sizes, seconds)
+    sizes = [p for _, _, p in self._compiled]
+    seconds = [t for t, _, _ in self._compiled]
+    # One bucket: the uncompiled fixed cost, at most the fastest call's (see the module doc).
+    compiled = _fit(sizes, seconds) or _line_through(min(uncompiled[0], *seconds), sizes, seconds)
     elements = sum(n for _, n, _ in calls)
     padded = sum(p for _, _, p in calls)
     cost = {
@@ -123,6 +124,11 @@ def _fit(sizes, seconds):
   slope = max(0.0, statistics.median(slopes))
   fixed = max(0.0, statistics.median([t - slope * n for n, t in zip(sizes, seconds)]))
   return fixed, slope
+
+
+def _line_through(fixed, sizes, seconds):
+  """(fixed, per element): the median cost per element beyond a given fixed cost."""
+  return fixed, statistics.median([(t - fixed) / n for n, t in zip(sizes, seconds)])
 
 
 def _total(line, sizes):

@@ -51,6 +51,13 @@ bool FitLine(const std::vector<SpeedGate::TimedStep>& steps, Line* line) {
   return true;
 }
 
+// The line with a given fixed cost and the median cost per element beyond it.
+Line LineThrough(double fixed_ns, const std::vector<SpeedGate::TimedStep>& steps) {
+  std::vector<double> per_element;
+  for (const auto& step : steps) per_element.push_back((step.ns - fixed_ns) / step.elements);
+  return {fixed_ns, Median(per_element)};
+}
+
 std::atomic<bool> speed_gate_enabled{false};
 
 }  // namespace
@@ -107,19 +114,12 @@ bool SpeedGate::CloseStep(int64_t now_ns, SpeedVerdict* verdict) {
   if (compiled_.size() < wanted || uncompiled_.size() < wanted) return false;
   // Both ways' lines over every timed step's elements (see the header).
   Line uncompiled, compiled;
-  if (!FitLine(uncompiled_, &uncompiled)) {  // steps of one size: time per element is all
-    std::vector<double> per_element;
-    for (const auto& step : uncompiled_) per_element.push_back(step.ns / step.elements);
-    uncompiled.per_element_ns = Median(per_element);
-  }
-  if (!FitLine(compiled_, &compiled)) {  // the fixed cost taken as the uncompiled steps'
-    compiled.fixed_ns = uncompiled.fixed_ns;
-    for (const auto& step : compiled_) compiled.fixed_ns = std::min(compiled.fixed_ns, step.ns);
-    std::vector<double> per_element;
-    for (const auto& step : compiled_) {
-      per_element.push_back((step.ns - compiled.fixed_ns) / step.elements);
-    }
-    compiled.per_element_ns = Median(per_element);
+  // Steps of one size: time proportional to the elements.
+  if (!FitLine(uncompiled_, &uncompiled)) uncompiled = LineThrough(0, uncompiled_);
+  if (!FitLine(compiled_, &compiled)) {  // the uncompiled fixed cost, at most the fastest step's
+    double fixed_ns = uncompiled.fixed_ns;
+    for (const auto& step : compiled_) fixed_ns = std::min(fixed_ns, step.ns);
+    compiled = LineThrough(fixed_ns, compiled_);
   }
   double elements = 0, compiled_total = 0, uncompiled_total = 0;
   for (const std::vector<TimedStep>* steps : {&compiled_, &uncompiled_}) {
