@@ -307,8 +307,9 @@ bench-harp: build bench-deps
 # TensorFlow; its ranks run under TORCH_PYTHON, default the venv's Python): two ranks on one GPU,
 # HARP's plugin against NCCL's Socket transport, results and NCCL's logs checked. Root (sudo when
 # not root) only with BENCH_ARGS="--netns aggregate" or "--netns cloud"; BENCH_ARGS=--dry-run
-# prints each rank's command and environment without a GPU.
-bench-harp-nccl: build
+# prints each rank's command and environment without a GPU. It runs the ranks under an MPS daemon
+# of its own (--mps auto): without one, two processes on one GPU take turns and hide the network.
+bench-harp-nccl: build bench-deps
 	@cd $(ROOT) && $(if $(findstring --netns,$(BENCH_ARGS)),$(SUDO)) \
 	  $(or $(TORCH_PYTHON),$(VENV)/bin/python) benchmarks/harp_nccl_e2e.py $(BENCH_ARGS)
 

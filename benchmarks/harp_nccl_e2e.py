@@ -13,7 +13,10 @@ What runs, per transport (`harp`, then `socket`), in one invocation:
     hosts and connects them through its network transport), and NCCL_MULTI_RANK_GPU_ENABLE=1 is
     set too (NCCL 2.30's switch for several ranks on one GPU). NCCL_P2P_DISABLE=1 and
     NCCL_SHM_DISABLE=1, so that all data goes through the network transport under test;
-  - harp:   NCCL_NET_PLUGIN=<--plugin> NCCL_NET=HARP (HARP_IFNAME: lo, or the namespace's veth);
+  - harp:   NCCL_NET_PLUGIN=<--plugin> NCCL_NET=HARP (HARP_IFNAME: lo, or the namespace's veth;
+            the other HARP_* settings at the plugin's defaults unless --harp-env sets them: NCCL
+            opens a connection per channel, and 2 channels of 4 streams (the default) ran faster
+            than 2 of 8 on both emulated networks; harp_transport.py's one connection takes 8);
     socket: NCCL_NET=Socket and no plugin (NCCL_SOCKET_IFNAME: the same interface);
   - NCCL_DEBUG=INFO (subsystems INIT,NET,ENV) into one log file per rank (NCCL_DEBUG_FILE). The
     run FAILS unless every rank's log names the network (`NET/<name>` or `Using network <name>`),
@@ -28,16 +31,31 @@ Printed: the CPU and GPU, the versions, a table of busbw per size for HARP and S
 ratio (measured in the same run). The exit status is non-zero on any failure (a rank's error,
 a wrong element, a log that does not show the expected network).
 
+MPS: one GPU runs the processes of two ranks in turns (time slices of milliseconds), so without
+NVIDIA's Multi-Process Service every all_reduce takes a few milliseconds whatever its size and the
+network is invisible (an H100 gave 4.5 ms per all_reduce from 8 B to 4 MiB, both transports).
+--mps auto (the default) therefore starts an MPS control daemon of the run's own (private pipe and
+log folders, stopped at the end) when `nvidia-cuda-mps-control` is found, and warns when it is
+not; --mps on makes a missing one an error, --mps off runs without.
+
+--rounds N runs each transport N times, alternating which goes first, and reports per size the
+median time over the rounds (each round's figures are in --json).
+
 --netns aggregate|cloud (root; `ip`, `tc`): each rank in one of two network namespaces joined by
 a veth pair, shaped with the profiles of benchmarks/harp_transport.py (its Link and tc commands
 are used as they are): aggregate = tbf at --aggregate-rate; cloud = that aggregate plus a per-flow
 cap (--flow-rate) through htb classes selected by the TCP source port.
+
+--plot PATH draws busbw per size (and HARP/Socket) as a PNG; --chart-from R1.json R2.json ...
+--plot PATH redraws such a chart from the --json files of earlier runs (e.g. one per profile, as
+the README's chart), without running anything.
 
 --dry-run prints, for each transport and rank, the exact command and the environment it would get
 (and the namespace and tc set-up with --netns), launching nothing: it runs without GPU or torch.
 
   python3 benchmarks/harp_nccl_e2e.py                            # loopback, 8 B ... 64 MiB
   python3 benchmarks/harp_nccl_e2e.py --quick --json /tmp/e2e.json
+  python3 benchmarks/harp_nccl_e2e.py --rounds 3 --netns cloud   # as the README's figures ran
   sudo python3 benchmarks/harp_nccl_e2e.py --netns cloud         # the emulated cloud network
   python3 benchmarks/harp_nccl_e2e.py --dry-run --plugin /path/to/libnccl-net-harp.so
 """
@@ -70,6 +88,8 @@ QUICK_SIZES = [8, 64 * KIB, MIB, 4 * MIB]
 NETWORKS = {"harp": "HARP", "socket": "Socket"}
 WORLD_SIZE = 2
 RENDEZVOUS_PORT = 29500  # with --netns (fresh namespaces); on the host a free port is picked
+# Where GPU images keep the MPS control program when it is not on PATH.
+MPS_CONTROL_FOLDERS = ("/usr/local/nvidia/bin", "/usr/local/cuda/bin", "/usr/bin")
 
 
 def human(size):
@@ -111,6 +131,8 @@ def worker_argv(args, transport, rank, master, result_path):
 def rank_environment(args, transport, rank, ifname, log_path):
   """(variables set, inherited NCCL_*/HARP_* variables removed) for one rank."""
   removed = sorted(k for k in os.environ if k.startswith(("NCCL_", "HARP_")))
+  if args.mps_control:  # the run's own daemon, not an inherited one
+    removed += sorted(k for k in os.environ if k.startswith("CUDA_MPS_"))
   env = {
     "NCCL_NET": NETWORKS[transport],
     # Two "hosts" on one GPU: NCCL connects them through the network transport.
@@ -125,18 +147,20 @@ def rank_environment(args, transport, rank, ifname, log_path):
     "NCCL_SOCKET_IFNAME": ifname,
     "PYTHONUNBUFFERED": "1",
   }
+  if args.mps_control:
+    env.update(mps_environment(args))
   if transport == "harp":
     env["NCCL_NET_PLUGIN"] = args.plugin
-    env.update(harp_transport.HARP_DEFAULT_ENV)
     env.update(args.harp_env)
     env["HARP_IFNAME"] = ifname
   env.update(args.nccl_env)
   return env, removed
 
 
-def build_plan(args, link):
+def build_plan(args, link, round_index=0):
   """Per transport: the rendezvous address and, per rank, the command, environment and files."""
   plan = {}
+  suffix = f".round{round_index + 1}" if args.rounds > 1 else ""
   for index, transport in enumerate(args.transports):
     if link is not None:
       master = f"{link.addr[0]}:{RENDEZVOUS_PORT + index}"
@@ -144,7 +168,7 @@ def build_plan(args, link):
       master = f"127.0.0.1:{free_port()}"
     ranks = []
     for rank in range(WORLD_SIZE):
-      prefix = os.path.join(args.log_dir, f"{transport}.rank{rank}")
+      prefix = os.path.join(args.log_dir, f"{transport}{suffix}.rank{rank}")
       ifname = link.ifname[rank] if link is not None else "lo"
       env, removed = rank_environment(args, transport, rank, ifname, prefix + ".nccl.log")
       argv = worker_argv(args, transport, rank, master, prefix + ".json")
@@ -170,6 +194,8 @@ def build_plan(args, link):
 
 
 def print_plan(plan, args, link):
+  if args.mps_control:
+    print(f"# MPS: {shlex.join([args.mps_control, '-d'])} with {mps_environment(args)}; quit after")
   if link is not None:
     print(
       f"# namespaces (root): {link.netns[0]} ({link.ifname[0]} {link.addr[0]}/24) <-veth-> "
@@ -188,6 +214,65 @@ def print_plan(plan, args, link):
         print(f"#   removed from the inherited environment: {' '.join(r['env_removed'])}")
       print(f"#   output {r['output']}")
       print(r["command"])
+
+
+# ------------------------------------------------------------------------------------------ MPS
+
+
+def find_mps_control():
+  found = shutil.which("nvidia-cuda-mps-control")
+  if found:
+    return found
+  for folder in MPS_CONTROL_FOLDERS:
+    path = os.path.join(folder, "nvidia-cuda-mps-control")
+    if os.access(path, os.X_OK):
+      return path
+  return None
+
+
+def mps_environment(args):
+  """The variables that point the ranks (and the daemon) at the run's own MPS daemon. The pipe
+  folder is short and in /tmp: it holds Unix sockets, whose paths are limited to 107 bytes."""
+  return {
+    "CUDA_MPS_PIPE_DIRECTORY": f"/tmp/harp_e2e_mps_{os.getpid()}",
+    "CUDA_MPS_LOG_DIRECTORY": os.path.join(args.log_dir, "mps_log"),
+  }
+
+
+class MpsDaemon:
+  """An MPS control daemon of this run's own, started before the ranks and told to quit after."""
+
+  def __init__(self, args):
+    self.control = args.mps_control
+    self.env = dict(os.environ, **mps_environment(args))
+    self.started = False
+
+  def start(self):
+    for key in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+      os.makedirs(self.env[key], exist_ok=True)
+    proc = subprocess.run(
+      [self.control, "-d"], env=self.env, capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+      raise SystemExit(
+        f"harp_nccl_e2e: `{self.control} -d` failed ({proc.returncode}): "
+        f"{(proc.stderr or proc.stdout).strip()[-500:]}; --mps off runs without MPS"
+      )
+    self.started = True
+
+  def stop(self):
+    if not self.started:
+      return
+    self.started = False
+    try:
+      subprocess.run(
+        [self.control], input="quit\n", env=self.env, capture_output=True, text=True, timeout=60
+      )
+    except subprocess.TimeoutExpired:
+      _common.log(
+        f"MPS: the daemon did not quit within 60 s (pipe {self.env['CUDA_MPS_PIPE_DIRECTORY']})"
+      )
+    shutil.rmtree(self.env["CUDA_MPS_PIPE_DIRECTORY"], ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------- the ranks
@@ -443,17 +528,43 @@ def run_transport(transport, entry, args, link):
     for size in args.sizes:
       per_rank = [res["sizes"][str(size)] for res in results]
       seconds = max(p["seconds"] for p in per_rank)  # the slower rank, as a collective ends
-      algbw = size / seconds / 1e9
-      sizes[size] = {
-        "time_us": seconds * 1e6,
-        "algbw_gbs": algbw,
-        "busbw_gbs": algbw * 2 * (WORLD_SIZE - 1) / WORLD_SIZE,
-        "iters": per_rank[0]["iters"],
-      }
+      sizes[size] = figures(size, seconds, per_rank[0]["iters"])
   elif not out["problems"]:
     out["problems"].append("a rank did not report its results")
   out["sizes"] = sizes
   out["ok"] = not out["problems"]
+  return out
+
+
+def figures(size, seconds, iters):
+  """One size's time and bandwidths, as nccl-tests computes them."""
+  algbw = size / seconds / 1e9
+  return {
+    "time_us": seconds * 1e6,
+    "algbw_gbs": algbw,
+    "busbw_gbs": algbw * 2 * (WORLD_SIZE - 1) / WORLD_SIZE,
+    "iters": iters,
+  }
+
+
+def combine_rounds(outs):
+  """One transport's rounds as one entry: per size the median time over the rounds (bandwidths
+  from it), every round's problems, and each round's own figures under "rounds"."""
+  if len(outs) == 1:
+    return outs[0]
+  out = dict(outs[0])
+  out["problems"] = [f"round {i + 1}: {p}" for i, o in enumerate(outs) for p in o["problems"]]
+  out["ok"] = not out["problems"]
+  out["rounds"] = [o["sizes"] for o in outs]
+  out["sizes"] = {}
+  if out["ok"]:
+    for size, first in outs[0]["sizes"].items():
+      seconds = statistics.median(o["sizes"][size]["time_us"] for o in outs) / 1e6
+      out["sizes"][size] = figures(size, seconds, first["iters"])
+  out["ranks"] = [
+    dict(facts, elements_checked=sum(o["ranks"][i]["elements_checked"] for o in outs))
+    for i, facts in enumerate(outs[0].get("ranks", []))
+  ]
   return out
 
 
@@ -501,6 +612,74 @@ def report(results, transports):
           print(f"        {w.strip()}")
 
 
+PROFILE_STYLES = {None: "-", "cloud": "--", "aggregate": ":"}
+
+
+def draw_chart(runs, path):
+  """busbw per size of each run's transports (one line style per network profile), and their
+  ratio. `runs`: the results of one or more runs, as --json writes them."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (bw_axis, ratio_axis) = plt.subplots(1, 2, figsize=(14, 4.8))
+  all_sizes = set()
+  for run_index, run in enumerate(runs):
+    settings = run["settings"]
+    profile = settings.get("netns")
+    where = profile or "loopback"
+    style = PROFILE_STYLES.get(profile, "-")
+    for index, (transport, entry) in enumerate(run["transports"].items()):
+      sizes = sorted(int(size) for size in entry.get("sizes", {}))
+      all_sizes.update(sizes)
+      busbw = [entry["sizes"][str(size)]["busbw_gbs"] for size in sizes]
+      label = f"{NETWORKS[transport]} ({where})"
+      bw_axis.plot(sizes, busbw, style, marker="o", color=f"C{index}", label=label)
+    ratio = run.get("busbw_ratio")
+    if ratio:
+      sizes = sorted(int(size) for size in ratio)
+      ratio_axis.plot(
+        sizes,
+        [ratio[str(size)] for size in sizes],
+        style,
+        marker="o",
+        color=f"C{2 + run_index}",
+        label=where,
+      )
+  ticks = sorted(all_sizes)
+  for axis in (bw_axis, ratio_axis):
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(ticks, [human(size) for size in ticks], fontsize=8)
+    axis.set_xlabel("all_reduce size (float32, 2 ranks)")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=8)
+  bw_axis.set_yscale("log")
+  bw_axis.set_title("bus bandwidth (GB/s)")
+  ratio_axis.axhline(1.0, color="black", linewidth=0.8)
+  ratio_axis.set_title("busbw HARP / Socket (same run)")
+  first = runs[0]["machine"]
+  rounds = {run["settings"].get("rounds", 1) for run in runs}
+  fig.suptitle(
+    f"NCCL {first.get('nccl')} all_reduce, 2 ranks on one {first.get('gpu')} (MPS), HARP vs "
+    f"NCCL's Socket; median of {'/'.join(str(r) for r in sorted(rounds))} round(s)"
+  )
+  _common.save_figure(fig, plt, path, dpi=110)
+
+
+def chart_from(paths, plot):
+  runs = []
+  for path in paths:
+    with open(path) as f:
+      run = json.load(f)
+    if "transports" not in run or "settings" not in run or run.get("dry_run"):
+      raise SystemExit(f"harp_nccl_e2e: {path} is not the --json of a run")
+    runs.append(run)
+  draw_chart(runs, plot)
+  print(f"chart        : {plot} (from {', '.join(paths)})")
+  return 0
+
+
 def parse_args(argv):
   p = _common.argument_parser(__doc__)
   p.add_argument("--plugin", default=DEFAULT_PLUGIN, help="HARP's plugin library")
@@ -516,6 +695,13 @@ def parse_args(argv):
     "--bytes-per-size", type=int, default=1 << 30, help="caps the timed iterations of big sizes"
   )
   p.add_argument("--run-timeout", type=float, default=600, help="seconds for one transport's run")
+  p.add_argument("--rounds", type=int, default=1, help="runs per transport, alternating the order")
+  p.add_argument(
+    "--mps",
+    choices=("auto", "on", "off"),
+    default="auto",
+    help="a private MPS daemon for the run (auto: when nvidia-cuda-mps-control is found)",
+  )
   p.add_argument("--netns", choices=("aggregate", "cloud"), help="ranks in two namespaces (root)")
   p.add_argument("--aggregate-rate", default="4gbit", help="--netns: tc rate of the aggregate cap")
   p.add_argument("--flow-rate", default="1gbit", help="--netns cloud: tc rate per flow")
@@ -533,6 +719,10 @@ def parse_args(argv):
   )
   p.add_argument("--log-dir", help="NCCL logs and rank outputs (default: a new folder in /tmp)")
   p.add_argument("--dry-run", action="store_true", help="print the commands; launch nothing")
+  p.add_argument("--plot", help="a PNG chart of the run (or of --chart-from's runs)")
+  p.add_argument(
+    "--chart-from", nargs="+", metavar="JSON", help="redraw --plot from earlier runs' --json"
+  )
   _common.add_json(p)
   args = p.parse_args(argv)
   args.sizes = _common.int_list(args.sizes) if args.sizes else None
@@ -556,12 +746,13 @@ def parse_args(argv):
     setattr(args, option, env)
   if args.warmup < 0:
     p.error("--warmup must be >= 0")
-  _common.require_positive(p, args, ["iters", "min_iters", "bytes_per_size"])
+  _common.require_positive(p, args, ["iters", "min_iters", "bytes_per_size", "rounds"])
   args.plugin = os.path.abspath(args.plugin)
   args.log_dir = os.path.abspath(
     args.log_dir or os.path.join(tempfile.gettempdir(), f"harp_nccl_e2e_{os.getpid()}")
   )
   args.quick = bool(args.quick)  # harp_transport.check_profile reads it
+  args.mps_control = find_mps_control() if args.mps != "off" else None
   return args
 
 
@@ -577,6 +768,11 @@ def preflight(args):
   if "harp" in args.transports and not os.path.isfile(args.plugin):
     problems.append(
       f"HARP's plugin {args.plugin} does not exist: build it (`make build`) or pass --plugin PATH"
+    )
+  if args.mps == "on" and not args.mps_control:
+    problems.append(
+      "--mps on: nvidia-cuda-mps-control is neither on PATH nor in "
+      + ", ".join(MPS_CONTROL_FOLDERS)
     )
   if problems:
     raise SystemExit("harp_nccl_e2e: " + "; ".join(problems))
@@ -602,6 +798,10 @@ def main(argv=None):
   if argv[:1] == ["--probe"]:
     return probe_main(argv[1:])
   args = parse_args(argv)
+  if args.chart_from:
+    if not args.plot:
+      raise SystemExit("harp_nccl_e2e: --chart-from needs --plot PATH")
+    return chart_from(args.chart_from, args.plot)
   link = harp_transport.Link(os.getpid()) if args.netns else None
   plan = build_plan(args, link)
   if args.dry_run:
@@ -634,6 +834,16 @@ def main(argv=None):
   )
   os.makedirs(args.log_dir, exist_ok=True)
   print(f"logs         : {args.log_dir}")
+  if args.mps_control:
+    print(f"MPS          : a daemon of the run's own ({args.mps_control})")
+  else:
+    print(
+      "MPS          : off. WARNING: the two ranks take turns on the GPU (time slices), so the "
+      "times below are mostly the GPU's context switches, not the network"
+      + ("" if args.mps == "off" else " (nvidia-cuda-mps-control not found)")
+    )
+  if args.rounds > 1:
+    print(f"rounds       : {args.rounds}, alternating which transport goes first; median times")
   results = {
     "machine": {"cpu": model, "cpus": _common.cpus_available(), "cpu_flags": flags, **info},
     "settings": {
@@ -644,8 +854,10 @@ def main(argv=None):
       "netns": args.netns,
       "aggregate_rate": args.aggregate_rate if args.netns else None,
       "flow_rate": args.flow_rate if args.netns == "cloud" else None,
-      "harp_env": {**harp_transport.HARP_DEFAULT_ENV, **args.harp_env},
+      "harp_env": args.harp_env,
       "nccl_env": args.nccl_env,
+      "mps": bool(args.mps_control),
+      "rounds": args.rounds,
     },
     "commands": {t: [r["command"] for r in e["ranks"]] for t, e in plan.items()},
     "transports": {},
@@ -657,7 +869,11 @@ def main(argv=None):
   signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
   signal.signal(signal.SIGTERM, on_signal)
   signal.signal(signal.SIGHUP, on_signal)
+  mps = MpsDaemon(args) if args.mps_control else None
+  runs = {t: [] for t in args.transports}
   try:
+    if mps is not None:
+      mps.start()
     if link is not None:
       link.setup()
       link.apply(args.netns, args)
@@ -667,12 +883,22 @@ def main(argv=None):
       )
       if not args.no_profile_check:
         results["profile_check"] = harp_transport.check_profile(link, args.netns, args)
-    for transport in args.transports:
-      _common.log(f"{transport}: 2 ranks, NCCL_NET={NETWORKS[transport]}")
-      results["transports"][transport] = run_transport(transport, plan[transport], args, link)
+    for index in range(args.rounds):
+      round_plan = plan if index == 0 else build_plan(args, link, index)
+      order = args.transports if index % 2 == 0 else args.transports[::-1]
+      for transport in order:
+        progress = f" (round {index + 1}/{args.rounds})" if args.rounds > 1 else ""
+        _common.log(f"{transport}: 2 ranks, NCCL_NET={NETWORKS[transport]}{progress}")
+        runs[transport].append(run_transport(transport, round_plan[transport], args, link))
+      if not all(r[-1]["ok"] for r in runs.values()):
+        break  # the next rounds would fail alike
   finally:
     if link is not None:
       link.close()
+    if mps is not None:
+      mps.stop()
+  for transport, outs in runs.items():
+    results["transports"][transport] = combine_rounds(outs)
 
   report(results["transports"], args.transports)
   ok = [t for t in args.transports if results["transports"][t]["ok"]]
@@ -686,8 +912,21 @@ def main(argv=None):
       f"{statistics.median(ratios):.2f}x"
       + (f", messages >= 1 MiB {min(big):.2f}x ... {max(big):.2f}x" if big else "")
     )
+    rounds = [results["transports"][t].get("rounds") for t in args.transports]
+    if big and all(rounds):
+      per_round = [
+        statistics.median(x[s]["busbw_gbs"] / y[s]["busbw_gbs"] for s in args.sizes if s >= MIB)
+        for x, y in zip(*rounds)
+      ]
+      print(
+        "  per round, median over messages >= 1 MiB: " + ", ".join(f"{r:.2f}x" for r in per_round)
+      )
   for entry in results["transports"].values():
     entry["sizes"] = {str(k): v for k, v in entry["sizes"].items()}
+    for index, sizes in enumerate(entry.get("rounds", [])):
+      entry["rounds"][index] = {str(k): v for k, v in sizes.items()}
+  if args.plot and ok:
+    _common.write_chart(args.plot, results, lambda path: draw_chart([results], path))
   _common.finish(results, args.json, wall_start)
   failed = [t for t in args.transports if t not in ok]
   if failed:

@@ -292,8 +292,10 @@ def _fake_run(tmp_path, fake_torch, extra=(), **env_extra):
 
 
 def test_launcher_with_stand_in_torch(tmp_path, fake_torch):
-  proc, results = _fake_run(tmp_path, fake_torch)
+  png = tmp_path / "e2e.png"
+  proc, results = _fake_run(tmp_path, fake_torch, [f"--plot={png}"])
   assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert png.exists() or "not written (No module named 'matplotlib'" in proc.stdout
   assert "GPU          : Fake GPU" in proc.stdout
   assert "PASSED" in proc.stdout and "busbw ratio" in proc.stdout
   for transport, network in (("harp", "HARP"), ("socket", "Socket")):
@@ -333,3 +335,120 @@ def test_launcher_refuses_a_plugin_of_another_name(tmp_path, fake_torch):
   assert "no net named HARP" in proc.stdout, proc.stdout
   assert "never names the network HARP" in proc.stdout
   assert not results["transports"]["harp"]["ok"]
+
+
+# A stand-in for nvidia-cuda-mps-control: records how it was called (and what it read on stdin,
+# where the real one takes commands such as "quit") with the pipe folder it was pointed at.
+FAKE_MPS_CONTROL = """#!/bin/sh
+if [ "$1" = "-d" ]; then
+  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_RECORD"
+else
+  echo "command $(cat) $CUDA_MPS_PIPE_DIRECTORY" >> "$FAKE_MPS_RECORD"
+fi
+"""
+
+
+def _fake_mps_control(tmp_path):
+  folder = tmp_path / "mps_bin"
+  folder.mkdir()
+  control = folder / "nvidia-cuda-mps-control"
+  control.write_text(FAKE_MPS_CONTROL)
+  control.chmod(0o755)
+  path = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+  return {"PATH": path, "FAKE_MPS_RECORD": str(tmp_path / "mps_record")}
+
+
+def test_mps_daemon_of_the_runs_own_around_the_ranks(tmp_path, fake_torch):
+  mps_env = _fake_mps_control(tmp_path)
+  inherited = {"CUDA_MPS_PIPE_DIRECTORY": "/somebody/elses"}
+  proc, results = _fake_run(tmp_path, fake_torch, ["--rounds=2"], **mps_env, **inherited)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "MPS          : a daemon of the run's own" in proc.stdout
+  record = (tmp_path / "mps_record").read_text().splitlines()
+  pipe = record[0].split()[1]
+  # Started once before the ranks, told to quit once after; its pipe folder is removed.
+  assert record == [f"start {pipe}", f"command quit {pipe}"], record
+  assert pipe != "/somebody/elses" and not os.path.exists(pipe)
+  assert results["settings"]["mps"] is True
+  for transport in ("harp", "socket"):
+    for command in results["commands"][transport]:
+      assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in command
+  # Two rounds: each transport's figures per round, medians in "sizes", logs per round.
+  assert results["settings"]["rounds"] == 2
+  for entry in results["transports"].values():
+    assert entry["ok"] and len(entry["rounds"]) == 2
+    for size, figures in entry["sizes"].items():
+      times = sorted(r[size]["time_us"] for r in entry["rounds"])
+      assert figures["time_us"] == pytest.approx(sum(times) / 2)  # the median of two
+    assert all(
+      rank["elements_checked"] == 2 * 2 * (2 + 1024 + (1 << 18)) for rank in entry["ranks"]
+    )
+  logs = sorted(os.listdir(tmp_path / "logs"))
+  assert "harp.round1.rank0.nccl.log" in logs and "socket.round2.rank1.nccl.log" in logs
+  assert "per round, median over messages >= 1 MiB" in proc.stdout
+
+
+def test_without_mps_the_run_warns_and_mps_on_refuses(tmp_path, fake_torch):
+  proc, results = _fake_run(tmp_path, fake_torch, ["--mps=off", "--transports=harp"])
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "MPS          : off. WARNING" in proc.stdout and results["settings"]["mps"] is False
+  # --mps on with no control program anywhere: refused before anything starts.
+  empty = tmp_path / "empty_bin"
+  empty.mkdir()
+  env = dict(os.environ, PATH=str(empty))
+  plugin = tmp_path / "p.so"
+  plugin.write_bytes(b"")
+  proc = _run([f"--plugin={plugin}", "--mps=on", f"--log-dir={tmp_path / 'none'}"], env)
+  # (Where MPS sits in one of the folders the script also searches, it is found: not refused.)
+  folders = ("/usr/local/nvidia/bin", "/usr/local/cuda/bin", "/usr/bin")
+  elsewhere = any(os.access(os.path.join(f, "nvidia-cuda-mps-control"), os.X_OK) for f in folders)
+  refused = "--mps on: nvidia-cuda-mps-control is neither on PATH" in proc.stderr
+  assert refused != elsewhere, proc.stderr
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+  assert not (tmp_path / "none").exists()
+
+
+def test_dry_run_shows_the_mps_daemon(tmp_path):
+  out, plan = _dry_run(
+    tmp_path, ["--plugin=/x/p.so"], dict(os.environ, **_fake_mps_control(tmp_path))
+  )
+  assert "# MPS: " in out and "nvidia-cuda-mps-control -d" in out
+  for entry in plan["transports"].values():
+    for r in entry["ranks"]:
+      assert r["env"]["CUDA_MPS_PIPE_DIRECTORY"].startswith("/tmp/harp_e2e_mps_")
+
+
+def test_chart_from_earlier_runs(tmp_path, fake_torch):
+  pytest.importorskip("matplotlib")
+  _, results = _fake_run(tmp_path, fake_torch)
+  run = tmp_path / "e2e.json"
+  png = tmp_path / "redrawn.png"
+  proc = _run(["--chart-from", str(run), str(run), f"--plot={png}"])
+  assert proc.returncode == 0 and png.stat().st_size > 0, proc.stdout + proc.stderr
+  assert results["busbw_ratio"]  # what the right-hand panel draws
+  for args, message in (
+    ([f"--chart-from={tmp_path / 'plan.json'}", f"--plot={png}"], "is not the --json of a run"),
+    ([f"--chart-from={run}"], "--chart-from needs --plot PATH"),
+  ):
+    _dry_run(tmp_path, ["--plugin=/x/p.so"])  # writes plan.json, a dry run's JSON
+    proc = _run(args)
+    assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_kept_h100_runs_redraw_the_readme_chart(tmp_path):
+  pytest.importorskip("matplotlib")
+  kept = sorted(
+    os.path.join(ROOT, "benchmarks", "results", name)
+    for name in os.listdir(os.path.join(ROOT, "benchmarks", "results"))
+    if name.startswith("harp_nccl_e2e_")
+  )
+  assert len(kept) == 3, kept  # loopback, cloud, aggregate
+  png = tmp_path / "readme.png"
+  proc = _run(["--chart-from", *kept, f"--plot={png}"])
+  assert proc.returncode == 0 and png.stat().st_size > 0, proc.stdout + proc.stderr
+  for path in kept:
+    with open(path) as f:
+      run = json.load(f)
+    assert run["settings"]["mps"] and run["settings"]["rounds"] == 3
+    for entry in run["transports"].values():
+      assert entry["ok"] and not entry["problems"]

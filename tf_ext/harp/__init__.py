@@ -4,11 +4,13 @@ The plugin is a shared library of its own, `libnccl-net-harp.so` in this directo
 network plugins by that file-name pattern, so the library has no TensorFlow dependency. It
 exports NCCL's net interface `ncclNetPlugin_v6` ... `ncclNetPlugin_v10` (name "HARP", host
 memory only) over kernel TCP: each connection is several TCP streams with messages split into
-chunks that go to whichever stream has room, driven by worker threads that the NCCL proxy thread
-feeds through lock-free rings. Select it with `NCCL_NET_PLUGIN=<plugin_path()>` (or put this
-directory on `LD_LIBRARY_PATH` and set `NCCL_NET_PLUGIN=harp`) and `NCCL_NET=HARP`. Its settings
-are the `HARP_*` variables of `tf_ext.settings`, read by the plugin itself at NCCL's init.
-MSG_ZEROCOPY sends are not implemented yet. It also exports `harp_build_info()`.
+chunks, each sent on the stream whose socket holds the fewest unacknowledged bytes, driven by
+worker threads that the NCCL proxy thread feeds through lock-free rings. Select it with
+`NCCL_NET_PLUGIN=<plugin_path()>` (or put this directory on `LD_LIBRARY_PATH` and set
+`NCCL_NET_PLUGIN=harp`) and `NCCL_NET=HARP`. Its settings
+are the `HARP_*` variables of `tf_ext.settings`, read by the plugin itself at NCCL's init
+(MSG_ZEROCOPY sends: HARP_ZEROCOPY_THRESHOLD, off by default). It also exports
+`harp_build_info()`.
 """
 
 import os

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <linux/errqueue.h>
+#include <linux/sockios.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -12,6 +13,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -370,28 +372,56 @@ bool SendConnection::FlushControl() {
   return moved;
 }
 
-// One step of one stream: finish its chunk in flight, or take the next chunk and send it. One
-// chunk per step, so a pass over the streams deals chunks round-robin to those with room.
+// The free stream whose socket holds the fewest bytes not yet acknowledged by the peer (unsent
+// or in flight), ties going round-robin from the stream after the last one given a chunk; -1 when
+// every stream has a chunk. A socket's buffer takes a whole chunk long before its flow has carried
+// it, so "the first stream whose send does not block" gave one stream every chunk of a steady,
+// one-message-at-a-time sender (NCCL's proxy posts a step once the GPU filled it): one flow,
+// capped at a cloud's per-flow rate. The least-queued stream goes to the flows that drain fastest.
+int SendConnection::LeastQueuedFreeStream() const {
+  int best = -1;
+  int best_queued = 0;
+  for (size_t k = 0; k < streams_.size(); ++k) {
+    const size_t i = (next_stream_ + k) % streams_.size();
+    if (streams_[i].message != nullptr) continue;
+    int queued = 0;
+    if (ioctl(stream_fds_[i], SIOCOUTQ, &queued) != 0) queued = 0;  // unknown: as if empty
+    if (best < 0 || queued < best_queued) {
+      best = static_cast<int>(i);
+      best_queued = queued;
+    }
+  }
+  return best;
+}
+
+// Gives free stream `index` the next chunk of the oldest message with unassigned bytes; false if
+// there is none.
+bool SendConnection::AssignChunk(size_t index) {
+  while (next_to_assign_ < messages_.size() &&
+         messages_[next_to_assign_].assigned ==
+             messages_[next_to_assign_].request->buffers[0].capacity) {
+    ++next_to_assign_;
+  }
+  if (next_to_assign_ == messages_.size()) return false;
+  Message& message = messages_[next_to_assign_];
+  const uint64_t size = message.request->buffers[0].capacity;
+  Stream& stream = streams_[index];
+  next_stream_ = (index + 1) % streams_.size();
+  stream.message = &message;
+  stream.offset = message.assigned;
+  stream.length = std::min<uint64_t>(chunk_bytes_, size - message.assigned);
+  message.assigned += stream.length;
+  stream.header_sent = 0;
+  stream.payload_sent = 0;
+  stream.zerocopy = zerocopy_threshold_ > 0 && stream.length >= zerocopy_threshold_;
+  EncodeChunkHeader(ChunkHeader{message.sequence, stream.offset, stream.length}, stream.header);
+  return true;
+}
+
+// One step of one stream with a chunk: sends what the socket takes of it. True if anything moved.
 bool SendConnection::DriveStream(size_t index) {
   Stream& stream = streams_[index];
-  if (stream.message == nullptr) {
-    while (next_to_assign_ < messages_.size() &&
-           messages_[next_to_assign_].assigned ==
-               messages_[next_to_assign_].request->buffers[0].capacity) {
-      ++next_to_assign_;
-    }
-    if (next_to_assign_ == messages_.size()) return false;
-    Message& message = messages_[next_to_assign_];
-    const uint64_t size = message.request->buffers[0].capacity;
-    stream.message = &message;
-    stream.offset = message.assigned;
-    stream.length = std::min<uint64_t>(chunk_bytes_, size - message.assigned);
-    message.assigned += stream.length;
-    stream.header_sent = 0;
-    stream.payload_sent = 0;
-    stream.zerocopy = zerocopy_threshold_ > 0 && stream.length >= zerocopy_threshold_;
-    EncodeChunkHeader(ChunkHeader{message.sequence, stream.offset, stream.length}, stream.header);
-  }
+  if (stream.message == nullptr) return false;
   if (stream.zerocopy) {
     // The header (in `stream`, rewritten for the next chunk) must not be sent zero-copy: it goes
     // first with a copying send, then the payload from the request's buffer with MSG_ZEROCOPY.
@@ -510,6 +540,12 @@ bool SendConnection::Progress() {
   for (bool pass_moved = true; pass_moved && !failed();) {
     pass_moved = false;
     for (size_t i = 0; i < streams_.size() && !failed(); ++i) pass_moved |= DriveStream(i);
+    // New chunks, one at a time, each to the least-queued free stream (one whose send blocks
+    // keeps its chunk and is no longer free).
+    for (int stream = LeastQueuedFreeStream(); stream >= 0 && !failed() && AssignChunk(stream);
+         stream = LeastQueuedFreeStream()) {
+      pass_moved |= DriveStream(stream);
+    }
     moved |= pass_moved;
   }
   for (size_t i = 0; i < streams_.size() && !failed(); ++i) {

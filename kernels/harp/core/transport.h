@@ -166,7 +166,8 @@ class Connection {
   SpscRing<Request*, kSendRequests> posted_;
 };
 
-// The sending half: message descriptors on the control socket, chunks on whichever stream has room.
+// The sending half: message descriptors on the control socket, each chunk on the free stream
+// with the fewest bytes queued in its socket.
 //
 // Zero-copy (HARP_ZEROCOPY_THRESHOLD > 0): a chunk payload of at least the threshold goes with
 // send(MSG_ZEROCOPY) on a stream with SO_ZEROCOPY (its header with a plain, copying send), and a
@@ -212,6 +213,8 @@ class SendConnection : public Connection {
     std::deque<ZerocopySend> zerocopy_in_flight;
   };
   bool FlushControl();
+  int LeastQueuedFreeStream() const;
+  bool AssignChunk(size_t index);
   bool DriveStream(size_t index);
   bool ReadCompletions(size_t index);
   void DisableZerocopy(const std::string& why);
@@ -228,6 +231,7 @@ class SendConnection : public Connection {
   std::vector<uint8_t> control_out_;
   uint64_t control_queued_ = 0, control_flushed_ = 0;
   std::vector<Stream> streams_;
+  size_t next_stream_ = 0;  // where LeastQueuedFreeStream's round-robin tie-break starts
   bool peer_closed_ = false;
 };
 

@@ -3,11 +3,14 @@
 // receives larger than sends, bad and stale handles, and a peer closing mid-transfer. Also the
 // single-producer/single-consumer ring under two threads (run under TSan by `make sanitize`).
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -645,6 +648,69 @@ TEST(HarpTransportTest, ZerocopySendsReleaseBuffersOnlyWhenTheKernelIsDone) {
   EXPECT_TRUE(fell_back || pair.send->zerocopy_completed() > 0);
   transport->Close(pair.send);
   transport->Close(pair.receive);
+}
+
+// A steady sender (each message done before the next is posted, as NCCL's proxy posts a step once
+// the GPU filled it) spreads its chunks over the streams whose sockets hold the fewest
+// unacknowledged bytes, instead of giving all of them to the first stream whose socket buffer takes
+// them (which made one capped flow carry everything). Unix socket pairs stand in for the streams:
+// their send queue counts what the peer has not read yet, as a capped flow's counts what it has not
+// carried.
+TEST(HarpTransportTest, SteadySenderSpreadsChunksOverTheLeastQueuedStreams) {
+  constexpr int kStreams = 4;
+  constexpr size_t kChunk = 16 * 1024;
+  int control[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, control), 0);
+  std::vector<int> local, peer;
+  for (int i = 0; i < kStreams; ++i) {
+    int pair[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, pair), 0);
+    local.push_back(pair[0]);
+    peer.push_back(pair[1]);
+  }
+  SendConnection connection(control[0], local, kChunk);
+  std::vector<uint8_t> payload = Pattern(kChunk, 7);
+  auto send_one = [&](int message) {
+    Request* request = nullptr;
+    ASSERT_EQ(Transport::PostSend(&connection, payload.data(), payload.size(), 0, &request),
+              Status::kOk);
+    bool done = false;
+    uint64_t sizes[8];
+    std::string error;
+    for (int pass = 0; pass < 100 && !done; ++pass) {
+      connection.Progress();
+      ASSERT_EQ(Transport::TestRequest(request, &done, sizes, &error), Status::kOk) << error;
+    }
+    ASSERT_TRUE(done) << "message " << message;
+  };
+  // The next chunk on stream `i`, read off its peer end: its message's sequence number.
+  auto read_chunk = [&](int i) -> uint64_t {
+    uint8_t header[harp::kChunkHeaderBytes];
+    EXPECT_EQ(recv(peer[i], header, sizeof(header), MSG_DONTWAIT),
+              static_cast<ssize_t>(sizeof(header)))
+        << "stream " << i << " carried no chunk";
+    harp::ChunkHeader chunk;
+    std::string error;
+    EXPECT_TRUE(harp::DecodeChunkHeader(header, &chunk, &error)) << error;
+    EXPECT_EQ(chunk.length, kChunk);
+    std::vector<uint8_t> body(kChunk);
+    EXPECT_EQ(recv(peer[i], body.data(), body.size(), MSG_DONTWAIT),
+              static_cast<ssize_t>(body.size()));
+    EXPECT_TRUE(body == payload) << "stream " << i;
+    return chunk.sequence;
+  };
+  for (int message = 0; message < kStreams; ++message) send_one(message);
+  // Stream 2's peer reads its chunk: its socket is now the only empty one, and takes the next
+  // message (round-robin alone would give it to stream 0).
+  const uint64_t drained = read_chunk(2);
+  send_one(kStreams);
+  const uint64_t fifth = read_chunk(2);
+  std::set<uint64_t> sequences = {drained, fifth};
+  for (int i : {0, 1, 3}) sequences.insert(read_chunk(i));
+  EXPECT_EQ(sequences.size(), static_cast<size_t>(kStreams) + 1);  // one message per stream
+  EXPECT_EQ(fifth, *sequences.rbegin());                           // then the fifth on stream 2
+  for (int fd : peer) close(fd);
+  close(control[1]);
 }
 
 TEST(HarpSpscRingTest, TwoThreadsPassEveryValueInOrder) {
