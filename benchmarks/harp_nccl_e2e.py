@@ -675,7 +675,13 @@ def chart_from(paths, plot):
     if "transports" not in run or "settings" not in run or run.get("dry_run"):
       raise SystemExit(f"harp_nccl_e2e: {path} is not the --json of a run")
     runs.append(run)
-  draw_chart(runs, plot)
+  try:
+    draw_chart(runs, plot)
+  except ImportError as error:
+    raise SystemExit(
+      f"harp_nccl_e2e: --chart-from needs matplotlib ({error}): `make bench-deps` installs it "
+      "into .venv (then run this with .venv/bin/python), or pip install matplotlib"
+    ) from None
   print(f"chart        : {plot} (from {', '.join(paths)})")
   return 0
 

@@ -452,3 +452,16 @@ def test_the_kept_h100_runs_redraw_the_readme_chart(tmp_path):
     assert run["settings"]["mps"] and run["settings"]["rounds"] == 3
     for entry in run["transports"].values():
       assert entry["ok"] and not entry["problems"]
+
+
+def test_chart_from_without_matplotlib_says_what_to_install(tmp_path):
+  blocked = tmp_path / "no_matplotlib"
+  (blocked / "matplotlib").mkdir(parents=True)
+  (blocked / "matplotlib" / "__init__.py").write_text(
+    "raise ModuleNotFoundError(\"No module named 'matplotlib'\")\n"
+  )
+  kept = os.path.join(ROOT, "benchmarks", "results", "harp_nccl_e2e_h100_cloud.json")
+  env = dict(os.environ, PYTHONPATH=str(blocked))
+  proc = _run(["--chart-from", kept, f"--plot={tmp_path / 'x.png'}"], env)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+  assert "needs matplotlib" in proc.stderr and "make bench-deps" in proc.stderr
