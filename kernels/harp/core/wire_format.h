@@ -7,8 +7,8 @@
 //   control socket: one MessageDescriptor per isend, in posting order (sequence, tag, size), which
 //     the receiver matches against its posted receives;
 //   data streams: chunks of messages, each behind a ChunkHeader (sequence, offset, length); the
-//     sender gives the next chunk to whichever stream has room, the receiver writes each payload
-//     straight into the matched receive buffer.
+//     sender gives each chunk to the free stream with the fewest unacknowledged bytes, the receiver
+//     writes each payload straight into the matched receive buffer.
 // All integers are in the host's byte order (NCCL runs both ends on the same architecture).
 #ifndef TF_EXT_KERNELS_HARP_CORE_WIRE_FORMAT_H_
 #define TF_EXT_KERNELS_HARP_CORE_WIRE_FORMAT_H_
