@@ -386,6 +386,7 @@ int SendConnection::LeastQueuedFreeStream() const {
     if (streams_[i].message != nullptr) continue;
     int queued = 0;
     if (ioctl(stream_fds_[i], SIOCOUTQ, &queued) != 0) queued = 0;  // unknown: as if empty
+    if (queued <= 0) return static_cast<int>(i);  // none can hold fewer: no more system calls
     if (best < 0 || queued < best_queued) {
       best = static_cast<int>(i);
       best_queued = queued;
@@ -394,15 +395,19 @@ int SendConnection::LeastQueuedFreeStream() const {
   return best;
 }
 
-// Gives free stream `index` the next chunk of the oldest message with unassigned bytes; false if
-// there is none.
-bool SendConnection::AssignChunk(size_t index) {
+// Whether a message has bytes no stream was given yet (moving next_to_assign_ to the first such).
+bool SendConnection::HasUnassignedBytes() {
   while (next_to_assign_ < messages_.size() &&
          messages_[next_to_assign_].assigned ==
              messages_[next_to_assign_].request->buffers[0].capacity) {
     ++next_to_assign_;
   }
-  if (next_to_assign_ == messages_.size()) return false;
+  return next_to_assign_ < messages_.size();
+}
+
+// Gives free stream `index` the next chunk of the oldest message with unassigned bytes (there is
+// one: HasUnassignedBytes).
+void SendConnection::AssignChunk(size_t index) {
   Message& message = messages_[next_to_assign_];
   const uint64_t size = message.request->buffers[0].capacity;
   Stream& stream = streams_[index];
@@ -415,7 +420,6 @@ bool SendConnection::AssignChunk(size_t index) {
   stream.payload_sent = 0;
   stream.zerocopy = zerocopy_threshold_ > 0 && stream.length >= zerocopy_threshold_;
   EncodeChunkHeader(ChunkHeader{message.sequence, stream.offset, stream.length}, stream.header);
-  return true;
 }
 
 // One step of one stream with a chunk: sends what the socket takes of it. True if anything moved.
@@ -541,9 +545,11 @@ bool SendConnection::Progress() {
     pass_moved = false;
     for (size_t i = 0; i < streams_.size() && !failed(); ++i) pass_moved |= DriveStream(i);
     // New chunks, one at a time, each to the least-queued free stream (one whose send blocks
-    // keeps its chunk and is no longer free).
-    for (int stream = LeastQueuedFreeStream(); stream >= 0 && !failed() && AssignChunk(stream);
-         stream = LeastQueuedFreeStream()) {
+    // keeps its chunk and is no longer free). Streams are looked at only when there is a chunk.
+    while (!failed() && HasUnassignedBytes()) {
+      const int stream = LeastQueuedFreeStream();
+      if (stream < 0) break;
+      AssignChunk(stream);
       pass_moved |= DriveStream(stream);
     }
     moved |= pass_moved;

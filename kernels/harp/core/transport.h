@@ -214,7 +214,8 @@ class SendConnection : public Connection {
   };
   bool FlushControl();
   int LeastQueuedFreeStream() const;
-  bool AssignChunk(size_t index);
+  bool HasUnassignedBytes();
+  void AssignChunk(size_t index);
   bool DriveStream(size_t index);
   bool ReadCompletions(size_t index);
   void DisableZerocopy(const std::string& why);
