@@ -891,8 +891,7 @@ def main(argv=None):
         results["profile_check"] = harp_transport.check_profile(link, args.netns, args)
     for index in range(args.rounds):
       round_plan = plan if index == 0 else build_plan(args, link, index)
-      order = args.transports if index % 2 == 0 else args.transports[::-1]
-      for transport in order:
+      for transport in _common.rotated(args.transports, index):
         progress = f" (round {index + 1}/{args.rounds})" if args.rounds > 1 else ""
         _common.log(f"{transport}: 2 ranks, NCCL_NET={NETWORKS[transport]}{progress}")
         runs[transport].append(run_transport(transport, round_plan[transport], args, link))
