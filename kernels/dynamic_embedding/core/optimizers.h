@@ -137,10 +137,30 @@ inline float FtrlPower(float accum, float lr_power) {
 }
 
 // Adam's step size for the row's update number t (1-based): lr * sqrt(1 - b2^t) / (1 - b1^t).
-inline float AdamStepSize(const OptimizerParams& p, int64_t prior_updates) {
+inline float AdamStepSizeOf(float learning_rate, float beta1, float beta2, int64_t prior_updates) {
   const double t = static_cast<double>(prior_updates + 1);
-  return static_cast<float>(p.learning_rate * std::sqrt(1.0 - std::pow(p.beta2, t)) /
-                            (1.0 - std::pow(p.beta1, t)));
+  return static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(beta2, t)) /
+                            (1.0 - std::pow(beta1, t)));
+}
+
+// AdamStepSizeOf, remembered per thread for the last hyperparameters and update numbers: rows
+// repeat the same few small update numbers, and its two pow() calls cost as much as the rest of a
+// 16-wide update. The same inputs give the same value, so this changes no result.
+inline float AdamStepSize(const OptimizerParams& p, int64_t prior_updates) {
+  struct Remembered {
+    float learning_rate, beta1, beta2;
+    int64_t prior_updates = -1;
+    float step_size;
+  };
+  constexpr int64_t kRemembered = 256;
+  thread_local Remembered remembered[kRemembered];
+  Remembered& r = remembered[static_cast<uint64_t>(prior_updates) % kRemembered];
+  if (r.prior_updates != prior_updates || r.learning_rate != p.learning_rate ||
+      r.beta1 != p.beta1 || r.beta2 != p.beta2) {
+    r = Remembered{p.learning_rate, p.beta1, p.beta2, prior_updates,
+                   AdamStepSizeOf(p.learning_rate, p.beta1, p.beta2, prior_updates)};
+  }
+  return r.step_size;
 }
 
 }  // namespace internal
