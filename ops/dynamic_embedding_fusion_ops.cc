@@ -79,11 +79,17 @@ REGISTER_OP("TfExtFusedEmbeddingLookup")
     .Input("keys: Tkeys")
     .Input("segment_ids: N * int64")
     .Input("num_segments: N * int64")
+    .Input("concat_extras: num_concat_extras * float")
     .Output("embeddings: N * float")
+    .Output("concatenated: float")
     .Attr("N: int >= 1")
     .Attr("Tkeys: list({int64, string})")
     .Attr("dims: list(int)")
     .Attr("combiners: list(string)")
+    .Attr("num_concat_extras: int >= 0 = 0")
+    .Attr("concat_layout: list(int) = []")
+    .Attr("concat_axis: int = 0")
+    .Attr("unread_fields: list(int) = []")
     .SetShapeFn([](InferenceContext* c) {
       int n;
       std::vector<int64_t> dims;
@@ -100,6 +106,9 @@ REGISTER_OP("TfExtFusedEmbeddingLookup")
         }
         c->set_output(i, out);
       }
+      std::vector<int64_t> layout;
+      TF_RETURN_IF_ERROR(c->GetAttr("concat_layout", &layout));
+      c->set_output(n, layout.empty() ? c->Vector(0) : c->UnknownShape());
       return ::tensorflow::OkStatus();
     })
     .Doc(R"doc(
@@ -107,6 +116,11 @@ All embedding lookups of a step in one op.
 
 Field i looks keys[i] up in tables[i] and combines the rows as combiners[i] says (see
 TfExtEmbeddingField). Equal, to the bit, to the unfused lookups.
+
+With a concat_layout, `concatenated` is ConcatV2 along concat_axis of the pieces that the
+layout names (entry i >= 0 is embeddings[i], entry -1 - k is concat_extras[k]), and the fields
+are written into it directly. The fields listed in unread_fields (only shapes of them are read) keep their
+shapes but not their values. Without a layout, `concatenated` is empty.
 )doc");
 
 REGISTER_OP("TfExtFusedEmbeddingApply")

@@ -13,6 +13,12 @@
 // without consumers and removed. The fused kernels repeat their arithmetic in the same order
 // (kernels/dynamic_embedding/core/combiners.h), so the results are equal to the bit.
 //
+// The concatenation after the lookups goes: where lookups meet a ConcatV2 (tf.concat(embeddings +
+// [dense], 1) before a tower), the fused lookup writes each field into its window of the
+// concatenation (kernels/dynamic_embedding/core/column_windows.h) and takes the ConcatV2's place;
+// the fields' own outputs keep their shapes for the concat's gradient, and their values only where
+// something else reads them.
+//
 // The split before the apply goes too: where a field's output gradient is an output of a SplitV
 // (TensorFlow's gradient of a ConcatV2 of more than 16 inputs, as tf.concat(embeddings + [dense],
 // 1) before a dense tower makes), the fused apply reads it in the SplitV's input, each field's
@@ -93,6 +99,16 @@ struct Field {
   int64_t dim = 0;
   std::string combiner;
   std::string device;
+};
+
+// The ConcatV2 that a fused lookup writes in place of its own op: its layout (field i, or -1 - k
+// for extras[k]), its constant axis, and the fields whose own outputs only shape ops read.
+struct ConcatPlan {
+  Node* concat = nullptr;
+  std::vector<int64_t> layout;
+  std::vector<Output> extras;
+  int64_t axis = 0;
+  std::vector<int64_t> unread_fields;
 };
 
 // Nodes the pass must not fuse: in a loop frame, or downstream of a Switch before any Merge (their
@@ -192,9 +208,10 @@ std::vector<NodeBuilder::NodeOut> Outs(const std::vector<Field>& fields, Output 
 
 // Builds the fused op of `fields`: their field inputs; for the apply, the optimizer inputs and
 // attributes of `apply`, the first update it replaces, and the splits it reads its gradients in;
-// and the control inputs of the nodes it replaces.
+// for the lookup, the concatenation it writes (none without `concat`); and the control inputs of
+// the nodes it replaces.
 Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>& fields,
-                  const Node* apply, Node** fused) {
+                  const Node* apply, const ConcatPlan* concat, Node** fused) {
   std::vector<DataType> key_dtypes;
   std::vector<int64_t> dims;
   std::vector<std::string> combiners;
@@ -250,6 +267,18 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
         .Attr("Tsplit_sizes", split_size_types)
         .Attr("gradient_splits", splits)
         .Attr("gradient_split_axes", axes);
+  } else {
+    const ConcatPlan no_concat;
+    const ConcatPlan& plan = concat != nullptr ? *concat : no_concat;
+    std::vector<NodeBuilder::NodeOut> extras;
+    for (const Output& extra : plan.extras) {
+      extras.emplace_back(const_cast<Node*>(extra.first), extra.second);
+    }
+    builder.Input(extras)
+        .Attr("num_concat_extras", static_cast<int64_t>(extras.size()))
+        .Attr("concat_layout", plan.layout)
+        .Attr("concat_axis", plan.axis)
+        .Attr("unread_fields", plan.unread_fields);
   }
   builder.Attr("N", static_cast<int64_t>(fields.size()))
       .Attr("Tkeys", key_dtypes)
@@ -257,9 +286,12 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
       .Attr("combiners", combiners)
       .Device(fields[0].device)
       .AssignedDevice(fields[0].device);
+  std::vector<const Node*> replaced;
+  for (const Field& field : fields) replaced.push_back(field.replaced);
+  if (concat != nullptr) replaced.push_back(concat->concat);
   std::set<Node*> control_inputs;
-  for (const Field& field : fields) {
-    for (const Edge* edge : field.replaced->in_edges()) {
+  for (const Node* node : replaced) {
+    for (const Edge* edge : node->in_edges()) {
       if (edge->IsControlEdge() && !edge->src()->IsSource()) control_inputs.insert(edge->src());
     }
   }
@@ -376,6 +408,90 @@ void ReadFromSplitInput(const Output& gradient, Field* field) {
   field->split_axis = axis;
 }
 
+// The consumers of a node's output, looking through Identity nodes: the edges into the first
+// non-Identity nodes.
+void ValueConsumers(const Node* node, int output, std::vector<const Edge*>* consumers) {
+  for (const Edge* edge : node->out_edges()) {
+    if (edge->IsControlEdge() || edge->src_output() != output) continue;
+    if (edge->dst()->type_string() == "Identity") {
+      ValueConsumers(edge->dst(), 0, consumers);
+    } else {
+      consumers->push_back(edge);
+    }
+  }
+}
+
+bool ReadsShapeOnly(const Node* node) {
+  const std::string& op = node->type_string();
+  return op == "Shape" || op == "ShapeN" || op == "Size" || op == "Rank";
+}
+
+// The ConcatV2 that the fused lookup of `fields` writes in place of its own op: of floats, along a
+// constant axis, on the fields' device, consumed, taking the most of the lookups among its inputs,
+// and with no other input (data or control) that depends on a lookup (that would be a cycle).
+// False where there is none.
+bool PlanConcat(Graph* graph, const std::vector<Field>& fields, const std::vector<bool>& unfusable,
+                ConcatPlan* plan) {
+  std::map<const Node*, int64_t> field_of;
+  std::vector<Node*> markers;
+  std::set<Node*> candidates;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    field_of[fields[i].replaced] = static_cast<int64_t>(i);
+    markers.push_back(fields[i].replaced);
+    std::vector<const Edge*> consumers;
+    ValueConsumers(fields[i].replaced, 0, &consumers);
+    for (const Edge* edge : consumers) {
+      if (IsFloatOp(edge->dst(), "ConcatV2")) candidates.insert(edge->dst());
+    }
+  }
+  const std::vector<bool> downstream = Descendants(graph, markers);
+  int most_fields = 0;
+  for (Node* concat : candidates) {
+    const int pieces = concat->num_inputs() - 1;
+    ConcatPlan candidate;
+    candidate.concat = concat;
+    if (unfusable[concat->id()] || DeviceOf(concat) != fields[0].device ||
+        !ConstantInteger(SourceOf(concat, pieces), &candidate.axis)) {
+      continue;
+    }
+    bool consumed = false, independent = true;
+    for (const Edge* edge : concat->out_edges()) consumed = consumed || !edge->IsControlEdge();
+    for (const Edge* edge : concat->in_edges()) {
+      independent = independent && !(edge->IsControlEdge() && downstream[edge->src()->id()]);
+    }
+    int num_fields = 0;
+    for (int k = 0; k < pieces; ++k) {
+      const Output source = SourceOf(concat, k);
+      const auto field = field_of.find(source.first);
+      if (field != field_of.end() && source.second == 0) {
+        candidate.layout.push_back(field->second);
+        ++num_fields;
+        continue;
+      }
+      Output input;
+      independent =
+          independent && InputOf(concat, k, &input).ok() && !downstream[input.first->id()];
+      candidate.layout.push_back(-1 - static_cast<int64_t>(candidate.extras.size()));
+      candidate.extras.push_back(input);
+    }
+    if (consumed && independent && num_fields > most_fields) {
+      *plan = std::move(candidate);
+      most_fields = num_fields;
+    }
+  }
+  if (most_fields == 0) return false;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    std::vector<const Edge*> consumers;
+    ValueConsumers(fields[i].replaced, 0, &consumers);
+    bool unread = !consumers.empty();
+    for (const Edge* edge : consumers) {
+      unread = unread && (edge->dst() == plan->concat || ReadsShapeOnly(edge->dst()));
+    }
+    if (unread) plan->unread_fields.push_back(static_cast<int64_t>(i));
+  }
+  return true;
+}
+
 // The updates: TfExtTableApplyGradient(table, Unique(keys):0, UnsortedSegmentSum(
 // TfExtEmbeddingRowsGradient(..., keys, ...), Unique(keys):1, n), hyperparameters...), grouped
 // by device, optimizer attributes and hyperparameter inputs.
@@ -438,15 +554,24 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     TF_RETURN_IF_ERROR(ApplyFields(graph, unfusable, &applies));
 
     std::vector<Node*> replaced;
-    int fused_lookups = 0, fused_applies = 0, splits_read = 0;
+    int fused_lookups = 0, fused_applies = 0, splits_read = 0, concats_written = 0;
     for (auto& [device, fields] : lookups) {
       DropCycles(graph, &fields);
       if (fields.empty()) continue;
+      ConcatPlan concat;
+      const bool writes_concat = PlanConcat(graph, fields, unfusable, &concat);
       Node* fused;
-      TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingLookup", fields, nullptr, &fused));
+      TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingLookup", fields, nullptr,
+                                    writes_concat ? &concat : nullptr, &fused));
       for (size_t i = 0; i < fields.size(); ++i) {
         TF_RETURN_IF_ERROR(MoveConsumers(graph, fields[i].replaced, 0, fused, static_cast<int>(i)));
         replaced.push_back(fields[i].replaced);
+      }
+      if (writes_concat) {
+        TF_RETURN_IF_ERROR(
+            MoveConsumers(graph, concat.concat, 0, fused, static_cast<int>(fields.size())));
+        replaced.push_back(concat.concat);
+        ++concats_written;
       }
       fused_lookups += static_cast<int>(fields.size());
     }
@@ -454,8 +579,8 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       DropCycles(graph, &fields);
       if (fields.empty()) continue;
       Node* fused;
-      TF_RETURN_IF_ERROR(
-          BuildFused(graph, "TfExtFusedEmbeddingApply", fields, fields[0].replaced, &fused));
+      TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingApply", fields, fields[0].replaced,
+                                    nullptr, &fused));
       for (const Field& field : fields) {
         TF_RETURN_IF_ERROR(MoveConsumers(graph, field.replaced, -1, fused, -1));
         replaced.push_back(field.replaced);
@@ -465,11 +590,12 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     }
     if (replaced.empty()) return ::tensorflow::OkStatus();
     const int removed = RemoveReplaced(graph, replaced, kept);
-    RecordFusion(fused_lookups, fused_applies, splits_read);
+    RecordFusion(fused_lookups, fused_applies, splits_read, concats_written);
     ::tensorflow::FixupSourceAndSinkEdges(graph);
     VLOG(1) << "tf_ext embedding fusion: " << fused_lookups << " lookups and " << fused_applies
-            << " updates fused (" << splits_read << " gradients read in a split's input), "
-            << removed << " nodes removed";
+            << " updates fused (" << splits_read << " gradients read in a split's input, "
+            << concats_written << " concatenations written by a fused lookup), " << removed
+            << " nodes removed";
     return ::tensorflow::OkStatus();
   }
 };

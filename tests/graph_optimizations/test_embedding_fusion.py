@@ -217,6 +217,45 @@ def test_a_split_gradient_is_read_in_place_and_training_stays_bit_equal():
   assert "SplitV" not in fused[2]  # the fused apply reads every field's piece of its input
   assert fused[2].count("TfExtFusedEmbeddingApply") == 1
   assert after["splits_read"] - before["splits_read"] >= 20
+  assert after["concats_written"] - before["concats_written"] >= 1
+
+
+def test_a_concatenation_that_depends_on_a_lookup_is_left_to_tensorflow():
+  """concat([e1, 2 * e2]) cannot be written by the fused lookup (one of its inputs needs the
+  lookup's result): it stays, the lookups still fuse, and training stays bit-equal."""
+  graph = tf.Graph()
+  with graph.as_default():
+    init = tf.random_normal_initializer(0.0, 0.1)
+    ids = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in range(2)]
+    tables = [
+      tf_ext.get_dynamic_embedding_variable(unique("dependent"), 3, initializer=init) for _ in ids
+    ]
+    e1, e2 = [tf_ext.embedding_lookup(t, x) for t, x in zip(tables, ids)]
+    loss = tf.reduce_sum(tf.square(tf.concat([e1, 2.0 * e2], 1) - 0.5))
+    train = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(
+      loss
+    )
+    probe = [t.lookup(tf.range(6, dtype=tf.int64)) for t in tables]
+    initialize = tf.compat.v1.global_variables_initializer()
+  feed = {ids[0]: [0, 1, 1, 2], ids[1]: [3, 4, 5, 3]}
+
+  def run(switches):
+    config = graph_optimizations.config_proto(**switches)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+      session.run(initialize)
+      losses = [session.run([loss, train], feed)[0] for _ in range(3)]
+      return losses, session.run(probe), _executed_ops(session, train, feed)
+
+  unfused = run(UNFUSED)
+  before = graph_optimizations.stats()
+  fused = run(FUSE_ONLY)
+  after = graph_optimizations.stats()
+  assert unfused[0] == fused[0]
+  for a, b in zip(unfused[1], fused[1]):
+    assert_bit_equal(a, b)
+  assert fused[2].count("TfExtFusedEmbeddingLookup") == 1
+  assert "ConcatV2" in fused[2]
+  assert after["concats_written"] == before["concats_written"]
 
 
 def test_session_stats_count_the_fusions():
@@ -227,6 +266,7 @@ def test_session_stats_count_the_fusions():
   assert after["graphs_fused"] > before["graphs_fused"]
   assert after["lookups_fused"] - before["lookups_fused"] >= 7
   assert after["updates_fused"] - before["updates_fused"] >= 5
+  assert after["concats_written"] - before["concats_written"] >= 1
 
 
 def test_config_proto_extends_a_given_config_and_replaces_its_own_entry():
@@ -335,6 +375,7 @@ def test_keras_fit_is_bit_equal_and_fused(process_switches, fields):
   # More than 16 concatenated inputs: the fused apply reads each gradient in the SplitV's input.
   splits_read = after["splits_read"] - before["splits_read"]
   assert splits_read >= fields + 1 if fields + 1 > 16 else splits_read == 0
+  assert after["concats_written"] - before["concats_written"] >= 1
   probe = {"ragged": tf.ragged.constant([[1, 2], [3]], tf.int64), "single": tf.constant([1, 39])}
   assert_bit_equal(unfused.predict(probe, verbose=0), fused.predict(probe, verbose=0))
 
@@ -481,12 +522,15 @@ def test_fused_ops_reject_bad_inputs_with_the_table_named():
       [field_keys],
       [tf.constant(segment_ids, tf.int64)],
       [tf.constant(num_segments, tf.int64)],
+      [],
       dims=list(dims),
       combiners=list(combiners),
     )
 
   rows = table.lookup(keys).numpy()
-  np.testing.assert_array_equal(lookup([0, 0, 1], 2)[0].numpy(), [(rows[0] + rows[1]) / 2, rows[2]])
+  np.testing.assert_array_equal(
+    lookup([0, 0, 1], 2).embeddings[0].numpy(), [(rows[0] + rows[1]) / 2, rows[2]]
+  )
   with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*segment_ids\\[2\\] = 5"):
     lookup([0, 0, 5], 2)
   with pytest.raises(tf.errors.InvalidArgumentError, match="direct.*num_segments is -1"):
@@ -518,6 +562,53 @@ def test_fused_ops_reject_bad_inputs_with_the_table_named():
       optimizer="sgd",
     )
   assert int(table.size()) == 0  # nothing was written
+
+
+def test_fused_lookup_writes_a_concatenation_and_rejects_pieces_that_do_not_fit():
+  """The fused lookup's concatenated output equals tf.concat of its fields and extras along any
+  axis, whether a field goes straight into its window or through its own output; unread fields
+  keep their shapes; pieces that do not fit and bad layouts are named."""
+  ops = tf_ext._ops_loader.load()
+  tables = [tf_ext.get_dynamic_embedding_variable(unique("concat"), 2) for _ in range(3)]
+  keys = [
+    tf.constant([1, 2, 3], tf.int64),  # one row each: [3, 2]
+    tf.constant([4, 5, 6, 7], tf.int64),  # mean over 3 segments: [3, 2]
+    tf.constant([[1, 8], [9, 2], [3, 3]], tf.int64),  # one row each: [3, 2, 2]
+  ]
+
+  def lookup(extras=(), layout=(), axis=0, unread=()):
+    return ops.tf_ext_fused_embedding_lookup(
+      [t.resource_handle for t in tables],
+      keys,
+      [tf.zeros([3], tf.int64), tf.constant([0, 2, 2, 0], tf.int64), tf.zeros([6], tf.int64)],
+      [tf.constant(0, tf.int64), tf.constant(3, tf.int64), tf.constant(0, tf.int64)],
+      list(extras),
+      dims=[2, 2, 2],
+      combiners=["none", "mean", "none"],
+      concat_layout=list(layout),
+      concat_axis=axis,
+      unread_fields=list(unread),
+    )
+
+  fields = lookup().embeddings
+  assert lookup().concatenated.shape == [0]
+  dense = tf.reshape(tf.range(3, dtype=tf.float32), [3, 1])
+  for unread in [(), (0, 1)]:
+    out = lookup([dense], [1, -1, 0, 1], 1, unread)
+    assert_bit_equal(out.concatenated, tf.concat([fields[1], dense, fields[0], fields[1]], 1))
+    assert [f.shape for f in out.embeddings] == [f.shape for f in fields]
+  cube = tf.reshape(tf.range(12, dtype=tf.float32), [3, 2, 2])
+  for axis, extra in [(-1, cube[:, :, :1]), (1, cube[:, :1]), (0, cube)]:  # in place, copied
+    out = lookup([extra], [2, -1], axis, unread=[2])
+    assert_bit_equal(out.concatenated, tf.concat([fields[2], extra], axis))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="piece 1 has shape \\[4,1\\]"):
+    lookup([tf.zeros([4, 1])], [0, -1], 1)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="does not fit"):
+    lookup([], [0, 2], 1)  # a matrix and a rank-3 field
+  with pytest.raises(tf.errors.InvalidArgumentError, match="entry 3 names neither"):
+    lookup([], [0, 3], 1)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="unread_fields entry 5"):
+    lookup([dense], [0, -1], 1, unread=[5])
 
 
 def test_fused_apply_reads_a_split_piece_and_rejects_bad_splits():

@@ -54,6 +54,7 @@ _STATS = (
   "graphs_clustered",
   "nodes_clustered",
   "splits_read",
+  "concats_written",
 )
 
 
@@ -116,10 +117,11 @@ def config_proto(config=None, fuse_embeddings=None, cluster_dense_for_xla=None):
 
 
 def stats():
-  """What the passes did in this process so far: graphs_fused, lookups_fused, updates_fused and
+  """What the passes did in this process so far: graphs_fused, lookups_fused, updates_fused,
   splits_read (lookup gradients that a fused apply reads in the input of the split that made
-  them, which then goes) by the fusion pass; graphs_clustered, nodes_clustered (nodes the XLA
-  pass marked)."""
+  them, which then goes) and concats_written (concatenations of lookups that a fused lookup
+  writes itself, which then go) by the fusion pass; graphs_clustered, nodes_clustered (nodes the
+  XLA pass marked)."""
   counters = (ctypes.c_int64 * len(_STATS))()
   _library().TfExtGraphOptimizationStats(counters)
   return dict(zip(_STATS, counters))

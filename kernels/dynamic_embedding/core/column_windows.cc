@@ -18,16 +18,22 @@ std::string DimsString(const std::vector<int64_t>& dims) {
   return out + "]";
 }
 
-}  // namespace
-
-bool SplitWindow(const std::vector<int64_t>& dims, int64_t axis, const std::vector<int64_t>& sizes,
-                 int64_t index, ColumnWindow* window, std::string* error) {
-  const int64_t rank = static_cast<int64_t>(dims.size());
+// The axis in [0, rank), or false with the reason.
+bool ResolveAxis(int64_t axis, int64_t rank, int64_t* resolved, std::string* error) {
   if (axis < -rank || axis >= rank) {
     *error = "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank);
     return false;
   }
-  const int64_t a = axis < 0 ? axis + rank : axis;
+  *resolved = axis < 0 ? axis + rank : axis;
+  return true;
+}
+
+}  // namespace
+
+bool SplitWindow(const std::vector<int64_t>& dims, int64_t axis, const std::vector<int64_t>& sizes,
+                 int64_t index, ColumnWindow* window, std::string* error) {
+  int64_t a;
+  if (!ResolveAxis(axis, static_cast<int64_t>(dims.size()), &a, error)) return false;
   if (index < 0 || index >= static_cast<int64_t>(sizes.size())) {
     *error = "split " + std::to_string(index) + " of " + std::to_string(sizes.size());
     return false;
@@ -60,37 +66,86 @@ bool SplitWindow(const std::vector<int64_t>& dims, int64_t axis, const std::vect
   return true;
 }
 
+bool ConcatWindows(const std::vector<std::vector<int64_t>>& pieces, int64_t axis,
+                   std::vector<int64_t>* dims, std::vector<ColumnWindow>* windows,
+                   std::string* error) {
+  if (pieces.empty()) {
+    *error = "nothing to concatenate";
+    return false;
+  }
+  int64_t a;
+  if (!ResolveAxis(axis, static_cast<int64_t>(pieces[0].size()), &a, error)) return false;
+  *dims = pieces[0];
+  (*dims)[a] = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    bool fits = pieces[i].size() == dims->size();
+    for (size_t d = 0; fits && d < dims->size(); ++d) {
+      fits = static_cast<int64_t>(d) == a || pieces[i][d] == (*dims)[d];
+    }
+    if (!fits) {
+      *error = "piece " + std::to_string(i) + " has shape " + DimsString(pieces[i]) +
+               ", which does not fit piece 0's " + DimsString(pieces[0]) + " along axis " +
+               std::to_string(a);
+      return false;
+    }
+    (*dims)[a] += pieces[i][a];
+  }
+  const int64_t inner = Product(*dims, a + 1, dims->size());
+  windows->clear();
+  int64_t offset = 0;
+  for (const std::vector<int64_t>& piece : pieces) {
+    ColumnWindow window;
+    window.rows = Product(*dims, 0, a);
+    window.row_width = (*dims)[a] * inner;
+    window.column = offset * inner;
+    window.width = piece[a] * inner;
+    windows->push_back(window);
+    offset += piece[a];
+  }
+  return true;
+}
+
 namespace {
 
-// CopyFromWindow for a width known at compile time: the row copies inline into vector moves
-// instead of a call to memcpy each (a field's rows are a few cache lines at most).
+// Copies rows of `width` floats, src_stride and dst_stride floats apart. Widths known at compile
+// time inline into vector moves instead of a call to memcpy per row (a field's rows are a few
+// cache lines at most).
 template <int64_t kWidth>
-void CopyRowsOf(const float* matrix, const ColumnWindow& window, float* block) {
-  for (int64_t r = 0; r < window.rows; ++r) {
-    std::memcpy(block + r * kWidth, matrix + r * window.row_width + window.column,
-                kWidth * sizeof(float));
+void CopyRowsOf(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * dst_stride, src + r * src_stride, kWidth * sizeof(float));
   }
+}
+
+void CopyRows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+              int64_t width) {
+  switch (width) {
+    case 0:
+      return;
+    case 8:
+      return CopyRowsOf<8>(src, src_stride, dst, dst_stride, rows);
+    case 16:
+      return CopyRowsOf<16>(src, src_stride, dst, dst_stride, rows);
+    case 32:
+      return CopyRowsOf<32>(src, src_stride, dst, dst_stride, rows);
+    case 64:
+      return CopyRowsOf<64>(src, src_stride, dst, dst_stride, rows);
+  }
+  const size_t bytes = static_cast<size_t>(width) * sizeof(float);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_stride, src + r * src_stride, bytes);
 }
 
 }  // namespace
 
 void CopyFromWindow(const float* matrix, const ColumnWindow& window, float* block) {
-  switch (window.width) {
-    case 0:
-      return;
-    case 8:
-      return CopyRowsOf<8>(matrix, window, block);
-    case 16:
-      return CopyRowsOf<16>(matrix, window, block);
-    case 32:
-      return CopyRowsOf<32>(matrix, window, block);
-    case 64:
-      return CopyRowsOf<64>(matrix, window, block);
-  }
-  const size_t bytes = static_cast<size_t>(window.width) * sizeof(float);
-  for (int64_t r = 0; r < window.rows; ++r) {
-    std::memcpy(block + r * window.width, matrix + r * window.row_width + window.column, bytes);
-  }
+  CopyRows(matrix + window.column, window.row_width, block, window.width, window.rows,
+           window.width);
+}
+
+void CopyToWindow(const float* block, const ColumnWindow& window, float* matrix) {
+  CopyRows(block, window.width, matrix + window.column, window.row_width, window.rows,
+           window.width);
 }
 
 }  // namespace de

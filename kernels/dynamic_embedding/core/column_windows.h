@@ -1,6 +1,7 @@
-// A split along one axis as windows of columns, for the fused embedding apply, which reads a
-// field's gradient out of a SplitV's input instead of the SplitV's copy
-// (kernels/graph/embedding_fusion_pass.cc). TensorFlow-free.
+// A split or a concatenation along one axis as windows of columns, for the fused embedding ops
+// (kernels/graph/embedding_fusion_pass.cc): the apply reads a field's gradient out of a SplitV's
+// input instead of the SplitV's copy, and the lookup writes its fields straight into a ConcatV2's
+// output. TensorFlow-free.
 //
 // A tensor of dims D split along `axis` is a matrix [outer, inner] with outer = prod(D[:axis]) and
 // inner = prod(D[axis:]); each piece owns the same window of columns in every row, and is itself a
@@ -28,9 +29,20 @@ struct ColumnWindow {
 bool SplitWindow(const std::vector<int64_t>& dims, int64_t axis, const std::vector<int64_t>& sizes,
                  int64_t index, ColumnWindow* window, std::string* error);
 
+// The concatenation of tensors of dims pieces[i] along `axis` (negative counts from the end): its
+// dims, and the window of each piece. False, with the reason, if the axis is out of range or the
+// pieces differ in rank or in a dim other than the axis.
+bool ConcatWindows(const std::vector<std::vector<int64_t>>& pieces, int64_t axis,
+                   std::vector<int64_t>* dims, std::vector<ColumnWindow>* windows,
+                   std::string* error);
+
 // Copies `window` of `matrix` out into a contiguous [window.rows, window.width] block: the piece
 // as SplitV would output it.
 void CopyFromWindow(const float* matrix, const ColumnWindow& window, float* block);
+
+// The reverse: a contiguous [window.rows, window.width] block into `window` of `matrix` (a piece
+// of a concatenation written in place).
+void CopyToWindow(const float* block, const ColumnWindow& window, float* matrix);
 
 }  // namespace de
 }  // namespace tf_ext

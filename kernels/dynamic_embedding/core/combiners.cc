@@ -35,21 +35,40 @@ std::vector<float> SegmentScales(Combiner combiner, const int64_t* segment_ids, 
   return scales;
 }
 
-void CombineRows(Combiner combiner, const float* rows, const int64_t* segment_ids, int64_t n,
-                 int64_t num_segments, int dim, float* out) {
-  std::fill(out, out + num_segments * dim, 0.0f);
+void ZeroSegments(int64_t num_segments, int dim, float* out, int64_t out_stride) {
+  if (out_stride == dim) {
+    std::fill(out, out + num_segments * dim, 0.0f);
+    return;
+  }
+  for (int64_t s = 0; s < num_segments; ++s)
+    std::fill(out + s * out_stride, out + s * out_stride + dim, 0.0f);
+}
+
+void AddRowsToSegments(const float* rows, const int64_t* segment_ids, int64_t n, int dim,
+                       float* out, int64_t out_stride) {
   for (int64_t i = 0; i < n; ++i) {
     if (segment_ids[i] < 0) continue;
-    float* sum = out + segment_ids[i] * dim;
+    float* sum = out + segment_ids[i] * out_stride;
     const float* row = rows + i * dim;
     for (int d = 0; d < dim; ++d) sum[d] += row[d];
   }
+}
+
+void DivideSegments(Combiner combiner, const int64_t* segment_ids, int64_t n, int64_t num_segments,
+                    int dim, float* out, int64_t out_stride) {
   if (combiner == Combiner::kSum || combiner == Combiner::kNone) return;
   const std::vector<float> scales = SegmentScales(combiner, segment_ids, n, num_segments);
   for (int64_t s = 0; s < num_segments; ++s) {
-    float* sum = out + s * dim;
+    float* sum = out + s * out_stride;
     for (int d = 0; d < dim; ++d) sum[d] = sum[d] / scales[s];
   }
+}
+
+void CombineRows(Combiner combiner, const float* rows, const int64_t* segment_ids, int64_t n,
+                 int64_t num_segments, int dim, float* out) {
+  ZeroSegments(num_segments, dim, out, dim);
+  AddRowsToSegments(rows, segment_ids, n, dim, out, dim);
+  DivideSegments(combiner, segment_ids, n, num_segments, dim, out, dim);
 }
 
 }  // namespace de

@@ -32,6 +32,15 @@ std::vector<float> SegmentScales(Combiner combiner, const int64_t* segment_ids, 
 void CombineRows(Combiner combiner, const float* rows, const int64_t* segment_ids, int64_t n,
                  int64_t num_segments, int dim, float* out);
 
+// CombineRows in parts, for rows that come in blocks, into out rows out_stride floats apart (a
+// column window of a wider matrix): zero the segments, add each block of rows in input order,
+// then divide by the segments' scales (segment_ids: all n of them).
+void ZeroSegments(int64_t num_segments, int dim, float* out, int64_t out_stride);
+void AddRowsToSegments(const float* rows, const int64_t* segment_ids, int64_t n, int dim,
+                       float* out, int64_t out_stride);
+void DivideSegments(Combiner combiner, const int64_t* segment_ids, int64_t n, int64_t num_segments,
+                    int dim, float* out, int64_t out_stride);
+
 // Positions of distinct keys, in order of first occurrence. int64 keys use an open-addressing
 // table (the common case, and the fused apply's hot loop); other keys an unordered_map.
 template <typename Key>
@@ -87,13 +96,17 @@ void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
   const bool direct = combiner == Combiner::kNone;
   const std::vector<float> scales =
       direct ? std::vector<float>() : SegmentScales(combiner, segment_ids, n, num_segments);
-  DistinctKeys<Key> index(n);
-  distinct->clear();
-  sums->clear();
+  // Slots first, so that the sums are allocated once: growing them key by key moved them again
+  // and again.
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  {
+    DistinctKeys<Key> index(n);
+    distinct->clear();
+    for (int64_t i = 0; i < n; ++i) slots[i] = index.SlotOf(key_at(i), distinct);
+  }
+  sums->assign(distinct->size() * dim, 0.0f);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = index.SlotOf(key_at(i), distinct);
-    if (slot * dim == static_cast<int64_t>(sums->size())) sums->resize(sums->size() + dim, 0.0f);
-    float* sum = sums->data() + slot * dim;
+    float* sum = sums->data() + slots[i] * dim;
     if (direct) {
       const float* gradient = output_gradients + i * dim;
       for (int d = 0; d < dim; ++d) sum[d] += gradient[d];

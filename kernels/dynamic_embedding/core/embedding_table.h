@@ -260,18 +260,25 @@ class EmbeddingTable {
   // the fastest. While a bulk removal runs (Evict, RemoveBatch), whose every short hold of a
   // shard's write lock would otherwise wait for a whole call, the keys are served shard by shard
   // instead, holding only the shards of the keys in flight (FindByShard).
+  // With out_stride, row i goes to out[i * out_stride, i * out_stride + dim) instead: into a
+  // column window of a wider matrix, such as a concatenation of lookups.
   template <typename KeyAt>
   int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out) const {
+    return FindBatch(n, key_at, out, dim_);
+  }
+  template <typename KeyAt>
+  int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride) const {
     const int64_t found = bulk_removals_.load(std::memory_order_relaxed) > 0
-                              ? FindByShard(n, key_at, out)
-                              : FindInOrder(n, key_at, out);
+                              ? FindByShard(n, key_at, out, out_stride)
+                              : FindInOrder(n, key_at, out, out_stride);
     CountLookups(n, found);
     return found;
   }
   // FindBatch as it runs during a bulk removal, for tests.
   template <typename KeyAt>
-  int64_t FindBatchByShardForTesting(int64_t n, KeyAt&& key_at, float* out) const {
-    return FindByShard(n, key_at, out);
+  int64_t FindBatchByShardForTesting(int64_t n, KeyAt&& key_at, float* out,
+                                     int64_t out_stride = 0) const {
+    return FindByShard(n, key_at, out, out_stride > 0 ? out_stride : dim_);
   }
 
   bool Contains(KeyView key) const {
@@ -891,7 +898,7 @@ class EmbeddingTable {
   // FindBatch's usual way: every shard read-locked (in the order LockAll takes them, so it cannot
   // deadlock with it), the keys served in order.
   template <typename KeyAt>
-  int64_t FindInOrder(int64_t n, KeyAt&& key_at, float* out) const {
+  int64_t FindInOrder(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride) const {
     // A two-stage software pipeline hides the two dependent cache misses of a cold key: the
     // index slot is prefetched kIndexAhead keys ahead, then read and its entry prefetched
     // kEntryAhead keys ahead, so both are in cache when the key's turn comes.
@@ -911,7 +918,7 @@ class EmbeddingTable {
         hashes[(i + kIndexAhead) % kRing] = StorageHash(key_at(i + kIndexAhead));
         PrefetchIndex(hashes[(i + kIndexAhead) % kRing]);
       }
-      found += ServeRow(ShardFor(hash), key_at(i), hash, out + i * dim_);
+      found += ServeRow(ShardFor(hash), key_at(i), hash, out + i * out_stride);
     }
     for (const auto& shard : shards_) shard.lock.unlock_shared();
     return found;
@@ -922,7 +929,7 @@ class EmbeddingTable {
   // holding one shard delays only the lookups that reach it, and a lookup delays a writer only
   // while it serves that shard's keys.
   template <typename KeyAt>
-  int64_t FindByShard(int64_t n, KeyAt&& key_at, float* out) const {
+  int64_t FindByShard(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride) const {
     const ShardGroups groups = GroupByShard(n, key_at);
     const GroupedKey* keys = groups.keys.get();
     // A two-stage software pipeline over the grouped keys hides the two dependent cache misses
@@ -937,7 +944,7 @@ class EmbeddingTable {
     };
     auto prefetch_entry_and_row = [&](int64_t p) {
       PrefetchEntry(keys[p].hash);
-      const char* row = reinterpret_cast<const char*>(out + keys[p].index * dim_);
+      const char* row = reinterpret_cast<const char*>(out + keys[p].index * out_stride);
       for (size_t line = 0; line < sizeof(float) * dim_; line += 64) {
         PrefetchLine(row + line);
       }
@@ -951,7 +958,7 @@ class EmbeddingTable {
       const int64_t i = keys[p].index;
       const uint64_t hash = keys[p].hash;
       const Shard& shard = ShardFor(hash);
-      found += ServeRow(shard, key_at(i), hash, out + i * dim_);
+      found += ServeRow(shard, key_at(i), hash, out + i * out_stride);
       if (p + 1 == groups.first[ShardIndex(hash) + 1]) shard.lock.unlock_shared();
     }
     return found;

@@ -41,8 +41,9 @@ struct PassStats {
   int64_t graphs_clustered = 0;  // graphs in which the XLA pass marked nodes
   int64_t nodes_clustered = 0;   // nodes it marked for XLA
   int64_t splits_read = 0;       // lookup gradients that fused applies read in a SplitV's input
+  int64_t concats_written = 0;   // ConcatV2s of lookups that fused lookups write instead
 };
-void RecordFusion(int64_t lookups, int64_t updates, int64_t splits);
+void RecordFusion(int64_t lookups, int64_t updates, int64_t splits, int64_t concats);
 void RecordClustering(int64_t nodes);
 PassStats Stats();
 

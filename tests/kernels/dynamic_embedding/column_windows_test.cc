@@ -103,6 +103,64 @@ TEST(ColumnWindowsTest, EveryWidthCopiesTheSameWay) {
   }
 }
 
+// Pieces written into their concatenation windows give ConcatV2's result along every axis, and
+// each piece copies back out of its window unchanged.
+TEST(ColumnWindowsTest, ConcatWindowsPlaceEachPieceAsConcatDoes) {
+  const std::vector<int64_t> a_dims = {2, 3, 4};
+  std::vector<float> a(24), b;
+  std::iota(a.begin(), a.end(), 0.0f);
+  for (int64_t axis : {0, 1, 2, -1}) {
+    const int64_t resolved = axis < 0 ? axis + 3 : axis;
+    std::vector<int64_t> b_dims = a_dims;
+    b_dims[resolved] = 1;  // a piece one wide along the axis
+    b.assign(24 / a_dims[resolved], 0.0f);
+    std::iota(b.begin(), b.end(), 100.0f);
+    std::vector<int64_t> dims;
+    std::vector<ColumnWindow> windows;
+    std::string error;
+    ASSERT_TRUE(ConcatWindows({b_dims, a_dims}, axis, &dims, &windows, &error)) << error;
+    std::vector<int64_t> expected_dims = a_dims;
+    ++expected_dims[resolved];
+    EXPECT_EQ(dims, expected_dims);
+    std::vector<float> out(24 + b.size(), -1.0f);
+    CopyToWindow(b.data(), windows[0], out.data());
+    CopyToWindow(a.data(), windows[1], out.data());
+    // out[i0][i1][i2] is b's element where the axis index is 0, else a's at that index - 1.
+    int64_t k = 0;
+    for (int64_t i0 = 0; i0 < dims[0]; ++i0) {
+      for (int64_t i1 = 0; i1 < dims[1]; ++i1) {
+        for (int64_t i2 = 0; i2 < dims[2]; ++i2, ++k) {
+          int64_t at[3] = {i0, i1, i2};
+          const bool from_b = at[resolved] == 0;
+          if (!from_b) --at[resolved];
+          const std::vector<int64_t>& d = from_b ? b_dims : a_dims;
+          const float want = (from_b ? b : a)[(at[0] * d[1] + at[1]) * d[2] + at[2]];
+          ASSERT_EQ(out[k], want) << "axis " << axis << ", element " << k;
+        }
+      }
+    }
+    std::vector<float> back(24);
+    CopyFromWindow(out.data(), windows[1], back.data());
+    EXPECT_EQ(back, a) << "axis " << axis;
+  }
+}
+
+TEST(ColumnWindowsTest, ConcatWindowsRejectPiecesThatDoNotFit) {
+  std::vector<int64_t> dims;
+  std::vector<ColumnWindow> windows;
+  std::string error;
+  EXPECT_FALSE(ConcatWindows({{4, 2}, {5, 3}}, 1, &dims, &windows, &error));
+  EXPECT_NE(error.find("piece 1 has shape [5,3]"), std::string::npos) << error;
+  EXPECT_FALSE(ConcatWindows({{4, 2}, {4, 2, 1}}, 1, &dims, &windows, &error));
+  EXPECT_NE(error.find("does not fit"), std::string::npos) << error;
+  EXPECT_FALSE(ConcatWindows({{4, 2}}, 2, &dims, &windows, &error));
+  EXPECT_NE(error.find("out of range"), std::string::npos) << error;
+  EXPECT_FALSE(ConcatWindows({}, 0, &dims, &windows, &error));
+  EXPECT_TRUE(ConcatWindows({{4, 2}, {4, 0}, {4, 3}}, -1, &dims, &windows, &error)) << error;
+  EXPECT_EQ(dims, (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(windows[2].column, 2);
+}
+
 }  // namespace
 }  // namespace de
 }  // namespace tf_ext

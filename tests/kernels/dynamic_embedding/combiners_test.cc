@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,38 @@ TEST(CombinersTest, NegativeSegmentIdsDropTheirRows) {
   std::vector<float> out(2);
   CombineRows(Combiner::kMean, kRows.data(), segments.data(), 3, 1, 2, out.data());
   EXPECT_EQ(out, (std::vector<float>{3, 4}));  // (1+5)/2, (2+6)/2
+}
+
+// The fused lookup combines blocks of found rows into a column window of a concatenation: the
+// same values as CombineRows, with the columns around the window untouched.
+TEST(CombinersTest, BlockwiseIntoAWindowEqualsCombineRows) {
+  for (Combiner combiner : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
+    const std::vector<int64_t> segments = {0, 2, 0, -1, 2, 2, 1};
+    std::vector<float> rows(7 * 2);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.1f * static_cast<float>(i * i % 13);
+    std::vector<float> expected(3 * 2);
+    CombineRows(combiner, rows.data(), segments.data(), 7, 3, 2, expected.data());
+    constexpr int64_t kStride = 5, kColumn = 1;  // window: columns 1-2 of a [3, 5] matrix
+    std::vector<float> matrix(3 * kStride, -1.0f);
+    float* window = matrix.data() + kColumn;
+    ZeroSegments(3, 2, window, kStride);
+    for (int64_t block = 0; block < 7; block += 3) {  // blocks of 3, 3 and 1 rows
+      const int64_t count = std::min<int64_t>(3, 7 - block);
+      AddRowsToSegments(rows.data() + block * 2, segments.data() + block, count, 2, window,
+                        kStride);
+    }
+    DivideSegments(combiner, segments.data(), 7, 3, 2, window, kStride);
+    for (int64_t s = 0; s < 3; ++s) {
+      for (int64_t c = 0; c < kStride; ++c) {
+        const float value = matrix[s * kStride + c];
+        if (c >= kColumn && c < kColumn + 2) {
+          EXPECT_EQ(value, expected[s * 2 + c - kColumn]) << "segment " << s << ", column " << c;
+        } else {
+          EXPECT_EQ(value, -1.0f) << "segment " << s << ", column " << c;
+        }
+      }
+    }
+  }
 }
 
 TEST(CombinersTest, SumsGradientsPerDistinctKeyInFirstOccurrenceOrder) {

@@ -189,15 +189,26 @@ void ExpectFindBatchMatchesFind(Key (*make_key)(int64_t)) {
     std::vector<float> in_order(n * kDim, -7.0f), by_shard(n * kDim, -7.0f), expected(kDim);
     EXPECT_EQ(table.FindBatch(n, key_at, in_order.data()), present) << "n " << n;
     EXPECT_EQ(table.FindBatchByShardForTesting(n, key_at, by_shard.data()), present) << "n " << n;
+    // Into a column window of a wider matrix (rows kStride floats apart), both ways.
+    constexpr int64_t kStride = kDim + 3;
+    std::vector<float> strided(n * kStride, -7.0f), strided_by_shard(n * kStride, -7.0f);
+    EXPECT_EQ(table.FindBatch(n, key_at, strided.data(), kStride), present) << "n " << n;
+    EXPECT_EQ(table.FindBatchByShardForTesting(n, key_at, strided_by_shard.data(), kStride),
+              present)
+        << "n " << n;
     for (int64_t i = 0; i < n; ++i) {
       table.Find(keys[i], expected.data());
-      const auto row = [&](const std::vector<float>& rows) {
-        return std::vector<float>(rows.begin() + i * kDim, rows.begin() + (i + 1) * kDim);
+      const auto row = [&](const std::vector<float>& rows, int64_t stride, int64_t width) {
+        return std::vector<float>(rows.begin() + i * stride, rows.begin() + i * stride + width);
       };
-      ASSERT_EQ(row(in_order), expected) << "n " << n << ", position " << i;
-      ASSERT_EQ(row(by_shard), expected) << "n " << n << ", position " << i;
+      ASSERT_EQ(row(in_order, kDim, kDim), expected) << "n " << n << ", position " << i;
+      ASSERT_EQ(row(by_shard, kDim, kDim), expected) << "n " << n << ", position " << i;
+      std::vector<float> padded = expected;
+      padded.resize(kStride, -7.0f);  // the columns past the row stay untouched
+      ASSERT_EQ(row(strided, kStride, kStride), padded) << "n " << n << ", position " << i;
+      ASSERT_EQ(row(strided_by_shard, kStride, kStride), padded) << "n " << n << ", position " << i;
     }
-    looked_up += 2 * n;  // FindBatch and Find; the testing entry point counts none
+    looked_up += 3 * n;  // FindBatch twice and Find; the testing entry point counts none
   }
   EXPECT_EQ(table.Size(), 3000);
   EXPECT_EQ(table.Counters().lookups, looked_up);

@@ -37,9 +37,9 @@ TEST(PassSwitchesTest, ProcessSwitchesAreWhatWasLastSet) {
 
 TEST(PassSwitchesTest, CountsWhatThePassesDid) {
   const PassStats before = Stats();
-  RecordFusion(26, 25, 24);
+  RecordFusion(26, 25, 24, 1);
   RecordClustering(40);
-  int64_t out[6];
+  int64_t out[7];
   TfExtGraphOptimizationStats(out);
   EXPECT_EQ(out[0], before.graphs_fused + 1);
   EXPECT_EQ(out[1], before.lookups_fused + 26);
@@ -47,6 +47,7 @@ TEST(PassSwitchesTest, CountsWhatThePassesDid) {
   EXPECT_EQ(out[3], before.graphs_clustered + 1);
   EXPECT_EQ(out[4], before.nodes_clustered + 40);
   EXPECT_EQ(out[5], before.splits_read + 24);
+  EXPECT_EQ(out[6], before.concats_written + 1);
 }
 
 }  // namespace
