@@ -88,6 +88,24 @@ through it to the table's optimizer.
 values: Shape keys.shape + [dim].
 )doc");
 
+REGISTER_OP("TfExtRaggedSegmentIds")
+    .Input("row_splits: Tsplits")
+    .Output("segment_ids: int64")
+    .Attr("Tsplits: {int32, int64} = DT_INT64")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+The row of each value of a RaggedTensor, as RaggedTensor.value_rowids() gives it.
+
+One op for lookups of ragged ids, where TensorFlow's value_rowids() is a chain of them (about
+0.2 ms for 20,000 values).
+
+row_splits: The RaggedTensor's row_splits: 1-D, starting at 0, never decreasing.
+segment_ids: row_splits[-1] entries: r for each value of row r.
+)doc");
+
 REGISTER_OP("TfExtTableInsert")
     .Input("table: resource")
     .Input("keys: Tkey")

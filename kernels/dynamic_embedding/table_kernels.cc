@@ -256,6 +256,42 @@ class ImportOp : public TableKernel {
   }
 };
 
+template <typename Split>
+class RaggedSegmentIdsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& splits_tensor = ctx->input(0);
+    OP_REQUIRES(ctx, splits_tensor.dims() == 1 && splits_tensor.NumElements() >= 1,
+                ::tensorflow::errors::InvalidArgument(
+                    "row_splits must be a vector of at least one entry, got shape ",
+                    splits_tensor.shape().DebugString()));
+    const auto splits = splits_tensor.flat<Split>();
+    const int64_t rows = splits.size() - 1;
+    OP_REQUIRES(ctx, splits(0) == 0,
+                ::tensorflow::errors::InvalidArgument("row_splits must start at 0, got ",
+                                                      static_cast<int64_t>(splits(0))));
+    for (int64_t r = 0; r < rows; ++r) {
+      OP_REQUIRES(ctx, splits(r) <= splits(r + 1),
+                  ::tensorflow::errors::InvalidArgument(
+                      "row_splits must not decrease, got ", static_cast<int64_t>(splits(r)),
+                      " then ", static_cast<int64_t>(splits(r + 1)), " at ", r));
+    }
+    Tensor* out;
+    OP_REQUIRES_OK(
+        ctx, ctx->allocate_output(0, TensorShape({static_cast<int64_t>(splits(rows))}), &out));
+    int64_t* segment_ids = out->flat<int64_t>().data();
+    for (int64_t r = 0; r < rows; ++r)
+      std::fill(segment_ids + splits(r), segment_ids + splits(r + 1), r);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("TfExtRaggedSegmentIds").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tsplits"),
+    RaggedSegmentIdsOp<int32_t>);
+REGISTER_KERNEL_BUILDER(
+    Name("TfExtRaggedSegmentIds").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tsplits"),
+    RaggedSegmentIdsOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("TfExtDynamicTable").Device(DEVICE_CPU), DynamicTableOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableSize").Device(DEVICE_CPU), SizeOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableMemoryBytes").Device(DEVICE_CPU), MemoryBytesOp);

@@ -208,3 +208,30 @@ def test_extreme_dims_train_and_export(dim, key_dtype):
   np.testing.assert_allclose(rows[1], -1 / np.sqrt(0.1 + 1 + 1e-7), rtol=1e-5)
   keys_out, values, slots, *_ = t.export_with_slots()
   assert values.shape == (2, dim) and slots.shape == (2, dim)
+
+
+@pytest.mark.parametrize("splits_dtype", [tf.int32, tf.int64])
+def test_ragged_lookups_take_their_segment_ids_from_one_op(splits_dtype):
+  """Lookups of RaggedTensor ids compute the rows' segment ids with TfExtRaggedSegmentIds, which
+  equals value_rowids() (empty rows and tensors included) and names bad row_splits."""
+  ops = tf_ext._ops_loader.load()
+  rng = np.random.default_rng(0)
+  for lengths in ([], [0], [3, 0, 2], rng.integers(0, 11, 500)):
+    ragged = tf.RaggedTensor.from_row_lengths(
+      tf.zeros([int(np.sum(lengths))], tf.int64), tf.constant(lengths, tf.int64)
+    ).with_row_splits_dtype(splits_dtype)
+    ids = ops.tf_ext_ragged_segment_ids(ragged.row_splits)
+    assert ids.dtype == tf.int64
+    np.testing.assert_array_equal(ids.numpy(), ragged.value_rowids().numpy())
+  for splits, message in [
+    ([1, 2], "must start at 0, got 1"),
+    ([0, 3, 2], "must not decrease, got 3 then 2 at 1"),
+    ([], "at least one entry"),
+  ]:
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+      ops.tf_ext_ragged_segment_ids(tf.constant(splits, splits_dtype))
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable("ragged_ids", 2)
+    tf_ext.embedding_lookup(table, tf.ragged.constant([[1, 2], [], [3]], tf.int64))
+    types = [op.type for op in tf.compat.v1.get_default_graph().get_operations()]
+    assert "TfExtRaggedSegmentIds" in types

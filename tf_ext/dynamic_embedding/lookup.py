@@ -3,10 +3,13 @@
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from tf_ext import _ops_loader
 from tf_ext.dynamic_embedding import variable as variable_lib
 from tf_ext.dynamic_embedding.fusion_markers import marked
 
 COMBINERS = ("sum", "mean", "sqrtn")
+
+tf.no_gradient("TfExtRaggedSegmentIds")
 
 
 def _combine(rows, segment_ids, num_segments, combiner):
@@ -54,7 +57,8 @@ def embedding_lookup(table, ids, combiner=None, name=None):
           table.name, f"RaggedTensor ids must have rank 2, got {ids.shape.rank}"
         )
       rows = table.lookup(ids.values)
-      segments = (ids.value_rowids(), ids.nrows())
+      # One op instead of TensorFlow's chain of them for value_rowids().
+      segments = (_ops_loader.load().tf_ext_ragged_segment_ids(ids.row_splits), ids.nrows())
       combined = _combine(rows, *segments, combiner or "mean")
       return marked(table, rows, combined, *segments, combiner or "mean")
     from tf_ext.jit.function import padded_extent  # noqa: PLC0415 (tf_ext.jit needs tf_ext's ops)
