@@ -1,10 +1,10 @@
 """The hashtable's software prefetches survive compilation.
 
 GCC 12 at -O2 finds a function whose only effect is __builtin_prefetch "pure" and deletes every
-call to it: the table's prefetching once compiled to nothing, silently (a lookup of tables of
-30,000 rows took 141 ns a key instead of 59). The table prefetches through an asm statement now
-(kernels/dynamic_embedding/core/embedding_table.h, PrefetchLine); this checks the built library
-holds the instructions.
+call to it: the table's prefetching once compiled to nothing, silently (benchmarks/lookup.py
+measured 0.53x the dense gather's speed instead of 0.90x). The table prefetches through an asm
+statement now (kernels/dynamic_embedding/core/embedding_table.h, PrefetchLine); this checks the
+built library holds the instructions.
 """
 
 import os
