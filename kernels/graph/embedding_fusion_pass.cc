@@ -221,10 +221,17 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
     combiners.push_back(field.combiner);
   }
   // A Session caches the kernels of stateful ops by node name across the graphs of its different
-  // fetches, so the name must tell fused ops of different fields apart: it hashes the nodes
-  // they replace.
+  // fetches, so the name must tell apart fused ops of different fields or of different
+  // concatenation plans (one graph may read a field's own output that another leaves unwritten):
+  // it hashes the nodes they replace and the plan.
   std::string replaced_names;
   for (const Field& field : fields) replaced_names += field.replaced->name() + ";";
+  if (concat != nullptr) {
+    replaced_names += concat->concat->name() + "|";
+    for (int64_t entry : concat->layout) replaced_names += std::to_string(entry) + ",";
+    replaced_names += "|";
+    for (int64_t unread : concat->unread_fields) replaced_names += std::to_string(unread) + ",";
+  }
   NodeBuilder builder(graph->NewName("tf_ext_fused/" + op + "_" +
                                      std::to_string(std::hash<std::string>()(replaced_names))),
                       op);

@@ -220,6 +220,35 @@ def test_a_split_gradient_is_read_in_place_and_training_stays_bit_equal():
   assert after["concats_written"] - before["concats_written"] >= 1
 
 
+def test_fetching_a_lookup_after_a_step_that_did_not_reads_its_values():
+  """A Session keeps stateful kernels by node name across the graphs of its fetches: the graph of
+  `train` alone (the lookup only concatenated, its own output left unwritten) and the graph that
+  also fetches the lookup must not share a fused lookup. One field, so that both graphs list the
+  same fields in the same order."""
+  graph = tf.Graph()
+  with graph.as_default():
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    dense = tf.compat.v1.placeholder(tf.float32, [None, 2])
+    table = tf_ext.get_dynamic_embedding_variable(
+      unique("fetched"), 3, initializer=tf.random_normal_initializer(0.0, 0.1)
+    )
+    embedding = tf_ext.embedding_lookup(table, ids)
+    logit = tf.keras.layers.Dense(1)(tf.concat([embedding, dense], 1))
+    train = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(
+      tf.reduce_sum(tf.square(logit))
+    )
+    initialize = tf.compat.v1.global_variables_initializer()
+  feed = {ids: [1, 2, 3, 1], dense: np.ones([4, 2], np.float32)}
+  fetched = []
+  for switches in (UNFUSED, FUSE_ONLY):
+    config = graph_optimizations.config_proto(**switches)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+      session.run(initialize)
+      session.run(train, feed)
+      fetched.append(session.run([embedding, train], feed)[0])
+  assert_bit_equal(fetched[0], fetched[1])
+
+
 def test_a_concatenation_that_depends_on_a_lookup_is_left_to_tensorflow():
   """concat([e1, 2 * e2]) cannot be written by the fused lookup (one of its inputs needs the
   lookup's result): it stays, the lookups still fuse, and training stays bit-equal."""
