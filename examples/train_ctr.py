@@ -392,6 +392,7 @@ def main(argv=None):
     print(
       f"graph passes: {passes['lookups_fused']} lookups and {passes['updates_fused']} table "
       f"updates fused (graphs rewritten: {passes['graphs_fused']}), "
+      f"{passes['concats_written']} concatenations written by the fused lookup, "
       f"{passes['nodes_clustered']} nodes clustered for XLA"
     )
 
