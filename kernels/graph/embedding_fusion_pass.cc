@@ -441,13 +441,13 @@ bool PlanConcat(Graph* graph, const std::vector<Field>& fields, const std::vecto
                 ConcatPlan* plan) {
   std::map<const Node*, int64_t> field_of;
   std::vector<Node*> markers;
+  std::vector<std::vector<const Edge*>> consumers(fields.size());
   std::set<Node*> candidates;
   for (size_t i = 0; i < fields.size(); ++i) {
     field_of[fields[i].replaced] = static_cast<int64_t>(i);
     markers.push_back(fields[i].replaced);
-    std::vector<const Edge*> consumers;
-    ValueConsumers(fields[i].replaced, 0, &consumers);
-    for (const Edge* edge : consumers) {
+    ValueConsumers(fields[i].replaced, 0, &consumers[i]);
+    for (const Edge* edge : consumers[i]) {
       if (IsFloatOp(edge->dst(), "ConcatV2")) candidates.insert(edge->dst());
     }
   }
@@ -488,10 +488,8 @@ bool PlanConcat(Graph* graph, const std::vector<Field>& fields, const std::vecto
   }
   if (most_fields == 0) return false;
   for (size_t i = 0; i < fields.size(); ++i) {
-    std::vector<const Edge*> consumers;
-    ValueConsumers(fields[i].replaced, 0, &consumers);
-    bool unread = !consumers.empty();
-    for (const Edge* edge : consumers) {
+    bool unread = !consumers[i].empty();
+    for (const Edge* edge : consumers[i]) {
       unread = unread && (edge->dst() == plan->concat || ReadsShapeOnly(edge->dst()));
     }
     if (unread) plan->unread_fields.push_back(static_cast<int64_t>(i));
