@@ -27,6 +27,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/embedding_table.h",
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/optimizers.h",
+            "kernels/dynamic_embedding/core/prefetch.h",
             "kernels/dynamic_embedding/core/rw_spinlock.h",
             "kernels/dynamic_embedding/core/sharding.h",
             "kernels/dynamic_embedding/core/snapshot_file.h",

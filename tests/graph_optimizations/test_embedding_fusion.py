@@ -89,6 +89,7 @@ class SessionModel:
       optimizer = tf_ext.DynamicEmbeddingOptimizer(optimizer_fn())
       self.train = optimizer.minimize(self.loss)
       self.exports = [t.export() for t in self.tables]
+      self.statistics = [t.statistics() for t in self.tables]
       self.initialize = tf.compat.v1.global_variables_initializer()
 
   def feeds(self, steps, seed=0):
@@ -101,7 +102,8 @@ class SessionModel:
       yield feed
 
   def train_steps(self, switches, steps=4):
-    """(per step: loss and embeddings), the tables' final exports, the executed op types."""
+    """(per step: loss and embeddings), the tables' final exports, the executed op types, and the
+    tables' statistics."""
     config = graph_optimizations.config_proto(**switches)
     with tf.compat.v1.Session(graph=self.graph, config=config) as session:
       session.run(self.initialize)
@@ -111,7 +113,7 @@ class SessionModel:
         loss, embeddings, _ = session.run([self.loss, self.embeddings, self.train], feed)
         history.append((loss, embeddings))
       ops = _executed_ops(session, self.train, feeds[0])
-      return history, session.run(self.exports), ops
+      return history, session.run(self.exports), ops, session.run(self.statistics)
 
 
 def assert_bit_equal(a, b):
@@ -119,7 +121,7 @@ def assert_bit_equal(a, b):
 
 
 def assert_same_training(unfused, fused):
-  (history_a, tables_a, _), (history_b, tables_b, _) = unfused, fused
+  (history_a, tables_a, *_), (history_b, tables_b, *_) = unfused, fused
   for (loss_a, emb_a), (loss_b, emb_b) in zip(history_a, history_b):
     assert loss_a == loss_b
     for x, y in zip(emb_a, emb_b):
@@ -158,6 +160,11 @@ def test_session_training_is_bit_equal_and_fused(optimizer_fn):
   assert fused_ops.count("TfExtTableApplyGradient") == 1
   assert "Unique" in fused_ops  # the shared table's
   assert len(fused_ops) < 0.75 * len(unfused_ops)
+  # The fused lookup looks each distinct id of a batch up once, but counts every id, as the
+  # unfused lookups do. Not the shared table: its unfused update runs its first lookup again.
+  for stats_a, stats_b in zip(unfused[3][:5], fused[3][:5]):
+    assert stats_a["lookups"] == stats_b["lookups"] and stats_a["lookups"] > 0
+    assert stats_a["lookup_hits"] == stats_b["lookup_hits"]
 
 
 class WideSessionModel:

@@ -48,9 +48,7 @@ void AddRowsToSegments(const float* rows, const int64_t* segment_ids, int64_t n,
                        float* out, int64_t out_stride) {
   for (int64_t i = 0; i < n; ++i) {
     if (segment_ids[i] < 0) continue;
-    float* sum = out + segment_ids[i] * out_stride;
-    const float* row = rows + i * dim;
-    for (int d = 0; d < dim; ++d) sum[d] += row[d];
+    AddRow(rows + i * dim, dim, out + segment_ids[i] * out_stride);
   }
 }
 

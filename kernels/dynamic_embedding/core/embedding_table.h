@@ -43,6 +43,7 @@
 
 #include "kernels/dynamic_embedding/core/admission.h"
 #include "kernels/dynamic_embedding/core/initializers.h"
+#include "kernels/dynamic_embedding/core/prefetch.h"
 #include "kernels/dynamic_embedding/core/rw_spinlock.h"
 
 namespace tf_ext {
@@ -50,18 +51,6 @@ namespace de {
 
 constexpr int kMaxDim = 4096;
 constexpr int kMaxSlots = 4;
-
-// Starts loading the cache line at `address`. An asm statement, not __builtin_prefetch: GCC 12
-// at -O2 finds a function whose only effect is __builtin_prefetch "pure" and deletes every call
-// to it, and the table's prefetching compiled to nothing (benchmarks/lookup.py: 0.53x the dense
-// gather's speed with the builtin, 0.90x with this).
-inline void PrefetchLine(const void* address) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(address)));
-#else
-  __builtin_prefetch(address);
-#endif
-}
 
 // Where a key is stored: the low bits pick its shard, the next its home slot, the high 32 its tag.
 // Nothing persisted depends on it (an import re-inserts every key), so it may change for speed or
@@ -273,6 +262,24 @@ class EmbeddingTable {
                               : FindInOrder(n, key_at, out, out_stride);
     CountLookups(n, found);
     return found;
+  }
+  // FindBatch for distinct keys that stand for more lookups: key k counts as occurrences[k] lookups
+  // (and hits), so the statistics are those of looking every occurrence up. Rows go to out[k *
+  // dim].
+  template <typename KeyAt>
+  void FindDistinctBatch(int64_t n, KeyAt&& key_at, const int64_t* occurrences, float* out) const {
+    std::unique_ptr<bool[]> present(new bool[n]);
+    if (bulk_removals_.load(std::memory_order_relaxed) > 0) {
+      FindByShard(n, key_at, out, dim_, present.get());
+    } else {
+      FindInOrder(n, key_at, out, dim_, present.get());
+    }
+    int64_t lookups = 0, hits = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      lookups += occurrences[k];
+      if (present[k]) hits += occurrences[k];
+    }
+    CountLookups(lookups, hits);
   }
   // FindBatch as it runs during a bulk removal, for tests.
   template <typename KeyAt>
@@ -898,7 +905,8 @@ class EmbeddingTable {
   // FindBatch's usual way: every shard read-locked (in the order LockAll takes them, so it cannot
   // deadlock with it), the keys served in order.
   template <typename KeyAt>
-  int64_t FindInOrder(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride) const {
+  int64_t FindInOrder(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride,
+                      bool* present = nullptr) const {
     // A two-stage software pipeline hides the two dependent cache misses of a cold key: the
     // index slot is prefetched kIndexAhead keys ahead, then read and its entry prefetched
     // kEntryAhead keys ahead, so both are in cache when the key's turn comes.
@@ -918,7 +926,9 @@ class EmbeddingTable {
         hashes[(i + kIndexAhead) % kRing] = StorageHash(key_at(i + kIndexAhead));
         PrefetchIndex(hashes[(i + kIndexAhead) % kRing]);
       }
-      found += ServeRow(ShardFor(hash), key_at(i), hash, out + i * out_stride);
+      const bool hit = ServeRow(ShardFor(hash), key_at(i), hash, out + i * out_stride);
+      found += hit;
+      if (present != nullptr) present[i] = hit;
     }
     for (const auto& shard : shards_) shard.lock.unlock_shared();
     return found;
@@ -929,7 +939,8 @@ class EmbeddingTable {
   // holding one shard delays only the lookups that reach it, and a lookup delays a writer only
   // while it serves that shard's keys.
   template <typename KeyAt>
-  int64_t FindByShard(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride) const {
+  int64_t FindByShard(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride,
+                      bool* present = nullptr) const {
     const ShardGroups groups = GroupByShard(n, key_at);
     const GroupedKey* keys = groups.keys.get();
     // A two-stage software pipeline over the grouped keys hides the two dependent cache misses
@@ -958,7 +969,9 @@ class EmbeddingTable {
       const int64_t i = keys[p].index;
       const uint64_t hash = keys[p].hash;
       const Shard& shard = ShardFor(hash);
-      found += ServeRow(shard, key_at(i), hash, out + i * out_stride);
+      const bool hit = ServeRow(shard, key_at(i), hash, out + i * out_stride);
+      found += hit;
+      if (present != nullptr) present[i] = hit;
       if (p + 1 == groups.first[ShardIndex(hash) + 1]) shard.lock.unlock_shared();
     }
     return found;

@@ -184,17 +184,29 @@ inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const
     }
     case OptimizerKind::kAdam:
     case OptimizerKind::kAmsgrad: {
-      float* m = slots;
-      float* v = slots + dim;
-      float* v_max = slots + 2 * dim;  // AMSGrad only
-      const bool amsgrad = p.kind == OptimizerKind::kAmsgrad;
+      // The blocks never overlap, and saying so (with AMSGrad's loop apart) lets the compiler use
+      // vector instructions: one float at a time, this loop ran 4x slower. The arithmetic per
+      // element is unchanged.
+      float* __restrict m = slots;
+      float* __restrict v = slots + dim;
+      float* __restrict v_max = slots + 2 * dim;  // AMSGrad only
+      float* __restrict e = embedding;
+      const float* __restrict g = grad;
+      const float beta1 = p.beta1, beta2 = p.beta2, epsilon = p.epsilon;
       const float lr_t = internal::AdamStepSize(p, prior_updates);
+      if (p.kind == OptimizerKind::kAmsgrad) {
+        for (int j = 0; j < dim; ++j) {
+          m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
+          v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
+          v_max[j] = std::max(v_max[j], v[j]);
+          e[j] -= lr_t * m[j] / (std::sqrt(v_max[j]) + epsilon);
+        }
+        return;
+      }
       for (int j = 0; j < dim; ++j) {
-        m[j] = p.beta1 * m[j] + (1.0f - p.beta1) * grad[j];
-        v[j] = p.beta2 * v[j] + (1.0f - p.beta2) * grad[j] * grad[j];
-        float second_moment = v[j];
-        if (amsgrad) second_moment = v_max[j] = std::max(v_max[j], v[j]);
-        embedding[j] -= lr_t * m[j] / (std::sqrt(second_moment) + p.epsilon);
+        m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
+        v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
+        e[j] -= lr_t * m[j] / (std::sqrt(v[j]) + epsilon);
       }
       return;
     }

@@ -86,7 +86,7 @@ TEST(CombinersTest, SumsGradientsPerDistinctKeyInFirstOccurrenceOrder) {
   std::vector<int64_t> distinct;
   std::vector<float> sums;
   SumGradientsByDistinctKey<int64_t>(
-      Combiner::kMean, output_gradients.data(), segments.data(), 3, 2, 2,
+      Combiner::kMean, output_gradients.data(), 2, segments.data(), 3, 2, 2,
       [&](int64_t i) { return keys[i]; }, &distinct, &sums);
   EXPECT_EQ(distinct, (std::vector<int64_t>{7, 3}));
   // key 7: [2,4]/2 + [10,20]/1; key 3: [2,4]/2.
@@ -99,10 +99,53 @@ TEST(CombinersTest, NoneTakesOneGradientRowPerKey) {
   std::vector<std::string_view> distinct;
   std::vector<float> sums;
   SumGradientsByDistinctKey<std::string_view>(
-      Combiner::kNone, output_gradients.data(), nullptr, 3, 0, 2,
+      Combiner::kNone, output_gradients.data(), 2, nullptr, 3, 0, 2,
       [&](int64_t i) { return std::string_view(keys[i]); }, &distinct, &sums);
   EXPECT_EQ(distinct, (std::vector<std::string_view>{"b", "a"}));
   EXPECT_EQ(sums, (std::vector<float>{6, 8, 3, 4}));
+}
+
+TEST(CombinersTest, GradientsReadFromAColumnWindowEqualTheContiguousOnes) {
+  // Keys with repeats in 5 segments; the output gradient [5, dim 3] once contiguous, once as
+  // columns 2-4 of a [5, 7] matrix whose other columns must not be read.
+  const std::vector<int64_t> keys = {4, 9, 4, 4, 2, 9, 7};
+  const std::vector<int64_t> segments = {0, 0, 1, 2, 2, 3, 4};
+  constexpr int kDim = 3, kWidth = 7, kColumn = 2;
+  std::vector<float> contiguous(5 * kDim), window(5 * kWidth, 1e30f);
+  for (int r = 0; r < 5; ++r) {
+    for (int d = 0; d < kDim; ++d) {
+      contiguous[r * kDim + d] = window[r * kWidth + kColumn + d] = 0.25f * r - 0.5f * d + 1.0f;
+    }
+  }
+  for (Combiner combiner : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
+    std::vector<int64_t> distinct, distinct_from_window;
+    std::vector<float> sums, sums_from_window;
+    SumGradientsByDistinctKey<int64_t>(
+        combiner, contiguous.data(), kDim, segments.data(), 7, 5, kDim,
+        [&](int64_t i) { return keys[i]; }, &distinct, &sums);
+    SumGradientsByDistinctKey<int64_t>(
+        combiner, window.data() + kColumn, kWidth, segments.data(), 7, 5, kDim,
+        [&](int64_t i) { return keys[i]; }, &distinct_from_window, &sums_from_window);
+    EXPECT_EQ(distinct, (std::vector<int64_t>{4, 9, 2, 7}));
+    EXPECT_EQ(distinct_from_window, distinct);
+    EXPECT_EQ(sums_from_window, sums);
+  }
+  // kNone: one gradient row per key, 7 rows of the window.
+  std::vector<float> rows(7 * kDim), rows_window(7 * kWidth, 1e30f);
+  for (int r = 0; r < 7; ++r) {
+    for (int d = 0; d < kDim; ++d) rows[r * kDim + d] = rows_window[r * kWidth + d] = r + 0.5f * d;
+  }
+  std::vector<int64_t> distinct, distinct_from_window;
+  std::vector<float> sums, sums_from_window;
+  SumGradientsByDistinctKey<int64_t>(
+      Combiner::kNone, rows.data(), kDim, nullptr, 7, 0, kDim, [&](int64_t i) { return keys[i]; },
+      &distinct, &sums);
+  SumGradientsByDistinctKey<int64_t>(
+      Combiner::kNone, rows_window.data(), kWidth, nullptr, 7, 0, kDim,
+      [&](int64_t i) { return keys[i]; }, &distinct_from_window, &sums_from_window);
+  EXPECT_EQ(sums_from_window, sums);
+  // key 4: rows 0, 2, 3.
+  EXPECT_EQ(std::vector<float>(sums.begin(), sums.begin() + kDim), (std::vector<float>{5, 6.5, 8}));
 }
 
 TEST(CombinersTest, ManyDistinctIntKeysKeepTheirOrder) {
@@ -113,7 +156,7 @@ TEST(CombinersTest, ManyDistinctIntKeysKeepTheirOrder) {
   std::vector<int64_t> distinct;
   std::vector<float> sums;
   SumGradientsByDistinctKey<int64_t>(
-      Combiner::kNone, gradients.data(), nullptr, n, 0, 1, [&](int64_t i) { return keys[i]; },
+      Combiner::kNone, gradients.data(), 1, nullptr, n, 0, 1, [&](int64_t i) { return keys[i]; },
       &distinct, &sums);
   ASSERT_EQ(distinct.size(), 5003u);
   float total = 0;

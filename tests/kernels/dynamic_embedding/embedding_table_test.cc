@@ -222,6 +222,27 @@ TEST(EmbeddingTableTest, FindBatchMatchesFindWithDuplicatesAndMissingKeys) {
   ExpectFindBatchMatchesFind<std::string>(SpreadStringKey);
 }
 
+TEST(EmbeddingTableTest, FindDistinctBatchServesFindBatchRowsAndCountsEveryOccurrence) {
+  constexpr int kDim = 4;
+  EmbeddingTable<int64_t> table(kDim, Uniform(3));
+  for (int64_t k = 0; k < 100; ++k) table.InsertOrAssign(k, Row(kDim, k).data());
+  // Present keys 5 and 60, missing 500 and 501 (initial rows), each standing for some lookups.
+  const std::vector<int64_t> keys = {5, 500, 60, 501};
+  const std::vector<int64_t> occurrences = {3, 2, 1, 4};
+  std::vector<float> distinct_rows(keys.size() * kDim), batch_rows(keys.size() * kDim);
+  table.FindDistinctBatch(
+      static_cast<int64_t>(keys.size()), [&](int64_t k) { return keys[k]; }, occurrences.data(),
+      distinct_rows.data());
+  EXPECT_EQ(table.Counters().lookups, 10);
+  EXPECT_EQ(table.Counters().lookup_hits, 4);  // 3 of key 5 and 1 of key 60
+  EXPECT_EQ(
+      table.FindBatch(
+          static_cast<int64_t>(keys.size()), [&](int64_t k) { return keys[k]; }, batch_rows.data()),
+      2);
+  EXPECT_EQ(distinct_rows, batch_rows);
+  EXPECT_EQ(table.Size(), 100);  // a lookup inserts nothing
+}
+
 TEST(EmbeddingTableTest, RemoveBatchRemovesEachPresentKeyOnce) {
   EmbeddingTable<int64_t> table(3, InitializerSpec());
   std::map<int64_t, float> reference;
