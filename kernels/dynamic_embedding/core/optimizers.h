@@ -131,9 +131,26 @@ inline void SetHyperparameters(const float* values, OptimizerParams* p) {
 
 namespace internal {
 
-// accum^(-lr_power), with TensorFlow's exact square root for the usual lr_power = -0.5.
-inline float FtrlPower(float accum, float lr_power) {
-  return lr_power == -0.5f ? std::sqrt(accum) : std::pow(accum, -lr_power);
+// One FTRL step of a row (slots: accum, then linear), power(accum) being accum^(-lr_power).
+template <typename Power>
+inline void FtrlRow(const OptimizerParams& p, const float* __restrict grad, int dim,
+                    float* __restrict embedding, float* slots, Power&& power) {
+  float* __restrict accum = slots;
+  float* __restrict linear = slots + dim;
+  const float lr = p.learning_rate, l1 = p.l1;
+  const float two_shrinkage = 2.0f * p.l2_shrinkage;
+  const float two_l2 = 2.0f * p.l2;
+  for (int j = 0; j < dim; ++j) {
+    const float g = grad[j];
+    const float g_with_shrinkage = g + two_shrinkage * embedding[j];
+    const float new_accum = accum[j] + g * g;
+    const float new_power = power(new_accum);
+    linear[j] += g_with_shrinkage - (new_power - power(accum[j])) / lr * embedding[j];
+    const float l1_adjusted = std::max(std::min(linear[j], l1), -l1);
+    const float quadratic = new_power / lr + two_l2;
+    embedding[j] = (l1_adjusted - linear[j]) / quadratic;
+    accum[j] = new_accum;
+  }
 }
 
 // Adam's step size for the row's update number t (1-based): lr * sqrt(1 - b2^t) / (1 - b1^t).
@@ -166,32 +183,41 @@ inline float AdamStepSize(const OptimizerParams& p, int64_t prior_updates) {
 }  // namespace internal
 
 // `slots` holds NumSlots(kind) consecutive blocks of `dim` floats.
+//
+// The gradient, the embedding and the slot blocks never overlap. Saying so (__restrict), with no
+// per-element branch left in a loop, lets the compiler use vector instructions; one float at a
+// time, Adam's and Adagrad's loops ran 4x slower and FTRL's 6x. The arithmetic per element is the
+// same either way.
 inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const float* grad,
                           int dim, float* embedding, float* slots) {
+  const float* __restrict g = grad;
+  float* __restrict e = embedding;
+  const float lr = p.learning_rate;
   switch (p.kind) {
     case OptimizerKind::kSgd:
-      for (int j = 0; j < dim; ++j) embedding[j] -= p.learning_rate * grad[j];
+      for (int j = 0; j < dim; ++j) e[j] -= lr * g[j];
       return;
     case OptimizerKind::kAdagrad: {
-      float* acc = slots;
-      for (int j = 0; j < dim; ++j) {
-        acc[j] += grad[j] * grad[j];
-        const float denom =
-            p.epsilon_inside_sqrt ? std::sqrt(acc[j] + p.epsilon) : std::sqrt(acc[j]) + p.epsilon;
-        embedding[j] -= p.learning_rate * grad[j] / denom;
+      float* __restrict acc = slots;
+      const float epsilon = p.epsilon;
+      if (p.epsilon_inside_sqrt) {
+        for (int j = 0; j < dim; ++j) {
+          acc[j] += g[j] * g[j];
+          e[j] -= lr * g[j] / std::sqrt(acc[j] + epsilon);
+        }
+      } else {
+        for (int j = 0; j < dim; ++j) {
+          acc[j] += g[j] * g[j];
+          e[j] -= lr * g[j] / (std::sqrt(acc[j]) + epsilon);
+        }
       }
       return;
     }
     case OptimizerKind::kAdam:
     case OptimizerKind::kAmsgrad: {
-      // The blocks never overlap, and saying so (with AMSGrad's loop apart) lets the compiler use
-      // vector instructions: one float at a time, this loop ran 4x slower. The arithmetic per
-      // element is unchanged.
       float* __restrict m = slots;
       float* __restrict v = slots + dim;
       float* __restrict v_max = slots + 2 * dim;  // AMSGrad only
-      float* __restrict e = embedding;
-      const float* __restrict g = grad;
       const float beta1 = p.beta1, beta2 = p.beta2, epsilon = p.epsilon;
       const float lr_t = internal::AdamStepSize(p, prior_updates);
       if (p.kind == OptimizerKind::kAmsgrad) {
@@ -211,49 +237,47 @@ inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const
       return;
     }
     case OptimizerKind::kMomentum: {  // TF's SparseApplyMomentum
-      float* accum = slots;
-      for (int j = 0; j < dim; ++j) {
-        accum[j] = accum[j] * p.momentum + grad[j];
-        if (p.use_nesterov) {
-          embedding[j] -= p.learning_rate * grad[j] + p.learning_rate * p.momentum * accum[j];
-        } else {
-          embedding[j] -= p.learning_rate * accum[j];
+      float* __restrict accum = slots;
+      const float momentum = p.momentum;
+      if (p.use_nesterov) {
+        for (int j = 0; j < dim; ++j) {
+          accum[j] = accum[j] * momentum + g[j];
+          e[j] -= lr * g[j] + lr * momentum * accum[j];
+        }
+      } else {
+        for (int j = 0; j < dim; ++j) {
+          accum[j] = accum[j] * momentum + g[j];
+          e[j] -= lr * accum[j];
         }
       }
       return;
     }
     case OptimizerKind::kKerasMomentum: {  // TF's SparseApplyKerasMomentum
-      float* accum = slots;
-      for (int j = 0; j < dim; ++j) {
-        accum[j] = accum[j] * p.momentum - grad[j] * p.learning_rate;
-        if (p.use_nesterov) {
-          embedding[j] += accum[j] * p.momentum - grad[j] * p.learning_rate;
-        } else {
-          embedding[j] += accum[j];
+      float* __restrict accum = slots;
+      const float momentum = p.momentum;
+      if (p.use_nesterov) {
+        for (int j = 0; j < dim; ++j) {
+          accum[j] = accum[j] * momentum - g[j] * lr;
+          e[j] += accum[j] * momentum - g[j] * lr;
+        }
+      } else {
+        for (int j = 0; j < dim; ++j) {
+          accum[j] = accum[j] * momentum - g[j] * lr;
+          e[j] += accum[j];
         }
       }
       return;
     }
-    case OptimizerKind::kFtrl: {  // TF's SparseApplyFtrl(V2), multiply_linear_by_lr = false
-      float* accum = slots;
-      float* linear = slots + dim;
-      const float two_shrinkage = 2.0f * p.l2_shrinkage;
-      const float two_l2 = 2.0f * p.l2;
-      for (int j = 0; j < dim; ++j) {
-        const float g = grad[j];
-        const float g_with_shrinkage = g + two_shrinkage * embedding[j];
-        const float new_accum = accum[j] + g * g;
-        const float new_power = internal::FtrlPower(new_accum, p.learning_rate_power);
-        linear[j] +=
-            g_with_shrinkage - (new_power - internal::FtrlPower(accum[j], p.learning_rate_power)) /
-                                   p.learning_rate * embedding[j];
-        const float l1_adjusted = std::max(std::min(linear[j], p.l1), -p.l1);
-        const float quadratic = new_power / p.learning_rate + two_l2;
-        embedding[j] = (l1_adjusted - linear[j]) / quadratic;
-        accum[j] = new_accum;
+    case OptimizerKind::kFtrl:  // TF's SparseApplyFtrl(V2), multiply_linear_by_lr = false
+      // TensorFlow's exact square root for the usual lr_power = -0.5, else pow.
+      if (p.learning_rate_power == -0.5f) {
+        internal::FtrlRow(p, g, dim, e, slots, [](float accum) { return std::sqrt(accum); });
+      } else {
+        const float exponent = -p.learning_rate_power;
+        internal::FtrlRow(p, g, dim, e, slots,
+                          [exponent](float accum) { return std::pow(accum, exponent); });
       }
       return;
-    }
   }
 }
 
