@@ -181,7 +181,19 @@ void FindDistinctAndPlace(const de::EmbeddingTable<int64_t>& core, const Field& 
   const int dim = static_cast<int>(field.dim);
   std::vector<int64_t> slots(block_keys), distinct, occurrences;
   std::vector<float> rows;
-  if (combine) de::ZeroSegments(field.num_segments, dim, out, out_stride);
+  // A combiner field whose rows go to a column window of a wider matrix sums into a contiguous
+  // buffer and writes the window once: the window's rows lie far apart, and zeroing, adding and
+  // dividing there took cache misses.
+  std::vector<float> window_sums;
+  float* sums = out;
+  int64_t sums_stride = out_stride;
+  if (combine && out_stride != dim) {
+    window_sums.assign(field.num_segments * dim, 0.0f);
+    sums = window_sums.data();
+    sums_stride = dim;
+  } else if (combine) {
+    de::ZeroSegments(field.num_segments, dim, out, out_stride);
+  }
   for (int64_t block = 0; block < field.num_keys; block += block_keys) {
     const int64_t count = std::min(block_keys, field.num_keys - block);
     de::DistinctKeys<int64_t> index(count);
@@ -197,18 +209,27 @@ void FindDistinctAndPlace(const de::EmbeddingTable<int64_t>& core, const Field& 
       const int64_t* segment_ids = field.segment_ids + block;
       for (int64_t i = 0; i < count; ++i) {
         if (segment_ids[i] < 0) continue;
-        de::AddRow(rows.data() + slots[i] * dim, dim, out + segment_ids[i] * out_stride);
+        de::AddRow(rows.data() + slots[i] * dim, dim, sums + segment_ids[i] * sums_stride);
       }
     } else {
       for (int64_t i = 0; i < count; ++i) {
+        if (i + de::kRowsAhead < count) {
+          de::PrefetchRow(out + (block + i + de::kRowsAhead) * out_stride, dim);
+        }
         std::memcpy(out + (block + i) * out_stride, rows.data() + slots[i] * dim,
                     sizeof(float) * dim);
       }
     }
   }
-  if (combine) {
-    de::DivideSegments(field.combiner, field.segment_ids, field.num_keys, field.num_segments, dim,
-                       out, out_stride);
+  if (!combine) return;
+  de::DivideSegments(field.combiner, field.segment_ids, field.num_keys, field.num_segments, dim,
+                     sums, sums_stride);
+  if (window_sums.empty()) return;
+  for (int64_t s = 0; s < field.num_segments; ++s) {
+    if (s + de::kRowsAhead < field.num_segments) {
+      de::PrefetchRow(out + (s + de::kRowsAhead) * out_stride, dim);
+    }
+    std::memcpy(out + s * out_stride, sums + s * dim, sizeof(float) * dim);
   }
 }
 
