@@ -186,7 +186,7 @@ inline float AdamStepSize(const OptimizerParams& p, int64_t prior_updates) {
 //
 // The gradient, the embedding and the slot blocks never overlap. Saying so (__restrict), with no
 // per-element branch left in a loop, lets the compiler use vector instructions; one float at a
-// time, Adam's and Adagrad's loops ran 4x slower and FTRL's 6x. The arithmetic per element is the
+// time, Adam's, Adagrad's and FTRL's loops ran about 4x slower. The arithmetic per element is the
 // same either way.
 inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const float* grad,
                           int dim, float* embedding, float* slots) {
