@@ -1,10 +1,10 @@
 """The optimizers' row updates compile to vector square roots.
 
 With std::sqrt allowed to set errno, or with pointers that might overlap, GCC compiles Adam's,
-AMSGrad's, Adagrad's and FTRL's per-element loops (kernels/dynamic_embedding/core/optimizers.h) one
-float at a time: about 4x slower, with the same results. The build passes -fno-math-errno and the loops
-say their blocks do not overlap; this checks the built library holds packed square roots (none
-before either change).
+AMSGrad's, Adagrad's and FTRL's per-element loops (kernels/dynamic_embedding/core/optimizers.h)
+one float at a time: about 4x slower, with the same results. The build passes -fno-math-errno and
+the loops say their blocks do not overlap; this checks the built library holds packed square
+roots (none before either change).
 """
 
 import os
