@@ -82,6 +82,7 @@ REGISTER_OP("TfExtFusedEmbeddingLookup")
     .Input("concat_extras: num_concat_extras * float")
     .Output("embeddings: N * float")
     .Output("concatenated: float")
+    .Output("distinct_slots: N * int32")
     .Attr("N: int >= 1")
     .Attr("Tkeys: list({int64, string})")
     .Attr("dims: list(int)")
@@ -109,6 +110,7 @@ REGISTER_OP("TfExtFusedEmbeddingLookup")
       std::vector<int64_t> layout;
       TF_RETURN_IF_ERROR(c->GetAttr("concat_layout", &layout));
       c->set_output(n, layout.empty() ? c->Vector(0) : c->UnknownShape());
+      for (int i = 0; i < n; ++i) c->set_output(n + 1 + i, c->Vector(c->UnknownDim()));
       return ::tensorflow::OkStatus();
     })
     .Doc(R"doc(
@@ -121,6 +123,9 @@ With a concat_layout, `concatenated` is ConcatV2 along concat_axis of the pieces
 layout names (entry i >= 0 is embeddings[i], entry -1 - k is concat_extras[k]), and the fields
 are written into it directly. The fields listed in unread_fields (only shapes of them are read) keep their
 shapes but not their values. Without a layout, `concatenated` is empty.
+
+distinct_slots[i] gives each of the int64 keys[i] its position among the field's distinct keys,
+in order of first occurrence, for TfExtFusedEmbeddingApply; it is empty for string keys.
 )doc");
 
 REGISTER_OP("TfExtFusedEmbeddingApply")
@@ -136,6 +141,7 @@ REGISTER_OP("TfExtFusedEmbeddingApply")
     .Input("global_step: int64")
     .Input("hyperparameters: num_hyperparameters * float")
     .Input("split_sizes: Tsplit_sizes")
+    .Input("distinct_slots: N * int32")
     .Attr("N: int >= 1")
     .Attr("Tkeys: list({int64, string})")
     .Attr("dims: list(int)")
@@ -159,6 +165,9 @@ TfExtTableApplyGradient does (same attributes and inputs).
 Where gradient_splits[i] = k >= 0, output_gradients[i] is the input of a SplitV and field i's
 gradient its output k: the split of it along gradient_split_axes[i] by the next entry of
 split_sizes (one per such field, in field order), read from there instead of from a copy.
+
+A non-empty distinct_slots[i] is TfExtFusedEmbeddingLookup's for the same keys: the distinct
+keys follow from it without hashing them again. Each key is checked against its slot's key.
 )doc");
 
 }  // namespace tf_ext

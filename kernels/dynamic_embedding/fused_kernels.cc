@@ -3,6 +3,7 @@
 // field's lookup or update in one op, with the combiner arithmetic of core/combiners.h.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -168,60 +169,55 @@ void FindAndCombine(const de::EmbeddingTable<Key>& core, const Field& field, Key
                      field.dim, out, out_stride);
 }
 
-// A field's int64 keys, block by block: each distinct key of a block is looked up once, and its
-// row copied to each of its keys' output rows (kNone) or added to their segments in input order
+// A field's int64 keys: each distinct key is looked up once (kLookupBlock at a time), and its row
+// copied to each of its keys' output rows (kNone) or added to their segments in input order
 // (combiners), into out (rows out_stride floats apart). A batch's ids repeat (in the fusion
-// benchmark a tenth are distinct): a probe of the small block index costs less than one of the
-// table. The table's statistics count every key, as a lookup per key would.
-template <typename KeyAt>
+// benchmark a tenth are distinct): a probe of the small index of the field's ids costs less than
+// one of the table. slots[i] gets key i's position among the distinct keys, which the fused apply
+// reuses. The table's statistics count every key, as a lookup per key would.
+template <typename KeyAt, typename Slot>
 void FindDistinctAndPlace(const de::EmbeddingTable<int64_t>& core, const Field& field,
-                          KeyAt&& key_at, float* out, int64_t out_stride) {
-  const int64_t block_keys = std::min(kLookupBlock, field.num_keys);
+                          KeyAt&& key_at, float* out, int64_t out_stride, Slot* slots) {
   const bool combine = field.combiner != de::Combiner::kNone;
   const int dim = static_cast<int>(field.dim);
-  std::vector<int64_t> slots(block_keys), distinct, occurrences;
-  std::vector<float> rows;
+  std::vector<int64_t> distinct;
+  de::IndexDistinctKeys(field.num_keys, key_at, &distinct, slots);
+  const int64_t num_distinct = static_cast<int64_t>(distinct.size());
+  std::vector<int64_t> occurrences(num_distinct, 0);
+  for (int64_t i = 0; i < field.num_keys; ++i) ++occurrences[slots[i]];
+  std::vector<float> rows(num_distinct * dim);
+  for (int64_t block = 0; block < num_distinct; block += kLookupBlock) {
+    core.FindDistinctBatch(
+        std::min(kLookupBlock, num_distinct - block),
+        [&](int64_t k) { return distinct[block + k]; }, occurrences.data() + block,
+        rows.data() + block * dim);
+  }
+  if (!combine) {
+    for (int64_t i = 0; i < field.num_keys; ++i) {
+      if (i + de::kRowsAhead < field.num_keys) {
+        de::PrefetchRow(out + (i + de::kRowsAhead) * out_stride, dim);
+      }
+      std::memcpy(out + i * out_stride, rows.data() + slots[i] * dim, sizeof(float) * dim);
+    }
+    return;
+  }
   // A combiner field whose rows go to a column window of a wider matrix sums into a contiguous
   // buffer and writes the window once: the window's rows lie far apart, and zeroing, adding and
   // dividing there took cache misses.
   std::vector<float> window_sums;
   float* sums = out;
   int64_t sums_stride = out_stride;
-  if (combine && out_stride != dim) {
+  if (out_stride != dim) {
     window_sums.assign(field.num_segments * dim, 0.0f);
     sums = window_sums.data();
     sums_stride = dim;
-  } else if (combine) {
+  } else {
     de::ZeroSegments(field.num_segments, dim, out, out_stride);
   }
-  for (int64_t block = 0; block < field.num_keys; block += block_keys) {
-    const int64_t count = std::min(block_keys, field.num_keys - block);
-    de::DistinctKeys<int64_t> index(count);
-    distinct.clear();
-    for (int64_t i = 0; i < count; ++i) slots[i] = index.SlotOf(key_at(block + i), &distinct);
-    occurrences.assign(distinct.size(), 0);
-    for (int64_t i = 0; i < count; ++i) ++occurrences[slots[i]];
-    rows.resize(distinct.size() * dim);
-    core.FindDistinctBatch(
-        static_cast<int64_t>(distinct.size()), [&](int64_t k) { return distinct[k]; },
-        occurrences.data(), rows.data());
-    if (combine) {
-      const int64_t* segment_ids = field.segment_ids + block;
-      for (int64_t i = 0; i < count; ++i) {
-        if (segment_ids[i] < 0) continue;
-        de::AddRow(rows.data() + slots[i] * dim, dim, sums + segment_ids[i] * sums_stride);
-      }
-    } else {
-      for (int64_t i = 0; i < count; ++i) {
-        if (i + de::kRowsAhead < count) {
-          de::PrefetchRow(out + (block + i + de::kRowsAhead) * out_stride, dim);
-        }
-        std::memcpy(out + (block + i) * out_stride, rows.data() + slots[i] * dim,
-                    sizeof(float) * dim);
-      }
-    }
+  for (int64_t i = 0; i < field.num_keys; ++i) {
+    if (field.segment_ids[i] < 0) continue;
+    de::AddRow(rows.data() + slots[i] * dim, dim, sums + field.segment_ids[i] * sums_stride);
   }
-  if (!combine) return;
   de::DivideSegments(field.combiner, field.segment_ids, field.num_keys, field.num_segments, dim,
                      sums, sums_stride);
   if (window_sums.empty()) return;
@@ -279,34 +275,51 @@ class FusedLookupOp : public FusedFieldsKernel {
     float* concatenated = nullptr;
     std::vector<std::vector<de::ColumnWindow>> field_windows(n_);
     OP_REQUIRES_OK(ctx, Concatenate(ctx, field_dims, &concatenated, &field_windows));
+    // Output N + 1 + i: each int64 key's distinct slot, for the fused apply (empty for string keys,
+    // and for a field of more keys than int32 counts, which the apply then indexes itself).
+    std::vector<int32_t*> slot_outputs(n_, nullptr);
+    for (int i = 0; i < n_; ++i) {
+      const bool int32_slots = fields[i].keys->dtype() == DT_INT64 &&
+                               fields[i].num_keys <= std::numeric_limits<int32_t>::max();
+      Tensor* slots;
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(n_ + 1 + i, TensorShape({int32_slots ? fields[i].num_keys : 0}),
+                                    &slots));
+      if (int32_slots) slot_outputs[i] = slots->flat<int32_t>().data();
+    }
 
-    OP_REQUIRES_OK(ctx, ForEachField(ctx, fields, [&](int64_t i) {
-                     const Field& field = fields[i];
-                     const std::vector<de::ColumnWindow>& windows = field_windows[i];
-                     // Where nobody reads the field's own output and its one piece of the
-                     // concatenation has its rows, the rows go straight there.
-                     const bool in_place =
-                         unread_[i] && windows.size() == 1 && windows[0].width == field.dim;
-                     float* out = in_place ? concatenated + windows[0].column : outputs[i];
-                     const int64_t out_stride = in_place ? windows[0].row_width : field.dim;
-                     WithKeys(field, [&](auto* key_type, auto key_at) {
-                       using Key = std::remove_pointer_t<decltype(key_type)>;
-                       const auto& core = *field.table->template table<Key>();
-                       if constexpr (std::is_same_v<Key, int64_t>) {
-                         FindDistinctAndPlace(core, field, key_at, out, out_stride);
-                       } else if (field.combiner == de::Combiner::kNone) {
-                         FindRows(core, 0, field.num_keys, key_at, out, out_stride);
-                       } else {
-                         FindAndCombine(core, field, key_at, out, out_stride);
-                       }
-                     });
-                     if (!in_place) {
-                       for (const de::ColumnWindow& window : windows) {
-                         de::CopyToWindow(outputs[i], window, concatenated);
-                       }
-                     }
-                     return ::tensorflow::OkStatus();
-                   }));
+    OP_REQUIRES_OK(
+        ctx, ForEachField(ctx, fields, [&](int64_t i) {
+          const Field& field = fields[i];
+          const std::vector<de::ColumnWindow>& windows = field_windows[i];
+          // Where nobody reads the field's own output and its one piece of the
+          // concatenation has its rows, the rows go straight there.
+          const bool in_place = unread_[i] && windows.size() == 1 && windows[0].width == field.dim;
+          float* out = in_place ? concatenated + windows[0].column : outputs[i];
+          const int64_t out_stride = in_place ? windows[0].row_width : field.dim;
+          WithKeys(field, [&](auto* key_type, auto key_at) {
+            using Key = std::remove_pointer_t<decltype(key_type)>;
+            const auto& core = *field.table->template table<Key>();
+            if constexpr (std::is_same_v<Key, int64_t>) {
+              if (slot_outputs[i] != nullptr) {
+                FindDistinctAndPlace(core, field, key_at, out, out_stride, slot_outputs[i]);
+              } else {
+                std::vector<int64_t> slots(field.num_keys);
+                FindDistinctAndPlace(core, field, key_at, out, out_stride, slots.data());
+              }
+            } else if (field.combiner == de::Combiner::kNone) {
+              FindRows(core, 0, field.num_keys, key_at, out, out_stride);
+            } else {
+              FindAndCombine(core, field, key_at, out, out_stride);
+            }
+          });
+          if (!in_place) {
+            for (const de::ColumnWindow& window : windows) {
+              de::CopyToWindow(outputs[i], window, concatenated);
+            }
+          }
+          return ::tensorflow::OkStatus();
+        }));
   }
 
  private:
@@ -356,6 +369,47 @@ struct SplitGradient {
   de::ColumnWindow window;
 };
 
+// A field's distinct keys (ints or strings, by key type) and each key's slot among them: the fused
+// lookup's (given) or the apply's own.
+struct DistinctIndex {
+  std::vector<int64_t> ints;
+  std::vector<std::string_view> strings;
+  const int32_t* given = nullptr;
+  std::vector<int64_t> own;
+  int64_t num_distinct() const { return static_cast<int64_t>(ints.size() + strings.size()); }
+};
+
+Status IndexField(const Field& field, const Tensor& given_slots, DistinctIndex* index) {
+  const int64_t given = given_slots.NumElements();
+  if (given != 0 && given != field.num_keys) {
+    return field.table->Invalid("fused apply: distinct_slots has ", given, " entries for ",
+                                field.num_keys, " keys (it must have one per key, or none)");
+  }
+  std::string error;
+  bool consistent = true;
+  WithKeys(field, [&](auto* key_type, auto key_at) {
+    using TableKey = std::remove_pointer_t<decltype(key_type)>;
+    auto* distinct = [&] {
+      if constexpr (std::is_same_v<TableKey, int64_t>) {
+        return &index->ints;
+      } else {
+        return &index->strings;
+      }
+    }();
+    if (given == 0) {
+      index->own.resize(field.num_keys);
+      de::IndexDistinctKeys(field.num_keys, key_at, distinct, index->own.data());
+      return;
+    }
+    index->given = given_slots.flat<int32_t>().data();
+    consistent = de::DistinctKeysOfSlots(field.num_keys, key_at, index->given, distinct, &error);
+  });
+  if (!consistent) {
+    return field.table->Invalid("fused apply: distinct_slots are not those of the keys: ", error);
+  }
+  return ::tensorflow::OkStatus();
+}
+
 class FusedApplyOp : public FusedFieldsKernel {
  public:
   explicit FusedApplyOp(OpKernelConstruction* ctx) : FusedFieldsKernel(ctx) {
@@ -389,40 +443,59 @@ class FusedApplyOp : public FusedFieldsKernel {
         EnsureSlots<std::string>(field.table.get(), params);
       }
     }
-    OP_REQUIRES_OK(
-        ctx, ForEachField(ctx, fields, [&](int64_t i) {
-          const Field& field = fields[i];
-          const float* output_gradient = ctx->input(4 * n_ + i).flat<float>().data();
-          // A piece of a split's input whose rows are the field's gradient rows is read in place
-          // (the sums read the rows in order, after the hash probes); another is copied out.
-          int64_t gradient_stride = field.dim;
-          std::vector<float> piece;
-          if (splits[i].split) {
-            const de::ColumnWindow& window = splits[i].window;
-            if (window.width == field.dim) {
-              output_gradient += window.column;
-              gradient_stride = window.row_width;
-            } else {
-              piece.resize(window.rows * window.width);
-              de::CopyFromWindow(output_gradient, window, piece.data());
-              output_gradient = piece.data();
-            }
-          }
-          WithKeys(field, [&](auto* key_type, auto key_at) {
-            using TableKey = std::remove_pointer_t<decltype(key_type)>;
-            using Key =
-                std::conditional_t<std::is_same_v<TableKey, int64_t>, int64_t, std::string_view>;
-            std::vector<Key> distinct;
-            std::vector<float> sums;
-            de::SumGradientsByDistinctKey<Key>(
-                field.combiner, output_gradient, gradient_stride, field.segment_ids, field.num_keys,
-                field.num_segments, field.dim, key_at, &distinct, &sums);
-            UpdateRows<TableKey>(
-                field.table.get(), params, step, static_cast<int64_t>(distinct.size()),
-                [&](int64_t k) { return distinct[k]; }, sums.data());
-          });
-          return ::tensorflow::OkStatus();
-        }));
+    // First, one task per field: the field's distinct keys and each key's slot among them, from
+    // the fused lookup's distinct_slots where it gave them (checked against the keys), else by
+    // hashing the keys; all of them before any table changes, so bad slots change nothing.
+    OpInputList given_slots;
+    OP_REQUIRES_OK(ctx, ctx->input_list("distinct_slots", &given_slots));
+    std::vector<DistinctIndex> indexes(n_);
+    OP_REQUIRES_OK(ctx, ForEachField(ctx, fields, [&](int64_t i) {
+                     return IndexField(fields[i], given_slots[i], &indexes[i]);
+                   }));
+    // Then per field: the gradients of its distinct keys, summed, and their update (tables lock
+    // their shards, so fields of one table may overlap).
+    OP_REQUIRES_OK(ctx, ForEachField(ctx, fields, [&](int64_t i) {
+                     const Field& field = fields[i];
+                     const DistinctIndex& index = indexes[i];
+                     const float* output_gradient = ctx->input(4 * n_ + i).flat<float>().data();
+                     // A piece of a split's input whose rows are the field's gradient rows is read
+                     // in place (the sums read the rows in order, prefetched); another is copied
+                     // out.
+                     int64_t gradient_stride = field.dim;
+                     std::vector<float> piece;
+                     if (splits[i].split) {
+                       const de::ColumnWindow& window = splits[i].window;
+                       if (window.width == field.dim) {
+                         output_gradient += window.column;
+                         gradient_stride = window.row_width;
+                       } else {
+                         piece.resize(window.rows * window.width);
+                         de::CopyFromWindow(output_gradient, window, piece.data());
+                         output_gradient = piece.data();
+                       }
+                     }
+                     const int64_t num_distinct = index.num_distinct();
+                     std::vector<float> sums;
+                     if (index.given != nullptr) {
+                       de::SumGradientsBySlot(field.combiner, output_gradient, gradient_stride,
+                                              field.segment_ids, field.num_keys, field.num_segments,
+                                              field.dim, index.given, num_distinct, &sums);
+                     } else {
+                       de::SumGradientsBySlot(field.combiner, output_gradient, gradient_stride,
+                                              field.segment_ids, field.num_keys, field.num_segments,
+                                              field.dim, index.own.data(), num_distinct, &sums);
+                     }
+                     if (field.keys->dtype() == DT_INT64) {
+                       UpdateRows<int64_t>(
+                           field.table.get(), params, step, num_distinct,
+                           [&](int64_t k) { return index.ints[k]; }, sums.data());
+                     } else {
+                       UpdateRows<std::string>(
+                           field.table.get(), params, step, num_distinct,
+                           [&](int64_t k) { return index.strings[k]; }, sums.data());
+                     }
+                     return ::tensorflow::OkStatus();
+                   }));
   }
 
  private:

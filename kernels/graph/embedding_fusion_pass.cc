@@ -86,6 +86,16 @@ Output SourceOf(const Node* node, int index) {
   return out;
 }
 
+// The tensor whose elements `value` holds in the same order: through Identity and Reshape nodes
+// (a table update's ids are a reshape of its lookup's).
+Output SameElementsAs(Output value) {
+  while (value.first != nullptr &&
+         (value.first->type_string() == "Identity" || value.first->type_string() == "Reshape")) {
+    if (!InputOf(value.first, 0, &value).ok()) return {nullptr, 0};
+  }
+  return value;
+}
+
 // One lookup or update to fuse: the node it replaces, and its field's inputs.
 struct Field {
   Node* replaced = nullptr;
@@ -207,11 +217,13 @@ std::vector<NodeBuilder::NodeOut> Outs(const std::vector<Field>& fields, Output 
 }
 
 // Builds the fused op of `fields`: their field inputs; for the apply, the optimizer inputs and
-// attributes of `apply`, the first update it replaces, and the splits it reads its gradients in;
+// attributes of `apply`, the first update it replaces, the splits it reads its gradients in, and
+// each field's distinct slots (a fused lookup's, or an empty tensor);
 // for the lookup, the concatenation it writes (none without `concat`); and the control inputs of
 // the nodes it replaces.
 Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>& fields,
-                  const Node* apply, const ConcatPlan* concat, Node** fused) {
+                  const Node* apply, const ConcatPlan* concat,
+                  const std::vector<NodeBuilder::NodeOut>& distinct_slots, Node** fused) {
   std::vector<DataType> key_dtypes;
   std::vector<int64_t> dims;
   std::vector<std::string> combiners;
@@ -271,6 +283,7 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
       split_size_types.push_back(field.split_sizes.first->output_type(field.split_sizes.second));
     }
     builder.Input(split_sizes)
+        .Input(distinct_slots)
         .Attr("Tsplit_sizes", split_size_types)
         .Attr("gradient_splits", splits)
         .Attr("gradient_split_axes", axes);
@@ -304,6 +317,18 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
   }
   builder.ControlInputs(std::vector<Node*>(control_inputs.begin(), control_inputs.end()));
   return builder.Finalize(graph, fused);
+}
+
+// An empty int32 vector on `device`: the distinct slots of an apply field that no fused lookup
+// gave (the apply then finds its distinct keys itself).
+Status EmptySlots(Graph* graph, const std::string& device, Node** node) {
+  ::tensorflow::Tensor empty(::tensorflow::DT_INT32, ::tensorflow::TensorShape({0}));
+  return NodeBuilder(graph->NewName("tf_ext_fused/no_distinct_slots"), "Const")
+      .Attr("dtype", ::tensorflow::DT_INT32)
+      .Attr("value", empty)
+      .Device(device)
+      .AssignedDevice(device)
+      .Finalize(graph, node);
 }
 
 // Ops that TensorFlow calls stateful (they read a resource) but that change nothing.
@@ -559,7 +584,10 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     TF_RETURN_IF_ERROR(ApplyFields(graph, unfusable, &applies));
 
     std::vector<Node*> replaced;
-    int fused_lookups = 0, fused_applies = 0, splits_read = 0, concats_written = 0;
+    int fused_lookups = 0, fused_applies = 0, splits_read = 0, concats_written = 0,
+        slots_shared = 0;
+    // The elements of each int64 field's ids -> the fused lookup's distinct slots of them.
+    std::map<Output, NodeBuilder::NodeOut> slot_sources;
     for (auto& [device, fields] : lookups) {
       DropCycles(graph, &fields);
       if (fields.empty()) continue;
@@ -567,10 +595,14 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       const bool writes_concat = PlanConcat(graph, fields, unfusable, &concat);
       Node* fused;
       TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingLookup", fields, nullptr,
-                                    writes_concat ? &concat : nullptr, &fused));
+                                    writes_concat ? &concat : nullptr, {}, &fused));
       for (size_t i = 0; i < fields.size(); ++i) {
         TF_RETURN_IF_ERROR(MoveConsumers(graph, fields[i].replaced, 0, fused, static_cast<int>(i)));
         replaced.push_back(fields[i].replaced);
+        if (fields[i].key_dtype == ::tensorflow::DT_INT64) {
+          slot_sources.emplace(
+              fields[i].keys, NodeBuilder::NodeOut(fused, static_cast<int>(fields.size() + 1 + i)));
+        }
       }
       if (writes_concat) {
         TF_RETURN_IF_ERROR(
@@ -583,9 +615,26 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     for (auto& [key, fields] : applies) {
       DropCycles(graph, &fields);
       if (fields.empty()) continue;
+      // A field takes the distinct slots of a fused lookup of the same ids, unless that lookup runs
+      // after the updates (the edge would close a cycle).
+      std::vector<Node*> updates;
+      for (const Field& field : fields) updates.push_back(field.replaced);
+      const std::vector<bool> after_updates = Descendants(graph, updates);
+      std::vector<NodeBuilder::NodeOut> distinct_slots;
+      Node* no_slots = nullptr;
+      for (const Field& field : fields) {
+        const auto source = slot_sources.find(SameElementsAs(field.keys));
+        if (source != slot_sources.end() && !after_updates[source->second.node->id()]) {
+          distinct_slots.push_back(source->second);
+          ++slots_shared;
+          continue;
+        }
+        if (no_slots == nullptr) TF_RETURN_IF_ERROR(EmptySlots(graph, field.device, &no_slots));
+        distinct_slots.emplace_back(no_slots, 0);
+      }
       Node* fused;
       TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingApply", fields, fields[0].replaced,
-                                    nullptr, &fused));
+                                    nullptr, distinct_slots, &fused));
       for (const Field& field : fields) {
         TF_RETURN_IF_ERROR(MoveConsumers(graph, field.replaced, -1, fused, -1));
         replaced.push_back(field.replaced);
@@ -595,11 +644,12 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     }
     if (replaced.empty()) return ::tensorflow::OkStatus();
     const int removed = RemoveReplaced(graph, replaced, kept);
-    RecordFusion(fused_lookups, fused_applies, splits_read, concats_written);
+    RecordFusion(fused_lookups, fused_applies, splits_read, concats_written, slots_shared);
     ::tensorflow::FixupSourceAndSinkEdges(graph);
     VLOG(1) << "tf_ext embedding fusion: " << fused_lookups << " lookups and " << fused_applies
             << " updates fused (" << splits_read << " gradients read in a split's input, "
-            << concats_written << " concatenations written by a fused lookup), " << removed
+            << concats_written << " concatenations written by a fused lookup, " << slots_shared
+            << " updates given their ids' slots by a fused lookup), " << removed
             << " nodes removed";
     return ::tensorflow::OkStatus();
   }

@@ -147,7 +147,11 @@ def assert_same_training(unfused, fused):
 def test_session_training_is_bit_equal_and_fused(optimizer_fn):
   model = SessionModel(optimizer_fn)
   unfused = model.train_steps(UNFUSED)
+  before = graph_optimizations.stats()
   fused = model.train_steps(FUSE_ONLY)
+  # The 4 int64 fields of the fused apply take the fused lookup's distinct slots (not the string
+  # field), in each graph the Session builds.
+  assert graph_optimizations.stats()["slots_shared"] - before["slots_shared"] >= 4
   assert_same_training(unfused, fused)
   unfused_ops, fused_ops = unfused[2], fused[2]
   assert unfused_ops.count("TfExtTableFind") == 7
@@ -593,6 +597,7 @@ def test_fused_ops_reject_bad_inputs_with_the_table_named():
       tf.constant(1, tf.int64),
       [],
       [],
+      [tf.zeros([0], tf.int32)],
       dims=[2],
       combiners=["mean"],
       optimizer="sgd",
@@ -669,6 +674,7 @@ def test_fused_apply_reads_a_split_piece_and_rejects_bad_splits():
       tf.constant(1, tf.int64),
       [],
       [tf.constant(s, dtype) for s, dtype in split_sizes],
+      [tf.zeros([0], tf.int32)],
       dims=[2],
       combiners=["none"],
       optimizer="sgd",
@@ -695,3 +701,74 @@ def test_fused_apply_reads_a_split_piece_and_rejects_bad_splits():
   with pytest.raises(tf.errors.InvalidArgumentError, match="gradient_splits and gradient_split"):
     apply(bad, block, [([3, 2], tf.int64)], splits=[1, 0], axes=[1, 1])
   assert int(bad.size()) == 0  # nothing was written
+
+
+def test_fused_apply_takes_the_lookups_distinct_slots_and_rejects_bad_ones():
+  """The fused lookup gives each int64 id its position among the field's distinct ids; the fused
+  apply takes them instead of hashing the ids again: the same update, and a clear error, with
+  nothing written, for slots that are not those of the ids."""
+  ops = tf_ext._ops_loader.load()
+  keys = tf.constant([5, 7, 5, 9, 7], tf.int64)
+  segments = tf.constant([0, 0, 1, 1, 2], tf.int64)
+  gradient = tf.reshape(tf.range(6, dtype=tf.float32), [3, 2])  # mean over 3 segments
+
+  def lookup(table):
+    return ops.tf_ext_fused_embedding_lookup(
+      [table.resource_handle],
+      [keys],
+      [segments],
+      [tf.constant(3, tf.int64)],
+      [],
+      dims=[2],
+      combiners=["mean"],
+    )
+
+  def apply(table, slots):
+    return ops.tf_ext_fused_embedding_apply(
+      [table.resource_handle],
+      [keys],
+      [segments],
+      [tf.constant(3, tf.int64)],
+      [gradient],
+      0.1,
+      0.9,
+      0.999,
+      1e-7,
+      tf.constant(1, tf.int64),
+      [],
+      [],
+      [tf.constant(slots, tf.int32)],
+      dims=[2],
+      combiners=["mean"],
+      optimizer="adam",
+    )
+
+  hashed = tf_ext.get_dynamic_embedding_variable(unique("hashed"), 2)
+  given = tf_ext.get_dynamic_embedding_variable(unique("given"), 2)
+  slots = lookup(given).distinct_slots[0]
+  np.testing.assert_array_equal(slots.numpy(), [0, 1, 0, 2, 1])
+  apply(hashed, np.zeros([0], np.int32))
+  apply(given, slots)
+  for a, b in zip(hashed.export(), given.export()):  # keys, rows, Adam slots, counts, steps
+    assert_bit_equal(a, b)
+  bad = tf_ext.get_dynamic_embedding_variable(unique("bad_slots"), 2)
+  for bad_slots, message in [
+    ([0, 1, 0], "3 entries for 5 keys"),
+    ([0, 2, 0, 1, 2], "slot 2 of id 1 is out of order"),
+    ([0, 1, 1, 2, 1], "slot 1 of id 2 belongs to another id"),
+    ([0, 1, 0, 2, -1], "slot -1 of id 4 is out of order"),
+  ]:
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"bad_slots.*{message}"):
+      apply(bad, bad_slots)
+  assert int(bad.size()) == 0  # nothing was written
+  strings = tf_ext.get_dynamic_embedding_variable(unique("words_slots"), 2, key_dtype=tf.string)
+  words = ops.tf_ext_fused_embedding_lookup(
+    [strings.resource_handle],
+    [tf.constant(["a", "b", "a"])],
+    [tf.zeros([3], tf.int64)],
+    [tf.constant(0, tf.int64)],
+    [],
+    dims=[2],
+    combiners=["none"],
+  )
+  assert words.distinct_slots[0].shape == [0]  # string ids: the apply hashes them itself

@@ -55,6 +55,7 @@ _STATS = (
   "nodes_clustered",
   "splits_read",
   "concats_written",
+  "slots_shared",
 )
 
 
@@ -117,11 +118,12 @@ def config_proto(config=None, fuse_embeddings=None, cluster_dense_for_xla=None):
 
 
 def stats():
-  """What the passes did in this process so far: graphs_fused, lookups_fused, updates_fused,
-  splits_read (lookup gradients that a fused apply reads in the input of the split that made
-  them, which then goes) and concats_written (concatenations of lookups that a fused lookup
-  writes itself, which then go) by the fusion pass; graphs_clustered, nodes_clustered (nodes the
-  XLA pass marked)."""
+  """What the passes did in this process so far. By the fusion pass: graphs_fused, lookups_fused,
+  updates_fused, splits_read (lookup gradients that a fused apply reads in the input of the split
+  that made them, which then goes), concats_written (concatenations of lookups that a fused lookup
+  writes itself, which then go) and slots_shared (fused apply fields that take their ids' distinct
+  slots from a fused lookup instead of hashing the ids again). By the XLA pass: graphs_clustered,
+  nodes_clustered (nodes it marked)."""
   counters = (ctypes.c_int64 * len(_STATS))()
   _library().TfExtGraphOptimizationStats(counters)
   return dict(zip(_STATS, counters))

@@ -134,40 +134,59 @@ inline void PrefetchRow(const float* row, int dim) {
 }
 constexpr int64_t kRowsAhead = 16;
 
-// The distinct keys of key_at(0..n-1) in order of first occurrence, and for each the sum of its
-// rows' gradients, added in input order onto zeros (as tf.unique then UnsortedSegmentSum do). The
-// gradient of row i is output_gradients[segment_ids[i]] / scale (nothing for a negative segment
-// id), or with kNone output_gradients[i]; output gradient row r starts at output_gradients +
-// r * gradient_stride (dim for a [rows, dim] matrix; wider for a column window of one). Key:
-// int64_t or std::string_view.
-template <typename Key, typename KeyAt>
-void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
-                               int64_t gradient_stride, const int64_t* segment_ids, int64_t n,
-                               int64_t num_segments, int dim, KeyAt&& key_at,
-                               std::vector<Key>* distinct, std::vector<float>* sums) {
-  const bool direct = combiner == Combiner::kNone;
-  const std::vector<float> scales =
-      direct ? std::vector<float>() : SegmentScales(combiner, segment_ids, n, num_segments);
-  // Slots first, so that the sums are allocated once: growing them key by key moved them again
-  // and again.
-  std::vector<int64_t> slots(static_cast<size_t>(n));
-  {
-    DistinctKeys<Key> index(n);
-    distinct->clear();
-    for (int64_t i = 0; i < n; ++i) slots[i] = index.SlotOf(key_at(i), distinct);
+// The distinct keys of key_at(0..n-1) in order of first occurrence (*distinct), and each key's
+// position among them (slots[i]). Slot: an integer type that holds n - 1.
+template <typename Key, typename KeyAt, typename Slot>
+void IndexDistinctKeys(int64_t n, KeyAt&& key_at, std::vector<Key>* distinct, Slot* slots) {
+  DistinctKeys<Key> index(n);
+  distinct->clear();
+  for (int64_t i = 0; i < n; ++i) slots[i] = static_cast<Slot>(index.SlotOf(key_at(i), distinct));
+}
+
+// IndexDistinctKeys' *distinct from its slots for the same keys, without hashing: a key whose slot
+// is the next one is new. False, with the reason, where a slot is out of order or its key is not
+// key_at(i). (It cannot tell two equal keys given two slots; slots made for these keys never do.)
+template <typename Key, typename KeyAt, typename Slot>
+bool DistinctKeysOfSlots(int64_t n, KeyAt&& key_at, const Slot* slots, std::vector<Key>* distinct,
+                         std::string* error) {
+  distinct->clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = static_cast<int64_t>(slots[i]);
+    const int64_t known = static_cast<int64_t>(distinct->size());
+    if (slot == known) {
+      distinct->push_back(Key(key_at(i)));
+    } else if (slot < 0 || slot > known || !((*distinct)[slot] == key_at(i))) {
+      *error = "slot " + std::to_string(slot) + " of id " + std::to_string(i) +
+               (slot < 0 || slot > known ? " is out of order" : " belongs to another id");
+      return false;
+    }
   }
-  sums->assign(distinct->size() * dim, 0.0f);
-  if (direct) {
+  return true;
+}
+
+// For each distinct key (slots as IndexDistinctKeys gives them), the sum of its rows' gradients,
+// added in input order onto zeros (as tf.unique then UnsortedSegmentSum do): sums[num_distinct,
+// dim]. The gradient of row i is output_gradients[segment_ids[i]] / scale (nothing for a negative
+// segment id), or with kNone output_gradients[i]; output gradient row r starts at
+// output_gradients + r * gradient_stride (dim for a [rows, dim] matrix; wider for a column window
+// of one).
+template <typename Slot>
+void SumGradientsBySlot(Combiner combiner, const float* output_gradients, int64_t gradient_stride,
+                        const int64_t* segment_ids, int64_t n, int64_t num_segments, int dim,
+                        const Slot* slots, int64_t num_distinct, std::vector<float>* sums) {
+  sums->assign(num_distinct * dim, 0.0f);
+  if (combiner == Combiner::kNone) {
     for (int64_t i = 0; i < n; ++i) {
-      float* sum = sums->data() + slots[i] * dim;
-      if (i + kRowsAhead < n)
+      if (i + kRowsAhead < n) {
         PrefetchRow(output_gradients + (i + kRowsAhead) * gradient_stride, dim);
-      AddRow(output_gradients + i * gradient_stride, dim, sum);
+      }
+      AddRow(output_gradients + i * gradient_stride, dim, sums->data() + slots[i] * dim);
     }
     return;
   }
   // Each segment's quotient once, rounded to float before the sums as in the unfused graph's two
   // ops (its division, then the gather of UnsortedSegmentSum's gradient): a row's ids share it.
+  const std::vector<float> scales = SegmentScales(combiner, segment_ids, n, num_segments);
   std::vector<float> quotients(static_cast<size_t>(num_segments) * dim);
   for (int64_t s = 0; s < num_segments; ++s) {
     if (s + kRowsAhead < num_segments) {
@@ -180,10 +199,20 @@ void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = segment_ids[i];
     if (s < 0) continue;  // its row's gradient is zero; the key still gets its (zero) update
-    float* sum = sums->data() + slots[i] * dim;
-    const float* quotient = quotients.data() + s * dim;
-    AddRow(quotient, dim, sum);
+    AddRow(quotients.data() + s * dim, dim, sums->data() + slots[i] * dim);
   }
+}
+
+// IndexDistinctKeys, then SumGradientsBySlot. Key: int64_t or std::string_view.
+template <typename Key, typename KeyAt>
+void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
+                               int64_t gradient_stride, const int64_t* segment_ids, int64_t n,
+                               int64_t num_segments, int dim, KeyAt&& key_at,
+                               std::vector<Key>* distinct, std::vector<float>* sums) {
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  IndexDistinctKeys(n, key_at, distinct, slots.data());
+  SumGradientsBySlot(combiner, output_gradients, gradient_stride, segment_ids, n, num_segments, dim,
+                     slots.data(), static_cast<int64_t>(distinct->size()), sums);
 }
 
 }  // namespace de

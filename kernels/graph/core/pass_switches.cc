@@ -11,7 +11,7 @@ std::atomic<bool> process_fuse_embeddings{false};
 std::atomic<bool> process_cluster_dense_for_xla{false};
 
 std::atomic<int64_t> graphs_fused{0}, lookups_fused{0}, updates_fused{0}, splits_read{0},
-    concats_written{0}, graphs_clustered{0}, nodes_clustered{0};
+    concats_written{0}, slots_shared{0}, graphs_clustered{0}, nodes_clustered{0};
 
 }  // namespace
 
@@ -27,12 +27,14 @@ void SetProcessSwitches(const PassSwitches& switches) {
   process_cluster_dense_for_xla.store(switches.cluster_dense_for_xla);
 }
 
-void RecordFusion(int64_t lookups, int64_t updates, int64_t splits, int64_t concats) {
+void RecordFusion(int64_t lookups, int64_t updates, int64_t splits, int64_t concats,
+                  int64_t slots) {
   graphs_fused.fetch_add(1);
   lookups_fused.fetch_add(lookups);
   updates_fused.fetch_add(updates);
   splits_read.fetch_add(splits);
   concats_written.fetch_add(concats);
+  slots_shared.fetch_add(slots);
 }
 
 void RecordClustering(int64_t nodes) {
@@ -47,6 +49,7 @@ PassStats Stats() {
   stats.updates_fused = updates_fused.load();
   stats.splits_read = splits_read.load();
   stats.concats_written = concats_written.load();
+  stats.slots_shared = slots_shared.load();
   stats.graphs_clustered = graphs_clustered.load();
   stats.nodes_clustered = nodes_clustered.load();
   return stats;
@@ -89,4 +92,5 @@ extern "C" void TfExtGraphOptimizationStats(int64_t* out) {
   out[4] = stats.nodes_clustered;
   out[5] = stats.splits_read;
   out[6] = stats.concats_written;
+  out[7] = stats.slots_shared;
 }

@@ -42,8 +42,9 @@ struct PassStats {
   int64_t nodes_clustered = 0;   // nodes it marked for XLA
   int64_t splits_read = 0;       // lookup gradients that fused applies read in a SplitV's input
   int64_t concats_written = 0;   // ConcatV2s of lookups that fused lookups write instead
+  int64_t slots_shared = 0;      // fused apply fields given their ids' slots by a fused lookup
 };
-void RecordFusion(int64_t lookups, int64_t updates, int64_t splits, int64_t concats);
+void RecordFusion(int64_t lookups, int64_t updates, int64_t splits, int64_t concats, int64_t slots);
 void RecordClustering(int64_t nodes);
 PassStats Stats();
 
@@ -54,7 +55,7 @@ PassStats Stats();
 extern "C" void TfExtSetGraphOptimizations(int fuse_embeddings, int cluster_dense_for_xla);
 // Writes the process switches, in TfExtSetGraphOptimizations' order, to out[0..1].
 extern "C" void TfExtGetGraphOptimizations(int* out);
-// Writes PassStats' six counters, in their order, to out[0..5].
+// Writes PassStats' eight counters, in their order, to out[0..7].
 extern "C" void TfExtGraphOptimizationStats(int64_t* out);
 
 #endif  // TF_EXT_KERNELS_GRAPH_CORE_PASS_SWITCHES_H_

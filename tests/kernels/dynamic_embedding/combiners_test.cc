@@ -148,6 +148,27 @@ TEST(CombinersTest, GradientsReadFromAColumnWindowEqualTheContiguousOnes) {
   EXPECT_EQ(std::vector<float>(sums.begin(), sums.begin() + kDim), (std::vector<float>{5, 6.5, 8}));
 }
 
+TEST(CombinersTest, DistinctKeysFollowFromTheirSlotsAndBadSlotsAreNamed) {
+  const std::vector<int64_t> keys = {5, 7, 5, 9, 7};
+  auto key_at = [&](int64_t i) { return keys[i]; };
+  std::vector<int64_t> distinct;
+  std::vector<int32_t> slots(keys.size());
+  IndexDistinctKeys(5, key_at, &distinct, slots.data());
+  EXPECT_EQ(distinct, (std::vector<int64_t>{5, 7, 9}));
+  EXPECT_EQ(slots, (std::vector<int32_t>{0, 1, 0, 2, 1}));
+  std::vector<int64_t> from_slots;
+  std::string error;
+  ASSERT_TRUE(DistinctKeysOfSlots(5, key_at, slots.data(), &from_slots, &error)) << error;
+  EXPECT_EQ(from_slots, distinct);
+  for (const auto& [bad, message] : std::vector<std::pair<std::vector<int32_t>, std::string>>{
+           {{0, 2, 0, 1, 2}, "slot 2 of id 1 is out of order"},
+           {{0, 1, 1, 2, 1}, "slot 1 of id 2 belongs to another id"},
+           {{-1, 0, 0, 1, 0}, "slot -1 of id 0 is out of order"}}) {
+    EXPECT_FALSE(DistinctKeysOfSlots(5, key_at, bad.data(), &from_slots, &error));
+    EXPECT_EQ(error, message);
+  }
+}
+
 TEST(CombinersTest, ManyDistinctIntKeysKeepTheirOrder) {
   const int64_t n = 10000;
   std::vector<int64_t> keys(n);

@@ -37,9 +37,9 @@ TEST(PassSwitchesTest, ProcessSwitchesAreWhatWasLastSet) {
 
 TEST(PassSwitchesTest, CountsWhatThePassesDid) {
   const PassStats before = Stats();
-  RecordFusion(26, 25, 24, 1);
+  RecordFusion(26, 25, 24, 1, 20);
   RecordClustering(40);
-  int64_t out[7];
+  int64_t out[8];
   TfExtGraphOptimizationStats(out);
   EXPECT_EQ(out[0], before.graphs_fused + 1);
   EXPECT_EQ(out[1], before.lookups_fused + 26);
@@ -48,6 +48,7 @@ TEST(PassSwitchesTest, CountsWhatThePassesDid) {
   EXPECT_EQ(out[4], before.nodes_clustered + 40);
   EXPECT_EQ(out[5], before.splits_read + 24);
   EXPECT_EQ(out[6], before.concats_written + 1);
+  EXPECT_EQ(out[7], before.slots_shared + 20);
 }
 
 }  // namespace
