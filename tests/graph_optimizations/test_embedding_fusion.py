@@ -584,24 +584,8 @@ def test_fused_ops_reject_bad_inputs_with_the_table_named():
   with pytest.raises(
     tf.errors.InvalidArgumentError, match="direct.*output gradient has 6 elements"
   ):
-    ops.tf_ext_fused_embedding_apply(
-      [table.resource_handle],
-      [keys],
-      [tf.constant([0, 0, 1], tf.int64)],
-      [tf.constant(2, tf.int64)],
-      [tf.ones([3, 2])],  # 2 segments, not 3 rows
-      0.1,
-      0.9,
-      0.999,
-      1e-7,
-      tf.constant(1, tf.int64),
-      [],
-      [],
-      [tf.zeros([0], tf.int32)],
-      dims=[2],
-      combiners=["mean"],
-      optimizer="sgd",
-    )
+    # 2 segments, not 3 rows
+    fused_apply(table, keys, tf.constant([0, 0, 1], tf.int64), 2, tf.ones([3, 2]), "mean", "sgd")
   assert int(table.size()) == 0  # nothing was written
 
 
@@ -652,33 +636,42 @@ def test_fused_lookup_writes_a_concatenation_and_rejects_pieces_that_do_not_fit(
     lookup([dense], [0, -1], 1, unread=[5])
 
 
+def fused_apply(table, keys, segments, num_segments, gradient, combiner, optimizer, **attrs):
+  """The raw fused apply of one field of dim 2, with learning rate 0.1 and Adam's defaults, at
+  step 1; attrs: split_sizes (list), distinct_slots (int32 values, empty: none) and the op's
+  attributes."""
+  return tf_ext._ops_loader.load().tf_ext_fused_embedding_apply(
+    [table.resource_handle],
+    [keys],
+    [segments],
+    [tf.constant(num_segments, tf.int64)],
+    [gradient],
+    0.1,
+    0.9,
+    0.999,
+    1e-7,
+    tf.constant(1, tf.int64),
+    [],
+    attrs.pop("split_sizes", []),
+    [tf.constant(attrs.pop("distinct_slots", np.zeros([0], np.int32)), tf.int32)],
+    dims=[2],
+    combiners=[combiner],
+    optimizer=optimizer,
+    **attrs,
+  )
+
+
 def test_fused_apply_reads_a_split_piece_and_rejects_bad_splits():
   """The fused apply reads field gradients as pieces of a SplitV's input: the same update as the
   piece itself, and a clear error for sizes, indices or axes that do not fit."""
-  ops = tf_ext._ops_loader.load()
   keys = tf.constant([1, 2, 3], tf.int64)
   block = tf.reshape(tf.range(15, dtype=tf.float32), [3, 5])  # pieces of widths 1, 2, 2
 
   def apply(table, gradient, split_sizes=(), splits=None, axes=None):
     extra = {} if splits is None else {"gradient_splits": splits, "gradient_split_axes": axes}
-    return ops.tf_ext_fused_embedding_apply(
-      [table.resource_handle],
-      [keys],
-      [tf.zeros([3], tf.int64)],
-      [tf.constant(0, tf.int64)],
-      [gradient],
-      0.1,
-      0.9,
-      0.999,
-      1e-7,
-      tf.constant(1, tf.int64),
-      [],
-      [tf.constant(s, dtype) for s, dtype in split_sizes],
-      [tf.zeros([0], tf.int32)],
-      dims=[2],
-      combiners=["none"],
-      optimizer="sgd",
-      **extra,
+    sizes = [tf.constant(s, dtype) for s, dtype in split_sizes]
+    return fused_apply(
+      table, keys, tf.zeros([3], tf.int64), 0, gradient, "none", "sgd", split_sizes=sizes, **extra
     )
 
   piece = tf_ext.get_dynamic_embedding_variable(unique("piece"), 2)
@@ -724,24 +717,7 @@ def test_fused_apply_takes_the_lookups_distinct_slots_and_rejects_bad_ones():
     )
 
   def apply(table, slots):
-    return ops.tf_ext_fused_embedding_apply(
-      [table.resource_handle],
-      [keys],
-      [segments],
-      [tf.constant(3, tf.int64)],
-      [gradient],
-      0.1,
-      0.9,
-      0.999,
-      1e-7,
-      tf.constant(1, tf.int64),
-      [],
-      [],
-      [tf.constant(slots, tf.int32)],
-      dims=[2],
-      combiners=["mean"],
-      optimizer="adam",
-    )
+    return fused_apply(table, keys, segments, 3, gradient, "mean", "adam", distinct_slots=slots)
 
   hashed = tf_ext.get_dynamic_embedding_variable(unique("hashed"), 2)
   given = tf_ext.get_dynamic_embedding_variable(unique("given"), 2)
