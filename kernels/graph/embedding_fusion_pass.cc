@@ -76,25 +76,26 @@ Status InputOf(const Node* node, int index, Output* out) {
   return ::tensorflow::OkStatus();
 }
 
-// The tensor behind `index`, looking through Identity nodes.
-Output SourceOf(const Node* node, int index) {
-  Output out{nullptr, 0};
-  if (!InputOf(node, index, &out).ok()) return {nullptr, 0};
-  while (out.first != nullptr && out.first->type_string() == "Identity") {
-    if (!InputOf(out.first, 0, &out).ok()) return {nullptr, 0};
-  }
-  return out;
-}
-
-// The tensor whose elements `value` holds in the same order: through Identity and Reshape nodes
-// (a table update's ids are a reshape of its lookup's).
-Output SameElementsAs(Output value) {
-  while (value.first != nullptr &&
-         (value.first->type_string() == "Identity" || value.first->type_string() == "Reshape")) {
+// The tensor behind `value`, looking through Identity nodes, and Reshape nodes too where
+// `through_reshape` (a reshape keeps the elements and their order).
+Output Behind(Output value, bool through_reshape) {
+  while (value.first != nullptr && (value.first->type_string() == "Identity" ||
+                                    (through_reshape && value.first->type_string() == "Reshape"))) {
     if (!InputOf(value.first, 0, &value).ok()) return {nullptr, 0};
   }
   return value;
 }
+
+// The tensor behind `index`, looking through Identity nodes.
+Output SourceOf(const Node* node, int index) {
+  Output out{nullptr, 0};
+  if (!InputOf(node, index, &out).ok()) return {nullptr, 0};
+  return Behind(out, /*through_reshape=*/false);
+}
+
+// The tensor whose elements `value` holds in the same order (a table update's ids are a reshape of
+// its lookup's).
+Output SameElementsAs(Output value) { return Behind(value, /*through_reshape=*/true); }
 
 // One lookup or update to fuse: the node it replaces, and its field's inputs.
 struct Field {
@@ -601,7 +602,8 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
         replaced.push_back(fields[i].replaced);
         if (fields[i].key_dtype == ::tensorflow::DT_INT64) {
           slot_sources.emplace(
-              fields[i].keys, NodeBuilder::NodeOut(fused, static_cast<int>(fields.size() + 1 + i)));
+              SameElementsAs(fields[i].keys),
+              NodeBuilder::NodeOut(fused, static_cast<int>(fields.size() + 1 + i)));
         }
       }
       if (writes_concat) {

@@ -748,3 +748,30 @@ def test_fused_apply_takes_the_lookups_distinct_slots_and_rejects_bad_ones():
     combiners=["none"],
   )
   assert words.distinct_slots[0].shape == [0]  # string ids: the apply hashes them itself
+
+
+def test_ids_behind_an_identity_or_reshape_still_share_their_slots():
+  """The pass matches a lookup's ids and its update's ids through Identity and Reshape on both
+  sides: ids fed through tf.identity and a reshape still give the update the lookup's slots."""
+
+  def train_once(switches):
+    graph = tf.Graph()
+    with graph.as_default():
+      ids = tf.compat.v1.placeholder(tf.int64, [None])
+      table = tf_ext.get_dynamic_embedding_variable(unique("behind"), 3)
+      rows = tf_ext.embedding_lookup(table, tf.reshape(tf.identity(ids), [-1]))
+      loss = tf.reduce_sum(rows * rows)
+      train = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1)).minimize(loss)
+      export = table.export()
+    config = graph_optimizations.config_proto(**switches)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train, {ids: [4, 9, 4, 2]})
+      return session.run(export)
+
+  unfused = train_once(UNFUSED)
+  before = graph_optimizations.stats()
+  fused = train_once(FUSE_ONLY)
+  assert graph_optimizations.stats()["slots_shared"] - before["slots_shared"] == 1
+  for a, b in zip(unfused, fused):
+    assert_bit_equal(a, b)
