@@ -203,18 +203,6 @@ void SumGradientsBySlot(Combiner combiner, const float* output_gradients, int64_
   }
 }
 
-// IndexDistinctKeys, then SumGradientsBySlot. Key: int64_t or std::string_view.
-template <typename Key, typename KeyAt>
-void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
-                               int64_t gradient_stride, const int64_t* segment_ids, int64_t n,
-                               int64_t num_segments, int dim, KeyAt&& key_at,
-                               std::vector<Key>* distinct, std::vector<float>* sums) {
-  std::vector<int64_t> slots(static_cast<size_t>(n));
-  IndexDistinctKeys(n, key_at, distinct, slots.data());
-  SumGradientsBySlot(combiner, output_gradients, gradient_stride, segment_ids, n, num_segments, dim,
-                     slots.data(), static_cast<int64_t>(distinct->size()), sums);
-}
-
 }  // namespace de
 }  // namespace tf_ext
 

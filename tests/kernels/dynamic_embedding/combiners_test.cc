@@ -78,6 +78,18 @@ TEST(CombinersTest, BlockwiseIntoAWindowEqualsCombineRows) {
   }
 }
 
+// The fused apply's two steps for one field: IndexDistinctKeys, then SumGradientsBySlot.
+template <typename Key, typename KeyAt>
+void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
+                               int64_t gradient_stride, const int64_t* segment_ids, int64_t n,
+                               int64_t num_segments, int dim, KeyAt&& key_at,
+                               std::vector<Key>* distinct, std::vector<float>* sums) {
+  std::vector<int64_t> slots(static_cast<size_t>(n));
+  IndexDistinctKeys(n, key_at, distinct, slots.data());
+  SumGradientsBySlot(combiner, output_gradients, gradient_stride, segment_ids, n, num_segments, dim,
+                     slots.data(), static_cast<int64_t>(distinct->size()), sums);
+}
+
 TEST(CombinersTest, SumsGradientsPerDistinctKeyInFirstOccurrenceOrder) {
   // Keys 7, 3, 7 in segments 0, 0, 1 of 2; mean: segment 0 has 2 ids, segment 1 one.
   const std::vector<int64_t> keys = {7, 3, 7};
