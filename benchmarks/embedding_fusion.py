@@ -5,7 +5,8 @@ tf_ext.graph_optimizations on and off, in a TF1 Session and in Keras, every rati
 The model: 26 sparse fields, one tf_ext table each (dim --dim), ids drawn by a Zipf law
 (benchmarks/_criteo_like.py's field sizes and exponents); --multi-valued of the fields hold 0 to
 --max-ids ids per row (SparseTensor in the Session, RaggedTensor in Keras, mean combiner), the
-others one id per row; plus 13 dense features, a dense tower and a logistic loss, trained with
+others one id per row (--shared of the multi-valued fields use a single-id field's table, Session
+only); plus 13 dense features, a dense tower and a logistic loss, trained with
 Adam wrapped by tf_ext.DynamicEmbeddingOptimizer, batch --batch. Each tower of --towers (MLP widths;
 "none" is logistic regression over the features) is measured in turn: the larger the tower, the
 smaller the embedding part's share of a step, and so the smaller the gain. The same graph
@@ -77,6 +78,13 @@ def parse_args(argv):
   )
   p.add_argument("--multi-valued", type=int, default=6, help="fields with several ids per row")
   p.add_argument("--max-ids", type=int, default=10, help="most ids in a multi-valued row")
+  p.add_argument(
+    "--shared",
+    type=int,
+    default=0,
+    help="Session only: this many multi-valued fields look their ids up in a single-id field's "
+    "table (a behaviour history sharing the item table, as in DIN)",
+  )
   p.add_argument("--batches", type=int, default=8, help="distinct input batches, cycled")
   p.add_argument("--steps", type=int, default=20, help="timed steps per round and variant")
   p.add_argument("--rounds", type=int, default=5)
@@ -103,6 +111,11 @@ def parse_args(argv):
   unknown = set(args.apis) - {"session", "keras"}
   if unknown or not args.apis:
     p.error(f"--apis takes session and/or keras, got {sorted(unknown) or 'nothing'}")
+  most_shared = min(args.multi_valued, _criteo_like.NUM_FIELDS - args.multi_valued)
+  if not 0 <= args.shared <= most_shared:
+    p.error(f"--shared must be in [0, {most_shared}] (multi-valued fields and single-id tables)")
+  if args.shared and "keras" in args.apis:
+    p.error("--shared needs --apis session: a Keras DynamicEmbedding layer has one combiner")
   return args
 
 
@@ -172,9 +185,15 @@ def session_runners(tf, tf_ext, args, hidden, batches):
     dense = tf.compat.v1.placeholder(tf.float32, [None, _criteo_like.NUM_DENSE])
     label = tf.compat.v1.placeholder(tf.float32, [None])
     init = tf.random_normal_initializer(0.0, 0.05)
+    table_of = list(range(_criteo_like.NUM_FIELDS))  # --shared: multi-valued field k + first_multi
+    table_of[first_multi : first_multi + args.shared] = range(args.shared)  # uses field k's table
     embeddings = [
       tf_ext.dynamic_embedding(
-        x, args.dim, f"field{f}", initializer=init, combiner=None if f < first_multi else "mean"
+        x,
+        args.dim,
+        f"field{table_of[f]}",
+        initializer=init,
+        combiner=None if f < first_multi else "mean",
       )
       for f, x in enumerate(ids)
     ]
@@ -347,6 +366,7 @@ def main(argv):
   print(
     f"model        : 26 fields ({args.multi_valued} multi-valued, <= {args.max_ids} ids, mean), "
     f"dim {args.dim}, 13 dense, Adam, batch {args.batch}"
+    + (f"; {args.shared} of them share a single-id field's table" if args.shared else "")
   )
   rng = np.random.default_rng(0)
   batches = [Batch(rng, args) for _ in range(args.batches)]

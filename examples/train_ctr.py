@@ -393,7 +393,7 @@ def main(argv=None):
       f"graph passes: {passes['lookups_fused']} lookups and {passes['updates_fused']} table "
       f"updates fused (graphs rewritten: {passes['graphs_fused']}), "
       f"{passes['concats_written']} concatenations written by the fused lookup, "
-      f"{passes['slots_shared']} updates given their ids' distinct slots by it, "
+      f"{passes['slots_shared']} apply fields given their ids' distinct slots by it, "
       f"{passes['nodes_clustered']} nodes clustered for XLA"
     )
 

@@ -154,6 +154,7 @@ REGISTER_OP("TfExtFusedEmbeddingApply")
     .Attr("Tsplit_sizes: list({int32, int64}) >= 0 = []")
     .Attr("gradient_splits: list(int) = []")
     .Attr("gradient_split_axes: list(int) = []")
+    .Attr("field_updates: list(int) = []")
     .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); })
     .Doc(R"doc(
 The optimizer steps of all lookups of a step in one op.
@@ -168,6 +169,11 @@ split_sizes (one per such field, in field order), read from there instead of fro
 
 A non-empty distinct_slots[i] is TfExtFusedEmbeddingLookup's for the same keys: the distinct
 keys follow from it without hashing them again. Each key is checked against its slot's key.
+
+field_updates[i] is the table update field i belongs to, counting up from 0 in field order: the
+fields of one update (several lookups of one table, whose gradients TensorFlow concatenates in
+that order) are consecutive and share table, key type and dim, and their keys' gradients are
+summed together, in field order, into one update. Empty: one update per field.
 )doc");
 
 }  // namespace tf_ext

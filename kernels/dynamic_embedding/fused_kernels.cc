@@ -109,15 +109,23 @@ class FusedFieldsKernel : public OpKernel {
   // the small ones fill in at the end); the first error wins.
   template <typename Fn>
   Status ForEachField(OpKernelContext* ctx, const std::vector<Field>& fields, Fn&& fn) const {
-    std::vector<int64_t> order(fields.size());
+    std::vector<int64_t> weights;
+    for (const Field& field : fields) weights.push_back(field.num_keys * field.dim);
+    return ForEachTask(ctx, weights, fn);
+  }
+
+  // Runs fn(k) for every task k (of weights.size()) on the intra-op pool, heaviest first; the
+  // first error wins.
+  template <typename Fn>
+  Status ForEachTask(OpKernelContext* ctx, const std::vector<int64_t>& weights, Fn&& fn) const {
+    std::vector<int64_t> order(weights.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-      return fields[a].num_keys * fields[a].dim > fields[b].num_keys * fields[b].dim;
-    });
-    std::vector<Status> statuses(fields.size());
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+    std::vector<Status> statuses(weights.size());
     using ThreadPool = ::tsl::thread::ThreadPool;
     ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(
-        static_cast<int64_t>(fields.size()),
+        static_cast<int64_t>(weights.size()),
         ThreadPool::SchedulingParams(ThreadPool::SchedulingStrategy::kFixedBlockSize, std::nullopt,
                                      1),
         [&](int64_t begin, int64_t end) {
@@ -376,8 +384,46 @@ struct DistinctIndex {
   std::vector<std::string_view> strings;
   const int32_t* given = nullptr;
   std::vector<int64_t> own;
-  int64_t num_distinct() const { return static_cast<int64_t>(ints.size() + strings.size()); }
+  // The distinct keys, of key type Key (int64_t or std::string_view).
+  template <typename Key>
+  const std::vector<Key>& distinct() const {
+    if constexpr (std::is_same_v<Key, int64_t>) {
+      return ints;
+    } else {
+      return strings;
+    }
+  }
+  int64_t slot(int64_t i) const { return given != nullptr ? given[i] : own[i]; }
 };
+
+// The fields of each table update, as [begin, end) ranges: field_updates[i] is field i's update,
+// counting up from 0 in field order over consecutive fields (the lookups of one table, whose
+// gradients TensorFlow concatenates into one update); empty: one update per field.
+Status UpdateRanges(const std::vector<int64_t>& field_updates, int n,
+                    std::vector<std::pair<int, int>>* ranges) {
+  ranges->clear();
+  if (field_updates.empty()) {
+    for (int i = 0; i < n; ++i) ranges->emplace_back(i, i + 1);
+    return ::tensorflow::OkStatus();
+  }
+  if (static_cast<int>(field_updates.size()) != n) {
+    return ::tensorflow::errors::InvalidArgument("field_updates has ", field_updates.size(),
+                                                 " entries for N = ", n, " fields");
+  }
+  for (int i = 0; i < n; ++i) {
+    const int64_t next = static_cast<int64_t>(ranges->size());
+    if (field_updates[i] == next) {
+      ranges->emplace_back(i, i + 1);
+    } else if (i > 0 && field_updates[i] == next - 1) {
+      ranges->back().second = i + 1;
+    } else {
+      return ::tensorflow::errors::InvalidArgument(
+          "field_updates[", i, "] is ", field_updates[i],
+          ": updates count up from 0 in field order, each over consecutive fields");
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
 
 Status IndexField(const Field& field, const Tensor& given_slots, DistinctIndex* index) {
   const int64_t given = given_slots.NumElements();
@@ -416,6 +462,9 @@ class FusedApplyOp : public FusedFieldsKernel {
     OP_REQUIRES_OK(ctx, attrs_.Read(ctx));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("gradient_splits", &gradient_splits_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("gradient_split_axes", &gradient_split_axes_));
+    std::vector<int64_t> field_updates;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("field_updates", &field_updates));
+    OP_REQUIRES_OK(ctx, UpdateRanges(field_updates, n_, &updates_));
     if (gradient_splits_.empty()) gradient_splits_.assign(n_, -1);
     if (gradient_split_axes_.empty()) gradient_split_axes_.assign(n_, 0);
     OP_REQUIRES(ctx,
@@ -428,14 +477,14 @@ class FusedApplyOp : public FusedFieldsKernel {
   void Compute(OpKernelContext* ctx) override {
     std::vector<Field> fields;
     OP_REQUIRES_OK(ctx, ReadFields(ctx, &fields));
+    OP_REQUIRES_OK(ctx, CheckUpdates(fields));
     std::vector<SplitGradient> splits;
     OP_REQUIRES_OK(ctx, ReadSplits(ctx, fields, &splits));
     de::OptimizerParams params;
     int64_t step;
     OP_REQUIRES_OK(ctx, attrs_.ReadInputs(ctx, 5 * n_, *fields[0].table, &params, &step));
 
-    // Slots first, table by table, then one task per field: the gradients of its distinct keys,
-    // summed, and their update (tables lock their shards, so fields of one table may overlap).
+    // The optimizer's slots first, table by table.
     for (const Field& field : fields) {
       if (field.keys->dtype() == DT_INT64) {
         EnsureSlots<int64_t>(field.table.get(), params);
@@ -452,53 +501,106 @@ class FusedApplyOp : public FusedFieldsKernel {
     OP_REQUIRES_OK(ctx, ForEachField(ctx, fields, [&](int64_t i) {
                      return IndexField(fields[i], given_slots[i], &indexes[i]);
                    }));
-    // Then per field: the gradients of its distinct keys, summed, and their update (tables lock
-    // their shards, so fields of one table may overlap).
-    OP_REQUIRES_OK(ctx, ForEachField(ctx, fields, [&](int64_t i) {
-                     const Field& field = fields[i];
-                     const DistinctIndex& index = indexes[i];
-                     const float* output_gradient = ctx->input(4 * n_ + i).flat<float>().data();
-                     // A piece of a split's input whose rows are the field's gradient rows is read
-                     // in place (the sums read the rows in order, prefetched); another is copied
-                     // out.
-                     int64_t gradient_stride = field.dim;
-                     std::vector<float> piece;
-                     if (splits[i].split) {
-                       const de::ColumnWindow& window = splits[i].window;
-                       if (window.width == field.dim) {
-                         output_gradient += window.column;
-                         gradient_stride = window.row_width;
-                       } else {
-                         piece.resize(window.rows * window.width);
-                         de::CopyFromWindow(output_gradient, window, piece.data());
-                         output_gradient = piece.data();
-                       }
-                     }
-                     const int64_t num_distinct = index.num_distinct();
-                     std::vector<float> sums;
-                     if (index.given != nullptr) {
-                       de::SumGradientsBySlot(field.combiner, output_gradient, gradient_stride,
-                                              field.segment_ids, field.num_keys, field.num_segments,
-                                              field.dim, index.given, num_distinct, &sums);
+    // Then per table update (one field, or the consecutive fields of one table): the gradients of
+    // its distinct keys, summed, and their update (tables lock their shards, so updates of one
+    // table may overlap).
+    std::vector<int64_t> weights;
+    for (const auto& [begin, end] : updates_) {
+      int64_t weight = 0;
+      for (int i = begin; i < end; ++i) weight += fields[i].num_keys * fields[i].dim;
+      weights.push_back(weight);
+    }
+    OP_REQUIRES_OK(ctx, ForEachTask(ctx, weights, [&](int64_t u) {
+                     const auto [begin, end] = updates_[u];
+                     if (fields[begin].keys->dtype() == DT_INT64) {
+                       SumAndUpdate<int64_t, int64_t>(ctx, fields, splits, indexes, begin, end,
+                                                      params, step);
                      } else {
-                       de::SumGradientsBySlot(field.combiner, output_gradient, gradient_stride,
-                                              field.segment_ids, field.num_keys, field.num_segments,
-                                              field.dim, index.own.data(), num_distinct, &sums);
-                     }
-                     if (field.keys->dtype() == DT_INT64) {
-                       UpdateRows<int64_t>(
-                           field.table.get(), params, step, num_distinct,
-                           [&](int64_t k) { return index.ints[k]; }, sums.data());
-                     } else {
-                       UpdateRows<std::string>(
-                           field.table.get(), params, step, num_distinct,
-                           [&](int64_t k) { return index.strings[k]; }, sums.data());
+                       SumAndUpdate<std::string_view, std::string>(ctx, fields, splits, indexes,
+                                                                   begin, end, params, step);
                      }
                      return ::tensorflow::OkStatus();
                    }));
   }
 
  private:
+  // Fields of one update share their table, key type and dim.
+  Status CheckUpdates(const std::vector<Field>& fields) const {
+    for (const auto& [begin, end] : updates_) {
+      for (int i = begin + 1; i < end; ++i) {
+        if (fields[i].table.get() != fields[begin].table.get() ||
+            fields[i].keys->dtype() != fields[begin].keys->dtype() ||
+            fields[i].dim != fields[begin].dim) {
+          return fields[i].table->Invalid("fused apply field ", i, " is in one update with field ",
+                                          begin, " but not of its table, key type and dim");
+        }
+      }
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  // Field i's output gradient rows and their stride: its own tensor, or a piece of a split's input,
+  // read in place where the piece's rows are the field's gradient rows (the sums read the rows in
+  // order, prefetched), else copied out into *piece.
+  const float* GradientRows(OpKernelContext* ctx, int i, const Field& field,
+                            const SplitGradient& split, int64_t* stride,
+                            std::vector<float>* piece) const {
+    const float* rows = ctx->input(4 * n_ + i).flat<float>().data();
+    *stride = field.dim;
+    if (!split.split) return rows;
+    if (split.window.width == field.dim) {
+      *stride = split.window.row_width;
+      return rows + split.window.column;
+    }
+    piece->resize(split.window.rows * split.window.width);
+    de::CopyFromWindow(rows, split.window, piece->data());
+    return piece->data();
+  }
+
+  // One table update over fields [begin, end): their keys' gradients summed per distinct key in
+  // field order, as the unfused update sums TensorFlow's concatenation of them, then applied.
+  // Key: the distinct keys' type (int64_t or std::string_view); TableKey: the table's.
+  template <typename Key, typename TableKey>
+  void SumAndUpdate(OpKernelContext* ctx, const std::vector<Field>& fields,
+                    const std::vector<SplitGradient>& splits,
+                    const std::vector<DistinctIndex>& indexes, int begin, int end,
+                    const de::OptimizerParams& params, int64_t step) const {
+    const std::vector<Key>* distinct = &indexes[begin].template distinct<Key>();
+    std::vector<Key> merged;
+    std::vector<std::vector<int64_t>> to_merged;
+    if (end - begin > 1) {
+      std::vector<const std::vector<Key>*> parts;
+      for (int i = begin; i < end; ++i) parts.push_back(&indexes[i].template distinct<Key>());
+      de::MergeDistinctKeys(parts, &merged, &to_merged);
+      distinct = &merged;
+    }
+    const Field& first = fields[begin];
+    const int64_t num_distinct = static_cast<int64_t>(distinct->size());
+    std::vector<float> sums(num_distinct * first.dim, 0.0f);
+    for (int i = begin; i < end; ++i) {
+      const Field& field = fields[i];
+      const DistinctIndex& index = indexes[i];
+      int64_t stride;
+      std::vector<float> piece;
+      const float* rows = GradientRows(ctx, i, field, splits[i], &stride, &piece);
+      const auto add = [&](const auto* slots) {
+        de::AddGradientsBySlot(field.combiner, rows, stride, field.segment_ids, field.num_keys,
+                               field.num_segments, field.dim, slots, &sums);
+      };
+      if (end - begin == 1) {
+        index.given != nullptr ? add(index.given) : add(index.own.data());
+        continue;
+      }
+      const std::vector<int64_t>& merged_slot = to_merged[i - begin];
+      std::vector<int64_t> slots(field.num_keys);
+      for (int64_t k = 0; k < field.num_keys; ++k) slots[k] = merged_slot[index.slot(k)];
+      add(slots.data());
+    }
+    UpdateRows<TableKey>(
+        first.table.get(), params, step, num_distinct, [&](int64_t k) { return (*distinct)[k]; },
+        sums.data());
+  }
+
   // Checks each field's output gradient: [rows, dim] elements, in its own tensor or in the piece
   // gradient_splits[i] of the split of output_gradients[i] by the next split_sizes entry.
   Status ReadSplits(OpKernelContext* ctx, const std::vector<Field>& fields,
@@ -546,6 +648,7 @@ class FusedApplyOp : public FusedFieldsKernel {
 
   OptimizerAttrs attrs_;
   std::vector<int64_t> gradient_splits_, gradient_split_axes_;
+  std::vector<std::pair<int, int>> updates_;  // each update's fields, [begin, end)
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtFusedEmbeddingLookup").Device(DEVICE_CPU), FusedLookupOp);

@@ -8,7 +8,9 @@
 //   - TfExtEmbeddingRowsGradient(row_gradients, output_gradients, keys, segment_ids, num_segments):
 //     the gradient of the looked-up rows. A TfExtTableApplyGradient fed, through tf.unique and
 //     UnsortedSegmentSum of the same keys, by such a marker becomes part of the fused apply,
-//     which derives the rows' gradients from output_gradients itself.
+//     which derives the rows' gradients from output_gradients itself. A table looked up several
+//     times gets one update fed by ConcatV2s of the lookups' markers and keys (TensorFlow sums
+//     IndexedSlices by concatenating them): it becomes one update of several fields, in order.
 // The unfused subgraphs (find, segment sums, counts, divisions, their gradients, unique) are left
 // without consumers and removed. The fused kernels repeat their arithmetic in the same order
 // (kernels/dynamic_embedding/core/combiners.h), so the results are equal to the bit.
@@ -106,6 +108,8 @@ struct Field {
   Output split_sizes;
   int64_t split_index = -1;
   int64_t split_axis = 0;
+  // The fields of the update `replaced` (several lookups of one table make one update).
+  int parts = 1;
   DataType key_dtype;
   int64_t dim = 0;
   std::string combiner;
@@ -179,6 +183,16 @@ void DropCycles(Graph* graph, std::vector<Field>* fields) {
     if (!cycle) kept.push_back(std::move(field));
   }
   *fields = std::move(kept);
+}
+
+// Keeps whole updates only: an update of several fields fuses with all of them or not at all.
+void DropPartialUpdates(std::vector<Field>* fields) {
+  std::map<const Node*, int> kept_parts;
+  for (const Field& field : *fields) ++kept_parts[field.replaced];
+  fields->erase(
+      std::remove_if(fields->begin(), fields->end(),
+                     [&](const Field& field) { return kept_parts[field.replaced] != field.parts; }),
+      fields->end());
 }
 
 // The value of a constant integer scalar (a SplitV's axis).
@@ -283,11 +297,18 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
                                field.split_sizes.second);
       split_size_types.push_back(field.split_sizes.first->output_type(field.split_sizes.second));
     }
+    // Consecutive fields of one update (its parts) share an update index.
+    std::vector<int64_t> field_updates;
+    for (size_t i = 0; i < fields.size(); ++i) {
+      const bool same = i > 0 && fields[i].replaced == fields[i - 1].replaced;
+      field_updates.push_back(i == 0 ? 0 : field_updates.back() + (same ? 0 : 1));
+    }
     builder.Input(split_sizes)
         .Input(distinct_slots)
         .Attr("Tsplit_sizes", split_size_types)
         .Attr("gradient_splits", splits)
-        .Attr("gradient_split_axes", axes);
+        .Attr("gradient_split_axes", axes)
+        .Attr("field_updates", field_updates);
   } else {
     const ConcatPlan no_concat;
     const ConcatPlan& plan = concat != nullptr ? *concat : no_concat;
@@ -523,9 +544,42 @@ bool PlanConcat(Graph* graph, const std::vector<Field>& fields, const std::vecto
   return true;
 }
 
+// A ConcatV2 along axis 0 (how TensorFlow sums the gradients of several lookups of one table).
+bool ConcatAlongFirstAxis(const Node* node) {
+  int64_t axis;
+  return node != nullptr && node->type_string() == "ConcatV2" &&
+         ConstantInteger(SourceOf(node, node->num_inputs() - 1), &axis) && axis == 0;
+}
+
+// The rows-gradient markers whose rows an update sums, in order: `rows` itself where it is one
+// whose keys are `keys`, or a ConcatV2 along axis 0 of such markers, `keys` then being the ConcatV2
+// of their keys in the same order (one table looked up several times). False for anything else.
+bool GradientParts(const Output& rows, const Output& keys, std::vector<const Node*>* markers) {
+  const auto marks = [](const Output& marker, const Output& marker_keys) {
+    return marker.first != nullptr && marker.first->type_string() == kRowsGradientOp &&
+           SourceOf(marker.first, 2) == marker_keys;
+  };
+  markers->clear();
+  if (marks(rows, keys)) {
+    markers->push_back(rows.first);
+    return true;
+  }
+  if (!ConcatAlongFirstAxis(rows.first) || !ConcatAlongFirstAxis(keys.first) ||
+      rows.first->num_inputs() != keys.first->num_inputs()) {
+    return false;
+  }
+  for (int k = 0; k + 1 < rows.first->num_inputs(); ++k) {
+    const Output marker = SourceOf(rows.first, k);
+    if (!marks(marker, SourceOf(keys.first, k))) return false;
+    markers->push_back(marker.first);
+  }
+  return true;
+}
+
 // The updates: TfExtTableApplyGradient(table, Unique(keys):0, UnsortedSegmentSum(
-// TfExtEmbeddingRowsGradient(..., keys, ...), Unique(keys):1, n), hyperparameters...), grouped
-// by device, optimizer attributes and hyperparameter inputs.
+// TfExtEmbeddingRowsGradient(..., keys, ...), Unique(keys):1, n), hyperparameters...), or with
+// ConcatV2s of several lookups' markers and keys (one field each, consecutive), grouped by
+// device, optimizer attributes and hyperparameter inputs.
 Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
                    std::map<std::string, std::vector<Field>>* groups) {
   for (Node* node : graph->op_nodes()) {
@@ -533,31 +587,30 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
     const Output unique = SourceOf(node, 1);
     const Output summed = SourceOf(node, 2);
     if (unique.first == nullptr || unique.first->type_string() != "Unique" || unique.second != 0 ||
-        summed.first == nullptr || summed.first->type_string() != "UnsortedSegmentSum") {
+        summed.first == nullptr || summed.first->type_string() != "UnsortedSegmentSum" ||
+        SourceOf(summed.first, 1) != Output{unique.first, 1}) {
       continue;
     }
-    const Output marker = SourceOf(summed.first, 0);
-    const Output positions = SourceOf(summed.first, 1);
-    if (marker.first == nullptr || marker.first->type_string() != kRowsGradientOp ||
-        positions != Output{unique.first, 1} ||
-        SourceOf(unique.first, 0) != SourceOf(marker.first, 2)) {
-      continue;
-    }
-    Field field;
-    field.replaced = node;
-    TF_RETURN_IF_ERROR(InputOf(node, 0, &field.table));
-    TF_RETURN_IF_ERROR(ReadField(marker.first, 2, &field));
-    TF_RETURN_IF_ERROR(InputOf(marker.first, 1, &field.output_gradients));
-    field.device = DeviceOf(node);
-    ReadFromSplitInput(SourceOf(marker.first, 1), &field);
+    std::vector<const Node*> markers;
+    if (!GradientParts(SourceOf(summed.first, 0), SourceOf(unique.first, 0), &markers)) continue;
     // Applies fuse only with the same optimizer and the same hyperparameter tensors.
-    std::string key = field.device;
+    std::string key = DeviceOf(node);
     for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
                              "use_nesterov", "num_hyperparameters"}) {
       key += "|" + node->attrs().Find(name)->ShortDebugString();
     }
     for (int i = 3; i < node->num_inputs(); ++i) key += "|" + ValueSignature(SourceOf(node, i));
-    (*groups)[key].push_back(std::move(field));
+    for (const Node* marker : markers) {
+      Field field;
+      field.replaced = node;
+      field.parts = static_cast<int>(markers.size());
+      TF_RETURN_IF_ERROR(InputOf(node, 0, &field.table));
+      TF_RETURN_IF_ERROR(ReadField(marker, 2, &field));
+      TF_RETURN_IF_ERROR(InputOf(marker, 1, &field.output_gradients));
+      field.device = DeviceOf(node);
+      ReadFromSplitInput(SourceOf(marker, 1), &field);
+      (*groups)[key].push_back(std::move(field));
+    }
   }
   return ::tensorflow::OkStatus();
 }
@@ -616,6 +669,7 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     }
     for (auto& [key, fields] : applies) {
       DropCycles(graph, &fields);
+      DropPartialUpdates(&fields);
       if (fields.empty()) continue;
       // A field takes the distinct slots of a fused lookup of the same ids, unless that lookup runs
       // after the updates (the edge would close a cycle).
@@ -637,12 +691,13 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       Node* fused;
       TF_RETURN_IF_ERROR(BuildFused(graph, "TfExtFusedEmbeddingApply", fields, fields[0].replaced,
                                     nullptr, distinct_slots, &fused));
-      for (const Field& field : fields) {
-        TF_RETURN_IF_ERROR(MoveConsumers(graph, field.replaced, -1, fused, -1));
-        replaced.push_back(field.replaced);
-        splits_read += field.split_index >= 0 ? 1 : 0;
+      for (size_t i = 0; i < fields.size(); ++i) {
+        splits_read += fields[i].split_index >= 0 ? 1 : 0;
+        if (i > 0 && fields[i].replaced == fields[i - 1].replaced) continue;  // the same update
+        TF_RETURN_IF_ERROR(MoveConsumers(graph, fields[i].replaced, -1, fused, -1));
+        replaced.push_back(fields[i].replaced);
+        ++fused_applies;
       }
-      fused_applies += static_cast<int>(fields.size());
     }
     if (replaced.empty()) return ::tensorflow::OkStatus();
     const int removed = RemoveReplaced(graph, replaced, kept);
@@ -651,7 +706,7 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
     VLOG(1) << "tf_ext embedding fusion: " << fused_lookups << " lookups and " << fused_applies
             << " updates fused (" << splits_read << " gradients read in a split's input, "
             << concats_written << " concatenations written by a fused lookup, " << slots_shared
-            << " updates given their ids' slots by a fused lookup), " << removed
+            << " apply fields given their ids' slots by a fused lookup), " << removed
             << " nodes removed";
     return ::tensorflow::OkStatus();
   }

@@ -76,7 +76,8 @@ class SessionModel:
       embeddings += [
         lookup(self.tables[3], self.dense_ids),
         lookup(self.tables[4], self.words),
-        # One table, two lookups: fused forward; their summed gradient updates it unfused.
+        # One table, two lookups: TensorFlow concatenates their gradients into one update, which
+        # the fused apply takes over as two fields of that update.
         lookup(self.tables[5], self.sparse[0], combiner="mean"),
         lookup(self.tables[5], self.sparse[1], combiner="sum"),
       ]
@@ -149,24 +150,25 @@ def test_session_training_is_bit_equal_and_fused(optimizer_fn):
   unfused = model.train_steps(UNFUSED)
   before = graph_optimizations.stats()
   fused = model.train_steps(FUSE_ONLY)
-  # The 4 int64 fields of the fused apply take the fused lookup's distinct slots (not the string
+  # The 6 int64 fields of the fused apply take the fused lookup's distinct slots (not the string
   # field), in each graph the Session builds.
-  assert graph_optimizations.stats()["slots_shared"] - before["slots_shared"] >= 4
+  after = graph_optimizations.stats()
+  assert after["slots_shared"] - before["slots_shared"] >= 6
+  assert after["updates_fused"] - before["updates_fused"] >= 6
   assert_same_training(unfused, fused)
   unfused_ops, fused_ops = unfused[2], fused[2]
   assert unfused_ops.count("TfExtTableFind") == 7
   assert unfused_ops.count("TfExtTableApplyGradient") == 6
-  # All 7 lookups in one op; the 5 tables of one lookup each in one apply, the shared one apart.
+  # All 7 lookups in one op, all 6 updates (the shared table's of two fields) in another: no
+  # unfused find, update or dedup is left.
   assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
-  # Only the shared table's unfused update still reads its forward chain (RealDiv's gradient).
-  assert fused_ops.count("TfExtTableFind") == 1
   assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
-  assert fused_ops.count("TfExtTableApplyGradient") == 1
-  assert "Unique" in fused_ops  # the shared table's
+  for unfused_op in ("TfExtTableFind", "TfExtTableApplyGradient", "Unique"):
+    assert unfused_op not in fused_ops
   assert len(fused_ops) < 0.75 * len(unfused_ops)
   # The fused lookup looks each distinct id of a batch up once, but counts every id, as the
-  # unfused lookups do. Not the shared table: its unfused update runs its first lookup again.
-  for stats_a, stats_b in zip(unfused[3][:5], fused[3][:5]):
+  # unfused lookups do.
+  for stats_a, stats_b in zip(unfused[3], fused[3]):
     assert stats_a["lookups"] == stats_b["lookups"] and stats_a["lookups"] > 0
     assert stats_a["lookup_hits"] == stats_b["lookup_hits"]
 
@@ -450,6 +452,98 @@ def test_tf_function_tape_loop_is_bit_equal_and_fused(process_switches):
   assert after["updates_fused"] > before["updates_fused"]
 
 
+def _updates_per_lookup(before, after):
+  return (after["updates_fused"] - before["updates_fused"]) / (
+    after["lookups_fused"] - before["lookups_fused"]
+  )
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string], ids=["int64 ids", "string ids"])
+def test_a_table_looked_up_twice_updates_in_the_fused_apply(process_switches, key_dtype):
+  """DIN-style sharing: one table serves a behaviour history (mean) and a target id. TensorFlow
+  concatenates the two lookups' gradients into one update, which the fused apply takes over as
+  two fields of one update: bit-equal training, and every update fused (2 updates for 3
+  lookups; before, the shared table's stayed unfused)."""
+
+  def ids(values):
+    return tf.constant(values if key_dtype == tf.int64 else [f"i{v}" for v in values])
+
+  history = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [2, 0], [2, 1]], ids([4, 7, 7, 2, 9]), [3, 2])
+  target, user = ids([7, 5, 4]), tf.constant([1, 2, 1], tf.int64)
+
+  def train(prefix):
+    init = tf.random_normal_initializer(0.0, 0.1, seed=3)
+    items = tf_ext.get_dynamic_embedding_variable(
+      unique(prefix), 3, key_dtype=key_dtype, initializer=init
+    )
+    users = tf_ext.get_dynamic_embedding_variable(unique(prefix), 3, initializer=init)
+    optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.1))
+
+    @tf.function
+    def step():
+      with tf.GradientTape() as tape:
+        rows = [
+          tf_ext.embedding_lookup(items, history, combiner="mean"),
+          tf_ext.embedding_lookup(items, target),
+          tf_ext.embedding_lookup(users, user),
+        ]
+        loss = tf.reduce_sum(tf.square(tf.concat(rows, 1) - 0.5))
+      variables = [items.gradient_anchor, users.gradient_anchor]
+      optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+      return loss
+
+    losses = [float(step()) for _ in range(3)]
+    return losses, items.lookup(ids([2, 4, 5, 7, 9])).numpy(), users.lookup(user).numpy()
+
+  graph_optimizations.disable()
+  unfused = train("shared_unfused")
+  graph_optimizations.enable(**FUSE_ONLY)
+  before = graph_optimizations.stats()
+  fused = train("shared_fused")
+  after = graph_optimizations.stats()
+  assert unfused[0] == fused[0]
+  for a, b in zip(unfused[1:], fused[1:]):
+    assert_bit_equal(a, b)
+  assert _updates_per_lookup(before, after) == pytest.approx(2 / 3)
+
+
+def test_keras_layer_called_twice_updates_in_the_fused_apply(process_switches):
+  """One DynamicEmbedding layer on a query item and a clicked item (a shared item table), and a
+  second one: fit is bit-equal, and both tables' updates are fused."""
+
+  def model(prefix):
+    tf.keras.utils.set_random_seed(2)
+    query = tf.keras.Input(shape=(), dtype=tf.int64, name="query")
+    clicked = tf.keras.Input(shape=(), dtype=tf.int64, name="clicked")
+    user = tf.keras.Input(shape=(), dtype=tf.int64, name="user")
+    items = tf_ext.keras.layers.DynamicEmbedding(4, name=unique(prefix + "_items"))
+    users = tf_ext.keras.layers.DynamicEmbedding(4, name=unique(prefix + "_users"))
+    features = tf.concat([items(query), items(clicked), users(user)], axis=1)
+    inputs = {"query": query, "clicked": clicked, "user": user}
+    net = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(features))
+    net.compile(
+      optimizer=tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adagrad(0.2)),
+      loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    return net
+
+  rng = np.random.default_rng(8)
+  x = {name: rng.integers(0, 30, 96) for name in ("query", "clicked", "user")}
+  y = (x["query"] == x["clicked"] % 7).astype(np.float32)
+  graph_optimizations.disable()
+  unfused = model("kshared_unfused")
+  history_a = unfused.fit(x, y, batch_size=32, epochs=2, verbose=0).history["loss"]
+  graph_optimizations.enable(**FUSE_ONLY)
+  before = graph_optimizations.stats()
+  fused = model("kshared_fused")
+  history_b = fused.fit(x, y, batch_size=32, epochs=2, verbose=0).history["loss"]
+  after = graph_optimizations.stats()
+  assert history_a == history_b
+  probe = {name: values[:8] for name, values in x.items()}
+  assert_bit_equal(unfused.predict(probe, verbose=0), fused.predict(probe, verbose=0))
+  assert _updates_per_lookup(before, after) == pytest.approx(2 / 3)
+
+
 def test_graphs_without_tables_are_unchanged(process_switches):
   graph_optimizations.enable()
   before = graph_optimizations.stats()
@@ -659,6 +753,69 @@ def fused_apply(table, keys, segments, num_segments, gradient, combiner, optimiz
     optimizer=optimizer,
     **attrs,
   )
+
+
+def test_fused_apply_sums_the_fields_of_one_update_and_rejects_bad_groupings():
+  """field_updates: two fields of one table in one update equal one field of their concatenated
+  ids (bit for bit, with and without the lookup's slots); groupings that are not consecutive,
+  or that join fields of different tables, are rejected with nothing written."""
+  keys = [tf.constant([3, 1, 3], tf.int64), tf.constant([1, 4], tf.int64)]
+  gradients = [tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([[0.5, 0.25], [8.0, 1.0]])]
+  segments = [tf.constant([0, 1, 1], tf.int64), tf.constant([0, 1], tf.int64)]
+
+  def apply(tables, field_updates, slots=None):
+    slots = slots or [np.zeros([0], np.int32)] * 2
+    return tf_ext._ops_loader.load().tf_ext_fused_embedding_apply(
+      [t.resource_handle for t in tables],
+      keys,
+      segments,
+      [tf.constant(2, tf.int64)] * 2,
+      gradients,
+      0.1,
+      0.9,
+      0.999,
+      1e-7,
+      tf.constant(1, tf.int64),
+      [],
+      [],
+      [tf.constant(s, tf.int32) for s in slots],
+      dims=[2, 2],
+      combiners=["mean", "none"],
+      optimizer="adam",
+      field_updates=field_updates,
+    )
+
+  def table(prefix):
+    return tf_ext.get_dynamic_embedding_variable(
+      unique(prefix), 2, initializer=tf.constant_initializer(0.5)
+    )
+
+  # The concatenation as one field: the mean field's rows are its gradient rows divided by
+  # their segments' sizes (1 and 2), then the second field's rows.
+  whole = table("whole")
+  rows = tf.concat([tf.gather(gradients[0] / [[1.0], [2.0]], segments[0]), gradients[1]], 0)
+  fused_apply(whole, tf.concat(keys, 0), tf.range(5, dtype=tf.int64), 5, rows, "none", "adam")
+  ids = tf.constant([1, 3, 4], tf.int64)
+  for slots in (None, [np.array([0, 1, 0], np.int32), np.array([0, 1], np.int32)]):
+    grouped = table("grouped")
+    apply([grouped, grouped], [0, 0], slots)
+    assert_bit_equal(grouped.lookup(ids), whole.lookup(ids))
+    assert int(grouped.size()) == 3
+  separate = [table("first"), table("second")]
+  apply(separate, [0, 1])  # two updates, as without field_updates
+  assert int(separate[0].size()) == 2 and int(separate[1].size()) == 2
+
+  untouched = [table("bad_a"), table("bad_b")]
+  for field_updates, match in [
+    ([1, 1], "field_updates\\[0\\] is 1"),
+    ([0, 2], "field_updates\\[1\\] is 2"),
+    ([0], "field_updates has 1 entries for N = 2"),
+  ]:
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+      apply([untouched[0], untouched[0]], field_updates)
+  with pytest.raises(tf.errors.InvalidArgumentError, match="not of its table"):
+    apply(untouched, [0, 0])
+  assert int(untouched[0].size()) == 0 and int(untouched[1].size()) == 0
 
 
 def test_fused_apply_reads_a_split_piece_and_rejects_bad_splits():

@@ -164,17 +164,31 @@ bool DistinctKeysOfSlots(int64_t n, KeyAt&& key_at, const Slot* slots, std::vect
   return true;
 }
 
-// For each distinct key (slots as IndexDistinctKeys gives them), the sum of its rows' gradients,
-// added in input order onto zeros (as tf.unique then UnsortedSegmentSum do): sums[num_distinct,
-// dim]. The gradient of row i is output_gradients[segment_ids[i]] / scale (nothing for a negative
-// segment id), or with kNone output_gradients[i]; output gradient row r starts at
-// output_gradients + r * gradient_stride (dim for a [rows, dim] matrix; wider for a column window
-// of one).
+// The merged distinct keys of several key lists given as their own distinct keys (`parts`, in
+// order), as IndexDistinctKeys of the lists' concatenation gives them (*distinct); to_merged[k][j]
+// is parts[k][j]'s position there. The cost follows the distinct keys, not the keys.
+template <typename Key>
+void MergeDistinctKeys(const std::vector<const std::vector<Key>*>& parts,
+                       std::vector<Key>* distinct, std::vector<std::vector<int64_t>>* to_merged) {
+  int64_t total = 0;
+  for (const std::vector<Key>* part : parts) total += static_cast<int64_t>(part->size());
+  DistinctKeys<Key> index(total);
+  distinct->clear();
+  to_merged->assign(parts.size(), {});
+  for (size_t k = 0; k < parts.size(); ++k) {
+    for (const Key& key : *parts[k]) (*to_merged)[k].push_back(index.SlotOf(key, distinct));
+  }
+}
+
+// Adds each key's row gradient to its slot's row of sums (at least as many rows as slots), in
+// input order (as UnsortedSegmentSum does). The gradient of row i is
+// output_gradients[segment_ids[i]] / scale (nothing for a negative segment id), or with kNone
+// output_gradients[i]; output gradient row r starts at output_gradients + r * gradient_stride (dim
+// for a [rows, dim] matrix; wider for a column window of one).
 template <typename Slot>
-void SumGradientsBySlot(Combiner combiner, const float* output_gradients, int64_t gradient_stride,
+void AddGradientsBySlot(Combiner combiner, const float* output_gradients, int64_t gradient_stride,
                         const int64_t* segment_ids, int64_t n, int64_t num_segments, int dim,
-                        const Slot* slots, int64_t num_distinct, std::vector<float>* sums) {
-  sums->assign(num_distinct * dim, 0.0f);
+                        const Slot* slots, std::vector<float>* sums) {
   if (combiner == Combiner::kNone) {
     for (int64_t i = 0; i < n; ++i) {
       if (i + kRowsAhead < n) {

@@ -78,7 +78,7 @@ TEST(CombinersTest, BlockwiseIntoAWindowEqualsCombineRows) {
   }
 }
 
-// The fused apply's two steps for one field: IndexDistinctKeys, then SumGradientsBySlot.
+// The fused apply's steps for one field: IndexDistinctKeys, then AddGradientsBySlot onto zeros.
 template <typename Key, typename KeyAt>
 void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
                                int64_t gradient_stride, const int64_t* segment_ids, int64_t n,
@@ -86,8 +86,9 @@ void SumGradientsByDistinctKey(Combiner combiner, const float* output_gradients,
                                std::vector<Key>* distinct, std::vector<float>* sums) {
   std::vector<int64_t> slots(static_cast<size_t>(n));
   IndexDistinctKeys(n, key_at, distinct, slots.data());
-  SumGradientsBySlot(combiner, output_gradients, gradient_stride, segment_ids, n, num_segments, dim,
-                     slots.data(), static_cast<int64_t>(distinct->size()), sums);
+  sums->assign(distinct->size() * dim, 0.0f);
+  AddGradientsBySlot(combiner, output_gradients, gradient_stride, segment_ids, n, num_segments, dim,
+                     slots.data(), sums);
 }
 
 TEST(CombinersTest, SumsGradientsPerDistinctKeyInFirstOccurrenceOrder) {
@@ -179,6 +180,60 @@ TEST(CombinersTest, DistinctKeysFollowFromTheirSlotsAndBadSlotsAreNamed) {
     EXPECT_FALSE(DistinctKeysOfSlots(5, key_at, bad.data(), &from_slots, &error));
     EXPECT_EQ(error, message);
   }
+}
+
+// Several lookups of one table make one update: merging their distinct keys must give the
+// distinct keys (and positions) of their concatenation, and summing their gradients part by part
+// the sums of the concatenation's.
+template <typename Key>
+void ExpectMergeEqualsConcatenation(const std::vector<std::vector<Key>>& parts) {
+  std::vector<Key> concatenated;
+  for (const auto& part : parts) concatenated.insert(concatenated.end(), part.begin(), part.end());
+  std::vector<Key> expected;
+  std::vector<int64_t> expected_slots(concatenated.size());
+  IndexDistinctKeys(
+      static_cast<int64_t>(concatenated.size()), [&](int64_t i) { return concatenated[i]; },
+      &expected, expected_slots.data());
+  std::vector<std::vector<Key>> part_distinct(parts.size());
+  std::vector<std::vector<int64_t>> part_slots(parts.size());
+  std::vector<const std::vector<Key>*> distinct_parts;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    part_slots[k].resize(parts[k].size());
+    IndexDistinctKeys(
+        static_cast<int64_t>(parts[k].size()), [&](int64_t i) { return parts[k][i]; },
+        &part_distinct[k], part_slots[k].data());
+    distinct_parts.push_back(&part_distinct[k]);
+  }
+  std::vector<Key> merged;
+  std::vector<std::vector<int64_t>> to_merged;
+  MergeDistinctKeys(distinct_parts, &merged, &to_merged);
+  EXPECT_EQ(merged, expected);
+  // Gradient row i of the concatenation (one row per key, kNone) is {i, -i}.
+  const int dim = 2;
+  std::vector<float> expected_sums(expected.size() * dim, 0.0f), sums(merged.size() * dim, 0.0f);
+  std::vector<float> rows;
+  for (size_t i = 0; i < concatenated.size(); ++i) {
+    rows.insert(rows.end(), {static_cast<float>(i), -static_cast<float>(i)});
+  }
+  AddGradientsBySlot(Combiner::kNone, rows.data(), dim, nullptr,
+                     static_cast<int64_t>(concatenated.size()), 0, dim, expected_slots.data(),
+                     &expected_sums);
+  size_t offset = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    std::vector<int64_t> slots;
+    for (int64_t local : part_slots[k]) slots.push_back(to_merged[k][local]);
+    AddGradientsBySlot(Combiner::kNone, rows.data() + offset * dim, dim, nullptr,
+                       static_cast<int64_t>(parts[k].size()), 0, dim, slots.data(), &sums);
+    offset += parts[k].size();
+  }
+  EXPECT_EQ(sums, expected_sums);
+}
+
+TEST(CombinersTest, MergedDistinctKeysOfPartsAreThoseOfTheirConcatenation) {
+  ExpectMergeEqualsConcatenation<int64_t>({{5, 7, 5}, {7, 9, 9, 5}, {}, {1}});
+  ExpectMergeEqualsConcatenation<int64_t>({{3}});
+  const std::string a = "a", b = "bb", c = "ccc";
+  ExpectMergeEqualsConcatenation<std::string_view>({{b, a}, {a, c, b}});
 }
 
 TEST(CombinersTest, ManyDistinctIntKeysKeepTheirOrder) {
