@@ -460,15 +460,16 @@ def _updates_per_lookup(before, after):
 
 @pytest.mark.parametrize("key_dtype", [tf.int64, tf.string], ids=["int64 ids", "string ids"])
 def test_a_table_looked_up_twice_updates_in_the_fused_apply(process_switches, key_dtype):
-  """DIN-style sharing: one table serves a behaviour history (mean) and a target id. TensorFlow
-  concatenates the two lookups' gradients into one update, which the fused apply takes over as
-  two fields of one update: bit-equal training, and every update fused (2 updates for 3
-  lookups; before, the shared table's stayed unfused)."""
+  """DIN-style sharing: one table serves a behaviour history (mean), a target id and candidates
+  (sum). TensorFlow concatenates the three lookups' gradients into one update, which the fused
+  apply takes over as three fields of one update: bit-equal training, and every update fused (2
+  updates for 4 lookups; before, the shared table's stayed unfused)."""
 
   def ids(values):
     return tf.constant(values if key_dtype == tf.int64 else [f"i{v}" for v in values])
 
   history = tf.SparseTensor([[0, 0], [0, 1], [1, 0], [2, 0], [2, 1]], ids([4, 7, 7, 2, 9]), [3, 2])
+  candidates = tf.SparseTensor([[0, 0], [1, 0], [1, 1], [2, 0]], ids([5, 9, 7, 3]), [3, 2])
   target, user = ids([7, 5, 4]), tf.constant([1, 2, 1], tf.int64)
 
   def train(prefix):
@@ -485,6 +486,7 @@ def test_a_table_looked_up_twice_updates_in_the_fused_apply(process_switches, ke
         rows = [
           tf_ext.embedding_lookup(items, history, combiner="mean"),
           tf_ext.embedding_lookup(items, target),
+          tf_ext.embedding_lookup(items, candidates, combiner="sum"),
           tf_ext.embedding_lookup(users, user),
         ]
         loss = tf.reduce_sum(tf.square(tf.concat(rows, 1) - 0.5))
@@ -493,7 +495,7 @@ def test_a_table_looked_up_twice_updates_in_the_fused_apply(process_switches, ke
       return loss
 
     losses = [float(step()) for _ in range(3)]
-    return losses, items.lookup(ids([2, 4, 5, 7, 9])).numpy(), users.lookup(user).numpy()
+    return losses, items.lookup(ids([2, 3, 4, 5, 7, 9])).numpy(), users.lookup(user).numpy()
 
   graph_optimizations.disable()
   unfused = train("shared_unfused")
@@ -504,7 +506,7 @@ def test_a_table_looked_up_twice_updates_in_the_fused_apply(process_switches, ke
   assert unfused[0] == fused[0]
   for a, b in zip(unfused[1:], fused[1:]):
     assert_bit_equal(a, b)
-  assert _updates_per_lookup(before, after) == pytest.approx(2 / 3)
+  assert _updates_per_lookup(before, after) == pytest.approx(2 / 4)
 
 
 def test_keras_layer_called_twice_updates_in_the_fused_apply(process_switches):
