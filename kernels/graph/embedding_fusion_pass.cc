@@ -11,6 +11,9 @@
 //     which derives the rows' gradients from output_gradients itself. A table looked up several
 //     times gets one update fed by ConcatV2s of the lookups' markers and keys (TensorFlow sums
 //     IndexedSlices by concatenating them): it becomes one update of several fields, in order.
+//     An update fed otherwise through tf.unique and UnsortedSegmentSum (a gradient clipped,
+//     scaled or allgathered on the way) joins the fused apply with its rows' gradients as given
+//     (combiner none): only its dedup and update are fused, the gradient's ops stay.
 // The unfused subgraphs (find, segment sums, counts, divisions, their gradients, unique) are left
 // without consumers and removed. The fused kernels repeat their arithmetic in the same order
 // (kernels/dynamic_embedding/core/combiners.h), so the results are equal to the bit.
@@ -110,6 +113,10 @@ struct Field {
   int64_t split_axis = 0;
   // The fields of the update `replaced` (several lookups of one table make one update).
   int parts = 1;
+  // An update whose rows' gradients come from elsewhere than a lookup's marker (clipped, scaled,
+  // allgathered): output_gradients holds one row per key, as TensorFlow computed them, and
+  // segment_ids and num_segments are still to be made (NoSegments).
+  bool rows_given = false;
   DataType key_dtype;
   int64_t dim = 0;
   std::string combiner;
@@ -353,6 +360,27 @@ Status EmptySlots(Graph* graph, const std::string& device, Node** node) {
       .Finalize(graph, node);
 }
 
+// The segment_ids and num_segments of fields whose rows' gradients are given (combiner none reads
+// neither): an empty int64 vector and a 0, on `device`.
+Status NoSegments(Graph* graph, const std::string& device, Output* segment_ids,
+                  Output* num_segments) {
+  Node* nodes[2];
+  for (int scalar = 0; scalar < 2; ++scalar) {
+    ::tensorflow::Tensor value(::tensorflow::DT_INT64, scalar ? ::tensorflow::TensorShape({})
+                                                              : ::tensorflow::TensorShape({0}));
+    if (scalar) value.scalar<int64_t>()() = 0;
+    TF_RETURN_IF_ERROR(NodeBuilder(graph->NewName("tf_ext_fused/no_segments"), "Const")
+                           .Attr("dtype", ::tensorflow::DT_INT64)
+                           .Attr("value", value)
+                           .Device(device)
+                           .AssignedDevice(device)
+                           .Finalize(graph, &nodes[scalar]));
+  }
+  *segment_ids = {nodes[0], 0};
+  *num_segments = {nodes[1], 0};
+  return ::tensorflow::OkStatus();
+}
+
 // Ops that TensorFlow calls stateful (they read a resource) but that change nothing.
 bool ReadsOnly(const Node* node) {
   const std::string& op = node->type_string();
@@ -591,8 +619,6 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
         SourceOf(summed.first, 1) != Output{unique.first, 1}) {
       continue;
     }
-    std::vector<const Node*> markers;
-    if (!GradientParts(SourceOf(summed.first, 0), SourceOf(unique.first, 0), &markers)) continue;
     // Applies fuse only with the same optimizer and the same hyperparameter tensors.
     std::string key = DeviceOf(node);
     for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
@@ -600,6 +626,24 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
       key += "|" + node->attrs().Find(name)->ShortDebugString();
     }
     for (int i = 3; i < node->num_inputs(); ++i) key += "|" + ValueSignature(SourceOf(node, i));
+    std::vector<const Node*> markers;
+    if (!GradientParts(SourceOf(summed.first, 0), SourceOf(unique.first, 0), &markers)) {
+      // A gradient transformed on the way (clipping, loss scaling, an allgather): the update still
+      // fuses, from its rows' gradients as TensorFlow computed them (only the dedup and the update
+      // are the fused apply's; the gradient's graph stays).
+      Field field;
+      field.replaced = node;
+      field.rows_given = true;
+      field.combiner = "none";
+      field.device = DeviceOf(node);
+      TF_RETURN_IF_ERROR(InputOf(node, 0, &field.table));
+      TF_RETURN_IF_ERROR(InputOf(unique.first, 0, &field.keys));
+      TF_RETURN_IF_ERROR(InputOf(summed.first, 0, &field.output_gradients));
+      TF_RETURN_IF_ERROR(::tensorflow::GetNodeAttr(node->attrs(), "Tkey", &field.key_dtype));
+      TF_RETURN_IF_ERROR(::tensorflow::GetNodeAttr(node->attrs(), "dim", &field.dim));
+      (*groups)[key].push_back(std::move(field));
+      continue;
+    }
     for (const Node* marker : markers) {
       Field field;
       field.replaced = node;
@@ -678,7 +722,15 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       const std::vector<bool> after_updates = Descendants(graph, updates);
       std::vector<NodeBuilder::NodeOut> distinct_slots;
       Node* no_slots = nullptr;
-      for (const Field& field : fields) {
+      Output no_segment_ids, no_num_segments;
+      for (Field& field : fields) {
+        if (field.rows_given) {
+          if (no_segment_ids.first == nullptr) {
+            TF_RETURN_IF_ERROR(NoSegments(graph, field.device, &no_segment_ids, &no_num_segments));
+          }
+          field.segment_ids = no_segment_ids;
+          field.num_segments = no_num_segments;
+        }
         const auto source = slot_sources.find(SameElementsAs(field.keys));
         if (source != slot_sources.end() && !after_updates[source->second.node->id()]) {
           distinct_slots.push_back(source->second);

@@ -53,7 +53,7 @@ class SessionModel:
   """Sparse fields with each combiner (one with a row-less table shared by two lookups), one
   dense single-id field and one string field, a linear layer and a logistic loss."""
 
-  def __init__(self, optimizer_fn, batch=16):
+  def __init__(self, optimizer_fn, batch=16, clip_norm=None):
     self.graph = tf.Graph()
     self.batch = batch
     with self.graph.as_default():
@@ -88,7 +88,12 @@ class SessionModel:
         tf.nn.sigmoid_cross_entropy_with_logits(labels=self.label, logits=logit)
       )
       optimizer = tf_ext.DynamicEmbeddingOptimizer(optimizer_fn())
-      self.train = optimizer.minimize(self.loss)
+      if clip_norm is None:
+        self.train = optimizer.minimize(self.loss)
+      else:  # every gradient clipped by their global norm before the updates
+        gradients, variables = zip(*optimizer.compute_gradients(self.loss))
+        clipped, _ = tf.clip_by_global_norm(gradients, clip_norm)
+        self.train = optimizer.apply_gradients(zip(clipped, variables))
       self.exports = [t.export() for t in self.tables]
       self.statistics = [t.statistics() for t in self.tables]
       self.initialize = tf.compat.v1.global_variables_initializer()
@@ -171,6 +176,26 @@ def test_session_training_is_bit_equal_and_fused(optimizer_fn):
   for stats_a, stats_b in zip(unfused[3], fused[3]):
     assert stats_a["lookups"] == stats_b["lookups"] and stats_a["lookups"] > 0
     assert stats_a["lookup_hits"] == stats_b["lookup_hits"]
+
+
+def test_clipped_gradients_update_in_the_fused_apply():
+  """Gradients clipped by their global norm reach the updates transformed, not from the lookups'
+  markers: the updates still fuse (from the clipped rows, as TensorFlow computed them) and
+  training stays bit-equal; the lookups fuse as before."""
+  model = SessionModel(lambda: tf.compat.v1.train.AdamOptimizer(0.05), clip_norm=0.05)
+  unfused = model.train_steps(UNFUSED)
+  before = graph_optimizations.stats()
+  fused = model.train_steps(FUSE_ONLY)
+  after = graph_optimizations.stats()
+  assert_same_training(unfused, fused)
+  fused_ops = fused[2]
+  assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
+  assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
+  for unfused_op in ("TfExtTableApplyGradient", "Unique"):
+    assert unfused_op not in fused_ops
+  assert after["updates_fused"] - before["updates_fused"] >= 6
+  # The clipped rows keep their lookups' ids in order: the int64 fields take the lookup's slots.
+  assert after["slots_shared"] - before["slots_shared"] >= 6
 
 
 class WideSessionModel:

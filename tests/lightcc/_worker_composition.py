@@ -102,6 +102,33 @@ def run_tape(name, wrap_optimizer, distributed_tape):
   return list(table_state(table)) + [dense.numpy()]
 
 
+def run_fusable(name, wrap_optimizer, distributed_tape):
+  """run_tape's model over SparseTensor ids (which the embedding fusion pass fuses), from a
+  seeded initializer (so that runs under two table names start equal)."""
+  init = tf.random_normal_initializer(0.0, 0.1, seed=1)
+  table = tf_ext.get_dynamic_embedding_variable(f"{name}_table", 4, initializer=init)
+  dense = tf.Variable(tf.ones([4, 1]), name=f"{name}_w")
+  optimizer = wrap_optimizer(tf.keras.optimizers.SGD(LR))
+  ids = tf.sparse.from_dense(tf.constant(ALL_IDS[MINE] + 1))  # 0 would be an absent entry
+  labels = tf.constant(ALL_LABELS[MINE])
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      rows = tf_ext.embedding_lookup(table, ids, combiner="mean")
+      loss = tf.reduce_mean(tf.square(tf.matmul(rows, dense) - labels))
+    variables = [table.gradient_anchor, dense]
+    if distributed_tape:
+      grads = hvd.DistributedGradientTape(tape).gradient(loss, variables)
+      optimizer.apply_gradients(zip(grads, variables))
+    else:
+      optimizer.minimize(loss, variables, tape=tape)
+
+  for _ in range(STEPS):
+    step()
+  return list(table_state(table)) + [dense.numpy()]
+
+
 def run_tf1(name, wrap, ids, labels):
   with tf.Graph().as_default():
     emb = tf_ext.dynamic_embedding(tf.constant(ids), 4, name=f"{name}_table", combiner="mean")
@@ -147,6 +174,18 @@ results = {
   "tape Dist(DE(opt)).minimize": run_tape("g2", lambda o: dist_keras(de(o)), False),
   "tape DE(Dist(opt)).minimize": run_tape("g3", lambda o: de(dist_keras(o)), False),
 }
+# The embedding fusion pass: the updates of the allgathered gradients fuse too (from the rows as
+# TensorFlow gathered them), and training is bit-equal to the unfused runs.
+FUSABLE = {
+  "tape DistributedGradientTape + DE(opt)": (de, True),
+  "tape Dist(DE(opt)).minimize": (lambda o: dist_keras(de(o)), False),
+}
+unfused = {case: run_fusable(f"u{i}", *how) for i, (case, how) in enumerate(FUSABLE.items())}
+tf_ext.graph_optimizations.enable(fuse_embeddings=True, cluster_dense_for_xla=False)
+before = tf_ext.graph_optimizations.stats()
+fused = {case: run_fusable(f"f{i}", *how) for i, (case, how) in enumerate(FUSABLE.items())}
+after = tf_ext.graph_optimizations.stats()
+tf_ext.graph_optimizations.disable()
 expected = {
   "tf1": run_tf1("ref", de, ALL_IDS, ALL_LABELS),
   "keras": reference_keras("ref"),
@@ -162,4 +201,11 @@ for case, arrays in results.items():
       failures.append(f"{case}: array {index} differs from one-process training:\n{got}\n{ref}")
   if ranks_differ(hvd, arrays):
     failures.append(f"{case}: ranks differ")
-finish(rank, len(results), failures)
+for case, arrays in fused.items():
+  for index, (got, ref) in enumerate(zip(arrays, unfused[case])):
+    if not np.array_equal(got, ref):
+      failures.append(f"fused {case}: array {index} differs from the unfused run:\n{got}\n{ref}")
+for stat in ("lookups_fused", "updates_fused"):
+  if after[stat] - before[stat] < len(fused):
+    failures.append(f"{stat}: {after[stat] - before[stat]} in {len(fused)} fused runs")
+finish(rank, len(results) + len(fused), failures)
