@@ -53,7 +53,7 @@ class SessionModel:
   """Sparse fields with each combiner (one with a row-less table shared by two lookups), one
   dense single-id field and one string field, a linear layer and a logistic loss."""
 
-  def __init__(self, optimizer_fn, batch=16, clip_norm=None):
+  def __init__(self, optimizer_fn, batch=16, clip_norm=None, num_shards=None):
     self.graph = tf.Graph()
     self.batch = batch
     with self.graph.as_default():
@@ -64,7 +64,7 @@ class SessionModel:
       self.words = tf.compat.v1.placeholder(tf.string, [None])
       self.label = tf.compat.v1.placeholder(tf.float32, [None])
       table = lambda prefix, dim, key_dtype=tf.int64: tf_ext.get_dynamic_embedding_variable(  # noqa: E731
-        unique(prefix), dim, key_dtype=key_dtype, initializer=init
+        unique(prefix), dim, key_dtype=key_dtype, initializer=init, num_shards=num_shards
       )
       self.tables = [table("sparse", 4) for _ in range(3)]
       self.tables += [table("dense", 4), table("words", 3, tf.string), table("shared", 2)]
@@ -96,7 +96,10 @@ class SessionModel:
         self.train = optimizer.apply_gradients(zip(clipped, variables))
       self.exports = [t.export() for t in self.tables]
       self.statistics = [t.statistics() for t in self.tables]
-      self.initialize = tf.compat.v1.global_variables_initializer()
+      # (Shards' gradient anchors are local variables.)
+      self.initialize = tf.group(
+        tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()
+      )
 
   def feeds(self, steps, seed=0):
     rng = np.random.default_rng(seed)
@@ -196,6 +199,27 @@ def test_clipped_gradients_update_in_the_fused_apply():
   assert after["updates_fused"] - before["updates_fused"] >= 6
   # The clipped rows keep their lookups' ids in order: the int64 fields take the lookup's slots.
   assert after["slots_shared"] - before["slots_shared"] >= 6
+
+
+def test_sharded_tables_fuse_shard_by_shard():
+  """Every table in 3 shards: each shard's find and update is a field of the fused ops (the
+  partition, stitch and combiners stay TensorFlow's), and training stays bit-equal."""
+  model = SessionModel(lambda: tf.compat.v1.train.AdagradOptimizer(0.1), num_shards=3)
+  unfused = model.train_steps(UNFUSED)
+  before = graph_optimizations.stats()
+  fused = model.train_steps(FUSE_ONLY)
+  after = graph_optimizations.stats()
+  assert_same_training(unfused, fused)
+  fused_ops = fused[2]
+  assert unfused[2].count("TfExtTableFind") == 7 * 3
+  assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
+  assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
+  for unfused_op in ("TfExtTableFind", "TfExtTableApplyGradient"):
+    assert unfused_op not in fused_ops
+  assert after["lookups_fused"] - before["lookups_fused"] >= 7 * 3
+  assert after["updates_fused"] - before["updates_fused"] >= 6 * 3
+  for stats_a, stats_b in zip(unfused[3], fused[3]):
+    assert stats_a["lookups"] == stats_b["lookups"] and stats_a["lookups"] > 0
 
 
 class WideSessionModel:

@@ -24,7 +24,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.trackable import base as trackable
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import checkpoint, lifecycle
+from tf_ext.dynamic_embedding import checkpoint, fusion_markers, lifecycle
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 MAX_SHARDS = 65536  # kMaxShards in kernels/dynamic_embedding/core/sharding.h
@@ -241,7 +241,12 @@ class ShardedDynamicEmbeddingVariable(
         return self._shards[0].lookup(ids)
       flat = tf.reshape(ids, [-1])
       keys, positions = self._partition(flat)
-      rows = [shard.lookup(part) for shard, part in zip(self._shards, keys)]
+      # Each shard's rows are a field of their own for the embedding fusion pass (one row per id):
+      # the shards' finds and updates fuse; the partition, stitch and combiner stay.
+      rows = []
+      for shard, part in zip(self._shards, keys):
+        found = shard.lookup(part)
+        rows.append(fusion_markers.marked(shard, found, found, [], 0, "none"))
       stitched = tf.dynamic_stitch(positions, rows)
       out = tf.reshape(stitched, tf.concat([tf.shape(ids), [self._dim]], 0))
       out.set_shape(ids.shape.concatenate([self._dim]))
