@@ -143,6 +143,23 @@ def assert_same_training(unfused, fused):
       assert_bit_equal(x, y)
 
 
+def fused_against_unfused(model, absent):
+  """Trains `model` unfused, then fused: bit-equal training, one fused lookup and one fused apply
+  in the fused step, and none of the `absent` ops. Returns (unfused, fused, the stats the fused
+  run added)."""
+  unfused = model.train_steps(UNFUSED)
+  before = graph_optimizations.stats()
+  fused = model.train_steps(FUSE_ONLY)
+  after = graph_optimizations.stats()
+  assert_same_training(unfused, fused)
+  fused_ops = fused[2]
+  assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
+  assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
+  for op in absent:
+    assert op not in fused_ops
+  return unfused, fused, {name: after[name] - before[name] for name in after}
+
+
 @pytest.mark.parametrize(
   "optimizer_fn",
   [
@@ -154,26 +171,17 @@ def assert_same_training(unfused, fused):
   ids=["adam", "adagrad", "ftrl", "nesterov"],
 )
 def test_session_training_is_bit_equal_and_fused(optimizer_fn):
-  model = SessionModel(optimizer_fn)
-  unfused = model.train_steps(UNFUSED)
-  before = graph_optimizations.stats()
-  fused = model.train_steps(FUSE_ONLY)
-  # The 6 int64 fields of the fused apply take the fused lookup's distinct slots (not the string
-  # field), in each graph the Session builds.
-  after = graph_optimizations.stats()
-  assert after["slots_shared"] - before["slots_shared"] >= 6
-  assert after["updates_fused"] - before["updates_fused"] >= 6
-  assert_same_training(unfused, fused)
-  unfused_ops, fused_ops = unfused[2], fused[2]
-  assert unfused_ops.count("TfExtTableFind") == 7
-  assert unfused_ops.count("TfExtTableApplyGradient") == 6
   # All 7 lookups in one op, all 6 updates (the shared table's of two fields) in another: no
   # unfused find, update or dedup is left.
-  assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
-  assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
-  for unfused_op in ("TfExtTableFind", "TfExtTableApplyGradient", "Unique"):
-    assert unfused_op not in fused_ops
-  assert len(fused_ops) < 0.75 * len(unfused_ops)
+  model = SessionModel(optimizer_fn)
+  absent = ("TfExtTableFind", "TfExtTableApplyGradient", "Unique")
+  unfused, fused, added = fused_against_unfused(model, absent)
+  # The 6 int64 fields of the fused apply take the fused lookup's distinct slots (not the string
+  # field), in each graph the Session builds.
+  assert added["slots_shared"] >= 6 and added["updates_fused"] >= 6
+  assert unfused[2].count("TfExtTableFind") == 7
+  assert unfused[2].count("TfExtTableApplyGradient") == 6
+  assert len(fused[2]) < 0.75 * len(unfused[2])
   # The fused lookup looks each distinct id of a batch up once, but counts every id, as the
   # unfused lookups do.
   for stats_a, stats_b in zip(unfused[3], fused[3]):
@@ -186,38 +194,20 @@ def test_clipped_gradients_update_in_the_fused_apply():
   markers: the updates still fuse (from the clipped rows, as TensorFlow computed them) and
   training stays bit-equal; the lookups fuse as before."""
   model = SessionModel(lambda: tf.compat.v1.train.AdamOptimizer(0.05), clip_norm=0.05)
-  unfused = model.train_steps(UNFUSED)
-  before = graph_optimizations.stats()
-  fused = model.train_steps(FUSE_ONLY)
-  after = graph_optimizations.stats()
-  assert_same_training(unfused, fused)
-  fused_ops = fused[2]
-  assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
-  assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
-  for unfused_op in ("TfExtTableApplyGradient", "Unique"):
-    assert unfused_op not in fused_ops
-  assert after["updates_fused"] - before["updates_fused"] >= 6
+  _, _, added = fused_against_unfused(model, ("TfExtTableApplyGradient", "Unique"))
+  assert added["updates_fused"] >= 6
   # The clipped rows keep their lookups' ids in order: the int64 fields take the lookup's slots.
-  assert after["slots_shared"] - before["slots_shared"] >= 6
+  assert added["slots_shared"] >= 6
 
 
 def test_sharded_tables_fuse_shard_by_shard():
   """Every table in 3 shards: each shard's find and update is a field of the fused ops (the
   partition, stitch and combiners stay TensorFlow's), and training stays bit-equal."""
   model = SessionModel(lambda: tf.compat.v1.train.AdagradOptimizer(0.1), num_shards=3)
-  unfused = model.train_steps(UNFUSED)
-  before = graph_optimizations.stats()
-  fused = model.train_steps(FUSE_ONLY)
-  after = graph_optimizations.stats()
-  assert_same_training(unfused, fused)
-  fused_ops = fused[2]
+  absent = ("TfExtTableFind", "TfExtTableApplyGradient")
+  unfused, fused, added = fused_against_unfused(model, absent)
   assert unfused[2].count("TfExtTableFind") == 7 * 3
-  assert fused_ops.count("TfExtFusedEmbeddingLookup") == 1
-  assert fused_ops.count("TfExtFusedEmbeddingApply") == 1
-  for unfused_op in ("TfExtTableFind", "TfExtTableApplyGradient"):
-    assert unfused_op not in fused_ops
-  assert after["lookups_fused"] - before["lookups_fused"] >= 7 * 3
-  assert after["updates_fused"] - before["updates_fused"] >= 6 * 3
+  assert added["lookups_fused"] >= 7 * 3 and added["updates_fused"] >= 6 * 3
   for stats_a, stats_b in zip(unfused[3], fused[3]):
     assert stats_a["lookups"] == stats_b["lookups"] and stats_a["lookups"] > 0
 
