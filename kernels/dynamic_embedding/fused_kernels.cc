@@ -384,14 +384,18 @@ struct DistinctIndex {
   std::vector<std::string_view> strings;
   const int32_t* given = nullptr;
   std::vector<int64_t> own;
-  // The distinct keys, of key type Key (int64_t or std::string_view).
-  template <typename Key>
-  const std::vector<Key>& distinct() const {
-    if constexpr (std::is_same_v<Key, int64_t>) {
-      return ints;
+  // The distinct keys of a table of key type TableKey.
+  template <typename TableKey>
+  std::vector<typename KeyTensor<TableKey>::KeyView>* distinct() {
+    if constexpr (std::is_same_v<TableKey, int64_t>) {
+      return &ints;
     } else {
-      return strings;
+      return &strings;
     }
+  }
+  template <typename TableKey>
+  const std::vector<typename KeyTensor<TableKey>::KeyView>& distinct() const {
+    return *const_cast<DistinctIndex*>(this)->distinct<TableKey>();
   }
   int64_t slot(int64_t i) const { return given != nullptr ? given[i] : own[i]; }
 };
@@ -435,13 +439,7 @@ Status IndexField(const Field& field, const Tensor& given_slots, DistinctIndex* 
   bool consistent = true;
   WithKeys(field, [&](auto* key_type, auto key_at) {
     using TableKey = std::remove_pointer_t<decltype(key_type)>;
-    auto* distinct = [&] {
-      if constexpr (std::is_same_v<TableKey, int64_t>) {
-        return &index->ints;
-      } else {
-        return &index->strings;
-      }
-    }();
+    auto* distinct = index->template distinct<TableKey>();
     if (given == 0) {
       index->own.resize(field.num_keys);
       de::IndexDistinctKeys(field.num_keys, key_at, distinct, index->own.data());
@@ -510,17 +508,16 @@ class FusedApplyOp : public FusedFieldsKernel {
       for (int i = begin; i < end; ++i) weight += fields[i].num_keys * fields[i].dim;
       weights.push_back(weight);
     }
-    OP_REQUIRES_OK(ctx, ForEachTask(ctx, weights, [&](int64_t u) {
-                     const auto [begin, end] = updates_[u];
-                     if (fields[begin].keys->dtype() == DT_INT64) {
-                       SumAndUpdate<int64_t, int64_t>(ctx, fields, splits, indexes, begin, end,
-                                                      params, step);
-                     } else {
-                       SumAndUpdate<std::string_view, std::string>(ctx, fields, splits, indexes,
-                                                                   begin, end, params, step);
-                     }
-                     return ::tensorflow::OkStatus();
-                   }));
+    OP_REQUIRES_OK(
+        ctx, ForEachTask(ctx, weights, [&](int64_t u) {
+          const auto [begin, end] = updates_[u];
+          if (fields[begin].keys->dtype() == DT_INT64) {
+            SumAndUpdate<int64_t>(ctx, fields, splits, indexes, begin, end, params, step);
+          } else {
+            SumAndUpdate<std::string>(ctx, fields, splits, indexes, begin, end, params, step);
+          }
+          return ::tensorflow::OkStatus();
+        }));
   }
 
  private:
@@ -559,18 +556,19 @@ class FusedApplyOp : public FusedFieldsKernel {
 
   // One table update over fields [begin, end): their keys' gradients summed per distinct key in
   // field order, as the unfused update sums TensorFlow's concatenation of them, then applied.
-  // Key: the distinct keys' type (int64_t or std::string_view); TableKey: the table's.
-  template <typename Key, typename TableKey>
+  // TableKey: the table's key type.
+  template <typename TableKey>
   void SumAndUpdate(OpKernelContext* ctx, const std::vector<Field>& fields,
                     const std::vector<SplitGradient>& splits,
                     const std::vector<DistinctIndex>& indexes, int begin, int end,
                     const de::OptimizerParams& params, int64_t step) const {
-    const std::vector<Key>* distinct = &indexes[begin].template distinct<Key>();
+    using Key = typename KeyTensor<TableKey>::KeyView;
+    const std::vector<Key>* distinct = &indexes[begin].template distinct<TableKey>();
     std::vector<Key> merged;
     std::vector<std::vector<int64_t>> to_merged;
     if (end - begin > 1) {
       std::vector<const std::vector<Key>*> parts;
-      for (int i = begin; i < end; ++i) parts.push_back(&indexes[i].template distinct<Key>());
+      for (int i = begin; i < end; ++i) parts.push_back(&indexes[i].template distinct<TableKey>());
       de::MergeDistinctKeys(parts, &merged, &to_merged);
       distinct = &merged;
     }

@@ -35,13 +35,15 @@ struct KeyTensor;
 template <>
 struct KeyTensor<int64_t> {
   using Element = int64_t;
-  static int64_t View(const int64_t& k) { return k; }
+  using KeyView = int64_t;  // what View gives: the key as the table core takes it
+  static KeyView View(const int64_t& k) { return k; }
   static void Store(const int64_t& key, int64_t* out) { *out = key; }
 };
 template <>
 struct KeyTensor<std::string> {
   using Element = tstring;
-  static std::string_view View(const tstring& k) { return std::string_view(k.data(), k.size()); }
+  using KeyView = std::string_view;
+  static KeyView View(const tstring& k) { return KeyView(k.data(), k.size()); }
   static void Store(const std::string& key, tstring* out) { out->assign(key.data(), key.size()); }
 };
 

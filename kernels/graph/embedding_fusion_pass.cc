@@ -348,36 +348,37 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
   return builder.Finalize(graph, fused);
 }
 
-// An empty int32 vector on `device`: the distinct slots of an apply field that no fused lookup
-// gave (the apply then finds its distinct keys itself).
-Status EmptySlots(Graph* graph, const std::string& device, Node** node) {
-  ::tensorflow::Tensor empty(::tensorflow::DT_INT32, ::tensorflow::TensorShape({0}));
-  return NodeBuilder(graph->NewName("tf_ext_fused/no_distinct_slots"), "Const")
-      .Attr("dtype", ::tensorflow::DT_INT32)
-      .Attr("value", empty)
+// A Const node of `value` on `device`.
+Status ConstOn(Graph* graph, const std::string& device, const std::string& name,
+               const ::tensorflow::Tensor& value, Node** node) {
+  return NodeBuilder(graph->NewName("tf_ext_fused/" + name), "Const")
+      .Attr("dtype", value.dtype())
+      .Attr("value", value)
       .Device(device)
       .AssignedDevice(device)
       .Finalize(graph, node);
+}
+
+// An empty int32 vector on `device`: the distinct slots of an apply field that no fused lookup
+// gave (the apply then finds its distinct keys itself).
+Status EmptySlots(Graph* graph, const std::string& device, Node** node) {
+  return ConstOn(graph, device, "no_distinct_slots",
+                 ::tensorflow::Tensor(::tensorflow::DT_INT32, ::tensorflow::TensorShape({0})),
+                 node);
 }
 
 // The segment_ids and num_segments of fields whose rows' gradients are given (combiner none reads
 // neither): an empty int64 vector and a 0, on `device`.
 Status NoSegments(Graph* graph, const std::string& device, Output* segment_ids,
                   Output* num_segments) {
-  Node* nodes[2];
-  for (int scalar = 0; scalar < 2; ++scalar) {
-    ::tensorflow::Tensor value(::tensorflow::DT_INT64, scalar ? ::tensorflow::TensorShape({})
-                                                              : ::tensorflow::TensorShape({0}));
-    if (scalar) value.scalar<int64_t>()() = 0;
-    TF_RETURN_IF_ERROR(NodeBuilder(graph->NewName("tf_ext_fused/no_segments"), "Const")
-                           .Attr("dtype", ::tensorflow::DT_INT64)
-                           .Attr("value", value)
-                           .Device(device)
-                           .AssignedDevice(device)
-                           .Finalize(graph, &nodes[scalar]));
-  }
-  *segment_ids = {nodes[0], 0};
-  *num_segments = {nodes[1], 0};
+  Node *ids, *count;
+  TF_RETURN_IF_ERROR(
+      ConstOn(graph, device, "no_segment_ids",
+              ::tensorflow::Tensor(::tensorflow::DT_INT64, ::tensorflow::TensorShape({0})), &ids));
+  TF_RETURN_IF_ERROR(
+      ConstOn(graph, device, "no_num_segments", ::tensorflow::Tensor(int64_t{0}), &count));
+  *segment_ids = {ids, 0};
+  *num_segments = {count, 0};
   return ::tensorflow::OkStatus();
 }
 
@@ -619,8 +620,12 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
         SourceOf(summed.first, 1) != Output{unique.first, 1}) {
       continue;
     }
+    Field update;
+    update.replaced = node;
+    update.device = DeviceOf(node);
+    TF_RETURN_IF_ERROR(InputOf(node, 0, &update.table));
     // Applies fuse only with the same optimizer and the same hyperparameter tensors.
-    std::string key = DeviceOf(node);
+    std::string key = update.device;
     for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
                              "use_nesterov", "num_hyperparameters"}) {
       key += "|" + node->attrs().Find(name)->ShortDebugString();
@@ -631,12 +636,9 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
       // A gradient transformed on the way (clipping, loss scaling, an allgather): the update still
       // fuses, from its rows' gradients as TensorFlow computed them (only the dedup and the update
       // are the fused apply's; the gradient's graph stays).
-      Field field;
-      field.replaced = node;
+      Field field = update;
       field.rows_given = true;
       field.combiner = "none";
-      field.device = DeviceOf(node);
-      TF_RETURN_IF_ERROR(InputOf(node, 0, &field.table));
       TF_RETURN_IF_ERROR(InputOf(unique.first, 0, &field.keys));
       TF_RETURN_IF_ERROR(InputOf(summed.first, 0, &field.output_gradients));
       TF_RETURN_IF_ERROR(::tensorflow::GetNodeAttr(node->attrs(), "Tkey", &field.key_dtype));
@@ -645,13 +647,10 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
       continue;
     }
     for (const Node* marker : markers) {
-      Field field;
-      field.replaced = node;
+      Field field = update;
       field.parts = static_cast<int>(markers.size());
-      TF_RETURN_IF_ERROR(InputOf(node, 0, &field.table));
       TF_RETURN_IF_ERROR(ReadField(marker, 2, &field));
       TF_RETURN_IF_ERROR(InputOf(marker, 1, &field.output_gradients));
-      field.device = DeviceOf(node);
       ReadFromSplitInput(SourceOf(marker, 1), &field);
       (*groups)[key].push_back(std::move(field));
     }

@@ -39,6 +39,11 @@ def marked(table, rows, embeddings, segment_ids, num_segments, combiner):
   )
 
 
+def marked_rows(table, rows):
+  """`rows` (a lookup in `table`, one row per id: no combiner) through the fusion marker."""
+  return marked(table, rows, rows, [], 0, "none")
+
+
 @ops.RegisterGradient("TfExtEmbeddingField")
 def _embedding_field_gradient(op, grad):
   marker = op.outputs[0].op  # tapes pass a stand-in op; its output is the real one's

@@ -5,7 +5,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from tf_ext import _ops_loader
 from tf_ext.dynamic_embedding import variable as variable_lib
-from tf_ext.dynamic_embedding.fusion_markers import marked
+from tf_ext.dynamic_embedding.fusion_markers import marked, marked_rows
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -21,9 +21,6 @@ def _combine(rows, segment_ids, num_segments, combiner):
   )
   scale = counts if combiner == "mean" else tf.sqrt(counts)
   return summed / tf.expand_dims(tf.maximum(scale, 1.0), -1)  # empty rows stay zero
-
-
-_NO_SEGMENTS = ([], 0)  # combiner "none": one output row per id
 
 
 def embedding_lookup(table, ids, combiner=None, name=None):
@@ -72,7 +69,7 @@ def embedding_lookup(table, ids, combiner=None, name=None):
 def _dense_lookup(table, ids, combiner):
   rows = table.lookup(ids)
   if combiner is None or rows.shape.rank == 2:
-    return marked(table, rows, rows, *_NO_SEGMENTS, "none")
+    return marked_rows(table, rows)
   if rows.shape.rank is not None and rows.shape.rank < 2:
     raise variable_lib.invalid_argument(table.name, "a combiner needs ids of rank >= 1")
   count = rows.shape[-2] if rows.shape[-2] is not None else tf.shape(rows)[-2]
@@ -103,7 +100,7 @@ def _lookup_real_ids(table, ids, combiner, extent):
   rows = table.lookup(real)
   combined = combiner is not None and rank >= 2
   if not combined:
-    rows = marked(table, rows, rows, *_NO_SEGMENTS, "none")
+    rows = marked_rows(table, rows)
   paddings = [
     tf.stack([0, tf.cast(extent[a][1], tf.int32) - tf.cast(extent[a][0], tf.int32)])
     if a in extent

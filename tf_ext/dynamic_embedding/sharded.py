@@ -243,10 +243,10 @@ class ShardedDynamicEmbeddingVariable(
       keys, positions = self._partition(flat)
       # Each shard's rows are a field of their own for the embedding fusion pass (one row per id):
       # the shards' finds and updates fuse; the partition, stitch and combiner stay.
-      rows = []
-      for shard, part in zip(self._shards, keys):
-        found = shard.lookup(part)
-        rows.append(fusion_markers.marked(shard, found, found, [], 0, "none"))
+      rows = [
+        fusion_markers.marked_rows(shard, shard.lookup(part))
+        for shard, part in zip(self._shards, keys)
+      ]
       stitched = tf.dynamic_stitch(positions, rows)
       out = tf.reshape(stitched, tf.concat([tf.shape(ids), [self._dim]], 0))
       out.set_shape(ids.shape.concatenate([self._dim]))

@@ -257,9 +257,7 @@ class EmbeddingTable {
   }
   template <typename KeyAt>
   int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride) const {
-    const int64_t found = bulk_removals_.load(std::memory_order_relaxed) > 0
-                              ? FindByShard(n, key_at, out, out_stride)
-                              : FindInOrder(n, key_at, out, out_stride);
+    const int64_t found = ServeRows(n, key_at, out, out_stride);
     CountLookups(n, found);
     return found;
   }
@@ -269,11 +267,7 @@ class EmbeddingTable {
   template <typename KeyAt>
   void FindDistinctBatch(int64_t n, KeyAt&& key_at, const int64_t* occurrences, float* out) const {
     std::unique_ptr<bool[]> present(new bool[n]);
-    if (bulk_removals_.load(std::memory_order_relaxed) > 0) {
-      FindByShard(n, key_at, out, dim_, present.get());
-    } else {
-      FindInOrder(n, key_at, out, dim_, present.get());
-    }
+    ServeRows(n, key_at, out, dim_, present.get());
     int64_t lookups = 0, hits = 0;
     for (int64_t k = 0; k < n; ++k) {
       lookups += occurrences[k];
@@ -900,6 +894,16 @@ class EmbeddingTable {
     }
     FillInitialRowOf(key, row);
     return false;
+  }
+
+  // FindBatch's rows (and which keys were present, where `present` is given), found in order or,
+  // while a bulk removal runs, shard by shard; the number found.
+  template <typename KeyAt>
+  int64_t ServeRows(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride,
+                    bool* present = nullptr) const {
+    return bulk_removals_.load(std::memory_order_relaxed) > 0
+               ? FindByShard(n, key_at, out, out_stride, present)
+               : FindInOrder(n, key_at, out, out_stride, present);
   }
 
   // FindBatch's usual way: every shard read-locked (in the order LockAll takes them, so it cannot
