@@ -23,7 +23,9 @@
 #                on and off (TF1 Session and Keras; 26 fields, batch 4096, three dense towers)
 #   make bench-jit  benchmarks/jit_cache.py: tf_ext.jit against plain TF, jit_compile, auto-jit and
 #                static shapes on two varying-shape workloads (writes jit_cache.png)
-#   make bench-jit-session bench-jit-verdicts  benchmarks/jit_cache_session.py: tf_ext.jit.Bucketing against
+#   make bench-jit-profile  benchmarks/jit_op_profile.py: where bench-jit's steps spend their time,
+#                XLA's code against TensorFlow's kernels op by op, and the best mix of the two
+#   make bench-jit-session  benchmarks/jit_cache_session.py: tf_ext.jit.Bucketing against
 #                TensorFlow's XLA options in a TF1 Session (writes jit_cache_session.png)
 #   make bench-jit-verdicts  benchmarks/speed_check_verdicts.py: how often tf_ext.jit's speed check
 #                decides right on simulated calls, against the median rule it replaced
@@ -107,8 +109,9 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-session \
-        bench-jit-verdicts bench-cluster bench-harp bench-harp-nccl demo-estimator clean distclean
+        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-profile \
+        bench-jit-session bench-jit-verdicts bench-cluster bench-harp bench-harp-nccl \
+        demo-estimator clean distclean
 
 all: build
 
@@ -277,6 +280,10 @@ bench-fusion: build bench-deps
 # Issue 11's compilation-cache benchmark; BENCH_ARGS=--quick for a short run.
 bench-jit: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_cache.py $(BENCH_ARGS))
+
+# Why bench-jit's figures are what they are: XLA's ops against TensorFlow's kernels (20 s).
+bench-jit-profile: build
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_op_profile.py $(BENCH_ARGS))
 
 # Its TF1 Session path; BENCH_ARGS=--quick for a short run.
 bench-jit-session: build bench-deps
