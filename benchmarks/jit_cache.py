@@ -399,6 +399,8 @@ def report(workload, results):
   ]
   for text, ok in checks:
     print(f"  [{_common.verdict(ok)}] {text}")
+  if speed_best < 1.3:
+    print("  (`make bench-jit-profile` shows, op by op, how much faster XLA's code can be here)")
   return checks
 
 
