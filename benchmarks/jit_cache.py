@@ -154,15 +154,9 @@ def build(workload, tf):
   return owner, per_example
 
 
-def worker(workload, config, steps, quick):
-  import numpy as np
-  import tensorflow as tf
-
-  import tf_ext.jit as jit
-
-  if config.startswith("autojit"):
-    tf.config.optimizer.set_jit(True)
-  owner, per_example = build(workload, tf)
+def make_train_step(owner, per_example, tf):
+  """A training step of `build`'s model with an Adam of its own: the masked mean loss over the
+  real rows, then one update; returns the loss."""
   optimizer = tf.keras.optimizers.Adam(1e-3)
   variables = owner.trainable_variables
   optimizer.build(variables)
@@ -174,6 +168,20 @@ def worker(workload, config, steps, quick):
     grads = tape.gradient(loss, variables)
     optimizer.apply_gradients(zip(grads, variables))
     return loss
+
+  return train_step
+
+
+def worker(workload, config, steps, quick):
+  import numpy as np
+  import tensorflow as tf
+
+  import tf_ext.jit as jit
+
+  if config.startswith("autojit"):
+    tf.config.optimizer.set_jit(True)
+  owner, per_example = build(workload, tf)
+  train_step = make_train_step(owner, per_example, tf)
 
   if config == "ours" and workload == "A":
 

@@ -67,10 +67,9 @@ def op_times(logdir, steps):
 
 
 def profile(workload, shape, steps, rounds, tf, np, jit_cache):
-  """{"tf"/"xla": {"wall_us": median untraced step, "parts": median op time per part}} over
-  `rounds` rounds of `steps` timed and `steps` traced steps of each."""
+  """{"tf"/"xla"/"mix": {"wall_us": median untraced step, "parts": median op time per part (not
+  for the mix)}} over `rounds` rounds of `steps` timed and `steps` traced steps of each."""
   owner, per_example = jit_cache.build(workload, tf)
-  variables = owner.trainable_variables
   data = jit_cache.make_data(workload, shape, np.random.default_rng(0))
   n = shape[0]
   masks = dict(
@@ -78,17 +77,7 @@ def profile(workload, shape, steps, rounds, tf, np, jit_cache):
   )
   runs = {}
   for kind in ("tf", "xla", "mix"):
-    optimizer = tf.keras.optimizers.Adam(1e-3)
-    optimizer.build(variables)
-
-    def train_step(*inputs, row_mask, seq_mask, count, optimizer=optimizer):
-      with tf.GradientTape() as tape:
-        losses = per_example(*inputs, row_mask, seq_mask)
-        loss = tf.reduce_sum(tf.where(row_mask, losses, 0.0)) / tf.cast(count, tf.float32)
-      grads = tape.gradient(loss, variables)
-      optimizer.apply_gradients(zip(grads, variables))
-      return loss
-
+    train_step = jit_cache.make_train_step(owner, per_example, tf)  # an optimizer of its own
     if kind == "mix":  # XLA clusters around everything but the matrix products
       runs[kind] = tf.function(functools.partial(in_jit_scope_without_matmuls, train_step, tf))
     else:
