@@ -123,3 +123,28 @@ def test_the_planner_grows_only_when_its_owner_allows():
     assert call(n, may_grow=False) == ((8,),)
   # Still due (not postponed to the next doubling while held): grows at the first call allowed.
   assert call(2) == ((2, 8),) and plans[-1][1] == "grown after 13 calls"
+
+
+def test_a_size_above_the_plan_waits_as_growing_does_but_not_forever():
+  plans = []
+  planner = Planner(lambda dims, plan, reason: plans.append((plan, reason)), min_observations=4)
+  dims = ("batch",)
+
+  def call(n, **rule):
+    planner.observe(dims, (n,))
+    return planner.maybe_plan(dims, (n,), **rule)
+
+  for n in [2, 8, 2, 8]:
+    call(n)
+  assert plans == [(((8,),), "first plan")]
+  # While the owner holds growing back (no verdict on XLA's speed yet), a larger size waits too.
+  for _ in range(3):
+    assert call(12, may_grow=False) == ((8,),)
+  assert call(2, may_grow=False) == ((8,),) and len(plans) == 1
+  # Allowed: the next larger size extends the plan at once.
+  assert call(12) == ((8, 12),) and plans[-1] == (((8, 12),), "size (12,) above the plan")
+  # Held back for good (e.g. no call fits the plan, so no verdict comes): after min_observations
+  # calls above the plan, it extends anyway.
+  for _ in range(4):
+    assert call(40, may_grow=False) == ((8, 12),)
+  assert call(40, may_grow=False) == ((8, 12, 40),) and len(plans) == 3

@@ -457,7 +457,8 @@ def test_the_speed_check_picks_the_faster_way_and_results_stay_equal():
   ours._speed_checks.clear()  # a long check again: the calls below follow the verdict
   ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=1000)
   before = dict(ours.stats)
-  for n in rng.integers(1, 33, size=6):
+  top = ours.plan()[("batch",)][0][-1]  # (a larger size would wait for a verdict, uncompiled)
+  for n in rng.integers(1, top + 1, size=6):
     x, y = batch(rng, int(n))
     assert_close(ours(x, y), reference(x, y))
   ran_compiled = ours.stats["compiled"] + ours.stats["larger_bucket"]
@@ -513,6 +514,31 @@ def test_with_the_speed_check_a_plan_grows_only_after_a_verdict():
   calls(2)
   ours.wait_for_compiles()
   assert ours.plan() == {("batch",): ((2, 8),)} and ours.compiles == 2
+  ours.close()
+
+
+def test_with_the_speed_check_a_size_above_the_plan_waits_for_a_verdict():
+  ours = jit.function(
+    lambda x: tf.reduce_sum(x, axis=1), paddable="batch", min_observations=4, adaptive=True
+  )
+  ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=10**9)  # no verdict yet
+
+  def call(n):
+    np.testing.assert_allclose(ours(np.ones((n, 3), "float32")).numpy(), np.full(n, 3.0))
+
+  for n in [2, 8, 2, 8]:
+    call(n)
+  ours.wait_for_compiles()
+  for _ in range(3):  # above the plan, before any verdict: run uncompiled, nothing compiled
+    call(12)
+  ours.wait_for_compiles()
+  assert ours.plan() == {("batch",): ((8,),)} and ours.compiles == 1
+  (check,) = ours._speed_checks.values()
+  check.compiled_faster = check.xla_faster = True  # a verdict: XLA is faster
+  check.last = {"compiled": 1e-6, "padded": 1e-6, "uncompiled": 2e-6}
+  call(12)
+  ours.wait_for_compiles()
+  assert ours.plan() == {("batch",): ((8, 12),)} and ours.compiles == 2
   ours.close()
 
 

@@ -63,7 +63,9 @@ the calls still to come). If the histogram moves so that the optimal plan with a
 (exact dynamic programming) cuts the padded work by TF_EXT_JIT_REPLAN_GAIN, that plan replaces it
 (boundaries within 1/8 of a compiled one keep the compiled one). With the speed check on (below),
 a plan grows or is replaced only after a check has timed the compiled calls. A size above the
-largest boundary (up to TF_EXT_JIT_MAX_SIZE) extends the plan at once; a size above
+largest boundary (up to TF_EXT_JIT_MAX_SIZE) extends the plan at once, or, with the speed check
+on, once a check has said XLA is faster (such calls run uncompiled until then, for at most
+TF_EXT_JIT_MIN_OBSERVATIONS of them: a check needs calls that fit the plan); a size above
 TF_EXT_JIT_MAX_SIZE runs uncompiled, with one warning per function. `fn.replan()` makes the
 optimal plan now.
 

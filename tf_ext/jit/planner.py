@@ -7,7 +7,8 @@ The schedule (documented for users in tf_ext/jit/function.py): no plan before
 each time the observations double (and the compiler is idle, and the owner allows it) the plan
 grows by the boundary that cuts the padded work most, if it cuts at least `min_gain` of the
 unpadded work, up to `max_buckets` shapes, or is replaced by the optimal plan of as many shapes if
-that cuts the padded work by `replan_gain`; a size above the plan extends it at once.
+that cuts the padded work by `replan_gain`; a size above the plan extends it at once, or, where
+growing waits (`may_grow` False), once growing may or after `min_observations` such calls.
 """
 
 import json
@@ -56,6 +57,7 @@ class Planner:
     self.joint = {}  # dims -> joint histogram {sizes tuple: count}
     self.plans = {}  # dims -> boundaries per dimension
     self._next_check = {}  # dims -> observation count at which to consider growing
+    self._deferred_extensions = {}  # dims -> calls above the plan not yet extended for
 
   def options(self):
     """The constructor's arguments, to make a planner like this one."""
@@ -82,7 +84,8 @@ class Planner:
   def maybe_plan(self, dims, sizes, compiler_busy=False, may_grow=True):
     """The plan for `dims` after observing `sizes`: None before the first plan. Growing or
     replanning, which only saves padding, waits while `may_grow` is False (asked again at the
-    next call)."""
+    next call); so does extending for a size above the plan, for at most `min_observations`
+    such calls (which meanwhile have no bucket)."""
     if not dims:
       return ()
     plan = self.plans.get(dims)
@@ -100,7 +103,15 @@ class Planner:
         return first
       return None
     if any(n > bounds[-1] for n, bounds in zip(sizes, plan)):
-      return self._extend(dims, plan, sizes)
+      # Where growing waits (for the owner's verdict on XLA's speed), so does an extension, but
+      # for at most min_observations calls above the plan: were none of the calls to fit the
+      # plan, no verdict could come.
+      deferred = self._deferred_extensions.get(dims, 0)
+      if may_grow or deferred >= self.min_observations:
+        self._deferred_extensions[dims] = 0
+        return self._extend(dims, plan, sizes)
+      self._deferred_extensions[dims] = deferred + 1
+      return plan
     if seen >= self._next_check.get(dims, 0) and not compiler_busy and may_grow:
       # Each time the calls seen double (the run has proven that long again), one more
       # bucket if it pays; a distribution that moved gets a new plan.
