@@ -490,52 +490,55 @@ def test_when_xla_is_slower_calls_run_uncompiled_and_nothing_more_is_compiled():
   ours.close()
 
 
-def test_with_the_speed_check_a_plan_grows_only_after_a_verdict():
+def row_sums_awaiting_a_verdict(**options):
+  """A jit function of row sums whose speed check gives no verdict until told, and a call of it
+  on n rows (checked)."""
   ours = jit.function(
     lambda x: tf.reduce_sum(x, axis=1),
     paddable="batch",
     min_observations=4,
-    min_gain=0,
     adaptive=True,
+    **options,
   )
-  ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=10**9)  # no verdict yet
+  ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=10**9)
 
-  def calls(count):
-    for n in [2, 8] * (count // 2):
-      np.testing.assert_allclose(ours(np.ones((n, 3), "float32")).numpy(), np.full(n, 3.0))
+  def call(n):
+    np.testing.assert_allclose(ours(np.ones((n, 3), "float32")).numpy(), np.full(n, 3.0))
 
-  calls(4)
-  ours.wait_for_compiles()
-  calls(16)  # two doublings due, but nothing has timed the compiled calls: the plan stays
-  assert ours.plan() == {("batch",): ((8,),)} and ours.compiles == 1
+  return ours, call
+
+
+def say_xla_is_faster(ours):
   (check,) = ours._speed_checks.values()
-  check.compiled_faster = check.xla_faster = True  # a verdict: XLA is faster
+  check.compiled_faster = check.xla_faster = True
   check.last = {"compiled": 1e-6, "padded": 1e-6, "uncompiled": 2e-6}
-  calls(2)
+
+
+def test_with_the_speed_check_a_plan_grows_only_after_a_verdict():
+  ours, call = row_sums_awaiting_a_verdict(min_gain=0)
+  for n in [2, 8] * 2:
+    call(n)
+  ours.wait_for_compiles()
+  for n in [2, 8] * 8:  # two doublings due, but nothing has timed the compiled calls
+    call(n)
+  assert ours.plan() == {("batch",): ((8,),)} and ours.compiles == 1
+  say_xla_is_faster(ours)
+  call(2)
   ours.wait_for_compiles()
   assert ours.plan() == {("batch",): ((2, 8),)} and ours.compiles == 2
   ours.close()
 
 
 def test_with_the_speed_check_a_size_above_the_plan_waits_for_a_verdict():
-  ours = jit.function(
-    lambda x: tf.reduce_sum(x, axis=1), paddable="batch", min_observations=4, adaptive=True
-  )
-  ours._new_speed_check = lambda: speed_check.SpeedCheck(settle_calls=10**9)  # no verdict yet
-
-  def call(n):
-    np.testing.assert_allclose(ours(np.ones((n, 3), "float32")).numpy(), np.full(n, 3.0))
-
-  for n in [2, 8, 2, 8]:
+  ours, call = row_sums_awaiting_a_verdict()
+  for n in [2, 8] * 2:
     call(n)
   ours.wait_for_compiles()
   for _ in range(3):  # above the plan, before any verdict: run uncompiled, nothing compiled
     call(12)
   ours.wait_for_compiles()
   assert ours.plan() == {("batch",): ((8,),)} and ours.compiles == 1
-  (check,) = ours._speed_checks.values()
-  check.compiled_faster = check.xla_faster = True  # a verdict: XLA is faster
-  check.last = {"compiled": 1e-6, "padded": 1e-6, "uncompiled": 2e-6}
+  say_xla_is_faster(ours)
   call(12)
   ours.wait_for_compiles()
   assert ours.plan() == {("batch",): ((8, 12),)} and ours.compiles == 2
