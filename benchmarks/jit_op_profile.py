@@ -32,37 +32,38 @@ TF_MATRIX_PRODUCTS = ("MatMul", "_MklMatMul", "_MklNativeFusedMatMul", "BatchMat
 def parse_shapes(workload, text):
   shapes = []
   for item in text.split(","):
-    dims = tuple(int(v) for v in item.split("x"))
-    if len(dims) != (1 if workload == "A" else 2) or min(dims) < 1:
+    parts = item.split("x")
+    dims = tuple(int(v) for v in parts if v.isdigit())
+    if len(dims) != len(parts) or len(dims) != (1 if workload == "A" else 2) or min(dims) < 1:
       raise ValueError(f"workload {workload}: bad shape {item!r} (A: N, B: NxL)")
     shapes.append(dims)
   return shapes
 
 
-def op_times(logdir, steps):
-  """{kind: {"matrix products": us, "other ops": us}} per step from the trace in `logdir`: kind "tf"
-  for TensorFlow's kernels ("name:Type" events of its executor threads), "xla" for XLA's ops
-  (events of its host executor; not ExecutorState::Process, which holds a thread's ops)."""
+def op_times(logdir, steps, kind):
+  """{"matrix products": us, "other ops": us} per step from the trace in `logdir`: for kind "tf"
+  TensorFlow's kernels ("name:Type" events of its executor threads; not ExecutorState::Process,
+  which holds a thread's ops), for "xla" XLA's ops (events of its host executor)."""
   from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
   path = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))[-1]
   space = xplane_pb2.XSpace()
   with open(path, "rb") as f:
     space.ParseFromString(f.read())
-  out = {"tf": collections.Counter(), "xla": collections.Counter()}
+  out = collections.Counter()
   for plane in space.planes:
     names = {k: v.name for k, v in plane.event_metadata.items()}
     for line in plane.lines:
       for event in line.events:
         name = names.get(event.metadata_id, "")
-        us = event.duration_ps / 1e6 / steps
-        if line.name.startswith("tf_Compute") and ":" in name and "::" not in name:
-          kind = name.rsplit(":", 1)[1]
-          part = "matrix products" if kind in TF_MATRIX_PRODUCTS else "other ops"
-          out["tf"][part] += us
-        elif line.name.startswith("host_executor"):
+        on_executor = line.name.startswith("tf_Compute") and ":" in name and "::" not in name
+        if kind == "tf" and on_executor:
+          part = "matrix products" if name.rsplit(":", 1)[1] in TF_MATRIX_PRODUCTS else "other ops"
+        elif kind == "xla" and line.name.startswith("host_executor"):
           part = "matrix products" if name.startswith("dot") else "other ops"
-          out["xla"][part] += us
+        else:
+          continue
+        out[part] += event.duration_ps / 1e6 / steps
   return out
 
 
@@ -99,7 +100,7 @@ def profile(workload, shape, steps, rounds, tf, np, jit_cache):
       for _ in range(steps):
         float(step(*data, **masks))
       tf.profiler.experimental.stop()
-      traced[kind].append(op_times(logdir, steps)[kind])
+      traced[kind].append(op_times(logdir, steps, kind))
       shutil.rmtree(logdir, ignore_errors=True)
   return {
     kind: {

@@ -192,6 +192,12 @@ void DropCycles(Graph* graph, std::vector<Field>* fields) {
   *fields = std::move(kept);
 }
 
+// Whether apply field i is a further part of field i - 1's update (one table looked up several
+// times: its update's fields are consecutive).
+bool ContinuesUpdate(const std::vector<Field>& fields, size_t i) {
+  return i > 0 && fields[i].replaced == fields[i - 1].replaced;
+}
+
 // Keeps whole updates only: an update of several fields fuses with all of them or not at all.
 void DropPartialUpdates(std::vector<Field>* fields) {
   std::map<const Node*, int> kept_parts;
@@ -306,9 +312,10 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
     }
     // Consecutive fields of one update (its parts) share an update index.
     std::vector<int64_t> field_updates;
+    int64_t update = -1;
     for (size_t i = 0; i < fields.size(); ++i) {
-      const bool same = i > 0 && fields[i].replaced == fields[i - 1].replaced;
-      field_updates.push_back(i == 0 ? 0 : field_updates.back() + (same ? 0 : 1));
+      if (!ContinuesUpdate(fields, i)) ++update;
+      field_updates.push_back(update);
     }
     builder.Input(split_sizes)
         .Input(distinct_slots)
@@ -744,7 +751,7 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
                                     nullptr, distinct_slots, &fused));
       for (size_t i = 0; i < fields.size(); ++i) {
         splits_read += fields[i].split_index >= 0 ? 1 : 0;
-        if (i > 0 && fields[i].replaced == fields[i - 1].replaced) continue;  // the same update
+        if (ContinuesUpdate(fields, i)) continue;  // its update is moved already
         TF_RETURN_IF_ERROR(MoveConsumers(graph, fields[i].replaced, -1, fused, -1));
         replaced.push_back(fields[i].replaced);
         ++fused_applies;

@@ -42,6 +42,7 @@ def test_bad_options_are_refused_with_their_name():
     (["--workloads=C"], "--workloads"),
     (["--shapes-b=128"], "bad shape '128'"),
     (["--shapes-a=0"], "bad shape '0'"),
+    (["--shapes-b=12x"], "bad shape '12x'"),
     (["--steps=0"], "--steps must be >= 1"),
   ]:
     proc = run(*args)
