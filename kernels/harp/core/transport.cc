@@ -1056,11 +1056,23 @@ Status Transport::Create(const Config& config, LogFunction log, std::unique_ptr<
   return Status::kOk;
 }
 
+// Sends and receives take turns over the workers separately, receives starting half-way round:
+// NCCL sets up a send and a receive per channel in an order of its own, and a single round-robin
+// could put every channel's send (each direction's bulk copying) on the same worker. With n
+// workers, the k-th send goes to worker k mod n, the k-th receive to (k + n/2) mod n: two channels
+// on four workers use all four cores, and with two or more workers the first send and the first
+// receive never share one.
+size_t Transport::WorkerFor(bool is_send, uint64_t ordinal, size_t workers) {
+  return static_cast<size_t>((ordinal + (is_send ? 0 : workers / 2)) % workers);
+}
+
 void Transport::Attach(Connection* connection) {
-  Worker* worker =
-      workers_[next_worker_.fetch_add(1, std::memory_order_relaxed) % workers_.size()].get();
-  connection->worker_ = worker;
-  worker->Add(connection);
+  std::atomic<uint64_t>& next = connection->is_send() ? next_send_worker_ : next_receive_worker_;
+  const size_t index = WorkerFor(connection->is_send(),
+                                 next.fetch_add(1, std::memory_order_relaxed), workers_.size());
+  connection->worker_index_ = static_cast<int>(index);
+  connection->worker_ = workers_[index].get();
+  connection->worker_->Add(connection);
 }
 
 Status Transport::Listen(void* handle, ListenSocket** out) {

@@ -98,6 +98,8 @@ class Connection {
  public:
   virtual ~Connection();
   bool is_send() const { return is_send_; }
+  // Which of the transport's workers drives it (set when it is attached; -1 before).
+  int worker_index() const { return worker_index_; }
   // Caller side: whether the connection has failed, and why (valid once failed() is true).
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   const std::string& failure() const { return failure_; }
@@ -147,6 +149,7 @@ class Connection {
   std::atomic<bool> close_requested_{false};
   std::atomic<bool> released_{false};  // set by the worker once it no longer touches this
   Worker* worker_ = nullptr;
+  int worker_index_ = -1;
   std::atomic<bool> busy_{false};  // the ownership flag (TryAcquire)
   // Inline passes the caller ran (it counts them), and the count the worker last saw (the
   // worker's own): a caller-driven connection the caller left alone for a whole poll period gets
@@ -323,6 +326,9 @@ class Transport {
   static Status PostReceive(Connection* connection, int count, void* const* data,
                             const uint64_t* sizes, const int* tags, Request** out);
   static Status TestRequest(Request* request, bool* done, uint64_t* sizes, std::string* error);
+  // The worker (an index into the HARP_NTHREADS workers) of the `ordinal`-th send or receive
+  // connection; see Attach.
+  static size_t WorkerFor(bool is_send, uint64_t ordinal, size_t workers);
 
  private:
   struct PendingConnect;
@@ -341,7 +347,7 @@ class Transport {
   std::string interface_name_, address_text_;
   int link_speed_mbps_ = 10000;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::atomic<uint64_t> next_worker_{0};
+  std::atomic<uint64_t> next_send_worker_{0}, next_receive_worker_{0};
   // Connects in progress; a handle's connector slot is trusted only if it names one of these.
   std::mutex pending_mutex_;
   std::unordered_set<PendingConnect*> pending_connects_;

@@ -343,6 +343,29 @@ TEST(HarpTransportTest, ManyConnectionsAtOnce) {
   }
 }
 
+// NCCL opens a send and a receive connection per channel; each direction's copying should get a
+// core of its own, whatever order the connections are made in.
+TEST(HarpTransportTest, SendsAndReceivesSpreadOverTheWorkersSeparately) {
+  EXPECT_EQ(Transport::WorkerFor(true, 0, 4), 0u);
+  EXPECT_EQ(Transport::WorkerFor(true, 5, 4), 1u);
+  EXPECT_EQ(Transport::WorkerFor(false, 0, 4), 2u);
+  EXPECT_EQ(Transport::WorkerFor(false, 3, 4), 1u);
+  EXPECT_EQ(Transport::WorkerFor(false, 0, 1), 0u);
+  // Two workers (the default), two channels set up as send, receive, send, receive: one turn for
+  // all would give both sends to one worker.
+  auto transport = MakeTransport();
+  Pair first = Connect(transport.get()), second = Connect(transport.get());
+  EXPECT_NE(first.send->worker_index(), first.receive->worker_index());
+  EXPECT_EQ((std::set<int>{first.send->worker_index(), second.send->worker_index()}),
+            (std::set<int>{0, 1}));
+  EXPECT_EQ((std::set<int>{first.receive->worker_index(), second.receive->worker_index()}),
+            (std::set<int>{0, 1}));
+  for (Pair* pair : {&first, &second}) {
+    transport->Close(pair->send);
+    transport->Close(pair->receive);
+  }
+}
+
 TEST(HarpTransportTest, UnknownInterfaceIsRejected) {
   harp::Config config;
   config.interface = "no-such-if0";
