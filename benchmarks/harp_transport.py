@@ -34,6 +34,9 @@ Measured, per profile and plugin, in one run (plugins alternate per round, --rou
 the median is reported):
   - throughput for message sizes 64 KiB ... 64 MiB, NCCL-like pipelining: each message as chunks
     of min(S, clamp(S/8, 512 KiB, 4 MiB)) bytes with 8 outstanding, --bytes-per-size per size;
+    with --channels N, as NCCL's N channels: N data connections, each carrying 1/N of every
+    message through its own window of 8 (chunks sized by its part), all of them progressed by the
+    driver's one thread, as NCCL's proxy thread progresses every channel's connection;
   - CPU time per byte: getrusage(RUSAGE_SELF) of both processes (all threads: the plugin's own
     workers included) over the timed transfer, divided by the bytes;
   - latency: --latency-iters 8-byte ping-pongs (median and p99 of half the round trip);
@@ -362,7 +365,7 @@ def run_pair(link, name, plugin, driver, args):
   workdir = tempfile.mkdtemp(prefix="harp_bench_")
   sizes = ",".join(str(s) for s in args.sizes)
   common = [str(args.bytes_per_size), str(args.min_messages), str(args.latency_iters)]
-  common.append(str(args.verify_messages))
+  common += [str(args.verify_messages), str(args.channels)]
   procs = {}
   try:
     for side, role in ((1, "recv"), (0, "send")):
@@ -387,6 +390,10 @@ def run_pair(link, name, plugin, driver, args):
       if proc.returncode != 0:
         failed = [line for line in out.splitlines() if line.startswith("FAILED")]
         detail = failed[-1] if failed else (err.strip().splitlines() or ["no output"])[-1]
+        # The plugin's own account of the failure (its warnings), which a bare status code lacks.
+        warnings = [line for line in err.splitlines() if line.startswith("plugin warning:")]
+        if warnings:
+          detail += f" ({warnings[0]})"
         errors.append(f"{role} side exited {proc.returncode}: {detail}")
     if errors:
       return None, "; ".join(errors)
@@ -561,12 +568,13 @@ def draw_chart(path, all_results, names, args):
     ax.legend(fontsize=8)
   axes[2].bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
   axes[2].set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
-  axes[2].set_yscale("log")
+  axes[2].set_ylim(bottom=0)
   axes[2].set_title("8-byte latency, median half round trip (us)")
   axes[2].grid(True, axis="y", alpha=0.3)
   fig.suptitle(
-    f"HARP vs NCCL-default-socket stand-in over veth: aggregate {args.aggregate_rate}, "
-    f"cloud = aggregate + {args.flow_rate} per flow"
+    f"HARP vs NCCL-default-socket stand-in over veth, {args.channels} channel(s): aggregate "
+    f"{args.aggregate_rate}"
+    + (f", cloud = aggregate + {args.flow_rate} per flow" if "cloud" in all_results else "")
   )
   _common.save_figure(fig, plt, path, dpi=110)
 
@@ -596,6 +604,13 @@ def parse_args(argv):
   p.add_argument("--latency-iters", type=int, help="8-byte ping-pongs")
   p.add_argument("--verify-messages", type=int, help="messages per size in the check pass")
   p.add_argument("--rounds", type=int, help="rounds per profile (plugins alternate first)")
+  p.add_argument(
+    "--channels",
+    type=int,
+    default=1,
+    help="data connections, as NCCL's channels: each message split over them, all progressed by "
+    "the driver's one thread (NCCL opened 2 on the GPU machines here)",
+  )
   p.add_argument("--pair-timeout", type=float, default=600, help="seconds for one plugin pair")
   p.add_argument("--no-profile-check", action="store_true", help="skip the TCP check of the qdiscs")
   p.add_argument(
@@ -634,7 +649,11 @@ def parse_args(argv):
       p.error(f"--harp-env {item}: expected HARP_NAME=VALUE")
     env[name] = value
   args.harp_env = env
-  _common.require_positive(p, args, ["min_messages", "latency_iters", "verify_messages", "rounds"])
+  _common.require_positive(
+    p, args, ["min_messages", "latency_iters", "verify_messages", "rounds", "channels"]
+  )
+  if args.channels > 64:
+    p.error("--channels: at most 64")
   return args
 
 
@@ -672,9 +691,9 @@ def main(argv=None):
     )
   print(
     f"workload     : sizes {', '.join(human(s) for s in args.sizes)}; {human(args.bytes_per_size)}"
-    f" per size (>= {args.min_messages} messages); 8 outstanding chunks of "
-    f"min(S, clamp(S/8, 512 KiB, 4 MiB)); {args.latency_iters} 8-byte ping-pongs; "
-    f"{args.rounds} round(s)"
+    f" per size (>= {args.min_messages} messages); {args.channels} channel(s) of 8 outstanding "
+    f"chunks of min(P, clamp(P/8, 512 KiB, 4 MiB)) for parts P = S/{args.channels}; "
+    f"{args.latency_iters} 8-byte ping-pongs; {args.rounds} round(s)"
   )
 
   link = Link(os.getpid())
@@ -696,6 +715,7 @@ def main(argv=None):
       "bytes_per_size": args.bytes_per_size,
       "latency_iters": args.latency_iters,
       "rounds": args.rounds,
+      "channels": args.channels,
       "harp_env": {**HARP_DEFAULT_ENV, **args.harp_env},
       "plugins": plugins,
     },

@@ -5,19 +5,23 @@
 // not product code.
 //
 //   transport_bench PLUGIN ROLE DIR SIZES TARGET_BYTES MIN_ITERS LATENCY_ITERS VERIFY_MESSAGES
-//     ROLE       "send" (sends the data) or "recv" (receives and checks it); each side listens and
-//                connects, so that each has a connection to the other (the reverse one carries the
-//                receiver's "ready" and the latency replies)
-//     DIR        rendezvous folder: each side writes its handle to DIR/ROLE.handle, reads the
-//     other's SIZES      message sizes in bytes, comma-separated TARGET_BYTES  bytes per size in
-//     the timed pass (at least MIN_ITERS messages)
+//                   CHANNELS
+//   ROLE: "send" (sends the data) or "recv" (receives and checks it). Each side listens and
+//     connects, so that each has a connection to the other (the link: the receiver's "ready",
+//     the size announcements and the latency ping-pongs).
+//   DIR: rendezvous folder; each side writes its handle to DIR/ROLE.handle and reads the other's.
+//   SIZES: message sizes in bytes, comma-separated.
+//   TARGET_BYTES: bytes per size in the timed pass (at least MIN_ITERS messages).
+//   CHANNELS: data connections from the sender to the receiver, as NCCL's channels: each message
+//     is cut into CHANNELS equal parts, one per connection, all progressed by this one thread.
 //
-// Pipelining as NCCL's: a message of S bytes goes as chunks of min(S, clamp(S/8, 512 KiB, 4 MiB))
-// bytes, with up to 8 chunks outstanding (isend on one side, irecv on the other) from one
-// registered staging buffer of 8 slots. First a verification pass (VERIFY_MESSAGES messages per
-// size, every byte and every reported size checked, receives posted larger than the chunk), then
-// the timed pass per size: the receiver posts its window, sends "ready" and starts its clock; the
-// sender starts on "ready". Then LATENCY_ITERS 8-byte ping-pongs (each reply checked).
+// Pipelining as NCCL's: each channel's part of P bytes goes as chunks of
+// min(P, clamp(P/8, 512 KiB, 4 MiB)) bytes, with up to 8 chunks outstanding per channel (isend on
+// one side, irecv on the other) from a registered staging buffer of 8 slots per channel. First a
+// verification pass (VERIFY_MESSAGES messages per size, every byte and every reported size checked,
+// receives posted larger than the chunk), then the timed pass per size: the receiver posts its
+// window, sends "ready" and starts its clock; the sender starts on "ready". Then LATENCY_ITERS
+// 8-byte ping-pongs (each reply checked).
 //
 // Prints one JSON object per line (the script merges the two processes' lines):
 //   {"kind":"verify","size":S,"messages":M,"bytes":B}                   (receiver)
@@ -196,75 +200,100 @@ uint64_t ReceiveSmall(Link* link) {
   return link->small_in;
 }
 
-struct Staging {
+// One data connection (an NCCL channel) and its staging buffer of kWindow slots.
+struct Channel {
+  void* comm = nullptr;
   std::vector<uint8_t> bytes;
   void* mh = nullptr;
   size_t slot_bytes = 0;
   uint8_t* slot(int i) { return bytes.data() + i * slot_bytes; }
 };
 
-// Moves `messages` messages of `size` bytes from the sender to the receiver through the window.
-// With `verify`, every chunk is filled (sender) and checked (receiver) with its own seed.
-void Pipeline(Link* link, Staging* staging, size_t size, int messages, bool verify,
+// Channel c's part of a message of `size` bytes over `channels` channels (equal, to a byte).
+size_t PartBytes(size_t size, size_t c, size_t channels) {
+  return size * (c + 1) / channels - size * c / channels;
+}
+
+// Moves `messages` messages of `size` bytes from the sender to the receiver, each channel carrying
+// its part through its own window, the channels progressed in turn by this thread (as NCCL's proxy
+// thread does). With `verify`, every chunk is filled (sender) and checked (receiver) with its own
+// seed.
+void Pipeline(std::vector<Channel>* channels, size_t size, int messages, bool verify,
               uint64_t* verified) {
-  const size_t chunk = ChunkBytes(size);
-  const size_t chunks_per_message = size == 0 ? 1 : (size + chunk - 1) / chunk;
-  const size_t total = chunks_per_message * messages;
-  auto chunk_size = [&](size_t index) {
-    size_t within = index % chunks_per_message;
-    return std::min(chunk, size - within * chunk);
-  };
   struct Slot {
     void* request = nullptr;
     size_t index = 0;
-  } slots[kWindow];
-  size_t posted = 0, completed = 0;
-  void* comm = sender ? link->send_comm : link->recv_comm;
-  auto post = [&](int s) {
-    Slot& slot = slots[s];
-    slot.index = posted++;
-    size_t bytes = chunk_size(slot.index);
-    uint8_t* data = staging->slot(s);
-    if (sender) {
-      if (verify) Fill(data, bytes, slot.index * 1000003 + size);
-      slot.request = PostSend(comm, data, static_cast<int>(bytes), staging->mh);
-    } else {
-      int capacity = static_cast<int>(verify ? bytes + kVerifySlack : bytes);
-      slot.request = PostRecv(comm, data, capacity, staging->mh);
+  };
+  struct State {
+    size_t part = 0, chunk = 0, chunks_per_message = 0, total = 0;
+    size_t posted = 0, completed = 0;
+    int head = 0, in_flight = 0;  // the ring of slots is used in posting order: oldest at head
+    Slot slots[kWindow];
+    size_t chunk_size(size_t index) const {
+      return std::min(chunk, part - (index % chunks_per_message) * chunk);
     }
   };
-  // The ring of slots is used in posting order, so tests go oldest first.
-  int head = 0, in_flight = 0;
-  while (in_flight < kWindow && posted < total) {
-    post((head + in_flight) % kWindow);
-    ++in_flight;
+  const size_t count = channels->size();
+  std::vector<State> states(count);
+  auto seed = [&](size_t c, size_t index) { return (index + (c << 40)) * 1000003 + size; };
+  auto post = [&](size_t c, int s) {
+    Channel& channel = (*channels)[c];
+    State& state = states[c];
+    Slot& slot = state.slots[s];
+    slot.index = state.posted++;
+    size_t bytes = state.chunk_size(slot.index);
+    uint8_t* data = channel.slot(s);
+    if (sender) {
+      if (verify) Fill(data, bytes, seed(c, slot.index));
+      slot.request = PostSend(channel.comm, data, static_cast<int>(bytes), channel.mh);
+    } else {
+      int capacity = static_cast<int>(verify ? bytes + kVerifySlack : bytes);
+      slot.request = PostRecv(channel.comm, data, capacity, channel.mh);
+    }
+  };
+  size_t remaining = 0;
+  for (size_t c = 0; c < count; ++c) {
+    State& state = states[c];
+    state.part = PartBytes(size, c, count);
+    state.chunk = ChunkBytes(state.part);
+    state.chunks_per_message = state.part == 0 ? 1 : (state.part + state.chunk - 1) / state.chunk;
+    state.total = state.chunks_per_message * messages;
+    remaining += state.total;
+    while (state.in_flight < kWindow && state.posted < state.total) {
+      post(c, (state.head + state.in_flight) % kWindow);
+      ++state.in_flight;
+    }
   }
-  while (completed < total) {
+  while (remaining > 0) {
     bool moved = false;
-    // Test the oldest outstanding chunk (NCCL's proxy tests in order); repost its slot when done.
-    Slot& slot = slots[head];
-    int done = 0, reported = -1;
-    Check(net->test(slot.request, &done, &reported), sender ? "test (send)" : "test (receive)");
-    if (done) {
-      size_t bytes = chunk_size(slot.index);
+    for (size_t c = 0; c < count; ++c) {
+      State& state = states[c];
+      if (state.completed == state.total) continue;
+      // Test the oldest outstanding chunk (NCCL's proxy tests in order); repost its slot when done.
+      Slot& slot = state.slots[state.head];
+      int done = 0, reported = -1;
+      Check(net->test(slot.request, &done, &reported), sender ? "test (send)" : "test (receive)");
+      if (!done) continue;
+      size_t bytes = state.chunk_size(slot.index);
       if (static_cast<size_t>(reported) != bytes) {
-        Die("chunk %zu of %zu-byte messages: test reported %d bytes, expected %zu", slot.index,
-            size, reported, bytes);
+        Die("channel %zu, chunk %zu of %zu-byte messages: test reported %d bytes, expected %zu", c,
+            slot.index, size, reported, bytes);
       }
       if (verify && !sender) {
-        if (!Matches(staging->slot(head), bytes, slot.index * 1000003 + size)) {
-          Die("chunk %zu of %zu-byte messages: the bytes differ", slot.index, size);
+        if (!Matches((*channels)[c].slot(state.head), bytes, seed(c, slot.index))) {
+          Die("channel %zu, chunk %zu of %zu-byte messages: the bytes differ", c, slot.index, size);
         }
         *verified += bytes;
       }
-      ++completed;
-      --in_flight;
-      int reuse = head;
-      head = (head + 1) % kWindow;
-      if (posted < total) {
+      ++state.completed;
+      --remaining;
+      --state.in_flight;
+      int reuse = state.head;
+      state.head = (state.head + 1) % kWindow;
+      if (state.posted < state.total) {
         // Slot `reuse` becomes the newest: keep the ring in posting order.
-        post(reuse);
-        ++in_flight;
+        post(c, reuse);
+        ++state.in_flight;
       }
       moved = true;
     }
@@ -286,10 +315,10 @@ std::vector<size_t> ParseSizes(const char* text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 9) {
+  if (argc != 10) {
     std::fprintf(stderr,
                  "usage: transport_bench PLUGIN send|recv DIR SIZES TARGET_BYTES MIN_ITERS "
-                 "LATENCY_ITERS VERIFY_MESSAGES\n");
+                 "LATENCY_ITERS VERIFY_MESSAGES CHANNELS\n");
     return 2;
   }
   const std::string role = argv[2], dir = argv[3];
@@ -300,6 +329,8 @@ int main(int argc, char** argv) {
   const int min_iters = std::atoi(argv[6]);
   const int latency_iters = std::atoi(argv[7]);
   const int verify_messages = std::atoi(argv[8]);
+  const int channel_count = std::atoi(argv[9]);
+  if (channel_count < 1 || channel_count > 64) Die("CHANNELS must be 1..64");
   alarm(900);  // a hang is a failure, never a stuck benchmark
 
   void* library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -334,19 +365,45 @@ int main(int argc, char** argv) {
     if (Clock::now() > deadline) Die("connect/accept did not finish within 60 s");
     sched_yield();
   }
-  Check(net->closeListen(listener), "closeListen");
   Check(net->regMr(link.send_comm, &link.small_out, 8, NCCL_PTR_HOST, &link.small_out_mh), "regMr");
   Check(net->regMr(link.recv_comm, &link.small_in, 8, NCCL_PTR_HOST, &link.small_in_mh), "regMr");
 
+  // The data connections, sender to receiver, one at a time: the sender connects channel c only
+  // after the receiver said (on the link) that it accepted c - 1, so both sides number them alike.
   size_t largest_chunk = 0;
-  for (size_t size : sizes) largest_chunk = std::max(largest_chunk, ChunkBytes(size));
-  Staging staging;
-  staging.slot_bytes = largest_chunk + kVerifySlack;
-  staging.bytes.assign(staging.slot_bytes * kWindow, 0x5a);
-  void* data_comm = sender ? link.send_comm : link.recv_comm;
-  Check(
-      net->regMr(data_comm, staging.bytes.data(), staging.bytes.size(), NCCL_PTR_HOST, &staging.mh),
-      "regMr");
+  for (size_t size : sizes) {
+    for (int c = 0; c < channel_count; ++c) {
+      largest_chunk = std::max(largest_chunk, ChunkBytes(PartBytes(size, c, channel_count)));
+    }
+  }
+  std::vector<Channel> channels(channel_count);
+  for (int c = 0; c < channel_count; ++c) {
+    Channel& channel = channels[c];
+    uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+    std::memcpy(handle, peer, sizeof(handle));  // NCCL hands each connection a copy of its own
+    auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (channel.comm == nullptr) {
+      ncclNetDeviceHandle_t* device = nullptr;
+      if (sender) {
+        Check(net->connect(0, handle, &channel.comm, &device), "connect (channel)");
+      } else {
+        Check(net->accept(listener, &channel.comm, &device), "accept (channel)");
+      }
+      if (Clock::now() > deadline) Die("channel %d: connect/accept did not finish in 60 s", c);
+      if (channel.comm == nullptr) sched_yield();
+    }
+    if (sender) {
+      if (ReceiveSmall(&link) != static_cast<uint64_t>(c)) Die("channel %d: out of step", c);
+    } else {
+      SendSmall(&link, c);
+    }
+    channel.slot_bytes = largest_chunk + kVerifySlack;
+    channel.bytes.assign(channel.slot_bytes * kWindow, 0x5a);
+    Check(net->regMr(channel.comm, channel.bytes.data(), channel.bytes.size(), NCCL_PTR_HOST,
+                     &channel.mh),
+          "regMr");
+  }
+  Check(net->closeListen(listener), "closeListen");
 
   // 1. The check pass.
   uint64_t verified = 0;
@@ -356,7 +413,7 @@ int main(int argc, char** argv) {
     } else {
       SendSmall(&link, size);
     }
-    Pipeline(&link, &staging, size, verify_messages, true, &verified);
+    Pipeline(&channels, size, verify_messages, true, &verified);
     if (!sender) {
       std::printf("{\"kind\":\"verify\",\"size\":%zu,\"messages\":%d,\"bytes\":%zu}\n", size,
                   verify_messages, size * verify_messages);
@@ -364,7 +421,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  // 2. The timed pass. The staging buffer keeps the pattern of the check pass (never refilled).
+  // 2. The timed pass. The staging buffers keep the pattern of the check pass (never refilled).
   for (size_t size : sizes) {
     int messages =
         std::max<int>(min_iters, static_cast<int>(target_bytes / std::max<size_t>(size, 1)));
@@ -380,7 +437,7 @@ int main(int argc, char** argv) {
       SendSmall(&link, size);
     }
     uint64_t unused = 0;
-    Pipeline(&link, &staging, size, messages, false, &unused);
+    Pipeline(&channels, size, messages, false, &unused);
     double seconds = Seconds(start, Clock::now()), cpu = CpuSeconds() - cpu_start;
     std::printf(
         "{\"kind\":\"timed\",\"role\":\"%s\",\"size\":%zu,\"messages\":%d,\"bytes\":%zu,"
@@ -455,7 +512,10 @@ int main(int argc, char** argv) {
     ReceiveSmall(&link);
     SendSmall(&link, 0xd0e);
   }
-  Check(net->deregMr(data_comm, staging.mh), "deregMr");
+  for (Channel& channel : channels) {
+    Check(net->deregMr(channel.comm, channel.mh), "deregMr");
+    Check(sender ? net->closeSend(channel.comm) : net->closeRecv(channel.comm), "close (channel)");
+  }
   Check(net->deregMr(link.send_comm, link.small_out_mh), "deregMr");
   Check(net->deregMr(link.recv_comm, link.small_in_mh), "deregMr");
   Check(net->closeSend(link.send_comm), "closeSend");

@@ -29,18 +29,22 @@ def _skip_reason():
   return None
 
 
-def test_quick_run_of_both_plugins(tmp_path):
-  reason = _skip_reason()
-  if reason:
-    pytest.skip(reason)
-  out, png = tmp_path / "harp.json", tmp_path / "harp.png"
-  proc = subprocess.run(
-    [sys.executable, SCRIPT, "--quick", f"--json={out}", f"--plot={png}"],
+def _run(tmp_path, *options):
+  return subprocess.run(
+    [sys.executable, SCRIPT, *options],
     env=dict(os.environ, PYTHONPATH=ROOT, TF_EXT_CACHE_DIR=str(tmp_path / "cache")),
     capture_output=True,
     text=True,
     timeout=240,
   )
+
+
+def test_quick_run_of_both_plugins(tmp_path):
+  reason = _skip_reason()
+  if reason:
+    pytest.skip(reason)
+  out, png = tmp_path / "harp.json", tmp_path / "harp.png"
+  proc = _run(tmp_path, "--quick", f"--json={out}", f"--plot={png}")
   assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
   assert "targets (issue 12; ratios harp/baseline" in proc.stdout, proc.stdout
   assert png.exists() or "not written (No module named 'matplotlib'" in proc.stdout
@@ -68,3 +72,28 @@ def test_quick_run_of_both_plugins(tmp_path):
   # Nothing left behind.
   netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
   assert "harpb_" not in netns
+
+
+def test_channels_split_every_message_and_check_every_part(tmp_path):
+  """--channels 3: three data connections per plugin, each message cut into three parts (64 KiB
+  does not divide by 3, so the parts differ by a byte); the driver checks every part's bytes and
+  reported size, so a wrong split or a part lost on one connection fails the run."""
+  reason = _skip_reason()
+  if reason:
+    pytest.skip(reason)
+  out = tmp_path / "harp.json"
+  proc = _run(tmp_path, "--quick", "--profiles=aggregate", "--channels=3", f"--json={out}")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+  assert "3 channel(s) of 8 outstanding chunks" in proc.stdout, proc.stdout
+  results = json.loads(out.read_text())
+  assert results["settings"]["channels"] == 3
+  for name, result in results["profiles"]["aggregate"]["plugins"].items():
+    assert result["ok"], f"{name}: {result.get('error')}"
+    assert result["data"]["bytes_in_check_pass"] == sum(QUICK_SIZES), name
+    assert sorted(result["data"]["verified_sizes"]) == QUICK_SIZES, name
+
+
+def test_bad_channel_counts_are_refused(tmp_path):
+  for bad in ("0", "65"):
+    proc = _run(tmp_path, "--quick", f"--channels={bad}")
+    assert proc.returncode == 2 and "--channels" in proc.stderr, (bad, proc.stderr)
