@@ -601,6 +601,16 @@ SETTINGS: Dict[str, Setting] = registry(
       capability="harp",
       parse=_harp_integer(100, 3600 * 1000),
     ),
+    Setting(
+      "HARP_CALLER_CONNECTIONS",
+      "1",
+      "Busy connections that the calling thread drives itself (NCCL's proxy thread, which "
+      "spins on test() whatever the transport) instead of a worker; the rest stay with the "
+      "workers. 0: the workers drive all (more throughput where one flow cannot fill the link, "
+      "at more CPU per byte; README, HARP).",
+      capability="harp",
+      parse=_harp_integer(0, 64),
+    ),
   ]
 )
 

@@ -62,6 +62,7 @@ def test_the_plugins_defaults_are_the_declared_settings(harness):
     ("HARP_ZEROCOPY_THRESHOLD", "-1"),
     ("HARP_IFNAME", "no-such-if0"),
     ("HARP_TIMEOUT_MS", "5"),
+    ("HARP_CALLER_CONNECTIONS", "65"),
   ],
 )
 def test_an_invalid_setting_fails_init_naming_it(harness, name, value):

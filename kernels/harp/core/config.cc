@@ -66,7 +66,7 @@ const std::vector<SettingDefault>& SettingDefaults() {
   static const std::vector<SettingDefault> defaults = {
       {"HARP_NSTREAMS", "4"},         {"HARP_NTHREADS", "2"},           {"HARP_CPU_AFFINITY", ""},
       {"HARP_CHUNK_BYTES", "524288"}, {"HARP_ZEROCOPY_THRESHOLD", "0"}, {"HARP_IFNAME", ""},
-      {"HARP_TIMEOUT_MS", "30000"},
+      {"HARP_TIMEOUT_MS", "30000"},   {"HARP_CALLER_CONNECTIONS", "1"},
   };
   return defaults;
 }
@@ -117,6 +117,11 @@ bool ParseConfig(const std::function<const char*(const char*)>& lookup, Config* 
     return false;
   }
   parsed.timeout_ms = static_cast<int>(number);
+  if (!ParseRange("HARP_CALLER_CONNECTIONS", value_of("HARP_CALLER_CONNECTIONS"), 0,
+                  kMaxCallerConnections, &number, error)) {
+    return false;
+  }
+  parsed.caller_connections = static_cast<int>(number);
   *config = parsed;
   return true;
 }
@@ -135,7 +140,8 @@ std::string DescribeConfig(const Config& config) {
          " HARP_CHUNK_BYTES=" + std::to_string(config.chunk_bytes) +
          " HARP_ZEROCOPY_THRESHOLD=" + std::to_string(config.zerocopy_threshold) +
          " HARP_IFNAME=" + config.interface +
-         " HARP_TIMEOUT_MS=" + std::to_string(config.timeout_ms);
+         " HARP_TIMEOUT_MS=" + std::to_string(config.timeout_ms) +
+         " HARP_CALLER_CONNECTIONS=" + std::to_string(config.caller_connections);
 }
 
 }  // namespace HARP_HIDDEN

@@ -22,11 +22,13 @@ struct Config {
   size_t zerocopy_threshold = 0;    // HARP_ZEROCOPY_THRESHOLD: MSG_ZEROCOPY chunks from; 0 = off
   std::string interface;            // HARP_IFNAME: interface name or IPv4 address; "" = auto
   int timeout_ms = 30000;           // HARP_TIMEOUT_MS: dead-peer and connection-setup bound
+  int caller_connections = 1;       // HARP_CALLER_CONNECTIONS: busy ones NCCL's thread drives
 };
 
 // Limits the parser enforces (and the frame validator relies on for chunk sizes).
 constexpr int kMaxStreams = 64;
 constexpr int kMaxWorkerThreads = 64;
+constexpr int kMaxCallerConnections = 64;
 constexpr size_t kMinChunkBytes = 4096;
 constexpr size_t kMaxChunkBytes = size_t{64} << 20;
 

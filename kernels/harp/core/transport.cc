@@ -121,10 +121,11 @@ class Worker {
     return false;
   }
 
-  // A receiving connection the caller drives itself (small-message fast path): the worker leaves
-  // it alone but for closing it.
+  // A connection the caller drives itself (a receiving one on the small-message fast path, or one
+  // the caller claimed): the worker leaves it alone but for closing it and the idle check.
   static bool CallerDriven(const Connection* connection) {
-    return !connection->is_send() && connection->caller_driven_.load(std::memory_order_seq_cst);
+    return connection->caller_claimed_.load(std::memory_order_seq_cst) ||
+           (!connection->is_send() && connection->caller_driven_.load(std::memory_order_seq_cst));
   }
 
   static void* Start(void* self) {
@@ -1342,11 +1343,27 @@ Status Transport::Receive(ReceiveConnection* connection, int count, void* const*
   return status;
 }
 
+bool Transport::TryClaim(Connection* connection) {
+  int claimed = caller_claims_.load(std::memory_order_relaxed);
+  while (claimed < config_.caller_connections) {
+    if (caller_claims_.compare_exchange_weak(claimed, claimed + 1, std::memory_order_relaxed)) {
+      connection->caller_claimed_.store(true, std::memory_order_seq_cst);
+      return true;
+    }
+  }
+  return false;
+}
+
 void Transport::Drive(Connection* connection, bool posted) {
   const bool small = connection->is_send()
                          ? connection->large_outstanding_ == 0
                          : connection->caller_driven_.load(std::memory_order_seq_cst);
-  if (!small) {
+  // NCCL's proxy thread spins on test() whatever the transport: the first busy connections (up
+  // to HARP_CALLER_CONNECTIONS) it drives itself, so that its spinning moves bytes; the workers
+  // take the rest, each on a core of its own.
+  const bool claimed = connection->caller_claimed_.load(std::memory_order_relaxed) ||
+                       (!small && TryClaim(connection));
+  if (!small && !claimed) {
     if (posted) connection->worker_->Wake();  // the worker's connection, as before the fast path
     return;
   }
@@ -1364,7 +1381,9 @@ void Transport::Drive(Connection* connection, bool posted) {
         connection->HasUnfinishedWrites() ||
         (!connection->is_send() && !connection->caller_driven_.load(std::memory_order_relaxed));
     connection->ReleaseOwnership();
-    if (!leftover) return;
+    // A claimed connection's leftovers wait for the caller's next test (the worker looks only
+    // after a poll period without one).
+    if (!leftover || claimed) return;
     // A pass that moved nothing left things as the worker last saw them (or as an earlier pass
     // that woke it left them), unless the worker skipped the connection while building its poll
     // set because this thread held it: then the worker must look again. (Without this a caller
@@ -1394,6 +1413,7 @@ void Transport::Close(Connection* connection) {
   // Synchronous: once close returns, NCCL may free the buffers of requests still in flight, so
   // the worker must have let go of the connection first (it does within one pass of its loop).
   Worker* worker = connection->worker_;
+  if (connection->caller_claimed()) caller_claims_.fetch_sub(1, std::memory_order_relaxed);
   connection->close_requested_.store(true, std::memory_order_seq_cst);
   worker->Wake();
   while (!connection->released_.load(std::memory_order_acquire)) {

@@ -5,7 +5,9 @@
 // Threads: the caller (NCCL's proxy thread) posts requests into a per-connection single-producer/
 // single-consumer ring and polls each request's atomic state; one worker thread drives each
 // connection's sockets and bookkeeping. Nothing on that path blocks on a lock. Connection set-up
-// (listen/connect/accept) runs in the caller's thread and never blocks.
+// (listen/connect/accept) runs in the caller's thread and never blocks. The caller spins on Test
+// anyway, so the first HARP_CALLER_CONNECTIONS connections that carry a large message it claims
+// and drives itself, as it does small-message connections below (see Transport::Drive).
 //
 // Small-message fast path: while a connection carries only small messages (at most kInlineBytes:
 // on the sending side, every send outstanding; on the receiving side, the last message matched,
@@ -100,6 +102,8 @@ class Connection {
   bool is_send() const { return is_send_; }
   // Which of the transport's workers drives it (set when it is attached; -1 before).
   int worker_index() const { return worker_index_; }
+  // Whether the caller's thread drives it itself, large messages too (HARP_CALLER_CONNECTIONS).
+  bool caller_claimed() const { return caller_claimed_.load(std::memory_order_relaxed); }
   // Caller side: whether the connection has failed, and why (valid once failed() is true).
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   const std::string& failure() const { return failure_; }
@@ -140,6 +144,11 @@ class Connection {
   // kInlineBytes and none larger is still receiving): the caller drives the connection and the
   // worker leaves it alone. Written by whoever holds the connection, at the end of a pass.
   std::atomic<bool> caller_driven_{true};
+  // Set once by the caller when it claims the connection (Transport::Drive): from then on the
+  // caller drives it in Send/Receive and Test whatever its messages' sizes, and the worker leaves
+  // it alone as it does a caller-driven receiving connection (one pass after a poll period in
+  // which the caller ran none).
+  std::atomic<bool> caller_claimed_{false};
 
  private:
   friend class Transport;
@@ -338,6 +347,9 @@ class Transport {
   // the pass left writes unfinished) a wake-up of the worker. `posted`: a request was just posted
   // (the worker must see it unless the inline pass took it).
   void Drive(Connection* connection, bool posted);
+  // Caller side: claims `connection` for the caller's thread if fewer than
+  // HARP_CALLER_CONNECTIONS are claimed; whether it did.
+  bool TryClaim(Connection* connection);
   void Log(LogLevel level, const std::string& message) const;
   void Attach(Connection* connection);
 
@@ -348,6 +360,8 @@ class Transport {
   int link_speed_mbps_ = 10000;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_send_worker_{0}, next_receive_worker_{0};
+  // Connections the caller drives itself (claimed), at most config_.caller_connections.
+  std::atomic<int> caller_claims_{0};
   // Connects in progress; a handle's connector slot is trusted only if it names one of these.
   std::mutex pending_mutex_;
   std::unordered_set<PendingConnect*> pending_connects_;

@@ -31,6 +31,7 @@ TEST(HarpConfigTest, DefaultsAreTheDeclaredOnes) {
   EXPECT_EQ(config.zerocopy_threshold, 0u);
   EXPECT_EQ(config.interface, "");
   EXPECT_EQ(config.timeout_ms, 30000);
+  EXPECT_EQ(config.caller_connections, 1);
   // The description spells every default as the table of defaults does.
   std::string expected;
   for (const SettingDefault& setting : SettingDefaults()) {
@@ -38,7 +39,7 @@ TEST(HarpConfigTest, DefaultsAreTheDeclaredOnes) {
         std::string(expected.empty() ? "" : " ") + setting.name + "=" + setting.default_value;
   }
   EXPECT_EQ(DescribeConfig(config), expected);
-  EXPECT_EQ(SettingDefaults().size(), 7u);
+  EXPECT_EQ(SettingDefaults().size(), 8u);
 }
 
 TEST(HarpConfigTest, ValidValues) {
@@ -50,7 +51,8 @@ TEST(HarpConfigTest, ValidValues) {
                      {"HARP_CHUNK_BYTES", "65536"},
                      {"HARP_ZEROCOPY_THRESHOLD", "1048576"},
                      {"HARP_IFNAME", "eth0"},
-                     {"HARP_TIMEOUT_MS", "500"}},
+                     {"HARP_TIMEOUT_MS", "500"},
+                     {"HARP_CALLER_CONNECTIONS", "0"}},
                     &config, &error))
       << error;
   EXPECT_EQ(config.streams_per_connection, 16);
@@ -60,6 +62,7 @@ TEST(HarpConfigTest, ValidValues) {
   EXPECT_EQ(config.zerocopy_threshold, 1048576u);
   EXPECT_EQ(config.interface, "eth0");
   EXPECT_EQ(config.timeout_ms, 500);
+  EXPECT_EQ(config.caller_connections, 0);
 }
 
 TEST(HarpConfigTest, InvalidValuesNameTheVariable) {
@@ -71,6 +74,7 @@ TEST(HarpConfigTest, InvalidValuesNameTheVariable) {
       {"HARP_ZEROCOPY_THRESHOLD", {"-5", "big", "99999999999999999999"}},
       {"HARP_IFNAME", {"eth 0", std::string(65, 'x')}},
       {"HARP_TIMEOUT_MS", {"0", "99", "3600001", "1s"}},
+      {"HARP_CALLER_CONNECTIONS", {"-1", "65", "one"}},
   };
   for (const auto& entry : invalid) {
     for (const std::string& value : entry.second) {

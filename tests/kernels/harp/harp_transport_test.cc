@@ -366,6 +366,66 @@ TEST(HarpTransportTest, SendsAndReceivesSpreadOverTheWorkersSeparately) {
   }
 }
 
+// NCCL's proxy thread spins on test() whatever the transport; HARP_CALLER_CONNECTIONS busy
+// connections it drives itself, the rest stay with the workers. A claimed connection must still
+// move when the caller stops testing it (the worker's pass once per poll period), and closing it
+// frees its claim for the next busy connection.
+TEST(HarpTransportTest, TheCallerClaimsItsFirstBusyConnectionsOnly) {
+  auto transport = MakeTransport(2, 64 * 1024);  // HARP_CALLER_CONNECTIONS: the default, 1
+  ASSERT_EQ(transport->config().caller_connections, 1);
+  Pair first = Connect(transport.get()), second = Connect(transport.get());
+  uint64_t sizes[8];
+  auto transfer = [&](Pair* pair, size_t size, uint32_t seed, bool test_the_send) {
+    std::vector<uint8_t> sent = Pattern(size, seed), received(size);
+    void* data[] = {received.data()};
+    uint64_t capacity[] = {size};
+    int tags[] = {1};
+    Request* receive = nullptr;
+    Request* send = nullptr;
+    if (test_the_send) {
+      ASSERT_EQ(transport->Receive(pair->receive, 1, data, capacity, tags, &receive), Status::kOk);
+      ASSERT_EQ(transport->Send(pair->send, sent.data(), size, 1, &send), Status::kOk);
+    } else {
+      // The send first: its pass fills the socket buffers (nothing is received before the
+      // receive is posted) and returns; from then on, with no test of the send, only the
+      // worker's once-per-period passes move its bytes.
+      ASSERT_EQ(transport->Send(pair->send, sent.data(), size, 1, &send), Status::kOk);
+      ASSERT_EQ(transport->Receive(pair->receive, 1, data, capacity, tags, &receive), Status::kOk);
+    }
+    if (test_the_send) ASSERT_EQ(Wait(transport.get(), send, sizes), Status::kOk);
+    ASSERT_EQ(Wait(transport.get(), receive, sizes), Status::kOk);
+    if (!test_the_send) ASSERT_EQ(Wait(transport.get(), send, sizes), Status::kOk);
+    EXPECT_EQ(sent, received);
+  };
+  transfer(&first, 1000, 1, true);  // small: nothing claimed
+  EXPECT_FALSE(first.send->caller_claimed());
+  transfer(&first, 4 << 20, 2, true);
+  EXPECT_TRUE(first.send->caller_claimed());
+  EXPECT_FALSE(first.receive->caller_claimed());  // one claim in all
+  transfer(&second, 4 << 20, 3, true);
+  EXPECT_FALSE(second.send->caller_claimed());
+  transfer(&first, 32 << 20, 4, false);  // the claimed send, not tested until its receive is done
+  transport->Close(first.send);
+  transport->Close(first.receive);
+  // The claim is free again: the second pair's receive (posted first) or send takes it.
+  transfer(&second, 4 << 20, 5, true);
+  EXPECT_TRUE(second.send->caller_claimed() || second.receive->caller_claimed());
+  transport->Close(second.send);
+  transport->Close(second.receive);
+
+  harp::Config config = transport->config();
+  config.caller_connections = 0;
+  std::unique_ptr<Transport> unclaimed;
+  std::string error;
+  ASSERT_EQ(Transport::Create(config, Record, &unclaimed, &error), Status::kOk) << error;
+  transport = std::move(unclaimed);
+  Pair third = Connect(transport.get());
+  transfer(&third, 4 << 20, 6, true);
+  EXPECT_FALSE(third.send->caller_claimed() || third.receive->caller_claimed());
+  transport->Close(third.send);
+  transport->Close(third.receive);
+}
+
 TEST(HarpTransportTest, UnknownInterfaceIsRejected) {
   harp::Config config;
   config.interface = "no-such-if0";
