@@ -392,9 +392,13 @@ TEST(HarpTransportTest, TheCallerClaimsItsFirstBusyConnectionsOnly) {
       ASSERT_EQ(transport->Send(pair->send, sent.data(), size, 1, &send), Status::kOk);
       ASSERT_EQ(transport->Receive(pair->receive, 1, data, capacity, tags, &receive), Status::kOk);
     }
-    if (test_the_send) ASSERT_EQ(Wait(transport.get(), send, sizes), Status::kOk);
+    if (test_the_send) {
+      ASSERT_EQ(Wait(transport.get(), send, sizes), Status::kOk);
+    }
     ASSERT_EQ(Wait(transport.get(), receive, sizes), Status::kOk);
-    if (!test_the_send) ASSERT_EQ(Wait(transport.get(), send, sizes), Status::kOk);
+    if (!test_the_send) {
+      ASSERT_EQ(Wait(transport.get(), send, sizes), Status::kOk);
+    }
     EXPECT_EQ(sent, received);
   };
   transfer(&first, 1000, 1, true);  // small: nothing claimed
