@@ -491,8 +491,8 @@ def test_when_xla_is_slower_calls_run_uncompiled_and_nothing_more_is_compiled():
 
 
 def row_sums_awaiting_a_verdict(**options):
-  """A jit function of row sums whose speed check gives no verdict until told, and a call of it
-  on n rows (checked)."""
+  """A jit function of row sums whose speed check gives no verdict until told, with its first plan
+  ([8]) made and compiled, and a call of it on n rows (checked)."""
   ours = jit.function(
     lambda x: tf.reduce_sum(x, axis=1),
     paddable="batch",
@@ -505,6 +505,9 @@ def row_sums_awaiting_a_verdict(**options):
   def call(n):
     np.testing.assert_allclose(ours(np.ones((n, 3), "float32")).numpy(), np.full(n, 3.0))
 
+  for n in [2, 8] * 2:
+    call(n)
+  ours.wait_for_compiles()
   return ours, call
 
 
@@ -516,9 +519,6 @@ def say_xla_is_faster(ours):
 
 def test_with_the_speed_check_a_plan_grows_only_after_a_verdict():
   ours, call = row_sums_awaiting_a_verdict(min_gain=0)
-  for n in [2, 8] * 2:
-    call(n)
-  ours.wait_for_compiles()
   for n in [2, 8] * 8:  # two doublings due, but nothing has timed the compiled calls
     call(n)
   assert ours.plan() == {("batch",): ((8,),)} and ours.compiles == 1
@@ -531,9 +531,6 @@ def test_with_the_speed_check_a_plan_grows_only_after_a_verdict():
 
 def test_with_the_speed_check_a_size_above_the_plan_waits_for_a_verdict():
   ours, call = row_sums_awaiting_a_verdict()
-  for n in [2, 8] * 2:
-    call(n)
-  ours.wait_for_compiles()
   for _ in range(3):  # above the plan, before any verdict: run uncompiled, nothing compiled
     call(12)
   ours.wait_for_compiles()

@@ -1071,9 +1071,15 @@ void Transport::Attach(Connection* connection) {
   std::atomic<uint64_t>& next = connection->is_send() ? next_send_worker_ : next_receive_worker_;
   const size_t index = WorkerFor(connection->is_send(),
                                  next.fetch_add(1, std::memory_order_relaxed), workers_.size());
-  connection->worker_index_ = static_cast<int>(index);
   connection->worker_ = workers_[index].get();
   connection->worker_->Add(connection);
+}
+
+int Transport::WorkerIndex(const Connection* connection) const {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i].get() == connection->worker_) return static_cast<int>(i);
+  }
+  return -1;
 }
 
 Status Transport::Listen(void* handle, ListenSocket** out) {

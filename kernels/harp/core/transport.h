@@ -100,8 +100,6 @@ class Connection {
  public:
   virtual ~Connection();
   bool is_send() const { return is_send_; }
-  // Which of the transport's workers drives it (set when it is attached; -1 before).
-  int worker_index() const { return worker_index_; }
   // Whether the caller's thread drives it itself, large messages too (HARP_CALLER_CONNECTIONS).
   bool caller_claimed() const { return caller_claimed_.load(std::memory_order_relaxed); }
   // Caller side: whether the connection has failed, and why (valid once failed() is true).
@@ -158,7 +156,6 @@ class Connection {
   std::atomic<bool> close_requested_{false};
   std::atomic<bool> released_{false};  // set by the worker once it no longer touches this
   Worker* worker_ = nullptr;
-  int worker_index_ = -1;
   std::atomic<bool> busy_{false};  // the ownership flag (TryAcquire)
   // Inline passes the caller ran (it counts them), and the count the worker last saw (the
   // worker's own): a caller-driven connection the caller left alone for a whole poll period gets
@@ -338,6 +335,8 @@ class Transport {
   // The worker (an index into the HARP_NTHREADS workers) of the `ordinal`-th send or receive
   // connection; see Attach.
   static size_t WorkerFor(bool is_send, uint64_t ordinal, size_t workers);
+  // For tests: which of the workers drives `connection` (-1 before it is attached).
+  int WorkerIndex(const Connection* connection) const;
 
  private:
   struct PendingConnect;

@@ -355,10 +355,12 @@ TEST(HarpTransportTest, SendsAndReceivesSpreadOverTheWorkersSeparately) {
   // all would give both sends to one worker.
   auto transport = MakeTransport();
   Pair first = Connect(transport.get()), second = Connect(transport.get());
-  EXPECT_NE(first.send->worker_index(), first.receive->worker_index());
-  EXPECT_EQ((std::set<int>{first.send->worker_index(), second.send->worker_index()}),
-            (std::set<int>{0, 1}));
-  EXPECT_EQ((std::set<int>{first.receive->worker_index(), second.receive->worker_index()}),
+  EXPECT_NE(transport->WorkerIndex(first.send), transport->WorkerIndex(first.receive));
+  EXPECT_EQ(
+      (std::set<int>{transport->WorkerIndex(first.send), transport->WorkerIndex(second.send)}),
+      (std::set<int>{0, 1}));
+  EXPECT_EQ((std::set<int>{transport->WorkerIndex(first.receive),
+                           transport->WorkerIndex(second.receive)}),
             (std::set<int>{0, 1}));
   for (Pair* pair : {&first, &second}) {
     transport->Close(pair->send);
