@@ -34,8 +34,9 @@ SOURCES_BZL = ROOT / "third_party" / "sources.bzl"
 # -fno-math-errno: std::sqrt need not set errno, so the optimizers' loops can use vector square
 # roots (the same values; Adam's row update ran 4x slower one float at a time).
 COMMON_FLAGS = ["-O3", "-march=x86-64-v2", "-fno-math-errno", "-fPIC", "-pthread", "-DNDEBUG"]
-# Keep in sync with _PLUGIN_COPTS of third_party/capabilities.bzl.
+# Keep in sync with _PLUGIN_COPTS and _PLUGIN_LINKOPTS of third_party/capabilities.bzl.
 PLUGIN_FLAGS = ["-fvisibility=hidden"]
+PLUGIN_LINK_FLAGS = ["-Wl,-z,nodelete"]
 
 
 def read_description():
@@ -59,12 +60,13 @@ class SharedLibrary(Extension):
   tf.sysconfig's flags (and check the build-info marker of an existing copy).
   """
 
-  def __init__(self, path, sources, headers, source_flags, uses_tensorflow):
+  def __init__(self, path, sources, headers, source_flags, uses_tensorflow, link_flags=()):
     # tf_ext/harp/libnccl-net-harp.so -> tf_ext.harp.libnccl-net-harp (see get_ext_filename).
     super().__init__(path[: -len(".so")].replace("/", "."), sources, depends=headers)
     self.path = path
     self.source_flags = source_flags
     self.uses_tensorflow = uses_tensorflow
+    self.link_flags = list(link_flags)
 
 
 def libraries():
@@ -93,7 +95,9 @@ def libraries():
         srcs += capabilities[dep]["core_srcs"]
         hdrs += capabilities[dep]["core_hdrs"]
       flags = dict(plugin_core_flags, **{src: PLUGIN_FLAGS for src in plugin["srcs"]})
-      result.append(SharedLibrary(plugin["path"], srcs, hdrs, flags, uses_tensorflow=False))
+      result.append(
+        SharedLibrary(plugin["path"], srcs, hdrs, flags, False, link_flags=PLUGIN_LINK_FLAGS)
+      )
   op_srcs, op_hdrs = list(dict.fromkeys(op_srcs)), list(dict.fromkeys(op_hdrs))
   result.insert(0, SharedLibrary(op_library["path"], op_srcs, op_hdrs, plugin_core_flags, True))
   return result
@@ -143,7 +147,7 @@ class BuildLibraries(build_ext):
         return
 
     cflags = cflags + COMMON_FLAGS + shlex.split(os.environ.get("CXXFLAGS", ""))
-    ldflags = ldflags + shlex.split(os.environ.get("LDFLAGS", ""))
+    ldflags = ldflags + ext.link_flags + shlex.split(os.environ.get("LDFLAGS", ""))
     tmp = Path(self.build_temp) / ext.name
     tmp.mkdir(parents=True, exist_ok=True)
     newest_header = max((ROOT / h).stat().st_mtime for h in ext.depends + ["setup.py"])

@@ -16,8 +16,10 @@ load("//third_party:sources.bzl", "CAPABILITIES", "OP_LIBRARY")
 _TF_HEADERS = "@local_tensorflow//:tf_headers"
 _TF_FRAMEWORK = "@local_tensorflow//:libtensorflow_framework"
 
-# A plugin is dlopen'ed into foreign processes (NCCL's): it exports only what it marks.
+# A plugin is dlopen'ed into foreign processes (NCCL's): it exports only what it marks, and it
+# stays mapped once loaded (NCCL may dlclose it while its worker threads still run).
 _PLUGIN_COPTS = ["-fvisibility=hidden"]
+_PLUGIN_LINKOPTS = ["-Wl,-z,nodelete"]
 
 def _check(name, capability):
     for dep in capability["deps"]:
@@ -58,6 +60,7 @@ def capability_targets():
                 name = plugin["path"],
                 srcs = plugin["srcs"],
                 copts = _PLUGIN_COPTS,
+                linkopts = _PLUGIN_LINKOPTS,
                 linkshared = 1,
                 deps = [":%s_core" % name],
             )

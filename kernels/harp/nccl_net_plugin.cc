@@ -1,13 +1,14 @@
 // The exported C interface of tf_ext/harp/libnccl-net-harp.so (NCCL finds network plugins by the
 // file name libnccl-net-<name>.so, then the symbols ncclNetPlugin_vN). The library is built with
 // hidden visibility, so only what is marked here is exported: harp_build_info() and the tables
-// ncclNetPlugin_v6 ... ncclNetPlugin_v10, thin adapters over one tf_ext::harp::Transport.
+// ncclNetPlugin_v6 ... ncclNetPlugin_v12, thin adapters over one tf_ext::harp::Transport.
 #include <cstdarg>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_set>
 
 #include "kernels/harp/core/build_info.h"
 #include "kernels/harp/core/config.h"
@@ -31,10 +32,22 @@ using tf_ext::harp::Transport;
 
 // One transport per process, created by the first init and never destroyed: NCCL may call into
 // the plugin until the process exits, and worker threads must not be joined from a static
-// destructor.
+// destructor. NCCL 2.28 and later dlclose the plugin when the last communicator is destroyed (and
+// dlopen it again for the next); the library is linked with -z nodelete, so that its code stays
+// mapped under the running workers and the next init finds the same transport.
 std::mutex init_mutex;
 Transport* transport = nullptr;
 ncclDebugLogger_t logger = nullptr;
+
+// v11 and later: init is called per communicator and returns a context that listen, connect and
+// finalize take. HARP's context is the communicator's traffic class; the transport is shared.
+struct CommContext {
+  uint64_t comm_id;
+  int traffic_class;
+};
+// The live contexts (under init_mutex): a context NCCL did not get from init, or finalized, is an
+// error, not a use after free.
+std::unordered_set<CommContext*> contexts;
 
 void Log(LogLevel level, const std::string& message) {
   ncclDebugLogger_t log = logger;
@@ -101,93 +114,152 @@ ncclResult_t InitV10(ncclDebugLogger_t log_function, ncclProfilerCallback_t) {
   return Init(log_function);
 }
 
+ncclResult_t InitV11(void** context, uint64_t comm_id, ncclNetCommConfig_v11_t* config,
+                     ncclDebugLogger_t log_function, ncclProfilerCallback_t) {
+  if (context == nullptr) return ncclInvalidArgument;
+  *context = nullptr;
+  ncclResult_t result = Init(log_function);
+  if (result != ncclSuccess) return result;
+  const int traffic_class =
+      config != nullptr ? config->trafficClass : tf_ext::harp::kNoTrafficClass;
+  std::string error;
+  if (!Transport::ValidTrafficClass(traffic_class, &error)) {
+    Log(LogLevel::kWarning, "HARP: init: the communicator's " + error);
+    return ncclInvalidArgument;
+  }
+  auto* created = new CommContext{comm_id, traffic_class};
+  std::lock_guard<std::mutex> lock(init_mutex);
+  contexts.insert(created);
+  *context = created;
+  return ncclSuccess;
+}
+
+// The traffic class of a live context (false, logged, for anything else).
+bool TrafficClassOf(void* context, const char* call, int* traffic_class) {
+  std::lock_guard<std::mutex> lock(init_mutex);
+  auto found = contexts.find(static_cast<CommContext*>(context));
+  if (found == contexts.end()) {
+    Log(LogLevel::kWarning, std::string("HARP: ") + call +
+                                ": not a context from init (never initialised, or finalized)");
+    return false;
+  }
+  *traffic_class = (*found)->traffic_class;
+  return true;
+}
+
+ncclResult_t Finalize(void* context) {
+  std::lock_guard<std::mutex> lock(init_mutex);
+  if (contexts.erase(static_cast<CommContext*>(context)) == 0) {
+    Log(LogLevel::kWarning, "HARP: finalize: not a context from init (finalized twice?)");
+    return ncclInvalidArgument;
+  }
+  delete static_cast<CommContext*>(context);
+  return ncclSuccess;
+}
+
 ncclResult_t Devices(int* count) {
   HARP_REQUIRE_INIT();
   *count = 1;
   return ncclSuccess;
 }
 
-// The newest properties; older versions copy the fields they have.
-ncclResult_t Properties(int dev, ncclNetProperties_v10_t* props) {
+// Which version's properties a struct is (v9 and v10 share theirs; 0: none).
+template <typename Properties>
+constexpr int kPropertiesVersion = std::is_same_v<Properties, ncclNetProperties_v6_t>    ? 6
+                                   : std::is_same_v<Properties, ncclNetProperties_v7_t>  ? 7
+                                   : std::is_same_v<Properties, ncclNetProperties_v8_t>  ? 8
+                                   : std::is_same_v<Properties, ncclNetProperties_v9_t>  ? 9
+                                   : std::is_same_v<Properties, ncclNetProperties_v11_t> ? 11
+                                   : std::is_same_v<Properties, ncclNetProperties_v12_t> ? 12
+                                                                                         : 0;
+
+// getProperties of every version: the fields that version has.
+template <typename Properties>
+ncclResult_t PropertiesOf(int dev, Properties* props) {
+  constexpr int version = kPropertiesVersion<Properties>;
+  static_assert(version != 0, "not an ncclNetProperties_vN_t");
   HARP_REQUIRE_INIT();
   if (dev != 0) return ncclInvalidArgument;
-  *props = ncclNetProperties_v10_t{};
+  *props = Properties{};
   props->name = const_cast<char*>(transport->interface_name().c_str());
   props->pciPath = nullptr;  // a TCP interface, no PCI placement to offer NCCL's topology
   props->guid = 0;
   props->ptrSupport = NCCL_PTR_HOST;
-  props->regIsGlobal = 0;
-  props->forceFlush = 0;
   props->speed = transport->link_speed_mbps();
   props->port = 0;
   props->latency = 0;
   props->maxComms = 65536;
   props->maxRecvs = tf_ext::harp::kMaxReceivesPerRequest;
-  props->netDeviceType = NCCL_NET_DEVICE_HOST;
-  props->netDeviceVersion = 0;
-  props->vProps.ndevs = 1;
-  props->vProps.devs[0] = 0;
-  // Test reports sizes as int.
-  props->maxP2pBytes = 0x7fffffff;
-  props->maxCollBytes = 0x7fffffff;
-  return ncclSuccess;
-}
-
-template <typename OldProperties>
-void CopyCommon(const ncclNetProperties_v10_t& from, OldProperties* to) {
-  to->name = from.name;
-  to->pciPath = from.pciPath;
-  to->guid = from.guid;
-  to->ptrSupport = from.ptrSupport;
-  to->speed = from.speed;
-  to->port = from.port;
-  to->latency = from.latency;
-  to->maxComms = from.maxComms;
-  to->maxRecvs = from.maxRecvs;
-}
-
-// getProperties of v6 to v8: the v10 properties, less the fields an older version lacks.
-template <typename OldProperties>
-ncclResult_t PropertiesOf(int dev, OldProperties* props) {
-  ncclNetProperties_v10_t all;
-  ncclResult_t result = Properties(dev, &all);
-  if (result != ncclSuccess) return result;
-  CopyCommon(all, props);
-  if constexpr (!std::is_same_v<OldProperties, ncclNetProperties_v6_t>) {
-    props->netDeviceType = all.netDeviceType;
-    props->netDeviceVersion = all.netDeviceVersion;
+  if constexpr (version >= 7) {
+    props->netDeviceType = NCCL_NET_DEVICE_HOST;
+    props->netDeviceVersion = 0;
   }
-  if constexpr (std::is_same_v<OldProperties, ncclNetProperties_v8_t>) {
-    props->regIsGlobal = all.regIsGlobal;
+  if constexpr (version >= 8) props->regIsGlobal = 0;
+  if constexpr (version >= 9) {
+    props->forceFlush = 0;
+    props->vProps.ndevs = 1;
+    props->vProps.devs[0] = 0;
+    // Test reports sizes as int.
+    props->maxP2pBytes = 0x7fffffff;
+    props->maxCollBytes = 0x7fffffff;
+  }
+  if constexpr (version >= 11) props->maxMultiRequestSize = 1;
+  if constexpr (version >= 12) {
+    props->railId = NCCL_NET_ID_UNDEF;
+    props->planeId = NCCL_NET_ID_UNDEF;
   }
   return ncclSuccess;
 }
 
-ncclResult_t Listen(int dev, void* handle, void** listen_comm) {
+ncclResult_t ListenWith(int dev, void* handle, void** listen_comm, int traffic_class) {
   HARP_REQUIRE_INIT();
   if (dev != 0) return ncclInvalidArgument;
   ListenSocket* listener = nullptr;
-  Status status = transport->Listen(handle, &listener);
+  Status status = transport->Listen(handle, &listener, traffic_class);
   *listen_comm = listener;
   return ToNccl(status);
 }
 
-ncclResult_t Connect(int dev, void* handle, void** send_comm) {
+ncclResult_t ListenV11(void* context, int dev, void* handle, void** listen_comm) {
+  *listen_comm = nullptr;
+  int traffic_class;
+  if (!TrafficClassOf(context, "listen", &traffic_class)) return ncclInvalidArgument;
+  return ListenWith(dev, handle, listen_comm, traffic_class);
+}
+
+ncclResult_t Listen(int dev, void* handle, void** listen_comm) {
+  return ListenWith(dev, handle, listen_comm, tf_ext::harp::kNoTrafficClass);
+}
+
+ncclResult_t ConnectWith(int dev, void* handle, void** send_comm, int traffic_class) {
   HARP_REQUIRE_INIT();
   if (dev != 0) return ncclInvalidArgument;
   SendConnection* connection = nullptr;
-  Status status = transport->Connect(handle, &connection);
+  Status status = transport->Connect(handle, &connection, traffic_class);
   *send_comm = connection;
   return ToNccl(status);
+}
+
+ncclResult_t Connect(int dev, void* handle, void** send_comm) {
+  return ConnectWith(dev, handle, send_comm, tf_ext::harp::kNoTrafficClass);
 }
 
 ncclResult_t ConnectV7(int dev, void* handle, void** send_comm, ncclNetDeviceHandle_t**) {
   return Connect(dev, handle, send_comm);
 }
 
-ncclResult_t ConnectV10(int dev, ncclNetCommConfig_v10_t*, void* handle, void** send_comm,
+ncclResult_t ConnectV10(int dev, ncclNetCommConfig_v10_t* config, void* handle, void** send_comm,
                         ncclNetDeviceHandle_t**) {
-  return Connect(dev, handle, send_comm);
+  return ConnectWith(dev, handle, send_comm,
+                     config != nullptr ? config->trafficClass : tf_ext::harp::kNoTrafficClass);
+}
+
+ncclResult_t ConnectV11(void* context, int dev, void* handle, void** send_comm,
+                        ncclNetDeviceHandle_t**) {
+  *send_comm = nullptr;
+  int traffic_class;
+  if (!TrafficClassOf(context, "connect", &traffic_class)) return ncclInvalidArgument;
+  return ConnectWith(dev, handle, send_comm, traffic_class);
 }
 
 ncclResult_t Accept(void* listen_comm, void** recv_comm) {
@@ -340,16 +412,42 @@ ncclResult_t DeviceMemoryHandle(void*, void*, void**) { return ncclInternalError
 
 ncclResult_t ReceiveConsumed(void*, int, void*) { return ncclSuccess; }
 
-ncclResult_t MakeVirtualDevice(int*, ncclNetVDeviceProps_v9_t*) {
+template <typename VirtualDeviceProperties>
+ncclResult_t MakeVirtualDevice(int*, VirtualDeviceProperties*) {
   Log(LogLevel::kWarning, "HARP: virtual devices (NIC fusion) are not supported");
   return ncclInvalidUsage;
 }
 
+// v11 and v12 differ only in their property types. setNetAttr is null: NCCL's hints (peers and
+// flows per connection) are optional, and HARP sizes its streams by HARP_NSTREAMS.
+template <typename Table, typename Properties, typename VirtualDeviceProperties>
+constexpr Table TableSinceV11() {
+  return Table{
+      "HARP",          InitV11,
+      Devices,         PropertiesOf<Properties>,
+      ListenV11,       ConnectV11,
+      AcceptV7,        RegisterMemory,
+      RegisterDmaBuf,  DeregisterMemory,
+      SendV10,         ReceiveV10,
+      Flush,           Test,
+      CloseSend,       CloseReceive,
+      CloseListen,     DeviceMemoryHandle,
+      ReceiveConsumed, MakeVirtualDevice<VirtualDeviceProperties>,
+      Finalize,        nullptr,
+  };
+}
+
 }  // namespace
+
+HARP_EXPORT const ncclNet_v12_t ncclNetPlugin_v12 =
+    TableSinceV11<ncclNet_v12_t, ncclNetProperties_v12_t, ncclNetVDeviceProps_v12_t>();
+
+HARP_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 =
+    TableSinceV11<ncclNet_v11_t, ncclNetProperties_v11_t, ncclNetVDeviceProps_v11_t>();
 
 HARP_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
     "HARP",          InitV10,
-    Devices,         Properties,
+    Devices,         PropertiesOf<ncclNetProperties_v10_t>,
     Listen,          ConnectV10,
     AcceptV7,        RegisterMemory,
     RegisterDmaBuf,  DeregisterMemory,
@@ -357,12 +455,12 @@ HARP_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
     Flush,           Test,
     CloseSend,       CloseReceive,
     CloseListen,     DeviceMemoryHandle,
-    ReceiveConsumed, MakeVirtualDevice,
+    ReceiveConsumed, MakeVirtualDevice<ncclNetVDeviceProps_v9_t>,
 };
 
 HARP_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
     "HARP",          Init,
-    Devices,         Properties,
+    Devices,         PropertiesOf<ncclNetProperties_v9_t>,
     Listen,          ConnectV7,
     AcceptV7,        RegisterMemory,
     RegisterDmaBuf,  DeregisterMemory,
@@ -370,7 +468,7 @@ HARP_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
     Flush,           Test,
     CloseSend,       CloseReceive,
     CloseListen,     DeviceMemoryHandle,
-    ReceiveConsumed, MakeVirtualDevice,
+    ReceiveConsumed, MakeVirtualDevice<ncclNetVDeviceProps_v9_t>,
 };
 
 HARP_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {

@@ -1,4 +1,5 @@
-"""Bazel (.bazelrc) and pip (setup.py) compile the op library with the same code-generation flags.
+"""Bazel (.bazelrc) and pip (setup.py) compile the op library with the same code-generation flags,
+and build plugin libraries with the same plugin flags (third_party/capabilities.bzl).
 
 Both builds make tf_ext/_tf_ext_ops.so; a flag that only one of them passes makes the two libraries
 differ in speed (-fno-math-errno lets the optimizers' loops use vector square roots: Adam's row
@@ -19,13 +20,18 @@ def bazel_copts():
     return [m.group(1) for m in re.finditer(r"^build --copt=(\S+)$", f.read(), re.MULTILINE)]
 
 
-def setup_common_flags():
-  with open(os.path.join(ROOT, "setup.py")) as f:
+def top_level_list(path, name):
+  """The literal list assigned to `name` at the top of the Python/Starlark file `path`."""
+  with open(os.path.join(ROOT, path)) as f:
     tree = ast.parse(f.read())
   for node in tree.body:
-    if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["COMMON_FLAGS"]:
+    if isinstance(node, ast.Assign) and [t.id for t in node.targets] == [name]:
       return ast.literal_eval(node.value)
-  raise AssertionError("setup.py has no COMMON_FLAGS list")
+  raise AssertionError(f"{path} has no {name} list")
+
+
+def setup_common_flags():
+  return top_level_list("setup.py", "COMMON_FLAGS")
 
 
 def test_both_builds_generate_code_with_the_same_flags():
@@ -33,3 +39,11 @@ def test_both_builds_generate_code_with_the_same_flags():
   pip = [f for f in setup_common_flags() if CODEGEN.match(f)]
   assert "-fno-math-errno" in bazel, bazel
   assert sorted(bazel) == sorted(pip), f".bazelrc: {bazel}, setup.py COMMON_FLAGS: {pip}"
+
+
+def test_both_builds_build_plugins_with_the_same_flags():
+  # Hidden symbols, and -z nodelete: NCCL 2.28+ dlcloses the plugin under its worker threads.
+  bazel = "third_party/capabilities.bzl"
+  assert top_level_list(bazel, "_PLUGIN_COPTS") == top_level_list("setup.py", "PLUGIN_FLAGS")
+  assert "-Wl,-z,nodelete" in top_level_list(bazel, "_PLUGIN_LINKOPTS")
+  assert top_level_list(bazel, "_PLUGIN_LINKOPTS") == top_level_list("setup.py", "PLUGIN_LINK_FLAGS")

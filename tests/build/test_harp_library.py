@@ -28,6 +28,15 @@ def test_the_library_has_no_tensorflow_dependency():
   assert not [lib for lib in needed if "tensorflow" in lib], needed
 
 
+def test_the_library_stays_loaded_once_loaded():
+  # NCCL 2.28+ dlcloses its plugin with the last communicator; HARP's workers outlive it.
+  dynamic = subprocess.run(
+    ["readelf", "-d", harp.plugin_path()], capture_output=True, text=True, check=True
+  ).stdout
+  flags = re.search(r"\(FLAGS_1\)\s+Flags: (.*)$", dynamic, re.MULTILINE)
+  assert flags and "NODELETE" in flags.group(1).split(), dynamic
+
+
 def test_the_library_exports_its_entry_points_only():
   exported = subprocess.run(
     ["nm", "-D", "-C", "--defined-only", harp.plugin_path()],
@@ -36,9 +45,9 @@ def test_the_library_exports_its_entry_points_only():
     check=True,
   ).stdout
   assert re.search(r" T harp_build_info$", exported, re.MULTILINE), exported
-  # The NCCL net tables NCCL looks up by name (data symbols), v6 through v10.
+  # The NCCL net tables NCCL looks up by name (data symbols), v6 through v12.
   tables = set(re.findall(r" [DR] (ncclNetPlugin_v\d+)$", exported, re.MULTILINE))
-  assert tables == {f"ncclNetPlugin_v{v}" for v in range(6, 11)}, exported
+  assert tables == {f"ncclNetPlugin_v{v}" for v in range(6, 13)}, exported
   # Nothing else of ours is exported (the C++ standard library's own weak template instances,
   # e.g. std::vector<int>, may be): the core is compiled with hidden visibility, so nothing of
   # tf_ext's C++ leaks into NCCL's process.

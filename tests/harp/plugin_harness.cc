@@ -9,13 +9,20 @@
 //   plugin_harness PLUGIN VERSION kill-sender               the sender dies mid-message
 //   plugin_harness PLUGIN VERSION kill-receiver             the receiver dies mid-message
 //   plugin_harness PLUGIN VERSION handles                   garbage and stale handles
+//   plugin_harness PLUGIN VERSION reload                    v11+: finalize, dlclose, load again
 //
-// Prints "HARNESS OK ..." and exits 0 when every check passed.
+// v10 and later take HARNESS_TRAFFIC_CLASS from the environment as the communicator's traffic
+// class (v10: connect's config; v11+: init's), and `transfer` then counts the sockets marked with
+// it. Prints "HARNESS OK ..." and exits 0 when every check passed.
+#include <dirent.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -54,10 +61,20 @@ void Logger(ncclDebugLogLevel level, unsigned long, const char*, int, const char
   std::fflush(stdout);
 }
 
+// The communicator's traffic class: HARNESS_TRAFFIC_CLASS, or none.
+int TrafficClass() {
+  const char* value = std::getenv("HARNESS_TRAFFIC_CLASS");
+  return value != nullptr ? std::atoi(value) : NCCL_NET_TRAFFIC_CLASS_UNDEF;
+}
+
+// v11+: this process's communicator context (init creates it; listen and connect take it).
+void* comm_context = nullptr;
+
 // The calls the harness makes, bound to one version's table (sizes widened to size_t).
 struct Net {
   int version = 0;
   std::function<ncclResult_t()> init;
+  std::function<ncclResult_t()> finalize;  // v11+
   std::function<ncclResult_t(int*)> devices;
   std::function<ncclResult_t(std::string*, int*, int*)> properties;  // name, ptrSupport, maxRecvs
   std::function<ncclResult_t(void*, void**)> listen;
@@ -88,7 +105,9 @@ ncclResult_t CallProperties(ncclResult_t (*get)(int, Props*), std::string* name,
 template <typename Table>
 void BindCommon(const Table* t, Net* net) {
   net->devices = t->devices;
-  net->listen = [t](void* handle, void** comm) { return t->listen(0, handle, comm); };
+  if constexpr (std::is_invocable_v<decltype(t->listen), int, void*, void**>) {  // before v11
+    net->listen = [t](void* handle, void** comm) { return t->listen(0, handle, comm); };
+  }
   net->dereg = t->deregMr;
   net->test = t->test;
   net->close_send = t->closeSend;
@@ -110,31 +129,59 @@ Net Bind(void* library, int version) {
   std::string symbol = "ncclNetPlugin_v" + std::to_string(version);
   void* table = dlsym(library, symbol.c_str());
   if (table == nullptr) Die("%s not exported", symbol.c_str());
-  if (version == 10) {
-    auto* t = static_cast<const ncclNet_v10_t*>(table);
-    if (std::strcmp(t->name, "HARP") != 0) Die("name %s", t->name);
-    BindCommon(t, &net);
-    net.init = [t] { return t->init(Logger, nullptr); };
-    net.connect = [t](void* handle, void** comm) {
-      ncclNetCommConfig_v10_t config{-1};
-      ncclNetDeviceHandle_t* device = nullptr;
-      return t->connect(0, &config, handle, comm, &device);
+  if (version >= 10) {
+    // v10 to v12 share their data-path calls; v11 moved the comm config from connect to a
+    // per-communicator init, whose context listen and connect take.
+    auto bind = [&](auto* t) {
+      using Table = std::remove_cv_t<std::remove_pointer_t<decltype(t)>>;
+      if (std::strcmp(t->name, "HARP") != 0) Die("name %s", t->name);
+      BindCommon(t, &net);
+      if constexpr (std::is_same_v<Table, ncclNet_v10_t>) {
+        net.init = [t] { return t->init(Logger, nullptr); };
+        net.connect = [t](void* handle, void** comm) {
+          ncclNetCommConfig_v10_t config{TrafficClass()};
+          ncclNetDeviceHandle_t* device = nullptr;
+          return t->connect(0, &config, handle, comm, &device);
+        };
+      } else {
+        net.init = [t] {
+          ncclNetCommConfig_v11_t config{TrafficClass()};
+          return t->init(&comm_context, 0x5eed, &config, Logger, nullptr);
+        };
+        net.finalize = [t] { return t->finalize(comm_context); };
+        net.listen = [t](void* handle, void** comm) {
+          return t->listen(comm_context, 0, handle, comm);
+        };
+        net.connect = [t](void* handle, void** comm) {
+          ncclNetDeviceHandle_t* device = nullptr;
+          return t->connect(comm_context, 0, handle, comm, &device);
+        };
+      }
+      net.accept = [t](void* listen, void** comm) {
+        ncclNetDeviceHandle_t* device = nullptr;
+        return t->accept(listen, comm, &device);
+      };
+      net.reg = [t](void* comm, void* data, size_t size, void** mh) {
+        return t->regMr(comm, data, size, NCCL_PTR_HOST, mh);
+      };
+      net.isend = [t](void* comm, void* data, size_t size, int tag, void* mh, void** request) {
+        return t->isend(comm, data, size, tag, mh, nullptr, request);
+      };
+      net.irecv = [t](void* comm, int n, void** data, size_t* sizes, int* tags, void** mh,
+                      void** request) {
+        void* profiler[8] = {};
+        return t->irecv(comm, n, data, sizes, tags, mh, profiler, request);
+      };
     };
-    net.accept = [t](void* listen, void** comm) {
-      ncclNetDeviceHandle_t* device = nullptr;
-      return t->accept(listen, comm, &device);
-    };
-    net.reg = [t](void* comm, void* data, size_t size, void** mh) {
-      return t->regMr(comm, data, size, NCCL_PTR_HOST, mh);
-    };
-    net.isend = [t](void* comm, void* data, size_t size, int tag, void* mh, void** request) {
-      return t->isend(comm, data, size, tag, mh, nullptr, request);
-    };
-    net.irecv = [t](void* comm, int n, void** data, size_t* sizes, int* tags, void** mh,
-                    void** request) {
-      void* profiler[8] = {};
-      return t->irecv(comm, n, data, sizes, tags, mh, profiler, request);
-    };
+    if (version == 10) {
+      bind(static_cast<const ncclNet_v10_t*>(table));
+    } else if (version == 11) {
+      bind(static_cast<const ncclNet_v11_t*>(table));
+    } else if (version == 12) {
+      bind(static_cast<const ncclNet_v12_t*>(table));
+    } else {
+      Die("unknown version %d", version);
+    }
   } else if (version >= 7 && version <= 9) {
     // v7 to v9 connect and accept with a device handle; v9 widened the sizes to size_t, and v7
     // and v8 differ only in the properties.
@@ -365,6 +412,41 @@ bool ReceiverStep(Net* net, Connection* c) {
   return moved;
 }
 
+// The connected IPv4 TCP sockets of this process whose TOS byte is `traffic_class`.
+int SocketsMarked(int traffic_class) {
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) Die("opendir /proc/self/fd");
+  int marked = 0;
+  while (dirent* entry = readdir(fds)) {
+    const int fd = std::atoi(entry->d_name);
+    if (entry->d_name[0] == '.' || fd == dirfd(fds)) continue;
+    int tos = -1, type = 0;
+    socklen_t length = sizeof(type);
+    sockaddr_in peer{};
+    socklen_t peer_length = sizeof(peer);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) continue;
+    length = sizeof(tos);
+    if (getsockopt(fd, IPPROTO_IP, IP_TOS, &tos, &length) == 0 && tos == traffic_class) ++marked;
+  }
+  closedir(fds);
+  return marked;
+}
+
+// With a traffic class set: how many of this side's sockets carry it.
+void ReportTrafficClass(const char* side) {
+  const int traffic_class = TrafficClass();
+  if (traffic_class == NCCL_NET_TRAFFIC_CLASS_UNDEF) return;
+  std::printf("TRAFFIC CLASS %d: %s, %d sockets marked\n", traffic_class, side,
+              SocketsMarked(traffic_class));
+  std::fflush(stdout);
+}
+
+// v11+: the communicator ends (after its connections), as NCCL's does.
+void Finalize(Net* net) {
+  if (net->finalize) Check(net->finalize(), "finalize");
+}
+
 // Receiver = this process (listens), sender = a forked child (connects).
 int Transfer(Net* net, int connections, size_t max_bytes) {
   int handles[2];
@@ -387,6 +469,7 @@ int Transfer(Net* net, int connections, size_t max_bytes) {
         if (Clock::now() > deadline) Die("connect did not finish");
       }
     }
+    ReportTrafficClass("sender");
     for (bool busy = true; busy;) {
       busy = false;
       for (Connection& c : sends) {
@@ -395,6 +478,7 @@ int Transfer(Net* net, int connections, size_t max_bytes) {
       }
     }
     for (Connection& c : sends) Check(net->close_send(c.comm), "closeSend");
+    Finalize(net);
     std::printf("SENDER OK\n");
     std::fflush(stdout);
     _exit(0);
@@ -418,6 +502,7 @@ int Transfer(Net* net, int connections, size_t max_bytes) {
     }
     Check(net->close_listen(listeners[i]), "closeListen");
   }
+  ReportTrafficClass("receiver");
   size_t bytes = 0, messages = 0;
   for (bool busy = true; busy;) {
     busy = false;
@@ -431,6 +516,7 @@ int Transfer(Net* net, int connections, size_t max_bytes) {
     messages += c.sizes.size();
     Check(net->close_recv(c.comm), "closeRecv");
   }
+  Finalize(net);
   int status = 0;
   waitpid(child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die("sender failed (status %d)", status);
@@ -538,11 +624,80 @@ int Handles(Net* net) {
   return 0;
 }
 
+// One connection within this process (connect and accept alternate, neither blocks) carrying one
+// message, then everything closed and the communicator finalized.
+void RoundTrip(Net* net, uint64_t seed) {
+  InitAndDescribe(net);
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void *listener = nullptr, *send = nullptr, *recv = nullptr;
+  Check(net->listen(handle, &listener), "listen");
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (send == nullptr || recv == nullptr) {
+    if (send == nullptr) Check(net->connect(handle, &send), "connect");
+    if (recv == nullptr) Check(net->accept(listener, &recv), "accept");
+    if (Clock::now() > deadline) Die("connect/accept did not finish");
+  }
+  Check(net->close_listen(listener), "closeListen");
+  std::vector<uint8_t> sent(1 << 20), received(sent.size() + 64, 0xcc);
+  Fill(&sent, seed);
+  void *send_request = nullptr, *recv_request = nullptr;
+  void* data[] = {received.data()};
+  size_t capacity[] = {received.size()};
+  int tags[] = {7};
+  void* mhandles[] = {nullptr};
+  while (send_request == nullptr) {
+    Check(net->isend(send, sent.data(), sent.size(), 7, nullptr, &send_request), "isend");
+  }
+  while (recv_request == nullptr) {
+    Check(net->irecv(recv, 1, data, capacity, tags, mhandles, &recv_request), "irecv");
+  }
+  int send_done = 0, recv_done = 0, size = -1;
+  while (!send_done || !recv_done) {
+    if (!send_done) Check(net->test(send_request, &send_done, nullptr), "test (send)");
+    if (!recv_done) Check(net->test(recv_request, &recv_done, &size), "test (receive)");
+    if (Clock::now() > deadline) Die("the message did not arrive");
+  }
+  if (size != static_cast<int>(sent.size()) ||
+      !std::equal(sent.begin(), sent.end(), received.begin())) {
+    Die("the message arrived wrong (size %d)", size);
+  }
+  Check(net->close_send(send), "closeSend");
+  Check(net->close_recv(recv), "closeRecv");
+  Check(net->finalize(), "finalize");
+}
+
+// What NCCL 2.28 and later do: the last communicator's finalize, then dlclose of the plugin, and
+// for the next communicator dlopen and init again. The plugin's worker threads outlive the
+// dlclose; they must still have their code (a crash here otherwise, once their poll returns).
+int Reload(const char* path, int version) {
+  void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) Die("dlopen: %s", dlerror());
+  Net net = Bind(library, version);
+  if (!net.finalize) Die("v%d has no finalize", version);
+  RoundTrip(&net, 1);
+  // A context used after finalize, or finalized twice, is an error (logged), never a crash.
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void* listener = nullptr;
+  if (net.listen(handle, &listener) == ncclSuccess || listener != nullptr) {
+    Die("listen with a finalized context succeeded");
+  }
+  if (net.finalize() == ncclSuccess) Die("a second finalize succeeded");
+  if (dlclose(library) != 0) Die("dlclose: %s", dlerror());
+  usleep(300 * 1000);  // longer than the workers' poll period: they wake up in the library
+  library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) Die("dlopen again: %s", dlerror());
+  net = Bind(library, version);
+  RoundTrip(&net, 2);
+  std::printf("HARNESS OK reload v%d: finalize, dlclose and a second load and init\n", version);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) Die("usage: plugin_harness PLUGIN VERSION MODE [ARGS]");
   alarm(120);  // a hang is a failure, never a stuck test
+  if (std::string(argv[3]) == "reload") return Reload(argv[1], std::atoi(argv[2]));
   void* library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) Die("dlopen: %s", dlerror());
   Net net = Bind(library, std::atoi(argv[2]));

@@ -12,6 +12,7 @@ from tf_ext import harp, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARNESS_SOURCE = os.path.join(ROOT, "tests", "harp", "plugin_harness.cc")
+INVALID_ARGUMENT = 4  # ncclInvalidArgument
 INVALID_USAGE = 5  # ncclInvalidUsage
 REMOTE_ERROR = 6  # ncclRemoteError
 
@@ -29,8 +30,9 @@ def harness(tmp_path_factory):
 
 
 def run(harness, version, *args, **harp_settings):
-  """The harness's output; the environment holds no HARP_* setting but `harp_settings`."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith("HARP_")}
+  """The harness's output; the environment holds no HARP_* setting but `harp_settings` (which may
+  also name the harness's HARNESS_TRAFFIC_CLASS)."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("HARP_", "HARNESS_"))}
   env.update({k: str(v) for k, v in harp_settings.items()})
   result = subprocess.run(
     [harness, harp.plugin_path(), str(version), *args],
@@ -75,8 +77,17 @@ def test_an_invalid_setting_fails_init_naming_it(harness, name, value):
       settings.get(name, value)
 
 
-@pytest.mark.parametrize("version", [6, 7, 8, 9, 10])
+def marked_sockets(output):
+  return {
+    side: int(count)
+    for side, count in re.findall(r"TRAFFIC CLASS 136: (\w+), (\d+) sockets marked", output)
+  }
+
+
+@pytest.mark.parametrize("version", [6, 7, 8, 9, 10, 11, 12])
 def test_every_version_transfers_grouped_receives_with_32_outstanding(harness, version):
+  # From v10 on, with the communicator's traffic class DSCP AF41 (TOS 0x88, 136).
+  traffic_class = {"HARNESS_TRAFFIC_CLASS": 0x88} if version >= 10 else {}
   result = run(
     harness,
     version,
@@ -86,10 +97,38 @@ def test_every_version_transfers_grouped_receives_with_32_outstanding(harness, v
     HARP_IFNAME="127.0.0.1",
     HARP_NSTREAMS=3,
     HARP_CHUNK_BYTES=65536,
+    **traffic_class,
   )
   assert result.returncode == 0, result.stdout + result.stderr
   assert f"HARNESS OK transfer v{version}: 2 connections" in result.stdout
   assert "SENDER OK" in result.stdout
+  if traffic_class:
+    # 2 connections of 3 streams and a control socket each; v10 hands the class to connect only,
+    # v11 and later to init, for both sides.
+    expected = {"sender": 8, "receiver": 0 if version == 10 else 8}
+    assert marked_sockets(result.stdout) == expected, result.stdout
+
+
+@pytest.mark.parametrize("version", [11, 12])
+def test_the_plugin_survives_nccls_unload_and_loads_again(harness, version):
+  # NCCL 2.28+: the last communicator's finalize, dlclose, then dlopen and init for the next one,
+  # while HARP's worker threads run on (without -z nodelete they crash once their poll returns).
+  result = run(harness, version, "reload", HARP_IFNAME="127.0.0.1")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f"HARNESS OK reload v{version}" in result.stdout
+  # The finalized context was refused, with a reason, before the unload.
+  assert "listen: not a context from init" in result.stdout
+  assert "finalize: not a context from init" in result.stdout
+
+
+def test_an_invalid_traffic_class_is_refused_with_a_reason(harness):
+  result = run(harness, 11, "config", HARP_IFNAME="127.0.0.1", HARNESS_TRAFFIC_CLASS=256)
+  assert f"INIT {INVALID_ARGUMENT}" in result.stdout, result.stdout
+  assert "traffic class 256 is invalid" in result.stdout
+  result = run(harness, 10, "transfer", "1", "0", HARP_IFNAME="127.0.0.1", HARNESS_TRAFFIC_CLASS=-2)
+  assert result.returncode != 0
+  assert f"connect returned {INVALID_ARGUMENT}" in result.stdout, result.stdout
+  assert "connect: traffic class -2 is invalid" in result.stdout
 
 
 def test_messages_up_to_64_mib_on_several_connections_at_once(harness):

@@ -2,7 +2,7 @@
 
 The plugin is a shared library of its own, `libnccl-net-harp.so` in this directory: NCCL loads
 network plugins by that file-name pattern, so the library has no TensorFlow dependency. It
-exports NCCL's net interface `ncclNetPlugin_v6` ... `ncclNetPlugin_v10` (name "HARP", host
+exports NCCL's net interface `ncclNetPlugin_v6` ... `ncclNetPlugin_v12` (name "HARP", host
 memory only) over kernel TCP: each connection is several TCP streams with messages split into
 chunks, each sent on the stream whose socket holds the fewest unacknowledged bytes, driven by
 worker threads that the NCCL proxy thread feeds through lock-free rings. Select it with

@@ -45,8 +45,12 @@ uint64_t RandomId() {
 
 // Latency and dead-peer detection for every HARP socket: no Nagle delay on small frames, and the
 // kernel aborts a connection whose data or keepalive probes stay unacknowledged for timeout_ms, so
-// a vanished host turns into a socket error instead of a silent hang.
-void ConfigureSocket(int fd, int timeout_ms) {
+// a vanished host turns into a socket error instead of a silent hang. A traffic class (not
+// kNoTrafficClass) marks the socket's packets (IP TOS, the DSCP a cloud network's QoS reads).
+void ConfigureSocket(int fd, int timeout_ms, int traffic_class) {
+  if (traffic_class != kNoTrafficClass) {
+    setsockopt(fd, IPPROTO_IP, IP_TOS, &traffic_class, sizeof(traffic_class));
+  }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
@@ -937,6 +941,7 @@ class ListenSocket {
  public:
   int fd = -1;
   uint64_t nonce = 0;
+  int traffic_class = kNoTrafficClass;  // of the connections it accepts
   struct Incoming {
     int fd;
     uint8_t hello[kHelloBytes];
@@ -1082,9 +1087,25 @@ int Transport::WorkerIndex(const Connection* connection) const {
   return -1;
 }
 
-Status Transport::Listen(void* handle, ListenSocket** out) {
+bool Transport::ValidTrafficClass(int traffic_class, std::string* error) {
+  if (traffic_class == kNoTrafficClass ||
+      (traffic_class >= 0 && traffic_class <= kMaxTrafficClass)) {
+    return true;
+  }
+  *error = "traffic class " + std::to_string(traffic_class) +
+           " is invalid: an IP TOS byte (0-255) or -1 (none)";
+  return false;
+}
+
+Status Transport::Listen(void* handle, ListenSocket** out, int traffic_class) {
   *out = nullptr;
+  std::string error;
+  if (!ValidTrafficClass(traffic_class, &error)) {
+    Log(LogLevel::kWarning, "HARP: listen: " + error);
+    return Status::kInvalidArgument;
+  }
   auto listener = std::make_unique<ListenSocket>();
+  listener->traffic_class = traffic_class;
   listener->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listener->fd < 0) {
     Log(LogLevel::kWarning, SystemError("HARP: socket"));
@@ -1107,8 +1128,13 @@ Status Transport::Listen(void* handle, ListenSocket** out) {
   return Status::kOk;
 }
 
-Status Transport::Connect(void* handle, SendConnection** out) {
+Status Transport::Connect(void* handle, SendConnection** out, int traffic_class) {
   *out = nullptr;
+  std::string error;
+  if (!ValidTrafficClass(traffic_class, &error)) {
+    Log(LogLevel::kWarning, "HARP: connect: " + error);
+    return Status::kInvalidArgument;
+  }
   uint8_t* slot = static_cast<uint8_t*>(handle) + kHandleConnectorSlotOffset;
   PendingConnect* pending = nullptr;
   std::memcpy(&pending, slot, sizeof(pending));
@@ -1130,7 +1156,6 @@ Status Transport::Connect(void* handle, SendConnection** out) {
   };
   if (pending == nullptr) {
     ListenHandle listen_handle;
-    std::string error;
     if (!DecodeHandle(handle, &listen_handle, &error)) {
       Log(LogLevel::kWarning, "HARP: connect: " + error);
       return Status::kInvalidArgument;
@@ -1158,7 +1183,7 @@ Status Transport::Connect(void* handle, SendConnection** out) {
       int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd < 0) return give_up(Status::kSystemError, SystemError("HARP: socket"));
       pending->fds.push_back(fd);
-      ConfigureSocket(fd, config_.timeout_ms);
+      ConfigureSocket(fd, config_.timeout_ms, traffic_class);
       if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 &&
           errno != EINPROGRESS) {
         return give_up(Status::kSystemError,
@@ -1217,7 +1242,6 @@ Status Transport::Connect(void* handle, SendConnection** out) {
     }
     if (got > 0) pending->ack_received += got;
     if (pending->ack_received == kAckBytes) {
-      std::string error;
       if (!DecodeAck(pending->ack, pending->nonce, &error)) {
         return give_up(Status::kRemote, "HARP: connect to " + pending->peer + ": " + error);
       }
@@ -1253,7 +1277,7 @@ Status Transport::Accept(ListenSocket* listener, ReceiveConnection** out) {
       Log(LogLevel::kWarning, SystemError("HARP: accept"));
       return Status::kSystemError;
     }
-    ConfigureSocket(fd, config_.timeout_ms);
+    ConfigureSocket(fd, config_.timeout_ms, listener->traffic_class);
     listener->incoming.push_back(ListenSocket::Incoming{
         fd, {}, 0, Clock::now() + std::chrono::milliseconds(config_.timeout_ms)});
   }

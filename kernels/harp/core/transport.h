@@ -68,6 +68,10 @@ constexpr uint64_t kInlineBytes = 16 * 1024;
 
 enum class Status { kOk, kInvalidArgument, kInvalidUsage, kSystemError, kInternalError, kRemote };
 
+// No IP TOS of HARP's choosing (NCCL's NCCL_NET_TRAFFIC_CLASS_UNDEF).
+constexpr int kNoTrafficClass = -1;
+constexpr int kMaxTrafficClass = 255;
+
 enum class LogLevel { kInfo, kWarning };
 // A plain function pointer, not std::function: a std template instantiated over HARP's types would
 // be exported from the plugin (the std namespace is default-visible).
@@ -312,10 +316,13 @@ class Transport {
   const std::string& address() const { return address_text_; }
   int link_speed_mbps() const { return link_speed_mbps_; }
 
-  Status Listen(void* handle, ListenSocket** out);
+  // `traffic_class`: the IP TOS byte (0-255) of every socket of the connections made (Listen: the
+  // connections it accepts), NCCL's per-communicator trafficClass; kNoTrafficClass leaves the
+  // system's default.
+  Status Listen(void* handle, ListenSocket** out, int traffic_class = kNoTrafficClass);
   // `handle`: NCCL's copy of the listener's handle, the same buffer on every call for one
   // connection (HARP keeps its in-progress state in the handle's connector slot).
-  Status Connect(void* handle, SendConnection** out);
+  Status Connect(void* handle, SendConnection** out, int traffic_class = kNoTrafficClass);
   Status Accept(ListenSocket* listener, ReceiveConnection** out);
   Status Send(SendConnection* connection, void* data, uint64_t size, int tag, Request** out);
   Status Receive(ReceiveConnection* connection, int count, void* const* data, const uint64_t* sizes,
@@ -335,6 +342,8 @@ class Transport {
   // The worker (an index into the HARP_NTHREADS workers) of the `ordinal`-th send or receive
   // connection; see Attach.
   static size_t WorkerFor(bool is_send, uint64_t ordinal, size_t workers);
+  // Whether `traffic_class` is kNoTrafficClass or an IP TOS byte; `error` says why not.
+  static bool ValidTrafficClass(int traffic_class, std::string* error);
   // For tests: which of the workers drives `connection` (-1 before it is attached).
   int WorkerIndex(const Connection* connection) const;
 

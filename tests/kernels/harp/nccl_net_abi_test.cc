@@ -1,6 +1,6 @@
 // HARP's own declarations of NCCL's plugin interface against the layout NCCL reads: sizes and
 // every member's offset on x86-64/aarch64 Linux (LP64), derived by hand from NCCL's
-// src/include/plugin/net/net_v6.h ... net_v10.h (pointers and size_t 8 bytes, int/float/enum 4,
+// src/include/plugin/net/net_v6.h ... net_v12.h (pointers and size_t 8 bytes, int/float/enum 4,
 // natural alignment). A wrong member order or type shows here by name.
 #include "kernels/harp/core/nccl_net_abi.h"
 
@@ -29,6 +29,8 @@ TEST(NcclNetAbiTest, ConstantsMatchNccl) {
   EXPECT_EQ(NCCL_LOG_WARN, 2);
   EXPECT_EQ(NCCL_LOG_INFO, 3);
   EXPECT_EQ(NCCL_NET, 0x10);
+  EXPECT_EQ(NCCL_NET_TRAFFIC_CLASS_UNDEF, -1);
+  EXPECT_EQ(NCCL_NET_ID_UNDEF, -1);
 }
 
 TEST(NcclNetAbiTest, PropertiesV6) {
@@ -66,21 +68,27 @@ TEST(NcclNetAbiTest, PropertiesV8) {
   EXPECT_OFFSET(ncclNetProperties_v8_t, netDeviceVersion, 56);
 }
 
+// The members every property struct from v9 on begins with, where v9 put them.
+template <typename Properties>
+void ExpectV9PropertiesHead() {
+  EXPECT_OFFSET(Properties, ptrSupport, 24);
+  EXPECT_OFFSET(Properties, regIsGlobal, 28);
+  EXPECT_OFFSET(Properties, forceFlush, 32);
+  EXPECT_OFFSET(Properties, speed, 36);
+  EXPECT_OFFSET(Properties, port, 40);
+  EXPECT_OFFSET(Properties, latency, 44);
+  EXPECT_OFFSET(Properties, maxComms, 48);
+  EXPECT_OFFSET(Properties, maxRecvs, 52);
+  EXPECT_OFFSET(Properties, netDeviceType, 56);
+  EXPECT_OFFSET(Properties, netDeviceVersion, 60);
+  EXPECT_OFFSET(Properties, vProps, 64);
+}
+
 TEST(NcclNetAbiTest, PropertiesV9AndV10) {
   EXPECT_EQ(sizeof(ncclNetVDeviceProps_v9_t), 20u);
   EXPECT_EQ(sizeof(ncclNetProperties_v9_t), 104u);
   EXPECT_EQ(sizeof(ncclNetProperties_v10_t), 104u);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, ptrSupport, 24);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, regIsGlobal, 28);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, forceFlush, 32);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, speed, 36);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, port, 40);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, latency, 44);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, maxComms, 48);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, maxRecvs, 52);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, netDeviceType, 56);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, netDeviceVersion, 60);
-  EXPECT_OFFSET(ncclNetProperties_v10_t, vProps, 64);
+  ExpectV9PropertiesHead<ncclNetProperties_v10_t>();
   EXPECT_OFFSET(ncclNetProperties_v10_t, maxP2pBytes, 88);
   EXPECT_OFFSET(ncclNetProperties_v10_t, maxCollBytes, 96);
   EXPECT_EQ(sizeof(ncclNetCommConfig_v10_t), 4u);
@@ -141,6 +149,45 @@ TEST(NcclNetAbiTest, TablesV9AndV10) {
   EXPECT_OFFSET(ncclNet_v10_t, irecv, 88);
   EXPECT_OFFSET(ncclNet_v10_t, irecvConsumed, 144);
   EXPECT_OFFSET(ncclNet_v10_t, makeVDevice, 152);
+}
+
+TEST(NcclNetAbiTest, PropertiesV11AndV12) {
+  EXPECT_EQ(sizeof(ncclNetCommConfig_v11_t), 4u);
+  EXPECT_EQ(sizeof(ncclNetCommConfig_v12_t), 4u);
+  EXPECT_EQ(sizeof(ncclNetProperties_v11_t), 112u);
+  ExpectV9PropertiesHead<ncclNetProperties_v11_t>();
+  EXPECT_OFFSET(ncclNetProperties_v11_t, maxP2pBytes, 88);
+  EXPECT_OFFSET(ncclNetProperties_v11_t, maxCollBytes, 96);
+  EXPECT_OFFSET(ncclNetProperties_v11_t, maxMultiRequestSize, 104);
+  // v12's virtual-device slots double: what follows them moves.
+  EXPECT_EQ(sizeof(ncclNetVDeviceProps_v12_t), 36u);
+  EXPECT_EQ(sizeof(ncclNetProperties_v12_t), 128u);
+  ExpectV9PropertiesHead<ncclNetProperties_v12_t>();
+  EXPECT_OFFSET(ncclNetProperties_v12_t, maxP2pBytes, 104);
+  EXPECT_OFFSET(ncclNetProperties_v12_t, maxCollBytes, 112);
+  EXPECT_OFFSET(ncclNetProperties_v12_t, maxMultiRequestSize, 120);
+  EXPECT_OFFSET(ncclNetProperties_v12_t, railId, 124);
+  EXPECT_OFFSET(ncclNetProperties_v12_t, planeId, 126);
+  EXPECT_EQ(sizeof(ncclNetAttr_v11_t), 44u);
+  EXPECT_OFFSET(ncclNetAttr_v11_t, recvCommAttr, 16);
+  EXPECT_OFFSET(ncclNetAttr_v11_t, op, 32);
+  EXPECT_OFFSET(ncclNetAttr_v11_t, proto, 40);
+}
+
+// v11 and v12 share the member list (their property types differ).
+template <typename Table>
+void ExpectV11Layout() {
+  ExpectV7Layout<Table>();  // v11 changed arguments, not the places of v7's members
+  EXPECT_EQ(sizeof(Table), 176u);
+  EXPECT_OFFSET(Table, listen, 32);
+  EXPECT_OFFSET(Table, makeVDevice, 152);
+  EXPECT_OFFSET(Table, finalize, 160);
+  EXPECT_OFFSET(Table, setNetAttr, 168);
+}
+
+TEST(NcclNetAbiTest, TablesV11AndV12) {
+  ExpectV11Layout<ncclNet_v11_t>();
+  ExpectV11Layout<ncclNet_v12_t>();
 }
 
 }  // namespace
