@@ -17,7 +17,10 @@ Topology (names unique to this run; removed on exit, Ctrl-C or error):
     hb<pid>s 10.78.0.1/24  <====== veth, tc on both egresses ======>  hb<pid>r 10.78.0.2/24
 
 Profiles (the same qdisc on both veth ends, so both directions of every connection are shaped):
-  aggregate  tbf --aggregate-rate (default 4gbit): one cap for everything.
+  aggregate  tbf --aggregate-rate (default 4gbit): one cap for everything. With
+             --aggregate-rate none, no qdisc at all: the veth is the link, as fast as the CPUs
+             move data (for telling a transport's cost from that of tbf's one lock, which every
+             sending thread takes).
   cloud      htb: a root class at --aggregate-rate; under it --flow-classes (default 64) leaf
              classes of rate aggregate/(classes+1) and ceil --flow-rate (default 1gbit), and a
              default leaf (ceil: the aggregate) for everything else. A u32 filter per leaf sends
@@ -231,6 +234,8 @@ class Link:
 
 def profile_commands(profile, ifname, args):
   """The tc commands (after `tc -n NS`) that shape egress of `ifname` as `profile`."""
+  if args.aggregate_rate == "none":
+    return []  # the aggregate profile without a cap (parse_args refuses cloud)
   aggregate = parse_rate(args.aggregate_rate)
   # A burst of about 1 ms at the rate, at least 256 KiB: veth hands tc 64 KiB GSO packets.
   burst = max(256 * KIB, int(aggregate / 8 / 1000))
@@ -330,8 +335,12 @@ def check_profile(link, profile, args):
   """Single-flow (and, for cloud, multi-flow) rates; a warning when the shaping looks wrong."""
   seconds = 0.4 if args.quick else 1.5
   one = measure_flows(link, 1, seconds, 17001)
-  aggregate, flow = parse_rate(args.aggregate_rate) / 1e9, parse_rate(args.flow_rate) / 1e9
   check = {"one_flow_gbps": one}
+  if args.aggregate_rate == "none":
+    check.update(expected_one_flow_gbps=None, ok=True)
+    print(f"profile check: {profile:9s} 1 TCP flow {one:.2f} Gbit/s (no cap: the veth alone)")
+    return check
+  aggregate, flow = parse_rate(args.aggregate_rate) / 1e9, parse_rate(args.flow_rate) / 1e9
   if profile == "cloud":
     check["expected_one_flow_gbps"] = flow
     check["ok"] = 0.6 * flow <= one <= 1.15 * flow
@@ -417,6 +426,8 @@ def parse_pair(recv_out, send_out):
       "gbps": rx["bytes"] * 8 / rx["seconds"] / 1e9,
       "cpu_s": rx["cpu_s"] + tx["cpu_s"],
       "cpu_ns_per_byte": (rx["cpu_s"] + tx["cpu_s"]) / rx["bytes"] * 1e9,
+      # The two driving threads alone (NCCL's proxy threads' part); the rest is the plugin's.
+      "driver_cpu_ns_per_byte": (rx["driver_cpu_s"] + tx["driver_cpu_s"]) / rx["bytes"] * 1e9,
     }
   latency = next(e for e in lines["send"] if e["kind"] == "latency")
   rtt = latency["rtt_us"]
@@ -449,6 +460,7 @@ def merge_rounds(rounds):
     merged["sizes"][size] = {
       "gbps": statistics.median(p["gbps"] for p in per),
       "cpu_ns_per_byte": statistics.median(p["cpu_ns_per_byte"] for p in per),
+      "driver_cpu_ns_per_byte": statistics.median(p["driver_cpu_ns_per_byte"] for p in per),
       "gbps_rounds": [p["gbps"] for p in per],
       "bytes": per[0]["bytes"],
     }
@@ -498,6 +510,13 @@ def report_profile(profile, results, names):
   for n in names:
     r = results.get(n, {})
     if r.get("ok"):
+      print(
+        f"{n:>8s}: CPU in the driving threads (as NCCL's proxy; the rest in the plugin's): "
+        + ", ".join(
+          f"{human(size)} {d['driver_cpu_ns_per_byte'] / d['cpu_ns_per_byte']:.0%}"
+          for size, d in sorted(r["data"]["sizes"].items())
+        )
+      )
       lat = r["data"]["latency_us"]
       print(
         f"{n:>8s}: 8-byte latency {lat['median']:.1f} us median, {lat['p99']:.1f} us p99 "
@@ -573,7 +592,7 @@ def draw_chart(path, all_results, names, args):
   axes[2].grid(True, axis="y", alpha=0.3)
   fig.suptitle(
     f"HARP vs NCCL-default-socket stand-in over veth, {args.channels} channel(s): aggregate "
-    f"{args.aggregate_rate}"
+    + ("uncapped" if args.aggregate_rate == "none" else args.aggregate_rate)
     + (f", cloud = aggregate + {args.flow_rate} per flow" if "cloud" in all_results else "")
   )
   _common.save_figure(fig, plt, path, dpi=110)
@@ -638,6 +657,13 @@ def parse_args(argv):
       p.error(f"unknown plugin {name} (harp, baseline)")
   if len(set(args.plugins)) != len(args.plugins) or not 1 <= len(args.plugins) <= 2:
     p.error("--plugins: one or two distinct names (e.g. harp,baseline or baseline,baseline2)")
+  if args.aggregate_rate == "none" and "cloud" in args.profiles:
+    p.error("--aggregate-rate none: the aggregate profile only (cloud caps the aggregate)")
+  if args.aggregate_rate != "none":
+    try:
+      parse_rate(args.aggregate_rate)
+    except ValueError:
+      p.error(f"--aggregate-rate {args.aggregate_rate}: a tc rate (e.g. 4gbit) or none")
   if (
     args.flow_classes < 1 or args.flow_classes & (args.flow_classes - 1) or args.flow_classes > 256
   ):

@@ -25,7 +25,9 @@
 //
 // Prints one JSON object per line (the script merges the two processes' lines):
 //   {"kind":"verify","size":S,"messages":M,"bytes":B}                   (receiver)
-//   {"kind":"timed","role":R,"size":S,"messages":M,"bytes":B,"seconds":T,"cpu_s":C}
+//   {"kind":"timed","role":R,"size":S,"messages":M,"bytes":B,"seconds":T,"cpu_s":C,
+//    "driver_cpu_s":D}     (C: every thread of the process; D: this driving thread alone, the
+//                           part NCCL's proxy thread would spend; C - D: the plugin's own threads)
 //   {"kind":"latency","iters":N,"rtt_us":[...sorted...]}               (sender)
 //   {"kind":"done","role":R,"verified_bytes":V}
 // and "FAILED: ..." with exit status 1 on any error (a watchdog alarm bounds the whole run).
@@ -33,6 +35,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,6 +92,12 @@ double CpuSeconds() {
   getrusage(RUSAGE_SELF, &usage);  // every thread of the process: the plugin's workers included
   return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
          (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
+
+double DriverCpuSeconds() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return now.tv_sec + now.tv_nsec * 1e-9;
 }
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -426,23 +435,20 @@ int main(int argc, char** argv) {
     int messages =
         std::max<int>(min_iters, static_cast<int>(target_bytes / std::max<size_t>(size, 1)));
     Clock::time_point start;
-    double cpu_start;
-    if (sender) {
-      ReceiveSmall(&link);
-      start = Clock::now();
-      cpu_start = CpuSeconds();
-    } else {
-      start = Clock::now();
-      cpu_start = CpuSeconds();
-      SendSmall(&link, size);
-    }
+    double cpu_start, driver_cpu_start;
+    if (sender) ReceiveSmall(&link);
+    start = Clock::now();
+    cpu_start = CpuSeconds();
+    driver_cpu_start = DriverCpuSeconds();
+    if (!sender) SendSmall(&link, size);
     uint64_t unused = 0;
     Pipeline(&channels, size, messages, false, &unused);
     double seconds = Seconds(start, Clock::now()), cpu = CpuSeconds() - cpu_start;
+    double driver_cpu = DriverCpuSeconds() - driver_cpu_start;
     std::printf(
         "{\"kind\":\"timed\",\"role\":\"%s\",\"size\":%zu,\"messages\":%d,\"bytes\":%zu,"
-        "\"seconds\":%.6f,\"cpu_s\":%.6f}\n",
-        role.c_str(), size, messages, size * messages, seconds, cpu);
+        "\"seconds\":%.6f,\"cpu_s\":%.6f,\"driver_cpu_s\":%.6f}\n",
+        role.c_str(), size, messages, size * messages, seconds, cpu, driver_cpu);
     std::fflush(stdout);
   }
 

@@ -61,6 +61,11 @@ def test_quick_run_of_both_plugins(tmp_path):
       for size, figures in data["sizes"].items():
         assert figures["gbps"] > 0 and figures["cpu_ns_per_byte"] > 0, (profile, name, size)
         assert figures["bytes"] >= int(size)
+        # The driving threads' part of the CPU: all of it for the thread-less baseline.
+        driver, total = figures["driver_cpu_ns_per_byte"], figures["cpu_ns_per_byte"]
+        assert 0 < driver <= total * 1.01, (profile, name, size, driver, total)
+        if name == "baseline":
+          assert driver >= 0.9 * total, (profile, size, driver, total)
       # The check pass: every size, every byte (one message each in --quick) plus the ping-pongs.
       assert sorted(data["verified_sizes"]) == QUICK_SIZES
       assert data["bytes_in_check_pass"] == sum(QUICK_SIZES)
@@ -91,6 +96,25 @@ def test_channels_split_every_message_and_check_every_part(tmp_path):
     assert result["ok"], f"{name}: {result.get('error')}"
     assert result["data"]["bytes_in_check_pass"] == sum(QUICK_SIZES), name
     assert sorted(result["data"]["verified_sizes"]) == QUICK_SIZES, name
+
+
+def test_an_uncapped_link_runs_without_a_qdisc(tmp_path):
+  """--aggregate-rate none: the aggregate profile with no tc qdisc at all (the veth is the link)."""
+  reason = _skip_reason()
+  if reason:
+    pytest.skip(reason)
+  out = tmp_path / "harp.json"
+  proc = _run(tmp_path, "--quick", "--profiles=aggregate", "--aggregate-rate=none", f"--json={out}")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
+  assert "(no cap: the veth alone)" in proc.stdout, proc.stdout
+  results = json.loads(out.read_text())
+  assert results["settings"]["aggregate_rate"] == "none"
+  for name, result in results["profiles"]["aggregate"]["plugins"].items():
+    assert result["ok"], f"{name}: {result.get('error')}"
+    assert result["data"]["bytes_in_check_pass"] == sum(QUICK_SIZES), name
+  # The cloud profile caps the aggregate: it needs a rate.
+  proc = _run(tmp_path, "--quick", "--aggregate-rate=none")
+  assert proc.returncode == 2 and "--aggregate-rate none" in proc.stderr, proc.stderr
 
 
 def test_bad_channel_counts_are_refused(tmp_path):
