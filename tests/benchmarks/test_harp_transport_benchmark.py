@@ -79,39 +79,37 @@ def test_quick_run_of_both_plugins(tmp_path):
   assert "harpb_" not in netns
 
 
-def test_channels_split_every_message_and_check_every_part(tmp_path):
-  """--channels 3: three data connections per plugin, each message cut into three parts (64 KiB
-  does not divide by 3, so the parts differ by a byte); the driver checks every part's bytes and
-  reported size, so a wrong split or a part lost on one connection fails the run."""
+def _quick_aggregate_run(tmp_path, *options):
+  """A --quick run of the aggregate profile with `options`, both plugins' check pass complete:
+  (its output, its JSON results)."""
   reason = _skip_reason()
   if reason:
     pytest.skip(reason)
   out = tmp_path / "harp.json"
-  proc = _run(tmp_path, "--quick", "--profiles=aggregate", "--channels=3", f"--json={out}")
+  proc = _run(tmp_path, "--quick", "--profiles=aggregate", *options, f"--json={out}")
   assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
-  assert "3 channel(s) of 8 outstanding chunks" in proc.stdout, proc.stdout
   results = json.loads(out.read_text())
-  assert results["settings"]["channels"] == 3
   for name, result in results["profiles"]["aggregate"]["plugins"].items():
     assert result["ok"], f"{name}: {result.get('error')}"
     assert result["data"]["bytes_in_check_pass"] == sum(QUICK_SIZES), name
     assert sorted(result["data"]["verified_sizes"]) == QUICK_SIZES, name
+  return proc.stdout, results
+
+
+def test_channels_split_every_message_and_check_every_part(tmp_path):
+  """--channels 3: three data connections per plugin, each message cut into three parts (64 KiB
+  does not divide by 3, so the parts differ by a byte); the driver checks every part's bytes and
+  reported size, so a wrong split or a part lost on one connection fails the run."""
+  stdout, results = _quick_aggregate_run(tmp_path, "--channels=3")
+  assert "3 channel(s) of 8 outstanding chunks" in stdout, stdout
+  assert results["settings"]["channels"] == 3
 
 
 def test_an_uncapped_link_runs_without_a_qdisc(tmp_path):
   """--aggregate-rate none: the aggregate profile with no tc qdisc at all (the veth is the link)."""
-  reason = _skip_reason()
-  if reason:
-    pytest.skip(reason)
-  out = tmp_path / "harp.json"
-  proc = _run(tmp_path, "--quick", "--profiles=aggregate", "--aggregate-rate=none", f"--json={out}")
-  assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
-  assert "(no cap: the veth alone)" in proc.stdout, proc.stdout
-  results = json.loads(out.read_text())
+  stdout, results = _quick_aggregate_run(tmp_path, "--aggregate-rate=none")
+  assert "(no cap: the veth alone)" in stdout, stdout
   assert results["settings"]["aggregate_rate"] == "none"
-  for name, result in results["profiles"]["aggregate"]["plugins"].items():
-    assert result["ok"], f"{name}: {result.get('error')}"
-    assert result["data"]["bytes_in_check_pass"] == sum(QUICK_SIZES), name
   # The cloud profile caps the aggregate: it needs a rate.
   proc = _run(tmp_path, "--quick", "--aggregate-rate=none")
   assert proc.returncode == 2 and "--aggregate-rate none" in proc.stderr, proc.stderr
