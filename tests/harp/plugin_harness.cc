@@ -666,6 +666,36 @@ void RoundTrip(Net* net, uint64_t seed) {
   Check(net->finalize(), "finalize");
 }
 
+// Two communicators at once (NCCL 2.28+ inits the plugin per communicator): a connection between
+// a listener of one and a connector of the other, and one finalized while the other goes on.
+void TwoCommunicators(Net* net) {
+  Check(net->init(), "init (communicator A)");
+  void* first = comm_context;
+  Check(net->init(), "init (communicator B)");
+  void* second = comm_context;
+  if (first == second) Die("two communicators got one context");
+  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  void *listener = nullptr, *send = nullptr, *recv = nullptr;
+  comm_context = first;
+  Check(net->listen(handle, &listener), "listen (A)");
+  comm_context = second;
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (send == nullptr || recv == nullptr) {
+    if (send == nullptr) Check(net->connect(handle, &send), "connect (B)");
+    if (recv == nullptr) Check(net->accept(listener, &recv), "accept (A)");
+    if (Clock::now() > deadline) Die("connect/accept did not finish");
+  }
+  Check(net->close_send(send), "closeSend");
+  Check(net->close_recv(recv), "closeRecv");
+  Check(net->close_listen(listener), "closeListen");
+  comm_context = first;
+  Check(net->finalize(), "finalize (A)");
+  comm_context = second;  // B is unaffected by A's end
+  Check(net->listen(handle, &listener), "listen (B, after A's finalize)");
+  Check(net->close_listen(listener), "closeListen");
+  Check(net->finalize(), "finalize (B)");
+}
+
 // What NCCL 2.28 and later do: the last communicator's finalize, then dlclose of the plugin, and
 // for the next communicator dlopen and init again. The plugin's worker threads outlive the
 // dlclose; they must still have their code (a crash here otherwise, once their poll returns).
@@ -682,13 +712,16 @@ int Reload(const char* path, int version) {
     Die("listen with a finalized context succeeded");
   }
   if (net.finalize() == ncclSuccess) Die("a second finalize succeeded");
+  TwoCommunicators(&net);
   if (dlclose(library) != 0) Die("dlclose: %s", dlerror());
   usleep(300 * 1000);  // longer than the workers' poll period: they wake up in the library
   library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) Die("dlopen again: %s", dlerror());
   net = Bind(library, version);
   RoundTrip(&net, 2);
-  std::printf("HARNESS OK reload v%d: finalize, dlclose and a second load and init\n", version);
+  std::printf(
+      "HARNESS OK reload v%d: two communicators, finalize, dlclose and a second load and init\n",
+      version);
   return 0;
 }
 
