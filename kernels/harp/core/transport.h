@@ -1,6 +1,6 @@
 // HARP's transport: multi-stream TCP connections driven by worker threads, with the calls NCCL's
 // proxy makes (listen, connect, accept, isend, irecv, test, close) as its interface. No NCCL or
-// TensorFlow types: kernels/harp/nccl_net_plugin.cc adapts this to ncclNet_v6 ... v10.
+// TensorFlow types: kernels/harp/nccl_net_plugin.cc adapts this to ncclNet_v6 ... v12.
 //
 // Threads: the caller (NCCL's proxy thread) posts requests into a per-connection single-producer/
 // single-consumer ring and polls each request's atomic state; one worker thread drives each
