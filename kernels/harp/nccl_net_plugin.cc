@@ -42,7 +42,6 @@ ncclDebugLogger_t logger = nullptr;
 // v11 and later: init is called per communicator and returns a context that listen, connect and
 // finalize take. HARP's context is the communicator's traffic class; the transport is shared.
 struct CommContext {
-  uint64_t comm_id;
   int traffic_class;
 };
 // The live contexts (under init_mutex): a context NCCL did not get from init, or finalized, is an
@@ -114,7 +113,7 @@ ncclResult_t InitV10(ncclDebugLogger_t log_function, ncclProfilerCallback_t) {
   return Init(log_function);
 }
 
-ncclResult_t InitV11(void** context, uint64_t comm_id, ncclNetCommConfig_v11_t* config,
+ncclResult_t InitV11(void** context, uint64_t, ncclNetCommConfig_v11_t* config,
                      ncclDebugLogger_t log_function, ncclProfilerCallback_t) {
   if (context == nullptr) return ncclInvalidArgument;
   *context = nullptr;
@@ -127,7 +126,7 @@ ncclResult_t InitV11(void** context, uint64_t comm_id, ncclNetCommConfig_v11_t* 
     Log(LogLevel::kWarning, "HARP: init: the communicator's " + error);
     return ncclInvalidArgument;
   }
-  auto* created = new CommContext{comm_id, traffic_class};
+  auto* created = new CommContext{traffic_class};
   std::lock_guard<std::mutex> lock(init_mutex);
   contexts.insert(created);
   *context = created;
