@@ -576,6 +576,17 @@ def draw_chart(path, all_results, names, args):
           color=color,
           label=label,
         )
+      # The driving threads' part of the CPU, where the plugin's own threads took a share.
+      figures = [r["data"]["sizes"][s] for s in sizes]
+      if any(f["driver_cpu_ns_per_byte"] < 0.98 * f["cpu_ns_per_byte"] for f in figures):
+        axes[1].plot(
+          x,
+          [f["driver_cpu_ns_per_byte"] for f in figures],
+          ":",
+          marker=".",
+          color=color,
+          label=f"{label}: driving threads only",
+        )
       bars.append((f"{n}\n{profile}", r["data"]["latency_us"]["median"], color))
   all_sizes = sorted(args.sizes)
   for ax, title in zip(axes, ("throughput (Gbit/s)", "CPU time per byte (ns, both processes)")):
