@@ -624,6 +624,16 @@ int Handles(Net* net) {
   return 0;
 }
 
+// The connect/accept loop of both ends within this process: they alternate, neither blocks.
+void ConnectWithinProcess(Net* net, void* handle, void* listener, void** send, void** recv) {
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (*send == nullptr || *recv == nullptr) {
+    if (*send == nullptr) Check(net->connect(handle, send), "connect");
+    if (*recv == nullptr) Check(net->accept(listener, recv), "accept");
+    if (Clock::now() > deadline) Die("connect/accept did not finish");
+  }
+}
+
 // One connection within this process (connect and accept alternate, neither blocks) carrying one
 // message, then everything closed and the communicator finalized.
 void RoundTrip(Net* net, uint64_t seed) {
@@ -631,13 +641,9 @@ void RoundTrip(Net* net, uint64_t seed) {
   uint8_t handle[NCCL_NET_HANDLE_MAXSIZE] = {};
   void *listener = nullptr, *send = nullptr, *recv = nullptr;
   Check(net->listen(handle, &listener), "listen");
-  auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (send == nullptr || recv == nullptr) {
-    if (send == nullptr) Check(net->connect(handle, &send), "connect");
-    if (recv == nullptr) Check(net->accept(listener, &recv), "accept");
-    if (Clock::now() > deadline) Die("connect/accept did not finish");
-  }
+  ConnectWithinProcess(net, handle, listener, &send, &recv);
   Check(net->close_listen(listener), "closeListen");
+  auto deadline = Clock::now() + std::chrono::seconds(20);
   std::vector<uint8_t> sent(1 << 20), received(sent.size() + 64, 0xcc);
   Fill(&sent, seed);
   void *send_request = nullptr, *recv_request = nullptr;
@@ -678,13 +684,8 @@ void TwoCommunicators(Net* net) {
   void *listener = nullptr, *send = nullptr, *recv = nullptr;
   comm_context = first;
   Check(net->listen(handle, &listener), "listen (A)");
-  comm_context = second;
-  auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (send == nullptr || recv == nullptr) {
-    if (send == nullptr) Check(net->connect(handle, &send), "connect (B)");
-    if (recv == nullptr) Check(net->accept(listener, &recv), "accept (A)");
-    if (Clock::now() > deadline) Die("connect/accept did not finish");
-  }
+  comm_context = second;  // connects as B
+  ConnectWithinProcess(net, handle, listener, &send, &recv);
   Check(net->close_send(send), "closeSend");
   Check(net->close_recv(recv), "closeRecv");
   Check(net->close_listen(listener), "closeListen");
