@@ -434,12 +434,9 @@ int main(int argc, char** argv) {
   for (size_t size : sizes) {
     int messages =
         std::max<int>(min_iters, static_cast<int>(target_bytes / std::max<size_t>(size, 1)));
-    Clock::time_point start;
-    double cpu_start, driver_cpu_start;
     if (sender) ReceiveSmall(&link);
-    start = Clock::now();
-    cpu_start = CpuSeconds();
-    driver_cpu_start = DriverCpuSeconds();
+    const Clock::time_point start = Clock::now();
+    const double cpu_start = CpuSeconds(), driver_cpu_start = DriverCpuSeconds();
     if (!sender) SendSmall(&link, size);
     uint64_t unused = 0;
     Pipeline(&channels, size, messages, false, &unused);

@@ -1391,8 +1391,7 @@ void Transport::Drive(Connection* connection, bool posted) {
   // NCCL's proxy thread spins on test() whatever the transport: the first busy connections (up
   // to HARP_CALLER_CONNECTIONS) it drives itself, so that its spinning moves bytes; the workers
   // take the rest, each on a core of its own.
-  const bool claimed = connection->caller_claimed_.load(std::memory_order_relaxed) ||
-                       (!small && TryClaim(connection));
+  const bool claimed = connection->caller_claimed() || (!small && TryClaim(connection));
   if (!small && !claimed) {
     if (posted) connection->worker_->Wake();  // the worker's connection, as before the fast path
     return;
