@@ -50,9 +50,10 @@ cloud-like profile HARP >= 3x the baseline's throughput for messages >= 1 MiB; a
 >= 1.2x (also for >= 1 MiB); CPU per byte <= 1.1x; 8-byte latency <= 1.2x.
 
 HARP's settings: HARP_IFNAME is the namespace's veth (its address is what HARP listens on);
-HARP_NSTREAMS=8 by default here (more streams than aggregate / per-flow cap, so that a port-bit
-collision of two streams does not decide the result); --harp-env NAME=VALUE overrides or adds any
-HARP_* setting. The baseline reads NCCL_SOCKET_IFNAME (the veth).
+otherwise the plugin's defaults, but for HARP_NSTREAMS=8 on the cloud profile (more streams than
+aggregate / per-flow cap, so that a port-bit collision of two streams does not decide the
+result); --harp-env NAME=VALUE overrides or adds any HARP_* setting, on every profile. The
+baseline reads NCCL_SOCKET_IFNAME (the veth).
 
   make bench-harp                              # sudo when not root
   make bench-harp BENCH_ARGS=--quick           # seconds: small sizes, few bytes
@@ -84,7 +85,9 @@ SUBNET = "10.78.0"
 KIB, MIB = 1024, 1024 * 1024
 FULL_SIZES = [64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
 QUICK_SIZES = [64 * KIB, MIB, 4 * MIB]
-HARP_DEFAULT_ENV = {"HARP_NSTREAMS": "8"}
+# Per profile; elsewhere HARP runs at its defaults (4 streams: 8 cost more CPU per byte at
+# 100 Gbit/s, 1.13x the baseline's against 1.07x, README).
+HARP_PROFILE_ENV = {"cloud": {"HARP_NSTREAMS": "8"}}
 CPU_FLAGS = ("sse4_2", "avx", "avx2", "avx512f", "pclmulqdq", "aes", "erms", "fsrm", "constant_tsc")
 TARGETS = {"cloud": 3.0, "aggregate": 1.2}
 CPU_TARGET, LATENCY_TARGET = 1.1, 1.2
@@ -358,18 +361,22 @@ def check_profile(link, profile, args):
 # ------------------------------------------------------------------------------- one plugin pair
 
 
-def plugin_env(name, link, side, args):
+def harp_env(profile, args):
+  """The HARP_* settings of a run on `profile` (without HARP_IFNAME, the namespace's veth)."""
+  return {**HARP_PROFILE_ENV.get(profile, {}), **args.harp_env}
+
+
+def plugin_env(name, link, side, args, profile):
   env = {k: v for k, v in os.environ.items() if not k.startswith(("HARP_", "NCCL_"))}
   if name.startswith("harp"):
-    env.update(HARP_DEFAULT_ENV)
-    env.update(args.harp_env)
+    env.update(harp_env(profile, args))
     env["HARP_IFNAME"] = link.ifname[side]
   else:
     env["NCCL_SOCKET_IFNAME"] = link.ifname[side]
   return env
 
 
-def run_pair(link, name, plugin, driver, args):
+def run_pair(link, name, plugin, driver, args, profile):
   """Both driver processes for one plugin; (parsed result, error text or None)."""
   workdir = tempfile.mkdtemp(prefix="harp_bench_")
   sizes = ",".join(str(s) for s in args.sizes)
@@ -381,7 +388,7 @@ def run_pair(link, name, plugin, driver, args):
       procs[role] = link.popen(
         side,
         [driver, plugin, role, workdir, sizes] + common,
-        env=plugin_env(name, link, side, args),
+        env=plugin_env(name, link, side, args, profile),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -428,6 +435,8 @@ def parse_pair(recv_out, send_out):
       "cpu_ns_per_byte": (rx["cpu_s"] + tx["cpu_s"]) / rx["bytes"] * 1e9,
       # The two driving threads alone (NCCL's proxy threads' part); the rest is the plugin's.
       "driver_cpu_ns_per_byte": (rx["driver_cpu_s"] + tx["driver_cpu_s"]) / rx["bytes"] * 1e9,
+      # How often the two processes' threads slept and were woken (each wake-up costs CPU).
+      "sleeps_per_mib": (rx["sleeps"] + tx["sleeps"]) / (rx["bytes"] / MIB),
     }
   latency = next(e for e in lines["send"] if e["kind"] == "latency")
   rtt = latency["rtt_us"]
@@ -461,6 +470,7 @@ def merge_rounds(rounds):
       "gbps": statistics.median(p["gbps"] for p in per),
       "cpu_ns_per_byte": statistics.median(p["cpu_ns_per_byte"] for p in per),
       "driver_cpu_ns_per_byte": statistics.median(p["driver_cpu_ns_per_byte"] for p in per),
+      "sleeps_per_mib": statistics.median(p["sleeps_per_mib"] for p in per),
       "gbps_rounds": [p["gbps"] for p in per],
       "bytes": per[0]["bytes"],
     }
@@ -514,6 +524,13 @@ def report_profile(profile, results, names):
         f"{n:>8s}: CPU in the driving threads (as NCCL's proxy; the rest in the plugin's): "
         + ", ".join(
           f"{human(size)} {d['driver_cpu_ns_per_byte'] / d['cpu_ns_per_byte']:.0%}"
+          for size, d in sorted(r["data"]["sizes"].items())
+        )
+      )
+      print(
+        f"{n:>8s}: threads put to sleep (woken later) per MiB moved, both sides: "
+        + ", ".join(
+          f"{human(size)} {d['sleeps_per_mib']:.2f}"
           for size, d in sorted(r["data"]["sizes"].items())
         )
       )
@@ -721,11 +738,9 @@ def main(argv=None):
   for name, path in plugins.items():
     print(f"plugin       : {name:8s} {path}")
   if any(n.startswith("harp") for n in plugins):
-    harp_env = {**HARP_DEFAULT_ENV, **args.harp_env}
-    print(
-      f"HARP env     : {' '.join(f'{k}={v}' for k, v in sorted(harp_env.items()))} "
-      "HARP_IFNAME=<the namespace's veth>"
-    )
+    for profile in args.profiles:
+      settings = sorted(harp_env(profile, args).items()) + [("HARP_IFNAME", "<the veth>")]
+      print(f"HARP env     : {profile:9s} {' '.join(f'{k}={v}' for k, v in settings)}")
   print(
     f"workload     : sizes {', '.join(human(s) for s in args.sizes)}; {human(args.bytes_per_size)}"
     f" per size (>= {args.min_messages} messages); {args.channels} channel(s) of 8 outstanding "
@@ -753,7 +768,7 @@ def main(argv=None):
       "latency_iters": args.latency_iters,
       "rounds": args.rounds,
       "channels": args.channels,
-      "harp_env": {**HARP_DEFAULT_ENV, **args.harp_env},
+      "harp_env": {profile: harp_env(profile, args) for profile in args.profiles},
       "plugins": plugins,
     },
     "profiles": {},
@@ -779,7 +794,7 @@ def main(argv=None):
             continue
           _common.log(f"[{profile}] round {round_index + 1}/{args.rounds}: {name}")
           before = link.class_bytes() if profile == "cloud" else {}
-          data, error = run_pair(link, name, plugins[name], driver, args)
+          data, error = run_pair(link, name, plugins[name], driver, args, profile)
           if error:
             errors[name] = error
           else:

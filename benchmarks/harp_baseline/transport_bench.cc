@@ -26,8 +26,10 @@
 // Prints one JSON object per line (the script merges the two processes' lines):
 //   {"kind":"verify","size":S,"messages":M,"bytes":B}                   (receiver)
 //   {"kind":"timed","role":R,"size":S,"messages":M,"bytes":B,"seconds":T,"cpu_s":C,
-//    "driver_cpu_s":D}     (C: every thread of the process; D: this driving thread alone, the
-//                           part NCCL's proxy thread would spend; C - D: the plugin's own threads)
+//    "driver_cpu_s":D,"sleeps":W}  (C: every thread of the process; D: this driving thread alone,
+//                           the part NCCL's proxy thread would spend; C - D: the plugin's own
+//                           threads; W: the process's voluntary context switches, i.e. how often
+//                           its threads slept and were woken)
 //   {"kind":"latency","iters":N,"rtt_us":[...sorted...]}               (sender)
 //   {"kind":"done","role":R,"verified_bytes":V}
 // and "FAILED: ..." with exit status 1 on any error (a watchdog alarm bounds the whole run).
@@ -92,6 +94,12 @@ double CpuSeconds() {
   getrusage(RUSAGE_SELF, &usage);  // every thread of the process: the plugin's workers included
   return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
          (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+}
+
+long VoluntarySwitches() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_nvcsw;
 }
 
 double DriverCpuSeconds() {
@@ -437,15 +445,17 @@ int main(int argc, char** argv) {
     if (sender) ReceiveSmall(&link);
     const Clock::time_point start = Clock::now();
     const double cpu_start = CpuSeconds(), driver_cpu_start = DriverCpuSeconds();
+    const long sleeps_start = VoluntarySwitches();
     if (!sender) SendSmall(&link, size);
     uint64_t unused = 0;
     Pipeline(&channels, size, messages, false, &unused);
     double seconds = Seconds(start, Clock::now()), cpu = CpuSeconds() - cpu_start;
     double driver_cpu = DriverCpuSeconds() - driver_cpu_start;
+    const long sleeps = VoluntarySwitches() - sleeps_start;
     std::printf(
         "{\"kind\":\"timed\",\"role\":\"%s\",\"size\":%zu,\"messages\":%d,\"bytes\":%zu,"
-        "\"seconds\":%.6f,\"cpu_s\":%.6f,\"driver_cpu_s\":%.6f}\n",
-        role.c_str(), size, messages, size * messages, seconds, cpu, driver_cpu);
+        "\"seconds\":%.6f,\"cpu_s\":%.6f,\"driver_cpu_s\":%.6f,\"sleeps\":%ld}\n",
+        role.c_str(), size, messages, size * messages, seconds, cpu, driver_cpu, sleeps);
     std::fflush(stdout);
   }
 

@@ -66,11 +66,15 @@ def test_quick_run_of_both_plugins(tmp_path):
         assert 0 < driver <= total * 1.01, (profile, name, size, driver, total)
         if name == "baseline":
           assert driver >= 0.9 * total, (profile, size, driver, total)
+        assert figures["sleeps_per_mib"] >= 0, (profile, name, size)
       # The check pass: every size, every byte (one message each in --quick) plus the ping-pongs.
       assert sorted(data["verified_sizes"]) == QUICK_SIZES
       assert data["bytes_in_check_pass"] == sum(QUICK_SIZES)
       assert data["verified_bytes"] >= sum(QUICK_SIZES)
       assert data["latency_us"]["median"] > 0 and data["latency_us"]["iters"] == 200
+  # 8 streams where a per-flow cap makes two streams' port-bit collision matter; elsewhere HARP
+  # runs at its defaults.
+  assert results["settings"]["harp_env"] == {"cloud": {"HARP_NSTREAMS": "8"}, "aggregate": {}}
   # Throughput, CPU and latency for each profile, each with its verdict.
   assert len(results["targets"]) == 6
   assert all(t["ratio"] > 0 and isinstance(t["met"], bool) for t in results["targets"])
