@@ -566,6 +566,22 @@ def verdicts(profile, results, names):
   return out
 
 
+def unreachable_throughput(profile, baseline, target, args):
+  """Why no transport could meet `target` on this aggregate cap, or None: the baseline already
+  moves more than cap / target."""
+  if profile != "aggregate" or args.aggregate_rate == "none":
+    return None
+  cap = parse_rate(args.aggregate_rate) / 1e9
+  moved = min(d["gbps"] for size, d in baseline["sizes"].items() if size >= BIG)
+  if moved * target <= cap:
+    return None
+  return (
+    f"no transport can: the baseline moves {moved:.2f} of the {cap:g} Gbit/s cap. A cap that one "
+    f"flow cannot fill shows the difference, e.g. --aggregate-rate 100gbit --channels 2 "
+    f"(README's HARP section)."
+  )
+
+
 def draw_chart(path, all_results, names, args):
   import matplotlib
 
@@ -826,6 +842,10 @@ def main(argv=None):
       met = ratio <= target if lower_is_better else ratio >= target
       sign = "<=" if lower_is_better else ">="
       print(f"  {what:58s} {ratio:6.2f}x  target {sign} {target}x  {_common.verdict(met)}")
+      if not met and "throughput" in what:
+        why = unreachable_throughput(profile, entry["plugins"][names[-1]]["data"], target, args)
+        if why:
+          print(f"    {why}")
       results["targets"].append(
         {
           "what": what,

@@ -14,6 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "harp_transport.py")
 QUICK_SIZES = [64 * 1024, 1 << 20, 4 << 20]
+_AGGREGATE_THROUGHPUT = "aggregate: throughput, messages >= 1 MiB (worst size)"
 
 
 def _skip_reason():
@@ -78,6 +79,12 @@ def test_quick_run_of_both_plugins(tmp_path):
   # Throughput, CPU and latency for each profile, each with its verdict.
   assert len(results["targets"]) == 6
   assert all(t["ratio"] > 0 and isinstance(t["met"], bool) for t in results["targets"])
+  # A miss that no transport could avoid (the baseline above 4 / 1.2 Gbit/s) says so.
+  aggregate_throughput = next(t for t in results["targets"] if t["what"] == _AGGREGATE_THROUGHPUT)
+  baseline = results["profiles"]["aggregate"]["plugins"]["baseline"]["data"]["sizes"]
+  baseline_gbps = min(d["gbps"] for size, d in baseline.items() if int(size) >= 1 << 20)
+  unreachable = not aggregate_throughput["met"] and baseline_gbps * 1.2 > 4
+  assert ("no transport can: the baseline moves" in proc.stdout) == unreachable, proc.stdout
   # Nothing left behind.
   netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
   assert "harpb_" not in netns
