@@ -520,19 +520,16 @@ def report_profile(profile, results, names):
   for n in names:
     r = results.get(n, {})
     if r.get("ok"):
+      figures = sorted(r["data"]["sizes"].items())
       print(
         f"{n:>8s}: CPU in the driving threads (as NCCL's proxy; the rest in the plugin's): "
         + ", ".join(
-          f"{human(size)} {d['driver_cpu_ns_per_byte'] / d['cpu_ns_per_byte']:.0%}"
-          for size, d in sorted(r["data"]["sizes"].items())
+          f"{human(s)} {d['driver_cpu_ns_per_byte'] / d['cpu_ns_per_byte']:.0%}" for s, d in figures
         )
       )
       print(
         f"{n:>8s}: threads put to sleep (woken later) per MiB moved, both sides: "
-        + ", ".join(
-          f"{human(size)} {d['sleeps_per_mib']:.2f}"
-          for size, d in sorted(r["data"]["sizes"].items())
-        )
+        + ", ".join(f"{human(s)} {d['sleeps_per_mib']:.2f}" for s, d in figures)
       )
       lat = r["data"]["latency_us"]
       print(

@@ -89,17 +89,19 @@ void Check(ncclResult_t result, const char* what) {
   if (result != ncclSuccess) Die("%s returned %d", what, static_cast<int>(result));
 }
 
-double CpuSeconds() {
-  rusage usage;
-  getrusage(RUSAGE_SELF, &usage);  // every thread of the process: the plugin's workers included
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
-}
+// Every thread of the process, the plugin's workers included: CPU time, and how often a thread
+// went to sleep (voluntary context switches).
+struct ProcessUsage {
+  double cpu_s = 0;
+  long sleeps = 0;
+};
 
-long VoluntarySwitches() {
+ProcessUsage Usage() {
   rusage usage;
   getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_nvcsw;
+  return {usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+              (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6,
+          usage.ru_nvcsw};
 }
 
 double DriverCpuSeconds() {
@@ -444,14 +446,16 @@ int main(int argc, char** argv) {
         std::max<int>(min_iters, static_cast<int>(target_bytes / std::max<size_t>(size, 1)));
     if (sender) ReceiveSmall(&link);
     const Clock::time_point start = Clock::now();
-    const double cpu_start = CpuSeconds(), driver_cpu_start = DriverCpuSeconds();
-    const long sleeps_start = VoluntarySwitches();
+    const ProcessUsage usage_start = Usage();
+    const double driver_cpu_start = DriverCpuSeconds();
     if (!sender) SendSmall(&link, size);
     uint64_t unused = 0;
     Pipeline(&channels, size, messages, false, &unused);
-    double seconds = Seconds(start, Clock::now()), cpu = CpuSeconds() - cpu_start;
-    double driver_cpu = DriverCpuSeconds() - driver_cpu_start;
-    const long sleeps = VoluntarySwitches() - sleeps_start;
+    const double seconds = Seconds(start, Clock::now());
+    const double driver_cpu = DriverCpuSeconds() - driver_cpu_start;
+    const ProcessUsage usage_end = Usage();
+    const double cpu = usage_end.cpu_s - usage_start.cpu_s;
+    const long sleeps = usage_end.sleeps - usage_start.sleeps;
     std::printf(
         "{\"kind\":\"timed\",\"role\":\"%s\",\"size\":%zu,\"messages\":%d,\"bytes\":%zu,"
         "\"seconds\":%.6f,\"cpu_s\":%.6f,\"driver_cpu_s\":%.6f,\"sleeps\":%ld}\n",

@@ -113,14 +113,18 @@ ncclResult_t InitV10(ncclDebugLogger_t log_function, ncclProfilerCallback_t) {
   return Init(log_function);
 }
 
+// A comm config's traffic class (v11's config type is v10's); none without a config.
+int TrafficClassIn(const ncclNetCommConfig_v10_t* config) {
+  return config != nullptr ? config->trafficClass : tf_ext::harp::kNoTrafficClass;
+}
+
 ncclResult_t InitV11(void** context, uint64_t, ncclNetCommConfig_v11_t* config,
                      ncclDebugLogger_t log_function, ncclProfilerCallback_t) {
   if (context == nullptr) return ncclInvalidArgument;
   *context = nullptr;
   ncclResult_t result = Init(log_function);
   if (result != ncclSuccess) return result;
-  const int traffic_class =
-      config != nullptr ? config->trafficClass : tf_ext::harp::kNoTrafficClass;
+  const int traffic_class = TrafficClassIn(config);
   std::string error;
   if (!Transport::ValidTrafficClass(traffic_class, &error)) {
     Log(LogLevel::kWarning, "HARP: init: the communicator's " + error);
@@ -249,8 +253,7 @@ ncclResult_t ConnectV7(int dev, void* handle, void** send_comm, ncclNetDeviceHan
 
 ncclResult_t ConnectV10(int dev, ncclNetCommConfig_v10_t* config, void* handle, void** send_comm,
                         ncclNetDeviceHandle_t**) {
-  return ConnectWith(dev, handle, send_comm,
-                     config != nullptr ? config->trafficClass : tf_ext::harp::kNoTrafficClass);
+  return ConnectWith(dev, handle, send_comm, TrafficClassIn(config));
 }
 
 ncclResult_t ConnectV11(void* context, int dev, void* handle, void** send_comm,
