@@ -6,6 +6,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tf_ext import _ops_loader
 from tf_ext.dynamic_embedding import variable as variable_lib
 from tf_ext.dynamic_embedding.fusion_markers import marked, marked_rows
+from tf_ext.padding import padded_extent
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -58,8 +59,6 @@ def embedding_lookup(table, ids, combiner=None, name=None):
       segments = (_ops_loader.load().tf_ext_ragged_segment_ids(ids.row_splits), ids.nrows())
       combined = _combine(rows, *segments, combiner or "mean")
       return marked(table, rows, combined, *segments, combiner or "mean")
-    from tf_ext.jit.function import padded_extent  # noqa: PLC0415 (tf_ext.jit needs tf_ext's ops)
-
     extent = padded_extent(ids)
     if extent:
       return _lookup_real_ids(table, ids, combiner, extent)

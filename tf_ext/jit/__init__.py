@@ -22,7 +22,7 @@ makes the same helpers work in a model_fn, and `unpad` slices predictions back t
 
 from tf_ext.jit import buckets
 from tf_ext.jit.bucketing import SIZES_KEY, Bucketing, unpad
-from tf_ext.jit.function import Function, function, mask, masked_mean, masked_sum, size
+from tf_ext.jit.function import Function, function
 from tf_ext.jit.keras import compile, functions
 from tf_ext.jit.xla_compiles import (
   compile_count,
@@ -32,3 +32,4 @@ from tf_ext.jit.xla_compiles import (
   set_speed_gate,
   speed_verdicts,
 )
+from tf_ext.padding import mask, masked_mean, masked_sum, size

@@ -70,7 +70,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.client import session as session_lib
 
-from tf_ext import _ops_loader
+from tf_ext import _ops_loader, padding
 from tf_ext.jit import buckets as bucket_lib
 from tf_ext.jit import function as function_lib
 from tf_ext.jit import planner as planner_lib
@@ -258,12 +258,8 @@ class Bucketing:
     if self.async_compile:
       _guard_sessions_of(graph)
     first_op = len(graph.get_operations())
-    stack = function_lib._local.__dict__.setdefault("stack", [])
-    stack.append(function_lib._Context(self._dims, sizes[0], lengths, padded_inputs))
-    try:
+    with padding.active(padding.Context(self._dims, sizes[0], lengths, padded_inputs)):
       yield
-    finally:
-      stack.pop()
     if check:
       found = _depends_on_batch_size(graph.get_operations()[first_op:])
       if found:
@@ -454,17 +450,17 @@ def unpad(values, dim="batch", axis=0):
   """`values` without the padded positions of `dim` on `axis` (e.g. predictions of the real
   rows). Inside Bucketing.padded or a tf_ext.jit function; elsewhere `values` itself. The slice
   is kept out of XLA clusters: its size is the true one, which would make a compile per size."""
-  if not function_lib._inside():
+  if not padding.inside():
     return values
   values = tf.convert_to_tensor(values)
   rank = values.shape.rank
   axis = axis % rank
   begin = [0] * rank
   size = [-1] * rank
-  size[axis] = function_lib.size(dim)
+  size[axis] = padding.size(dim)
   no_xla = {"_XlaCompile": attr_value_pb2.AttrValue(b=False)}
   with tf.compat.v1.get_default_graph()._attr_scope(no_xla):
-    with tf.name_scope(function_lib._HELPER_SCOPE):
+    with tf.name_scope(padding.HELPER_SCOPE):
       real = tf.slice(values, tf.stack(begin), tf.stack(size))
   if not tf.executing_eagerly():  # what is computed from it has no padded rows to check
     tf.compat.v1.add_to_collection(_UNPADDED, real)
@@ -530,7 +526,7 @@ def _depends_on_batch_size(ops):
   unpadded = {t.name for t in graph.get_collection(_UNPADDED)} if graph is not None else set()
   for op in ops:  # creation order: inputs before their consumers
     scopes = op.name.split("/")
-    helper = any(part.startswith(function_lib._HELPER_SCOPE) for part in scopes)
+    helper = any(part.startswith(padding.HELPER_SCOPE) for part in scopes)
     if _is_gradient(scopes) or helper or not op.inputs:
       continue
     if op.inputs[0].name in unpadded:  # computed from unpad(): the real rows only

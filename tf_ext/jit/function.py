@@ -105,13 +105,16 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from tf_ext import padding
 from tf_ext.jit import buckets as bucket_lib
 from tf_ext.jit import planner as planner_lib
 from tf_ext.jit import speed_check, xla_compiles
 
+# The padding contract's helpers, as tf_ext.jit exports them (their home is tf_ext.padding).
+from tf_ext.padding import mask, masked_mean, masked_sum, padded_extent, size  # noqa: F401
+
 logger = logging.getLogger("tf_ext.jit")
 
-_HELPER_SCOPE = "tf_ext_jit_helper"
 # Ops that only read a resource variable: others (assignments, optimizer updates, loops) write.
 _READ_ONLY_RESOURCE_OPS = frozenset(
   {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp"}
@@ -153,173 +156,6 @@ _SHAPE_INPUTS = {
 _INTEGER_TYPES = (tf.int32, tf.int64)
 # Sizes kept from the calls made while the probe runs (a paused or closed compiler never ends it).
 _MAX_EARLY_SIZES = 4096
-
-# ---------------------------------------------------------------------------------------------
-# The helpers a function uses inside: size, mask, masked_sum, masked_mean.
-
-_local = threading.local()
-
-
-class _Context:
-  def __init__(self, dims, sizes, lengths, padded_inputs):
-    self.dims = dims  # dimension names, in the order of `sizes`
-    self.sizes = sizes  # int32 [len(dims)] tensor: the true sizes
-    self.lengths = lengths  # dim -> (tensor, axis) holding it (padded length)
-    self.padded_inputs = padded_inputs  # tensor.ref() -> {axis: dim} of the padded inputs
-
-
-def _context(dim):
-  stack = getattr(_local, "stack", None)
-  if not stack:
-    raise RuntimeError(
-      "tf_ext.jit.size/mask/masked_* work only inside a function made by tf_ext.jit.function"
-    )
-  ctx = stack[-1]
-  if dim not in ctx.dims:
-    raise ValueError(
-      f"tf_ext.jit: {dim!r} is not a padded dimension of this function (it has {ctx.dims}); "
-      "declare it in `paddable`"
-    )
-  return ctx
-
-
-def size(dim="batch"):
-  """The true (unpadded) size of dimension `dim` in this call: a scalar int32 tensor."""
-  ctx = _context(dim)
-  with tf.name_scope(_HELPER_SCOPE):
-    return ctx.sizes[ctx.dims.index(dim)]
-
-
-def _padded_length(ctx, dim):
-  tensor, axis = ctx.lengths[dim]
-  if axis is None:  # the length itself (a scalar tensor)
-    return tensor
-  static = tensor.shape[axis]
-  return static if static is not None else tf.shape(tensor)[axis]
-
-
-def mask(dim="batch"):
-  """Bool vector over the (padded) length of `dim`: True at the call's real positions."""
-  ctx = _context(dim)
-  with tf.name_scope(_HELPER_SCOPE):
-    return tf.range(_padded_length(ctx, dim)) < ctx.sizes[ctx.dims.index(dim)]
-
-
-def _masked(values, dim, axis):
-  values = tf.convert_to_tensor(values)
-  rank = values.shape.rank
-  axis = axis % rank
-  shape = [1] * rank
-  shape[axis] = -1
-  valid = tf.reshape(mask(dim), shape)
-  with tf.name_scope(_HELPER_SCOPE):
-    return tf.where(valid, values, tf.zeros_like(values)), valid
-
-
-def _inside():
-  return bool(getattr(_local, "stack", None))
-
-
-# Ops whose output keeps every axis of their first input (ids cast, hashed or renamed).
-_AXES_KEEPING_OPS = frozenset(
-  {
-    "Identity",
-    "Cast",
-    "AsString",
-    "StringToHashBucket",
-    "StringToHashBucketFast",
-    "StringToHashBucketStrong",
-  }
-)
-
-
-def _axes_through_strided_slice(op, axes):
-  """{output axis: dim} of the padded `axes` of a StridedSlice's input that it keeps whole
-  (x[:, i] and x[:, :3] keep axis 0); None where it cuts into one, uses an ellipsis or a new axis,
-  or is not constant."""
-  begin, end, strides = (tf.get_static_value(t) for t in op.inputs[1:4])
-  if begin is None or end is None or strides is None:
-    return None
-  masks = {m: op.get_attr(m) for m in ("begin_mask", "end_mask", "shrink_axis_mask")}
-  if op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
-    return None
-  rank = op.inputs[0].shape.rank
-  if rank is None:
-    return None
-  out, output_axis = {}, 0
-  for axis in range(rank):
-    sliced = axis < len(begin)
-    if sliced and masks["shrink_axis_mask"] >> axis & 1:
-      if axis in axes:
-        return None
-      continue
-    whole = not sliced or (
-      masks["begin_mask"] >> axis & 1 and masks["end_mask"] >> axis & 1 and strides[axis] == 1
-    )
-    if axis in axes:
-      if not whole:
-        return None
-      out[output_axis] = axes[axis]
-    output_axis += 1
-  return out
-
-
-def _padded_axes(ctx, tensor, depth=16):
-  """{axis: dim} of `tensor`: a padded input of `ctx`, or a short chain of casts, string hashes
-  and slices that keep those axes whole from one."""
-  axes = ctx.padded_inputs.get(tensor.ref())
-  if axes is not None or depth == 0:
-    return axes or {}
-  op = tensor.op
-  if op.type in _AXES_KEEPING_OPS:
-    return _padded_axes(ctx, op.inputs[0], depth - 1)
-  if op.type == "StridedSlice":
-    axes = _padded_axes(ctx, op.inputs[0], depth - 1)
-    return (_axes_through_strided_slice(op, axes) or {}) if axes else {}
-  return {}
-
-
-def padded_extent(tensor):
-  """{axis: (true size, padded length)} of the padded dimensions that `tensor` carries inside a
-  tf_ext.jit function or a Bucketing.padded block (see _padded_axes); {} anywhere else. Lookups
-  use it to look up the real ids of a padded dense id tensor only."""
-  stack = getattr(_local, "stack", None)
-  if not stack or not isinstance(tensor, tf.Tensor) or tf.executing_eagerly():
-    return {}
-  ctx = stack[-1]
-  out = {}
-  for axis, dim in _padded_axes(ctx, tensor).items():
-    if dim in ctx.dims:
-      with tf.name_scope(_HELPER_SCOPE):  # a padded length the model may use
-        length = tensor.shape[axis] if tensor.shape[axis] is not None else tf.shape(tensor)[axis]
-      out[axis] = (ctx.sizes[ctx.dims.index(dim)], length)
-  return out
-
-
-def masked_sum(values, dim="batch", axis=0):
-  """Sum of `values` over all its elements but those at padded positions of `dim` on `axis`.
-  Outside a tf_ext.jit function (nothing is padded there): tf.reduce_sum(values)."""
-  if not _inside():
-    return tf.reduce_sum(values)
-  masked, _ = _masked(values, dim, axis)
-  with tf.name_scope(_HELPER_SCOPE):
-    return tf.reduce_sum(masked)
-
-
-def masked_mean(values, dim="batch", axis=0):
-  """Mean of `values` over its real elements: what tf.reduce_mean gives on the unpadded tensor
-  (`dim` on `axis`); e.g. a batch-mean loss from per-example losses. Outside a tf_ext.jit
-  function (nothing is padded there): tf.reduce_mean(values)."""
-  if not _inside():
-    return tf.reduce_mean(values)
-  values = tf.convert_to_tensor(values)
-  masked, _ = _masked(values, dim, axis)
-  with tf.name_scope(_HELPER_SCOPE):
-    length = tf.cast(_padded_length(_context(dim), dim), values.dtype)
-    per_position = tf.cast(tf.size(values), values.dtype) / length
-    count = tf.cast(size(dim), values.dtype) * per_position
-    return tf.reduce_sum(masked) / count
-
 
 # ---------------------------------------------------------------------------------------------
 # The `paddable` declaration.
@@ -494,17 +330,14 @@ class _Signature:
       leaves[position] = tensor
     arguments = tf.nest.pack_sequence_as(self.structure, leaves)
     bound = inspect.BoundArguments(self.owner._signature, collections.OrderedDict(arguments))
-    stack = _local.__dict__.setdefault("stack", [])
     padded_inputs = {  # dense ids among them: lookups look up the real ones only
       t.ref(): {axis % t.shape.rank: dim for axis, dim in self.leaf_axes[i].items()}
       for i, t in enumerate(tensors)
       if self.leaf_axes[i] and t.shape.rank
     }
-    stack.append(_Context(self.declared_dims, sizes, self.lengths_in(tensors), padded_inputs))
-    try:
+    context = padding.Context(self.declared_dims, sizes, self.lengths_in(tensors), padded_inputs)
+    with padding.active(context):
       return self.owner._fn(*bound.args, **bound.kwargs)
-    finally:
-      stack.pop()
 
 
 class _Executable:
@@ -1063,7 +896,7 @@ class Function:
     dim_of_probe = {v: d for d, v in probe_of.items()}
     flagged = {}
     for op in concrete.graph.get_operations():
-      if _HELPER_SCOPE in op.name or op.name.startswith("gradient_tape/"):
+      if padding.HELPER_SCOPE in op.name or op.name.startswith("gradient_tape/"):
         continue
       for dim in self._depends_on_size(op, dim_of_probe):
         flagged.setdefault(dim, f"{op.type} op {op.name!r}")
@@ -1407,7 +1240,7 @@ def _reaches_values(const):
     seen.add(op.name)
     for output in op.outputs:
       for consumer in output.consumers():
-        if _HELPER_SCOPE in consumer.name or consumer.name.startswith("gradient_tape/"):
+        if padding.HELPER_SCOPE in consumer.name or consumer.name.startswith("gradient_tape/"):
           continue
         positions = [i for i, t in enumerate(consumer.inputs) if t is output]
         allowed = _SHAPE_INPUTS.get(consumer.type, ())

@@ -43,7 +43,8 @@ import types
 
 import tensorflow as tf
 
-from tf_ext.jit.function import _HELPER_SCOPE, Function, mask, size
+from tf_ext.jit.function import Function
+from tf_ext.padding import HELPER_SCOPE, mask, size
 
 logger = logging.getLogger("tf_ext.jit")
 
@@ -311,7 +312,7 @@ def _step(model, kind, custom, padded):
     # Exempt from the size-dependence check: Keras' reductions read the batch size, and the
     # mask above makes them exact.
     rows = _TrueRows(model, dim if padded else None, y_pred)
-    with tf.name_scope(_HELPER_SCOPE), rows:
+    with tf.name_scope(HELPER_SCOPE), rows:
       return model.compute_loss(x, y, y_pred, sample_weight)
 
   if kind == "train":
