@@ -10,7 +10,8 @@ Read a setting with `get("NAME")`; the environment overrides the default. Code e
 not read these variables from `os.environ` directly.
 
 Prefixes (enforced when a setting is declared, see CAPABILITIES):
-  TF_EXT_*  the package and its in-TensorFlow capabilities (dynamic embedding, AMP, graph passes)
+  TF_EXT_*  the package and its in-TensorFlow capabilities (dynamic_embedding, mixed_precision,
+            graph, jit)
   LIGHT_*   LightCC (tf_ext.lightcc); its init() also takes them as light_<name> keywords
   HARP_*    HARP, the NCCL network plugin: read by the plugin outside TensorFlow, declared here so
             that they are documented with the rest
@@ -29,8 +30,9 @@ from typing import Callable, Dict, Optional, Tuple
 CAPABILITIES = {
   "tf_ext": "TF_EXT_",  # the package itself: loading, set-up
   "dynamic_embedding": "TF_EXT_",
-  "amp": "TF_EXT_",
+  "mixed_precision": "TF_EXT_",
   "graph": "TF_EXT_",
+  "jit": "TF_EXT_",
   "lightcc": "LIGHT_",
   "harp": "HARP_",
 }
@@ -233,7 +235,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_INITIAL_LOSS_SCALE",
       "32768",
       "fp16: the loss scale to start (and to return to half precision) with.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_float_at_least(1.0),
       attribute="initial_loss_scale",
     ),
@@ -241,7 +243,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_GROWTH_INTERVAL",
       "2000",
       "fp16: finite steps in a row after which the loss scale doubles.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_int_at_least(1),
       attribute="growth_interval",
     ),
@@ -249,7 +251,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_MIN_LOSS_SCALE",
       "1",
       "fp16: a loss scale below this falls back to full precision.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_positive_float,
       attribute="min_loss_scale",
     ),
@@ -257,7 +259,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_MAX_NONFINITE_STEPS",
       "8",
       "fp16: this many steps in a row with non-finite gradients fall back to full precision.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_int_at_least(1),
       attribute="max_nonfinite_streak",
     ),
@@ -265,7 +267,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_PROBE_TOLERANCE",
       "0.02",
       "A precision probe whose relative loss difference (half vs full) exceeds this falls back.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_positive_float,
       attribute="probe_tolerance",
     ),
@@ -274,7 +276,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "6",
       "A half-precision loss above its running mean by this many running standard deviations "
       "falls back.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_positive_float,
       attribute="spike_sigmas",
     ),
@@ -282,7 +284,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_SPIKE_WARMUP_STEPS",
       "50",
       "Losses seen before the spike detector acts.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_int_at_least(2),
       attribute="spike_warmup_steps",
     ),
@@ -290,7 +292,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_LOSS_DECAY",
       "0.99",
       "Decay of the loss's running mean and variance, in (0, 1).",
-      capability="amp",
+      capability="mixed_precision",
       parse=_open_fraction,
       attribute="loss_decay",
     ),
@@ -298,7 +300,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_RETURN_AFTER_STEPS",
       "200",
       "Applied full-precision steps in a row before half precision is tried again.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_int_at_least(1),
       attribute="return_after_steps",
     ),
@@ -306,7 +308,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_AMP_MAX_RETURN_AFTER_STEPS",
       "12800",
       "Cap of that wait, which doubles at each fallback soon after a return.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_int_at_least(1),
       attribute="max_return_after_steps",
     ),
@@ -315,7 +317,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "2000",
       "Half-precision steps after a return past which a fallback resets the wait instead of "
       "doubling it.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_int_at_least(1),
       attribute="stable_half_steps",
     ),
@@ -326,28 +328,28 @@ SETTINGS: Dict[str, Setting] = registry(
       "100",
       "Every this many half-precision steps, the precision probe computes the step's loss in "
       "both precisions on the same batch; 0: never.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_int_at_least(0),
     ),
     Setting(
       "TF_EXT_AMP_ALLOW_OPS",
       "",
       "Op types added to the rewrite's allow list (always half), comma-separated.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_op_names,
     ),
     Setting(
       "TF_EXT_AMP_INFER_OPS",
       "",
       "Op types added to the rewrite's infer list (half when their inputs are), comma-separated.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_op_names,
     ),
     Setting(
       "TF_EXT_AMP_DENY_OPS",
       "",
       "Op types the rewrite keeps in fp32 whatever the other lists say, comma-separated.",
-      capability="amp",
+      capability="mixed_precision",
       parse=_op_names,
     ),
     # Adaptive XLA compilation cache (tf_ext.jit): read when tf_ext.jit.function wraps a
@@ -357,7 +359,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "8",
       "tf_ext.jit: compiled executables kept per function; the least recently used beyond this "
       "are dropped. A Bucketing makes at most this many bucket shapes.",
-      capability="graph",
+      capability="jit",
       parse=_int_at_least(1),
     ),
     Setting(
@@ -365,7 +367,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "8",
       "tf_ext.jit: bucket shapes a plan may hold (the product of the bucket counts of the padded "
       "dimensions).",
-      capability="graph",
+      capability="jit",
       parse=_int_at_least(1),
     ),
     Setting(
@@ -373,7 +375,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "4096",
       "tf_ext.jit: largest size of a padded dimension that is compiled; larger runs uncompiled "
       "with one warning.",
-      capability="graph",
+      capability="jit",
       parse=_int_at_least(1),
     ),
     Setting(
@@ -381,7 +383,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "32",
       "tf_ext.jit: calls observed (run uncompiled) before the first bucket plan; the plan may "
       "grow each time the calls seen double.",
-      capability="graph",
+      capability="jit",
       parse=_int_at_least(1),
     ),
     Setting(
@@ -389,7 +391,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "0.05",
       "tf_ext.jit: an extra bucket shape is planned only if it cuts the padded work on the "
       "observed sizes by at least this fraction of the unpadded work.",
-      capability="graph",
+      capability="jit",
       parse=_float_at_least(0.0),
     ),
     Setting(
@@ -397,7 +399,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "0.1",
       "tf_ext.jit: a new plan replaces the current one only if it cuts the padded work by this "
       "fraction (sizes the plan cannot hold always replan).",
-      capability="graph",
+      capability="jit",
       parse=_float_at_least(0.0),
     ),
     Setting(
@@ -406,7 +408,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit: compile in a background thread while calls run uncompiled (0: compile in the "
       "calling thread, like tf.function(jit_compile=True)); a Bucketing turns on TensorFlow's "
       "asynchronous XLA compilation for the process.",
-      capability="graph",
+      capability="jit",
       parse=_flag,
     ),
     Setting(
@@ -419,7 +421,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit.Bucketing (Sessions): a speed gate times 12 steps each way "
       "once executables are ready and runs the graph's XLA clusters the faster way; after an "
       "uncompiled verdict XLA is no longer asked and batches pass unpadded. 0: always compiled.",
-      capability="graph",
+      capability="jit",
       parse=_flag,
     ),
     # Graph passes (tf_ext.graph_optimizations): read by enable() and config_proto().

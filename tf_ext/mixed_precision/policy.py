@@ -38,7 +38,7 @@ STATE_FIELDS = (
 FALLBACKS = ("none", "nonfinite_streak", "scale_floor", "nonfinite", "probe", "loss_spike")
 
 PolicyConfig = settings.config_class(
-  "amp",
+  "mixed_precision",
   "PolicyConfig",
   namespace={
     "__doc__": "The policy's knobs, one per TF_EXT_AMP_* setting (defaults from tf_ext.settings)."
@@ -50,7 +50,7 @@ PolicyConfig = settings.config_class(
 def config_from_settings():
   """A PolicyConfig of the TF_EXT_AMP_* settings as the environment holds them."""
   return PolicyConfig(
-    **{s.attribute: settings.get(s.name) for s in settings.of("amp") if s.attribute}
+    **{s.attribute: settings.get(s.name) for s in settings.of("mixed_precision") if s.attribute}
   )
 
 
