@@ -9,6 +9,7 @@ first use of an op.
 from tf_ext import (
   _ops_loader,
   feature_column,
+  graph,
   graph_optimizations,
   jit,
   keras,

@@ -27,8 +27,9 @@ import time
 import tensorflow as tf
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import lifecycle
+from tf_ext.dynamic_embedding import live_tables
 from tf_ext.dynamic_embedding import variable as variable_lib
+from tf_ext.every_n_steps import check_every_n_steps
 
 MANIFEST = "MANIFEST.json"
 _FORMAT = 1
@@ -98,15 +99,15 @@ class PeriodicSaves:
     if every_n_steps is None and every_n_secs is None:
       raise ValueError(f"{owner}: give every_n_steps, every_n_secs or both")
     if every_n_steps is not None:
-      lifecycle.check_every_n_steps(owner, every_n_steps)
+      check_every_n_steps(owner, every_n_steps)
     if every_n_secs is not None and (
       isinstance(every_n_secs, bool)
       or not isinstance(every_n_secs, (int, float))
       or every_n_secs <= 0
     ):
       raise ValueError(f"{owner}: every_n_secs must be a positive number, got {every_n_secs!r}")
-    lifecycle.check_every_n_steps(owner, full_every_n_deltas, "full_every_n_deltas")
-    lifecycle.check_every_n_steps(owner, max_chains, "max_chains")
+    check_every_n_steps(owner, full_every_n_deltas, "full_every_n_deltas")
+    check_every_n_steps(owner, max_chains, "max_chains")
     self._every_n_steps, self._every_n_secs = every_n_steps, every_n_secs
     self._arguments = (os.fspath(directory), full_every_n_deltas, max_chains)
     self.tables = tables
@@ -139,11 +140,30 @@ class PeriodicSaves:
 
 
 class SavesPeriodically:
-  """Mixin of the session hook and the Keras callback: their PeriodicSaves, made by
-  `_saves_every(owner, directory, every_n_steps, ...)` from their own arguments."""
+  """Base of the session hook and the Keras callback (listed first among their bases): their
+  arguments, and the PeriodicSaves made from them. Errors name the class."""
 
-  def _saves_every(self, owner, directory, *schedule, dense, restore):
-    self._saves = PeriodicSaves(owner, directory, *schedule)
+  def __init__(
+    self,
+    directory,
+    every_n_steps=None,
+    every_n_secs=None,
+    full_every_n_deltas=10,
+    max_chains=2,
+    tables=None,
+    dense=True,
+    restore=True,
+  ):
+    super().__init__()
+    self._saves = PeriodicSaves(
+      type(self).__name__,
+      directory,
+      every_n_steps,
+      every_n_secs,
+      full_every_n_deltas,
+      max_chains,
+      tables,
+    )
     self._dense, self._restore = dense, restore
 
   @property
@@ -183,7 +203,7 @@ class DeltaCheckpointManager:
     owner = "DeltaCheckpointManager"
     self._directory = os.fspath(directory)
     if tables is None:
-      tables = variable_lib.tables()
+      tables = live_tables.tables()
     self._tables = list(tables)
     for table in self._tables:
       if not isinstance(table, variable_lib.DynamicEmbeddingVariable):
@@ -193,8 +213,8 @@ class DeltaCheckpointManager:
     names = [t.name for t in self._tables]
     if len(set(names)) != len(names):
       raise ValueError(f"{owner}: two tables share a name: {sorted(names)}")
-    lifecycle.check_every_n_steps(owner, full_every_n_deltas, "full_every_n_deltas")
-    lifecycle.check_every_n_steps(owner, max_chains, "max_chains")
+    check_every_n_steps(owner, full_every_n_deltas, "full_every_n_deltas")
+    check_every_n_steps(owner, max_chains, "max_chains")
     self._full_every = full_every_n_deltas
     self._max_chains = max_chains
     self._dense = _dense_state(dense)

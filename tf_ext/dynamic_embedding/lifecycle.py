@@ -182,12 +182,6 @@ def check_policies(table_name, trainable, admission, eviction):
       )
 
 
-def check_every_n_steps(owner, value, name="every_n_steps"):
-  """For hooks and callbacks: a clear error for a bad period (or another positive count)."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-
-
 def check_evictable(owner, tables):
   """For hooks and callbacks given tables explicitly: each must have an eviction policy."""
   for table in tables:

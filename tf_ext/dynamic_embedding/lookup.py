@@ -4,6 +4,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from tf_ext import _ops_loader
+from tf_ext.dynamic_embedding import get_or_create
 from tf_ext.dynamic_embedding import variable as variable_lib
 from tf_ext.dynamic_embedding.fusion_markers import marked, marked_rows
 from tf_ext.padding import padded_extent
@@ -143,7 +144,7 @@ def dynamic_embedding(
   """
   if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
     ids = tf.convert_to_tensor(ids)
-  table = variable_lib.get_dynamic_embedding_variable(
+  table = get_or_create.get_dynamic_embedding_variable(
     name,
     dim,
     key_dtype=key_dtype or _key_dtype_of(ids),

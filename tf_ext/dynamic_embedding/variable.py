@@ -14,7 +14,17 @@ from tensorflow.python.framework import ops
 from tensorflow.python.trackable import resource
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import checkpoint, cluster, fusion_markers, initializers, lifecycle
+from tf_ext.dynamic_embedding import (
+  checkpoint,
+  cluster,
+  fusion_markers,
+  initializers,
+  lifecycle,
+  live_tables,
+)
+
+# The live tables, as tf_ext.dynamic_embedding.variable.tables (their home is live_tables.py).
+from tf_ext.dynamic_embedding.live_tables import tables  # noqa: F401
 
 # Copies of facts of the op library, checked against it by tests/dynamic_embedding/
 # test_op_facts.py: the kernel's kMaxDim, and the outputs of TfExtTableExport (inputs of
@@ -129,7 +139,7 @@ class DynamicEmbeddingVariable(
         )
         # A table on a task that does not answer: an error now, not a session that waits forever.
         cluster.check_device_reachable(self.device, name)
-      _remember(self)
+      live_tables.remember(self)
 
   def _validate(self, dim, key_dtype, value_dtype):
     try:
@@ -398,124 +408,6 @@ def serving_replacement(table_or_name):
   """The replacement of a table (or a table's full name) in the active `served_by`, or None."""
   replacements = getattr(_serving, "replacements", None)
   return None if replacements is None else replacements.get(table_or_name)
-
-
-# ---- get-or-create by name ----------------------------------------------------------------
-
-_registry_lock = threading.Lock()
-# (graph, full name) -> table. Weak, so a table dropped by its user can be created afresh.
-_registry = weakref.WeakValueDictionary()
-# Every live table, however created, by graph (for hooks and callbacks); eager ones apart.
-_graph_tables = weakref.WeakKeyDictionary()
-_eager_tables = weakref.WeakSet()
-
-
-def _remember(table):
-  key = _scope_key()
-  if key == "eager":
-    _eager_tables.add(table)
-  else:
-    _graph_tables.setdefault(key, weakref.WeakSet()).add(table)
-
-
-def tables(graph=None):
-  """The live tables of `graph` (default: the current graph, or the eager context), by name."""
-  key = _scope_key() if graph is None else graph
-  found = _eager_tables if key == "eager" else _graph_tables.get(key, ())
-  return sorted(found, key=lambda table: table.name)
-
-
-def _scope_key():
-  with tf.init_scope():
-    return "eager" if tf.executing_eagerly() else ops.get_default_graph()
-
-
-def get_dynamic_embedding_variable(
-  name,
-  dim,
-  key_dtype=tf.int64,
-  value_dtype=tf.float32,
-  initializer=None,
-  trainable=True,
-  gradient_anchor=None,
-  admission=None,
-  eviction=None,
-  num_shards=None,
-):
-  """Returns the table named `name` in the current variable scope, creating it if needed.
-
-  Args:
-    name: the table's name; prefixed by the enclosing tf.compat.v1.variable_scope.
-    dim: row width, 1 to 4096.
-    key_dtype: tf.int64 or tf.string (exact keys, no hashing into buckets).
-    value_dtype: tf.float32.
-    initializer: initial rows of missing ids: None (uniform in [-0.05, 0.05)), "zeros",
-      a number (constant), "uniform"/"normal"/"truncated_normal", or a TF/Keras initializer
-      object (Zeros, Ones, Constant, RandomUniform, RandomNormal, TruncatedNormal) whose seed
-      is used. Deterministic per id and seed.
-    trainable: whether optimizers update it.
-    admission: a tf_ext.FrequencyAdmission: ids get a row only at their min_count-th update.
-    eviction: a tf_ext.EvictionPolicy: which rows `evict()` (and tf_ext.train.EvictionHook, the
-      Keras callback tf_ext.keras.callbacks.TableEviction) removes.
-    num_shards: None for one table; an int N >= 1 for a tf_ext.ShardedDynamicEmbeddingVariable
-      of N shards split by id (tf_ext/dynamic_embedding/sharded.py), each placed by the active
-      device function (e.g. replica_device_setter: round robin over the PS tasks); 1 gives a
-      sharded table of one shard. gradient_anchor must then be None.
-
-  An existing table is returned when its dim, dtypes and num_shards match; otherwise
-  InvalidArgumentError.
-  """
-  scope = tf.compat.v1.get_variable_scope().name
-  full_name = f"{scope}/{name}" if scope else name
-  key = (_scope_key(), full_name)
-  if num_shards is not None:
-    from tf_ext.dynamic_embedding import sharded  # pylint: disable=import-outside-toplevel
-
-    sharded.check_num_shards(full_name, num_shards)
-    if gradient_anchor is not None:
-      raise invalid_argument(full_name, "a sharded table creates its shards' gradient anchors")
-  with _registry_lock:
-    table = _registry.get(key)
-    if table is not None:
-      if getattr(table, "num_shards", None) != num_shards:
-        raise invalid_argument(
-          full_name,
-          f"exists with num_shards {getattr(table, 'num_shards', None)}; asked for {num_shards}",
-        )
-      if table.dim != dim or table.key_dtype != tf.as_dtype(key_dtype):
-        raise invalid_argument(
-          full_name,
-          f"exists with dim {table.dim} and key_dtype {table.key_dtype.name}; asked "
-          f"for dim {dim} and key_dtype {tf.as_dtype(key_dtype).name}",
-        )
-      return table
-    if num_shards is not None:
-      table = sharded.ShardedDynamicEmbeddingVariable(
-        full_name,
-        dim,
-        num_shards,
-        key_dtype,
-        value_dtype,
-        initializer,
-        trainable,
-        admission=admission,
-        eviction=eviction,
-      )
-      _registry[key] = table
-      return table
-    table = DynamicEmbeddingVariable(
-      full_name,
-      dim,
-      key_dtype,
-      value_dtype,
-      initializer,
-      trainable,
-      gradient_anchor,
-      admission=admission,
-      eviction=eviction,
-    )
-    _registry[key] = table
-    return table
 
 
 @ops.RegisterGradient("TfExtTableFind")

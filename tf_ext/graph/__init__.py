@@ -1,4 +1,5 @@
-"""tf_ext.graph_optimizations: graph passes for recommendation models, in the op library.
+"""tf_ext.graph (also imported as tf_ext.graph_optimizations): graph passes for recommendation
+models, in the op library.
 
 - **Embedding fusion** (`TF_EXT_GRAPH_FUSE_EMBEDDINGS`): every tf_ext embedding lookup of a step,
   with its dedup and combiner, becomes one fused op, and the matching table updates one fused

@@ -43,6 +43,7 @@ import types
 
 import tensorflow as tf
 
+from tf_ext.dynamic_embedding.keras.lifecycle_callbacks import model_tables
 from tf_ext.jit.function import Function
 from tf_ext.padding import HELPER_SCOPE, mask, size
 
@@ -173,9 +174,7 @@ def _warn_once(state, key, message, *args):
 
 
 def _tables(model):
-  from tf_ext.keras import lifecycle_callbacks  # late: tf_ext.keras imports the table ops
-
-  return lifecycle_callbacks.model_tables(model, eager=False)
+  return model_tables(model, eager=False)
 
 
 def _make_function(model, force=False, *, kind):

@@ -16,7 +16,7 @@ from tf_ext.dynamic_embedding.variable import tables as live_tables
 from tf_ext.feature_column import DynamicEmbeddingColumn
 from tf_ext.keras.lifecycle_callbacks import model_tables
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 fcol = tf_ext.feature_column
 DIM = 4

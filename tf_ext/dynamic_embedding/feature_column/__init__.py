@@ -7,7 +7,7 @@ and `tf.keras.layers.DenseFeatures`.
   of any categorical column in a dynamic embedding table.
 """
 
-from tf_ext.feature_column.columns import (
+from tf_ext.dynamic_embedding.feature_column.columns import (
   DynamicEmbeddingColumn,
   DynamicVocabularyColumn,
   categorical_column_with_dynamic_vocabulary,

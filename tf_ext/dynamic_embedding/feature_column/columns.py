@@ -13,7 +13,7 @@ from tensorflow.python.feature_column import feature_column as fc_old
 from tensorflow.python.feature_column import feature_column_v2 as fc
 from tensorflow.python.feature_column import serialization
 
-from tf_ext.dynamic_embedding import initializers, lifecycle
+from tf_ext.dynamic_embedding import get_or_create, initializers, lifecycle
 from tf_ext.dynamic_embedding import lookup as lookup_lib
 from tf_ext.dynamic_embedding import sharded as sharded_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
@@ -226,7 +226,7 @@ class DynamicEmbeddingColumn(
     del weight_collections, trainable
     sparse_tensors = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
     # input_layer: get-or-create by name in the enclosing variable scope, as for variables.
-    table = self._table(variable_lib.get_dynamic_embedding_variable, num_shards=self.num_shards)
+    table = self._table(get_or_create.get_dynamic_embedding_variable, num_shards=self.num_shards)
     return self._embed(table, sparse_tensors)
 
   @property

@@ -1,3 +1,3 @@
 """Keras integration of tf_ext."""
 
-from tf_ext.keras import callbacks, layers
+from tf_ext.dynamic_embedding.keras import callbacks, layers

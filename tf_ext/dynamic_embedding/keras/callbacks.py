@@ -1,6 +1,6 @@
 """Keras callbacks of tf_ext: table eviction, statistics and delta checkpoints during `fit`."""
 
-from tf_ext.keras.checkpoint_callbacks import DeltaCheckpoint
-from tf_ext.keras.lifecycle_callbacks import TableEviction, TableStatistics
+from tf_ext.dynamic_embedding.keras.checkpoint_callbacks import DeltaCheckpoint
+from tf_ext.dynamic_embedding.keras.lifecycle_callbacks import TableEviction, TableStatistics
 
 __all__ = ["DeltaCheckpoint", "TableEviction", "TableStatistics"]

@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding import delta_checkpoint
-from tf_ext.keras.lifecycle_callbacks import model_tables
+from tf_ext.dynamic_embedding.keras.lifecycle_callbacks import model_tables
 
 
 class DeltaCheckpoint(delta_checkpoint.SavesPeriodically, tf.keras.callbacks.Callback):
@@ -18,30 +18,6 @@ class DeltaCheckpoint(delta_checkpoint.SavesPeriodically, tf.keras.callbacks.Cal
   its chain. Steps are the optimizer's iterations. `manager` is the callback's
   DeltaCheckpointManager once training began.
   """
-
-  def __init__(
-    self,
-    directory,
-    every_n_steps=None,
-    every_n_secs=None,
-    full_every_n_deltas=10,
-    max_chains=2,
-    tables=None,
-    dense=True,
-    restore=True,
-  ):
-    super().__init__()
-    self._saves_every(
-      "DeltaCheckpoint",
-      directory,
-      every_n_steps,
-      every_n_secs,
-      full_every_n_deltas,
-      max_chains,
-      tables,
-      dense=dense,
-      restore=restore,
-    )
 
   def _step(self):
     return int(self.model.optimizer.iterations.numpy())

@@ -2,8 +2,9 @@
 
 import tensorflow as tf
 
-from tf_ext.dynamic_embedding import lifecycle
+from tf_ext.dynamic_embedding import lifecycle, live_tables
 from tf_ext.dynamic_embedding import variable as variable_lib
+from tf_ext.every_n_steps import EveryNBatches
 
 
 def model_tables(model, eager=True):
@@ -14,38 +15,23 @@ def model_tables(model, eager=True):
   for obj in tf.train.TrackableView(model).descendants():
     if isinstance(obj, variable_lib.DynamicEmbeddingVariable):
       found[id(obj)] = obj
-  for table in variable_lib.tables() if eager else ():
+  for table in live_tables.tables() if eager else ():
     found.setdefault(id(table), table)
   return sorted(found.values(), key=lambda t: t.name)
 
 
-class _EveryNBatches(tf.keras.callbacks.Callback):
+class _TableCallback(EveryNBatches):
   def __init__(self, owner, every_n_steps, tables):
-    super().__init__()
-    lifecycle.check_every_n_steps(owner, every_n_steps)
-    self._owner = owner
-    self._every_n_steps = every_n_steps
+    super().__init__(owner, every_n_steps)
     self._tables = None if tables is None else list(tables)
-    self._batches = 0
 
   def _chosen_tables(self, wanted):
     if self._tables is not None:
       return self._tables
     return [t for t in model_tables(self.model) if wanted(t)]
 
-  def _step(self):
-    optimizer = getattr(self.model, "optimizer", None)
-    iterations = getattr(optimizer, "iterations", None)
-    return int(iterations.numpy()) if iterations is not None else self._batches
 
-  def on_train_batch_end(self, batch, logs=None):
-    del batch, logs
-    self._batches += 1
-    if self._batches % self._every_n_steps == 0:
-      self._run(self._step())
-
-
-class TableEviction(_EveryNBatches):
+class TableEviction(_TableCallback):
   """Every `every_n_steps` training batches, evicts the rows each table's EvictionPolicy condemns.
 
   Tables: the given ones, or every table of the model created with an eviction policy.
@@ -65,7 +51,7 @@ class TableEviction(_EveryNBatches):
       self.total_evicted[name] = self.total_evicted.get(name, 0) + n
 
 
-class TableStatistics(_EveryNBatches):
+class TableStatistics(_TableCallback):
   """Every `every_n_steps` training batches, writes each table's statistics to TensorBoard.
 
   Scalars `<table>/<statistic>` (size, bytes, admitted, rejected, evicted, lookups, lookup_hits,

@@ -7,7 +7,7 @@
   fidelity (rows, optimizer slots, counts), for warm-starting training; loading needs tf_ext.
 """
 
-from tf_ext.saved_model.serving import (
+from tf_ext.dynamic_embedding.saved_model.serving import (
   ServingTable,
   default_row,
   export_estimator_for_serving,

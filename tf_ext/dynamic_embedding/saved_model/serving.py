@@ -21,7 +21,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 from tensorflow.python.trackable import asset, resource
 
-from tf_ext.dynamic_embedding import checkpoint, sharded
+from tf_ext.dynamic_embedding import checkpoint, live_tables, sharded
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 _OWNER = "tf_ext.saved_model.export_for_serving"
@@ -283,7 +283,7 @@ def _trained_tables(estimator, serving_input_receiver_fn, checkpoint_path):
     # A table built in a graph is shared there by its name, so names identify tables; the
     # shards of a sharded table (named <table>/part_<i>) are gathered under the table's name.
     shards_by_name = {}
-    for table in variable_lib.tables(graph):
+    for table in live_tables.tables(graph):
       shards_by_name.setdefault(getattr(table, "_tf_ext_shard_of", None) or table.name, []).append(
         table
       )

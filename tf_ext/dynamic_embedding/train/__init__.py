@@ -6,5 +6,5 @@
   delta checkpoints of the tables (tf_ext.DeltaCheckpointManager).
 """
 
-from tf_ext.train.checkpoint_hooks import DeltaCheckpointHook
-from tf_ext.train.lifecycle_hooks import EvictionHook, TableStatisticsHook
+from tf_ext.dynamic_embedding.train.checkpoint_hooks import DeltaCheckpointHook
+from tf_ext.dynamic_embedding.train.lifecycle_hooks import EvictionHook, TableStatisticsHook

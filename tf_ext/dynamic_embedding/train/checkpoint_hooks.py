@@ -4,8 +4,7 @@ import logging
 
 import tensorflow as tf
 
-from tf_ext.dynamic_embedding import delta_checkpoint
-from tf_ext.dynamic_embedding import variable as variable_lib
+from tf_ext.dynamic_embedding import delta_checkpoint, live_tables
 
 _log = logging.getLogger("tf_ext.delta_checkpoint")
 
@@ -23,35 +22,12 @@ class DeltaCheckpointHook(delta_checkpoint.SavesPeriodically, tf.compat.v1.train
   Estimator; `manager` is the hook's DeltaCheckpointManager once the graph is built.
   """
 
-  def __init__(
-    self,
-    directory,
-    every_n_steps=None,
-    every_n_secs=None,
-    full_every_n_deltas=10,
-    max_chains=2,
-    tables=None,
-    dense=True,
-    restore=True,
-  ):
-    self._saves_every(
-      "DeltaCheckpointHook",
-      directory,
-      every_n_steps,
-      every_n_secs,
-      full_every_n_deltas,
-      max_chains,
-      tables,
-      dense=dense,
-      restore=restore,
-    )
-
   def begin(self):
     self._global_step = tf.compat.v1.train.get_or_create_global_step()
     dense = None
     if self._dense:
       dense = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(), sharded=True)
-    self._saves.start(variable_lib.tables(), dense).build()
+    self._saves.start(live_tables.tables(), dense).build()
 
   def after_create_session(self, session, coord):
     del coord

@@ -2,14 +2,15 @@
 
 import tensorflow as tf
 
-from tf_ext.dynamic_embedding import lifecycle
+from tf_ext.dynamic_embedding import lifecycle, live_tables
 from tf_ext.dynamic_embedding import variable as variable_lib
+from tf_ext.every_n_steps import EveryNStepsHook
 
 
 def _pick(owner, tables, wanted):
   """The tables a hook works on: the given ones, or every table of the graph that `wanted`."""
   if tables is None:
-    return [t for t in variable_lib.tables() if wanted(t)]
+    return [t for t in live_tables.tables() if wanted(t)]
   tables = list(tables)
   for table in tables:
     if not isinstance(table, variable_lib.DynamicEmbeddingVariable):
@@ -17,32 +18,18 @@ def _pick(owner, tables, wanted):
   return tables
 
 
-class _EveryNSteps(tf.compat.v1.train.SessionRunHook):
-  """Runs `_fetches` after every n-th step, counted by the global step when the graph has one."""
-
-  def __init__(self, every_n_steps):
-    self._every_n_steps = every_n_steps
-    self._fetches = None
-    self._last_step = None
+class _TableHook(EveryNStepsHook):
+  """Runs `_fetches` (built by `_build` at `begin`) every n steps; `_handle` gets the results."""
 
   def begin(self):
-    self._global_step = tf.compat.v1.train.get_global_step()
+    super().begin()
     self._fetches = self._build()
-    self._local_step = 0
 
-  def before_run(self, run_context):
-    del run_context
-    if self._global_step is not None:
-      return tf.compat.v1.train.SessionRunArgs(self._global_step)
-    return None
+  def _has_work(self):
+    return bool(self._fetches)
 
-  def after_run(self, run_context, run_values):
-    self._local_step += 1
-    step = run_values.results if self._global_step is not None else self._local_step
-    due = self._last_step is None or step - self._last_step >= self._every_n_steps
-    if self._fetches and due:
-      self._last_step = step
-      self._handle(step, run_context.session.run(self._fetches))
+  def _run(self, session, step):
+    self._handle(step, session.run(self._fetches))
 
   def _build(self):
     raise NotImplementedError
@@ -51,7 +38,7 @@ class _EveryNSteps(tf.compat.v1.train.SessionRunHook):
     raise NotImplementedError
 
 
-class EvictionHook(_EveryNSteps):
+class EvictionHook(_TableHook):
   """Every `every_n_steps` steps, evicts the rows each table's EvictionPolicy condemns.
 
   Tables: the given ones, or every table of the graph created with an eviction policy. The
@@ -60,8 +47,7 @@ class EvictionHook(_EveryNSteps):
   """
 
   def __init__(self, every_n_steps, tables=None):
-    lifecycle.check_every_n_steps("EvictionHook", every_n_steps)
-    super().__init__(every_n_steps)
+    super().__init__("EvictionHook", every_n_steps)
     self._tables = tables
     self.last_evicted, self.total_evicted = {}, {}
 
@@ -77,7 +63,7 @@ class EvictionHook(_EveryNSteps):
       self.total_evicted[name] = self.total_evicted.get(name, 0) + n
 
 
-class TableStatisticsHook(_EveryNSteps):
+class TableStatisticsHook(_TableHook):
   """Every `every_n_steps` steps, writes each table's statistics as scalar summaries.
 
   The scalars are named `<table>/<statistic>` (size, bytes, admitted, rejected, evicted,
@@ -87,8 +73,7 @@ class TableStatisticsHook(_EveryNSteps):
   """
 
   def __init__(self, output_dir, every_n_steps=100, tables=None):
-    lifecycle.check_every_n_steps("TableStatisticsHook", every_n_steps)
-    super().__init__(every_n_steps)
+    super().__init__("TableStatisticsHook", every_n_steps)
     self._output_dir = output_dir
     self._tables = tables
     self.last_statistics = {}

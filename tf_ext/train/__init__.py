@@ -1,0 +1,10 @@
+"""`tf_ext.train`: dynamic embedding's Session hooks (Session, MonitoredTrainingSession,
+Estimator).
+
+The code lives in tf_ext/dynamic_embedding/train/; this path is that package itself
+(tf_ext/_public_paths.py).
+"""
+
+from tf_ext import _public_paths
+
+_public_paths.alias(__name__, "tf_ext.dynamic_embedding.train")
