@@ -18,6 +18,11 @@
 #
 # OP_LIBRARY: the one TensorFlow op library: every capability's kernels and ops plus these
 # common sources. `path` is both the Bazel target's name and the file tf_ext loads.
+#   srcs                      the op library's own sources
+#   hdrs                      TensorFlow helpers shared by several capabilities: every
+#                             capability's kernels and ops may include them (//:op_library_hdrs);
+#                             cores, plugins and C++ tests may not, and they include no
+#                             capability's header
 CAPABILITIES = {
     "dynamic_embedding": {
         "core_hdrs": [
@@ -173,4 +178,6 @@ OP_LIBRARY = {
     "path": "tf_ext/_tf_ext_ops.so",
     # The TensorFlow version and C++ ABI marker that tf_ext/_ops_loader.py checks before loading.
     "srcs": ["kernels/build_info.cc"],
+    # Which nodes a walk along a graph's edges reaches (graph's and mixed_precision's passes).
+    "hdrs": ["kernels/reachable_nodes.h"],
 }
