@@ -79,7 +79,7 @@ def libraries():
     if capability.get("plugin")
     for src in capability["core_srcs"]
   }
-  op_srcs, op_hdrs = list(op_library["srcs"]), []
+  op_srcs, op_hdrs = list(op_library["srcs"]), list(op_library["hdrs"])
   result = []
   for capability in capabilities.values():
     if capability["kernel_srcs"] or capability["op_srcs"]:

@@ -3,9 +3,12 @@
 For each capability NAME (see sources.bzl for the fields):
   //:NAME_core     cc_library, TensorFlow-free; deps: the cores of NAME's declared deps
   //:NAME_kernels  cc_library (alwayslink), kernels and op interfaces; deps: NAME's core, the
-                   cores of its declared deps, TensorFlow's headers (only when NAME has kernels)
+                   cores of its declared deps, the op library's common headers, TensorFlow's
+                   headers (only when NAME has kernels)
   //:<plugin path> cc_binary (linkshared), NAME's plugin library without TensorFlow
-and the op library //:<OP_LIBRARY path> (//:tf_ext/_tf_ext_ops.so) linking every NAME_kernels.
+the op library's common headers //:op_library_hdrs (OP_LIBRARY's hdrs: TensorFlow helpers that
+every NAME_kernels may include), and the op library //:<OP_LIBRARY path>
+(//:tf_ext/_tf_ext_ops.so) linking every NAME_kernels.
 
 A capability reaches another capability's headers only through `deps`: Bazel's sandbox holds
 only the declared headers, and its undeclared-inclusion check rejects anything else.
@@ -30,6 +33,11 @@ def _check(name, capability):
 
 def capability_targets():
     """Declares the targets above; call once, from //:BUILD."""
+    native.cc_library(
+        name = "op_library_hdrs",
+        hdrs = OP_LIBRARY["hdrs"],
+        deps = [_TF_HEADERS],
+    )
     kernel_libraries = []
     for name, capability in CAPABILITIES.items():
         _check(name, capability)
@@ -52,7 +60,7 @@ def capability_targets():
                 hdrs = capability["kernel_hdrs"],
                 # Kernels and ops register themselves in static initializers: keep every object.
                 alwayslink = 1,
-                deps = [":%s_core" % name] + dep_cores + [_TF_HEADERS],
+                deps = [":%s_core" % name] + dep_cores + [":op_library_hdrs", _TF_HEADERS],
             )
             kernel_libraries.append(":%s_kernels" % name)
         if plugin:
@@ -71,7 +79,7 @@ def capability_targets():
         name = OP_LIBRARY["path"],
         srcs = OP_LIBRARY["srcs"],
         linkshared = 1,
-        deps = kernel_libraries + [_TF_FRAMEWORK, _TF_HEADERS],
+        deps = kernel_libraries + [":op_library_hdrs", _TF_FRAMEWORK, _TF_HEADERS],
     )
 
 def plugin_paths():

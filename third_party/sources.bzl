@@ -18,6 +18,11 @@
 #
 # OP_LIBRARY: the one TensorFlow op library: every capability's kernels and ops plus these
 # common sources. `path` is both the Bazel target's name and the file tf_ext loads.
+#   srcs                      the op library's own sources
+#   hdrs                      TensorFlow helpers shared by several capabilities: every
+#                             capability's kernels and ops may include them (//:op_library_hdrs);
+#                             cores, plugins and C++ tests may not, and they include no
+#                             capability's header
 CAPABILITIES = {
     "dynamic_embedding": {
         "core_hdrs": [
@@ -101,18 +106,13 @@ CAPABILITIES = {
     },
     # Graph passes for recommendation models: embedding lookups and their applies fused into one
     # op each, and the dense part around the tables clustered for XLA. The fused ops themselves
-    # are the dynamic_embedding capability's. Also the log of TensorFlow's XLA compilations and the
-    # switch for its asynchronous compilation (for tf_ext.jit's compilation cache).
+    # are the dynamic_embedding capability's.
     "graph": {
         "core_hdrs": [
-            "kernels/graph/core/compile_log.h",
             "kernels/graph/core/pass_switches.h",
-            "kernels/graph/core/speed_gate.h",
         ],
         "core_srcs": [
-            "kernels/graph/core/compile_log.cc",
             "kernels/graph/core/pass_switches.cc",
-            "kernels/graph/core/speed_gate.cc",
         ],
         "kernel_hdrs": [
             "kernels/graph/pass_switches.h",
@@ -120,12 +120,30 @@ CAPABILITIES = {
         "kernel_srcs": [
             "kernels/graph/embedding_fusion_pass.cc",
             "kernels/graph/pass_switches.cc",
-            "kernels/graph/xla_compile_listener.cc",
             "kernels/graph/xla_dense_cluster_pass.cc",
-            "kernels/graph/xla_speed_gate_pass.cc",
+        ],
+        "op_srcs": [],
+        "deps": [],
+    },
+    # tf_ext.jit's compilation cache in a Session: the log of TensorFlow's XLA compilations, the
+    # switch for its asynchronous compilation, and the speed gate that runs a cluster compiled only
+    # where that makes the steps faster.
+    "jit": {
+        "core_hdrs": [
+            "kernels/jit/core/compile_log.h",
+            "kernels/jit/core/speed_gate.h",
+        ],
+        "core_srcs": [
+            "kernels/jit/core/compile_log.cc",
+            "kernels/jit/core/speed_gate.cc",
+        ],
+        "kernel_hdrs": [],
+        "kernel_srcs": [
+            "kernels/jit/xla_compile_listener.cc",
+            "kernels/jit/xla_speed_gate_pass.cc",
         ],
         "op_srcs": [
-            "ops/graph_ops.cc",
+            "ops/jit_ops.cc",
         ],
         "deps": [],
     },
@@ -160,4 +178,6 @@ OP_LIBRARY = {
     "path": "tf_ext/_tf_ext_ops.so",
     # The TensorFlow version and C++ ABI marker that tf_ext/_ops_loader.py checks before loading.
     "srcs": ["kernels/build_info.cc"],
+    # Which nodes a walk along a graph's edges reaches (graph's and mixed_precision's passes).
+    "hdrs": ["kernels/reachable_nodes.h"],
 }

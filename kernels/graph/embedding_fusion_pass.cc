@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "kernels/graph/pass_switches.h"
+#include "kernels/reachable_nodes.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/framework/op.h"
@@ -154,29 +155,12 @@ std::vector<bool> Unfusable(Graph* graph) {
   return unfusable;
 }
 
-// Every node reachable from `roots` along data or control edges.
-std::vector<bool> Descendants(Graph* graph, const std::vector<Node*>& roots) {
-  std::vector<bool> reached(graph->num_node_ids(), false);
-  std::vector<Node*> stack(roots.begin(), roots.end());
-  while (!stack.empty()) {
-    Node* node = stack.back();
-    stack.pop_back();
-    for (const Edge* edge : node->out_edges()) {
-      if (!reached[edge->dst()->id()]) {
-        reached[edge->dst()->id()] = true;
-        stack.push_back(edge->dst());
-      }
-    }
-  }
-  return reached;
-}
-
 // Drops the fields an input (data or control) of which depends on a node being replaced: fusing
 // them would make a cycle.
 void DropCycles(Graph* graph, std::vector<Field>* fields) {
   std::vector<Node*> replaced;
   for (const Field& field : *fields) replaced.push_back(field.replaced);
-  const std::vector<bool> downstream = Descendants(graph, replaced);
+  const std::vector<bool> downstream = DownstreamOf(*graph, replaced);
   std::vector<Field> kept;
   for (Field& field : *fields) {
     bool cycle = false;
@@ -534,7 +518,7 @@ bool PlanConcat(Graph* graph, const std::vector<Field>& fields, const std::vecto
       if (IsFloatOp(edge->dst(), "ConcatV2")) candidates.insert(edge->dst());
     }
   }
-  const std::vector<bool> downstream = Descendants(graph, markers);
+  const std::vector<bool> downstream = DownstreamOf(*graph, markers);
   int most_fields = 0;
   for (Node* concat : candidates) {
     const int pieces = concat->num_inputs() - 1;
@@ -725,7 +709,7 @@ class EmbeddingFusionPass : public GraphOptimizationPass {
       // after the updates (the edge would close a cycle).
       std::vector<Node*> updates;
       for (const Field& field : fields) updates.push_back(field.replaced);
-      const std::vector<bool> after_updates = Descendants(graph, updates);
+      const std::vector<bool> after_updates = DownstreamOf(*graph, updates);
       std::vector<NodeBuilder::NodeOut> distinct_slots;
       Node* no_slots = nullptr;
       Output no_segment_ids, no_num_segments;

@@ -33,6 +33,7 @@
 
 #include "absl/strings/match.h"
 #include "kernels/graph/pass_switches.h"
+#include "kernels/reachable_nodes.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/node_def_util.h"
 #include "tensorflow/core/framework/op.h"
@@ -98,21 +99,11 @@ bool Clusterable(const Node* node, const ::tensorflow::ControlFlowInfo& frame) {
 
 // Nodes reached along data edges from the embedding outputs.
 std::vector<bool> DownstreamOfEmbeddings(const Graph& graph) {
-  std::vector<bool> reached(graph.num_node_ids(), false);
-  std::vector<const Node*> stack;
-  for (const Node* node : graph.op_nodes()) {
-    if (GivesEmbeddings(node)) stack.push_back(node);
+  std::vector<Node*> embeddings;
+  for (Node* node : graph.op_nodes()) {
+    if (GivesEmbeddings(node)) embeddings.push_back(node);
   }
-  while (!stack.empty()) {
-    const Node* node = stack.back();
-    stack.pop_back();
-    for (const Edge* edge : node->out_edges()) {
-      if (edge->IsControlEdge() || reached[edge->dst()->id()]) continue;
-      reached[edge->dst()->id()] = true;
-      stack.push_back(edge->dst());
-    }
-  }
-  return reached;
+  return DownstreamOf(graph, embeddings, [](const Edge& edge) { return !edge.IsControlEdge(); });
 }
 
 // Nodes whose every consumer (data or control) is a TfExt op or such a node.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/mixed_precision/core/half_precision_plan.h"
+#include "kernels/reachable_nodes.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/kernel_def.pb.h"
 #include "tensorflow/core/framework/node_def_util.h"
@@ -418,33 +419,20 @@ class HalfRewritePass : public GraphOptimizationPass {
     return ::tensorflow::OkStatus();
   }
 
-  // Which op nodes are reachable from `start` (included), along edges or against them.
-  static std::vector<bool> Reach(const Graph* graph, std::vector<Node*> stack, bool forward) {
-    std::vector<bool> reached(graph->num_node_ids(), false);
-    for (Node* node : stack) reached[node->id()] = true;
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      for (const Edge* edge : forward ? node->out_edges() : node->in_edges()) {
-        Node* next = forward ? edge->dst() : edge->src();
-        if (next->IsOp() && !reached[next->id()]) {
-          reached[next->id()] = true;
-          stack.push_back(next);
-        }
-      }
-    }
-    return reached;
-  }
-
   // Adds the fp32 copy of the path from the painted region to the probe's loss; see the top.
   // `order`: the graph's nodes in topological order, before any rewrite.
   static void AddProbeShadow(Graph* graph, Builder* builder, const std::vector<Node*>& order,
                              const std::vector<Node*>& region, Node* probe) {
     const Edge *loss_edge = nullptr, *probed_edge = nullptr;
     if (!probe->input_edge(0, &loss_edge).ok() || !probe->input_edge(2, &probed_edge).ok()) return;
-    // Ancestors of the loss, and descendants of the painted region.
-    const std::vector<bool> ancestor = Reach(graph, {loss_edge->src()}, /*forward=*/false);
-    const std::vector<bool> descendant = Reach(graph, region, /*forward=*/true);
+    // Ancestors of the loss and descendants of the painted region (both included), through op
+    // nodes only.
+    const std::vector<bool> ancestor =
+        ReachableFrom(*graph, {loss_edge->src()}, Direction::kUpstream,
+                      [](const Edge& edge) { return edge.src()->IsOp(); });
+    const std::vector<bool> descendant =
+        ReachableFrom(*graph, region, Direction::kDownstream,
+                      [](const Edge& edge) { return edge.dst()->IsOp(); });
     std::vector<Node*> between;
     for (Node* node : order) {
       if (!node->IsOp() || !ancestor[node->id()] || !descendant[node->id()]) continue;

@@ -1,5 +1,7 @@
 """The per-capability build: third_party/sources.bzl describes every C++ file, and each file
-includes only what its capability may reach.
+includes only what its capability may reach. The op library's common headers (TensorFlow helpers
+shared by several capabilities) are reachable from every capability's kernels and ops, and from
+nothing TensorFlow-free; they reach no capability themselves.
 
 Bazel enforces the same boundary when it compiles (each target sees only its declared headers);
 this check is fast, runs without Bazel, and also covers what Bazel cannot see: files that no
@@ -44,7 +46,8 @@ def read_description(root):
 
 def owners(capabilities, op_library):
   """path -> (capability, part); part is core, kernels, ops or plugin; (None, "common") for the
-  op library's own sources. Also the problems found on the way (duplicates, unknown deps)."""
+  op library's own sources and (None, "common header") for its common headers. Also the problems
+  found on the way (duplicates, unknown deps)."""
   owner, problems = {}, []
 
   def add(path, capability, part):
@@ -67,6 +70,8 @@ def owners(capabilities, op_library):
         problems.append(f"capability {name} declares dep {dep!r}, which is not another capability")
   for path in op_library["srcs"]:
     add(path, None, "common")
+  for path in op_library["hdrs"]:
+    add(path, None, "common header")
   return owner, problems
 
 
@@ -87,8 +92,20 @@ def include_problem(capabilities, owner, path, capability, part, included):
   if included not in owner:
     return f"{where} includes {included}, which no capability in sources.bzl lists"
   other, other_part = owner[included]
+  if other_part == "common header":
+    if part in ("core", "plugin", "test"):
+      return (
+        f"{where} includes {included}, a common header of the op library: only kernels and ops"
+        " may (cores, plugins and their tests are TensorFlow-free)"
+      )
+    return None
   if other_part not in ("core", "kernels"):
     return f"{where} includes {included}, a source file ({other_part} of {other}), not a header"
+  if part == "common header":
+    return (
+      f"{where} includes {included} of capability {other}: a common header of the op library is"
+      " shared by every capability and reaches none"
+    )
   if capability is None:  # the op library's own sources link every capability
     return None
   if other == capability:
@@ -173,7 +190,7 @@ CAPABILITIES = {
         "op_srcs": ["ops/b_ops.cc"], "deps": [],
     },
 }
-OP_LIBRARY = {"path": "x/ops.so", "srcs": ["kernels/build_info.cc"]}
+OP_LIBRARY = {"path": "x/ops.so", "srcs": ["kernels/build_info.cc"], "hdrs": ["kernels/common.h"]}
 """
 
 
@@ -190,6 +207,7 @@ def make_tree(root, deps, extra=None):
     "kernels/b/b_kernels.cc": '#include "kernels/b/core/b.h"\n',
     "ops/b_ops.cc": "",
     "kernels/build_info.cc": '#include "tensorflow/core/public/version.h"\n',
+    "kernels/common.h": '#include "tensorflow/core/graph/graph.h"\n',
     "tests/kernels/a/a_test.cc": '#include "kernels/a/core/a.h"\n#include <gtest/gtest.h>\n',
     "third_party/sources.bzl": SOURCES_BZL.replace("DEPS", repr(deps)),
   }
@@ -201,7 +219,12 @@ def make_tree(root, deps, extra=None):
 
 def test_a_clean_tree_passes(tmp_path):
   make_tree(
-    tmp_path, deps=["b"], extra={"kernels/a/a_kernels.cc": '#include "kernels/b/core/b.h"\n'}
+    tmp_path,
+    deps=["b"],
+    extra={
+      "kernels/a/a_kernels.cc": '#include "kernels/b/core/b.h"\n#include "kernels/common.h"\n',
+      "ops/b_ops.cc": '#include "kernels/common.h"\n',
+    },
   )
   assert check(str(tmp_path)) == []
 
@@ -229,6 +252,10 @@ def test_a_clean_tree_passes(tmp_path):
     # a C++ test outside its capability's folder, or reaching another core
     ([], {"tests/kernels/c_test.cc": ""}, "not under tests/kernels/<capability>/"),
     ([], {"tests/kernels/a/a_test.cc": '#include "kernels/b/core/b.h"\n'}, "declare 'b'"),
+    # the op library's common headers: for kernels and ops only, and reaching no capability
+    ([], {"kernels/a/core/a.cc": '#include "kernels/common.h"\n'}, "only kernels and ops"),
+    ([], {"tests/kernels/a/a_test.cc": '#include "kernels/common.h"\n'}, "only kernels and ops"),
+    ([], {"kernels/common.h": '#include "kernels/a/core/a.h"\n'}, "reaches none"),
   ],
 )
 def test_a_crossing_is_reported(tmp_path, deps, extra, expected):

@@ -1,9 +1,9 @@
 // The XLA compilations of this process, as TensorFlow reports them to its activity listeners
-// (kernels/graph/xla_compile_listener.cc records them here), and the switch for TensorFlow's
+// (kernels/jit/xla_compile_listener.cc records them here), and the switch for TensorFlow's
 // asynchronous XLA compilation. TensorFlow-free: the TensorFlow side installs what needs
 // TensorFlow (the listener's state, the switch's hook); tf_ext reads both through ctypes.
-#ifndef TF_EXT_KERNELS_GRAPH_CORE_COMPILE_LOG_H_
-#define TF_EXT_KERNELS_GRAPH_CORE_COMPILE_LOG_H_
+#ifndef TF_EXT_KERNELS_JIT_CORE_COMPILE_LOG_H_
+#define TF_EXT_KERNELS_JIT_CORE_COMPILE_LOG_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 
 struct CompileEvent {
   int64_t sequence = 0;         // 1 for the first compilation recorded, then 2, 3, ...
@@ -70,7 +70,7 @@ void SetAsyncCompilationHook(AsyncCompilationHook hook);
 // with a larger buffer).
 int64_t CopyText(const std::string& text, char* buffer, int64_t capacity);
 
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext
 
 // For tf_ext (through ctypes). Every compilation recorded so far, kept or not.
@@ -87,4 +87,4 @@ extern "C" int TfExtJitListenerState(void);
 // returns the previous value (0 or 1), or -1 when TensorFlow's flags cannot be reached.
 extern "C" int TfExtJitSetAsyncCompilation(int enable);
 
-#endif  // TF_EXT_KERNELS_GRAPH_CORE_COMPILE_LOG_H_
+#endif  // TF_EXT_KERNELS_JIT_CORE_COMPILE_LOG_H_

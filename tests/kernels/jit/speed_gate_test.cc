@@ -1,6 +1,6 @@
 // The speed gate's decisions (the TensorFlow pass and op around it are tested from Python:
 // tests/jit/test_bucketing.py, test_the_speed_gate_*).
-#include "kernels/graph/core/speed_gate.h"
+#include "kernels/jit/core/speed_gate.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 namespace {
 
 SpeedGateOptions Short() {
@@ -263,5 +263,5 @@ TEST(SpeedGateTest, ConcurrentCallersKeepItConsistent) {
 }
 
 }  // namespace
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext

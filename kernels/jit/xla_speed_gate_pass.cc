@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "kernels/graph/core/speed_gate.h"
+#include "kernels/jit/core/speed_gate.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/graph/graph.h"
@@ -37,7 +37,7 @@
 #include "tensorflow/core/platform/logging.h"
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 namespace {
 
 using ::tensorflow::Edge;
@@ -225,5 +225,5 @@ REGISTER_OPTIMIZATION(::tensorflow::OptimizationPassRegistry::POST_REWRITE_FOR_E
                       XlaSpeedGatePass);
 
 }  // namespace
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext

@@ -1,14 +1,14 @@
-#include "kernels/graph/core/speed_gate.h"
+#include "kernels/jit/core/speed_gate.h"
 
 #include <algorithm>
 #include <atomic>
 #include <sstream>
 #include <utility>
 
-#include "kernels/graph/core/compile_log.h"
+#include "kernels/jit/core/compile_log.h"
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 namespace {
 
 double Median(std::vector<double> values) {
@@ -187,20 +187,20 @@ SpeedGates& ProcessSpeedGates() {
 bool SpeedGateEnabled() { return speed_gate_enabled.load(); }
 void SetSpeedGateEnabled(bool enabled) { speed_gate_enabled.store(enabled); }
 
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext
 
 extern "C" int TfExtJitSetSpeedGate(int enable) {
-  const int previous = tf_ext::graph::SpeedGateEnabled() ? 1 : 0;
-  if (enable >= 0) tf_ext::graph::SetSpeedGateEnabled(enable > 0);
+  const int previous = tf_ext::jit::SpeedGateEnabled() ? 1 : 0;
+  if (enable >= 0) tf_ext::jit::SetSpeedGateEnabled(enable > 0);
   return previous;
 }
 
 extern "C" int64_t TfExtJitSpeedVerdictCount(void) {
-  return tf_ext::graph::ProcessSpeedGates().Count();
+  return tf_ext::jit::ProcessSpeedGates().Count();
 }
 
 extern "C" int64_t TfExtJitSpeedVerdicts(int64_t after, char* buffer, int64_t capacity) {
-  return tf_ext::graph::CopyText(tf_ext::graph::ProcessSpeedGates().FormatAfter(after), buffer,
-                                 capacity);
+  return tf_ext::jit::CopyText(tf_ext::jit::ProcessSpeedGates().FormatAfter(after), buffer,
+                               capacity);
 }

@@ -1,4 +1,4 @@
-#include "kernels/graph/core/compile_log.h"
+#include "kernels/jit/core/compile_log.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <cstring>
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 namespace {
 
 // Fields are tab-separated and events newline-separated: a name must hold neither.
@@ -103,23 +103,23 @@ int64_t CopyText(const std::string& text, char* buffer, int64_t capacity) {
   return needed;
 }
 
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext
 
 extern "C" int64_t TfExtJitCompileEventCount(void) {
-  return tf_ext::graph::ProcessCompileLog().Count();
+  return tf_ext::jit::ProcessCompileLog().Count();
 }
 
 extern "C" int64_t TfExtJitCompileLog(int64_t after_sequence, char* buffer, int64_t capacity) {
-  return tf_ext::graph::CopyText(tf_ext::graph::ProcessCompileLog().FormatAfter(after_sequence),
-                                 buffer, capacity);
+  return tf_ext::jit::CopyText(tf_ext::jit::ProcessCompileLog().FormatAfter(after_sequence), buffer,
+                               capacity);
 }
 
 extern "C" int TfExtJitListenerState(void) {
-  return static_cast<int>(tf_ext::graph::GetListenerState());
+  return static_cast<int>(tf_ext::jit::GetListenerState());
 }
 
 extern "C" int TfExtJitSetAsyncCompilation(int enable) {
-  const tf_ext::graph::AsyncCompilationHook hook = tf_ext::graph::async_compilation_hook.load();
+  const tf_ext::jit::AsyncCompilationHook hook = tf_ext::jit::async_compilation_hook.load();
   return hook == nullptr ? -1 : hook(enable);
 }

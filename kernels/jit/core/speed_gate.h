@@ -4,7 +4,7 @@
 // XLA's code is not always faster than TensorFlow's kernels (on some CPUs oneDNN's matmuls win),
 // and then a cluster is better run as TensorFlow's own function call, without even asking XLA for
 // an executable (which would compile every new shape). The gate pass
-// (kernels/graph/xla_speed_gate_pass.cc) makes each lazily compiled cluster's _XlaCompile
+// (kernels/jit/xla_speed_gate_pass.cc) makes each lazily compiled cluster's _XlaCompile
 // conditional on a TfExtXlaSpeedGate op, and reports _XlaCompile's "an executable is ready" back
 // through TfExtXlaSpeedGateReady; every such op of one graph asks one SpeedGate.
 //
@@ -26,8 +26,8 @@
 // verdict is checked again after `recheck_every` steps; an uncompiled one is final
 // (tf_ext.jit.Bucketing then stops padding, and checking again would make XLA compile the new
 // shapes). TensorFlow-free and thread-safe.
-#ifndef TF_EXT_KERNELS_GRAPH_CORE_SPEED_GATE_H_
-#define TF_EXT_KERNELS_GRAPH_CORE_SPEED_GATE_H_
+#ifndef TF_EXT_KERNELS_JIT_CORE_SPEED_GATE_H_
+#define TF_EXT_KERNELS_JIT_CORE_SPEED_GATE_H_
 
 #include <cstdint>
 #include <map>
@@ -37,7 +37,7 @@
 #include <vector>
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 
 struct SpeedGateOptions {
   int settle = 8;            // ready steps before the first check (the compiler settles)
@@ -131,7 +131,7 @@ SpeedGates& ProcessSpeedGates();
 bool SpeedGateEnabled();
 void SetSpeedGateEnabled(bool enabled);
 
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext
 
 // For tf_ext (through ctypes). Sets the switch (enable >= 0) and returns its previous value.
@@ -143,4 +143,4 @@ extern "C" int64_t TfExtJitSpeedVerdictCount(void);
 // empty string; retry with a larger buffer).
 extern "C" int64_t TfExtJitSpeedVerdicts(int64_t after, char* buffer, int64_t capacity);
 
-#endif  // TF_EXT_KERNELS_GRAPH_CORE_SPEED_GATE_H_
+#endif  // TF_EXT_KERNELS_JIT_CORE_SPEED_GATE_H_

@@ -1,6 +1,6 @@
 // The log of XLA compilations and its C interface (the TensorFlow listener that fills it is tested
 // from Python: tests/graph_optimizations/test_xla_compile_log.py).
-#include "kernels/graph/core/compile_log.h"
+#include "kernels/jit/core/compile_log.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 namespace {
 
 std::vector<std::vector<std::string>> ParseLines(const std::string& text) {
@@ -179,5 +179,5 @@ TEST(CompileLogCApiTest, ListenerStateAndAsyncSwitchReportWhatTheTensorflowSideI
 }
 
 }  // namespace
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext

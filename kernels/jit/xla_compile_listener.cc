@@ -12,7 +12,7 @@
 #include <string>
 #include <utility>
 
-#include "kernels/graph/core/compile_log.h"
+#include "kernels/jit/core/compile_log.h"
 #include "tensorflow/compiler/jit/flags.h"
 #include "tensorflow/compiler/jit/xla_activity.pb.h"
 #include "tensorflow/core/framework/op.h"
@@ -37,7 +37,7 @@ void XlaActivityListener::Flush() {}
 }  // namespace tensorflow
 
 namespace tf_ext {
-namespace graph {
+namespace jit {
 namespace {
 
 // Mangled names, as `nm -D libtensorflow_cc.so.2` lists them.
@@ -174,5 +174,5 @@ REGISTER_KERNEL_BUILDER(Name("TfExtXlaOngoingCompilations").Device(::tensorflow:
                         XlaOngoingCompilationsOp);
 
 }  // namespace
-}  // namespace graph
+}  // namespace jit
 }  // namespace tf_ext

@@ -1,5 +1,5 @@
-// Op interfaces of the graph capability (graph passes and the compilation cache).
-// Kernels: kernels/graph/.
+// Op interfaces of the jit capability (tf_ext.jit's compilation cache in a Session).
+// Kernels: kernels/jit/.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -36,7 +36,7 @@ Decides whether an XLA cluster asks XLA for its executable this step (the speed 
 If not, the lazily compiled cluster runs as TensorFlow's function call.
 
 Put in by tf_ext's speed-gate pass before a cluster's _XlaCompile; never built by hand. The
-graph's timed steps decide (kernels/graph/core/speed_gate.h).
+graph's timed steps decide (kernels/jit/core/speed_gate.h).
 
 args: the cluster's inputs, counted in elements to compare steps of different shapes.
 ask: whether _XlaCompile runs.
