@@ -8,9 +8,11 @@
 #   kernel_hdrs, kernel_srcs  its TensorFlow kernels, thin adapters over the core
 #   op_srcs                   its op interfaces (ops/*.cc: REGISTER_OP, shape functions, .Doc)
 #                             kernels and ops together are //:<name>_kernels (alwayslink)
-#   deps                      other capabilities whose cores this capability's core, kernels and
-#                             ops may include; nothing else of another capability is reachable
-#                             (Bazel enforces it, and tests/build/test_capabilities.py)
+#   deps                      the capabilities this one builds on, acyclic: its core, kernels
+#                             and ops may include their cores (nothing else of theirs: Bazel
+#                             enforces it, and tests/build/test_capabilities.py), and its Python
+#                             package tf_ext/<name> may import their packages
+#                             (tests/build/test_import_graph.py)
 #   plugin (optional)         a shared library of its own, without TensorFlow: {"path": output
 #                             path in the package, "srcs": [...]}; it links the capability's
 #                             core, and both are compiled with hidden symbol visibility, so the
@@ -81,7 +83,7 @@ CAPABILITIES = {
         "op_srcs": [
             "ops/lightcc_ops.cc",
         ],
-        "deps": [],
+        "deps": ["harp"],  # LIGHT_HARP points LightCC's NCCL at HARP's plugin
     },
     # Loss-aware mixed precision: the policy that chooses half or full precision per step, and the
     # graph rewrite that gives a training step both versions.
@@ -145,7 +147,7 @@ CAPABILITIES = {
         "op_srcs": [
             "ops/jit_ops.cc",
         ],
-        "deps": [],
+        "deps": ["dynamic_embedding"],  # jit.compile runs models with tables uncompiled
     },
     # HARP, the NCCL network plugin: no TensorFlow at all. NCCL loads libnccl-net-<name>.so.
     "harp": {
