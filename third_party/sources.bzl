@@ -142,7 +142,7 @@ CAPABILITIES = {
         "core_srcs": [
             "kernels/harp/core/build_info.cc",
             "kernels/harp/core/config.cc",
-            "kernels/harp/core/transport.cc",
+            "kernels/harp/core/transport_setup.cc",
             "kernels/harp/core/wire_format.cc",
         ],
         "kernel_hdrs": [],
