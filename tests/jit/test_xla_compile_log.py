@@ -1,6 +1,6 @@
-"""The log of TensorFlow's XLA compilations (kernels/graph/xla_compile_listener.cc, filled from
+"""The log of TensorFlow's XLA compilations (kernels/jit/xla_compile_listener.cc, filled from
 TensorFlow's XLA activity listener) and the switch for asynchronous XLA compilation, through the op
-library's C interface (kernels/graph/core/compile_log.h)."""
+library's C interface (kernels/jit/core/compile_log.h)."""
 
 import ctypes
 import os

@@ -1,5 +1,5 @@
 // The log of XLA compilations and its C interface (the TensorFlow listener that fills it is tested
-// from Python: tests/graph_optimizations/test_xla_compile_log.py).
+// from Python: tests/jit/test_xla_compile_log.py).
 #include "kernels/jit/core/compile_log.h"
 
 #include <gtest/gtest.h>
