@@ -22,6 +22,7 @@ CAPABILITIES = {
     "dynamic_embedding": {
         "core_hdrs": [
             "kernels/dynamic_embedding/core/admission.h",
+            "kernels/dynamic_embedding/core/chunk_arena.h",
             "kernels/dynamic_embedding/core/column_windows.h",
             "kernels/dynamic_embedding/core/combiners.h",
             "kernels/dynamic_embedding/core/embedding_table.h",
