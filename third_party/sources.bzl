@@ -29,9 +29,15 @@ CAPABILITIES = {
     "dynamic_embedding": {
         "core_hdrs": [
             "kernels/dynamic_embedding/core/admission.h",
+            "kernels/dynamic_embedding/core/chunk_arena.h",
             "kernels/dynamic_embedding/core/column_windows.h",
             "kernels/dynamic_embedding/core/combiners.h",
             "kernels/dynamic_embedding/core/embedding_table.h",
+            "kernels/dynamic_embedding/core/embedding_table_entries.h",
+            "kernels/dynamic_embedding/core/embedding_table_lookup.h",
+            "kernels/dynamic_embedding/core/embedding_table_removal.h",
+            "kernels/dynamic_embedding/core/embedding_table_snapshot.h",
+            "kernels/dynamic_embedding/core/embedding_table_update.h",
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/optimizers.h",
             "kernels/dynamic_embedding/core/prefetch.h",

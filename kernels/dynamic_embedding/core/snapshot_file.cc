@@ -10,8 +10,13 @@ namespace {
 constexpr char kMagic[8] = {'T', 'F', 'E', 'X', 'T', 'S', 'N', 'P'};
 constexpr uint32_t kMaxNameBytes = 1 << 16;
 constexpr uint32_t kMaxKeyBytes = 1 << 20;
-constexpr uint32_t kMaxSlots = 16;
-constexpr uint32_t kMaxDim = 1 << 16;
+// The largest dim and slot count a header may declare; more is corruption. They bound what the
+// reader allocates (a row: dim * (1 + num_slots) floats, about 4 MiB at most, under a block's
+// kMaxPayload), and are on purpose looser than the table's kMaxDim and kMaxSlots
+// (embedding_table.h): a well-formed file of a dim or slot count this build's table refuses is
+// read, and the restore kernel says what does not fit, not that the file is corrupt.
+constexpr uint32_t kMaxHeaderSlots = 16;
+constexpr uint32_t kMaxHeaderDim = 1 << 16;
 // A block's payload never exceeds a chunk plus one record; a larger count is corruption.
 constexpr uint32_t kMaxPayload = 64u << 20;
 
@@ -187,7 +192,8 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
     return "snapshot format version " + std::to_string(version) + ", this build reads " +
            std::to_string(kSnapshotFormatVersion);
   }
-  if (kind > 1 || key_type > 1 || h.dim == 0 || h.dim > kMaxDim || h.num_slots > kMaxSlots) {
+  if (kind > 1 || key_type > 1 || h.dim == 0 || h.dim > kMaxHeaderDim ||
+      h.num_slots > kMaxHeaderSlots) {
     return "corrupt snapshot header";
   }
   h.kind = static_cast<SnapshotKind>(kind);

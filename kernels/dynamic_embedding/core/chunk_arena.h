@@ -1,0 +1,102 @@
+// ChunkArena: the memory an EmbeddingTable's entries live in (embedding_table.h). TensorFlow-free.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_CHUNK_ARENA_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_CHUNK_ARENA_H_
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace tf_ext {
+namespace de {
+
+// Entry storage for one table: chunks are carved from slabs of an eighth of the memory already
+// reserved (4 KiB to 4 MiB, so the unused tail stays small for small and large tables), and slabs
+// of 2 MiB and more are advised as transparent huge pages: random lookups into a large table then
+// miss the TLB far less. Chunks are only given back all at once, when the arena is destroyed.
+class ChunkArena {
+ public:
+  ChunkArena() = default;
+  ~ChunkArena() {
+    for (const Slab& slab : slabs_) {
+      if (slab.mapped) {
+        munmap(slab.base, slab.bytes);
+      } else {
+        std::free(slab.base);
+      }
+    }
+  }
+  ChunkArena(const ChunkArena&) = delete;
+  ChunkArena& operator=(const ChunkArena&) = delete;
+
+  char* Allocate(size_t bytes) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (bytes > remaining_) NewSlab(bytes);
+    char* chunk = next_;
+    next_ += bytes;
+    remaining_ -= bytes;
+    return chunk;
+  }
+  size_t ReservedBytes() const {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return reserved_;
+  }
+
+ private:
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kPage = size_t{4} << 10;
+  struct Slab {
+    char* base;
+    size_t bytes;
+    bool mapped;
+  };
+  void NewSlab(size_t at_least) {
+    // An eighth of what is reserved already: the unused tail stays under 12.5%.
+    size_t slab_bytes = std::min<size_t>(std::max<size_t>(reserved_ / 8, kPage), 4 << 20);
+    slab_bytes = slab_bytes >= kHugePage ? slab_bytes / kHugePage * kHugePage
+                                         : (slab_bytes + kPage - 1) & ~(kPage - 1);
+    const size_t bytes = std::max(slab_bytes, at_least);
+    if (bytes < kHugePage) {  // small slabs come from malloc: no mapping per few KiB
+      char* slab = static_cast<char*>(std::malloc(bytes));
+      if (slab == nullptr) throw std::bad_alloc();
+      Use(Slab{slab, bytes, false});
+      return;
+    }
+    // Huge pages need 2 MiB-aligned ranges: over-map, then trim the ends.
+    const bool huge = bytes % kHugePage == 0;
+    const size_t mapped = huge ? bytes + kHugePage : bytes;
+    char* base = static_cast<char*>(
+        mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (base == MAP_FAILED) throw std::bad_alloc();
+    char* slab = base;
+    if (huge) {
+      slab = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) &
+                                     ~(kHugePage - 1));
+      if (slab > base) munmap(base, slab - base);
+      char* end = slab + bytes;
+      if (base + mapped > end) munmap(end, base + mapped - end);
+      madvise(slab, bytes, MADV_HUGEPAGE);
+    }
+    Use(Slab{slab, bytes, true});
+  }
+  void Use(const Slab& slab) {
+    slabs_.push_back(slab);
+    reserved_ += slab.bytes;
+    next_ = slab.base;
+    remaining_ = slab.bytes;
+  }
+
+  mutable std::mutex mutex_;
+  std::vector<Slab> slabs_;
+  char* next_ = nullptr;
+  size_t remaining_ = 0, reserved_ = 0;
+};
+
+}  // namespace de
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_CHUNK_ARENA_H_
