@@ -10,3 +10,16 @@ from tf_ext.dynamic_embedding.variable import (
   get_dynamic_embedding_variable,
   tables,
 )
+
+__all__ = [
+  "DeltaCheckpointManager",
+  "DynamicEmbeddingOptimizer",
+  "DynamicEmbeddingVariable",
+  "EvictionPolicy",
+  "FrequencyAdmission",
+  "InitializerSpec",
+  "dynamic_embedding",
+  "embedding_lookup",
+  "get_dynamic_embedding_variable",
+  "tables",
+]

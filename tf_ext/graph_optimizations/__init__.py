@@ -22,6 +22,15 @@ import tensorflow as tf
 
 from tf_ext import _ops_loader, settings
 
+__all__ = [
+  "CONFIG_NAME",
+  "config_proto",
+  "disable",
+  "enable",
+  "enabled",
+  "stats",
+]
+
 # The ConfigProto custom optimizer that carries a session's switches
 # (kernels/graph/core/pass_switches.h).
 CONFIG_NAME = "TfExtGraphOptimizations"

@@ -15,6 +15,11 @@ are the `HARP_*` variables of `tf_ext.settings`, read by the plugin itself at NC
 
 import os
 
+__all__ = [
+  "LIBRARY_NAME",
+  "plugin_path",
+]
+
 LIBRARY_NAME = "libnccl-net-harp.so"
 
 

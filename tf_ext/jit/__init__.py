@@ -32,3 +32,23 @@ from tf_ext.jit.xla_compiles import (
   set_speed_gate,
   speed_verdicts,
 )
+
+__all__ = [
+  "SIZES_KEY",
+  "Bucketing",
+  "Function",
+  "compile",
+  "compile_count",
+  "compile_log",
+  "function",
+  "functions",
+  "listener_active",
+  "mask",
+  "masked_mean",
+  "masked_sum",
+  "set_async_compilation",
+  "set_speed_gate",
+  "size",
+  "speed_verdicts",
+  "unpad",
+]

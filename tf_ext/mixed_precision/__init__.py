@@ -23,3 +23,20 @@ from tf_ext.mixed_precision.policy import (
   config_from_settings,
 )
 from tf_ext.mixed_precision.summaries import SummaryHook, TensorBoardCallback
+
+__all__ = [
+  "FALLBACKS",
+  "HALF_CHOICES",
+  "STATE_COLLECTION",
+  "STATE_FIELDS",
+  "LossAwareGradientTape",
+  "LossAwareOptimizer",
+  "PolicyConfig",
+  "PrecisionPolicy",
+  "SummaryHook",
+  "TensorBoardCallback",
+  "auto_half_dtype",
+  "config_from_settings",
+  "policy_of",
+  "report",
+]
