@@ -34,6 +34,8 @@ __all__ = [
 # The ConfigProto custom optimizer that carries a session's switches
 # (kernels/graph/core/pass_switches.h).
 CONFIG_NAME = "TfExtGraphOptimizations"
+"""The name of the custom graph optimizer entry that config_proto() adds to a ConfigProto's
+rewrite options; its parameters carry the Session's switches."""
 
 _SWITCHES = ("fuse_embeddings", "cluster_dense_for_xla")
 _SETTING_OF = {

@@ -21,6 +21,7 @@ __all__ = [
 ]
 
 LIBRARY_NAME = "libnccl-net-harp.so"
+"""The plugin library's file name, in this directory (NCCL finds plugins by this pattern)."""
 
 
 def plugin_path():
