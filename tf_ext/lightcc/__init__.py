@@ -3,12 +3,14 @@
 With every LIGHT_* setting off (the default), init, allreduce, DistributedOptimizer and
 DistributedGradientTape *are* Horovod's: same code, same numerics. With settings on (environment,
 or `hvd.init(light_2d_allreduce=1, ...)`):
+
   - LIGHT_2D_ALLREDUCE: dense allreduces of Sum/Average go group-then-column (collectives.py),
   - LIGHT_TOPK_ALLREDUCE: gradients of at least LIGHT_TOPK_THRESHOLD bytes send only their top
     LIGHT_TOPK_RATIO entries, with error feedback (and fp16 values with LIGHT_TOPK_FP16); with 2D
     on, only the inter-group leg is compressed,
   - LIGHT_FUSION: dense gradients (TOPK ones included) go out in buckets whose size follows the
     measured step time (fusion.py).
+
 Per-step traffic: `hvd.traffic()` (bytes sent inside groups, across groups, and the compression
 ratio against Horovod's flat ring allreduce); `hvd.reset_traffic()` starts a new count.
 

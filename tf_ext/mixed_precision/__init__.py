@@ -2,8 +2,8 @@
 
 `LossAwareOptimizer(optimizer, half=...)` wraps an optimizer; the op library's graph rewrite gives
 each training step a half and a full version, and the `PrecisionPolicy` picks one per step from
-the loss, the gradients and a precision probe. The README's "Loss-aware mixed precision" section
-documents the policy, the op lists and the settings.
+the loss, the gradients and a precision probe. docs/mixed_precision.md documents the policy, the
+op lists and the settings.
 """
 
 from tf_ext.mixed_precision.optimizer import (
