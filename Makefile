@@ -7,7 +7,10 @@
 #   make develop editable install of this checkout into .venv (pip install -e .; reuses the
 #                libraries make build copied), so .venv/bin/python imports tf_ext from anywhere
 #   make lint    ruff (format check + lint) and clang-format --dry-run; `make format` fixes
-#   make test    lint and build, then bazel test //... (googletest for the cores, pytest for the rest)
+#   make test    lint and build, then bazel test //... (googletest for the cores, pytest for the
+#                rest; tests/docs builds the docs site strictly and runs the pages' Python examples)
+#   make docs    the docs site (MkDocs, API reference from the docstrings) into site/, offline;
+#                open site/index.html, or serve it: python3 -m http.server -d site
 #   make sanitize  the C++ core tests under ThreadSanitizer and AddressSanitizer
 #   make demo    examples/train_ctr.py
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
@@ -60,6 +63,7 @@ APT_PKGS    := bazel-bootstrap bazel-bootstrap-source libgtest-dev build-essenti
                cmake libopenmpi-dev openmpi-bin clang-format
 STAMP       := $(ROOT)/.setup-stamp
 BENCH_STAMP := $(ROOT)/.bench-stamp
+DOCS_STAMP  := $(ROOT)/.docs-stamp
 DEVELOP_STAMP := $(ROOT)/.develop-stamp
 # The built libraries, as paths in the package and (prefixed with //:) Bazel targets: OP_LIBRARY
 # and every plugin of third_party/sources.bzl (tests/build/test_capabilities.py checks the list).
@@ -108,14 +112,15 @@ endif
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: all setup apt venv horovod bench-deps build develop lint format test sanitize demo bench \
-        bench-lifecycle bench-quality bench-amp bench-fusion bench-jit bench-jit-profile \
-        bench-jit-session bench-jit-verdicts bench-cluster bench-harp bench-harp-nccl \
-        demo-estimator clean distclean
+.PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
+        sanitize demo bench bench-lifecycle bench-quality bench-amp bench-fusion bench-jit \
+        bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-harp \
+        bench-harp-nccl demo-estimator clean distclean
 
 all: build
 
-setup: apt venv horovod
+# docs-deps too: make test builds the docs site (tests/docs).
+setup: apt venv horovod docs-deps
 
 # apt only when a package is missing. Debian's own python3.11 (used when there is no pyenv one) needs
 # python3.11-venv for `python3.11 -m venv`.
@@ -193,6 +198,23 @@ bench-deps: setup
 	  "$(VENV)/bin/python" -m pip install -q -r requirements-bench.txt; \
 	  echo "$$want" > "$(BENCH_STAMP)"; \
 	fi
+
+# The docs site's generator (requirements-docs.txt, pinned), when that file changed.
+docs-deps: venv
+	@want="$$(sha256sum requirements-docs.txt | cut -d' ' -f1)"; \
+	if [ -f "$(DOCS_STAMP)" ] && [ "$$(cat $(DOCS_STAMP))" = "$$want" ]; then :; else \
+	  echo "[setup] pip install -r requirements-docs.txt"; \
+	  "$(VENV)/bin/python" -m pip install -q -r requirements-docs.txt; \
+	  echo "$$want" > "$(DOCS_STAMP)"; \
+	fi
+
+# Strict: a broken link or anchor, a public name without a docstring or missing from the API
+# reference fails the build (mkdocs.yml, docs/hooks/public_api.py). tf_ext is read from this
+# checkout; the op library is not needed. Horovod is: the reference imports tf_ext.lightcc.
+docs: horovod docs-deps
+	@cd $(ROOT) && start=$$(date +%s) && \
+	  $(call quiet,NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(ROOT) $(VENV)/bin/mkdocs build --strict --quiet --site-dir site) && \
+	  echo "[docs] site/index.html ($$(( $$(date +%s) - start ))s)"
 
 # `install` replaces each file (a new inode, a fresh mtime): running processes keep the library they
 # loaded, and setup.py sees the copies as newer than the sources (so `develop` compiles nothing).
@@ -322,10 +344,10 @@ bench-harp-nccl: build bench-deps
 
 clean:
 	-$(BAZEL) clean
-	rm -rf $(LIBRARIES) build/ dist/ *.egg-info .pytest_cache $(DEVELOP_STAMP)
+	rm -rf $(LIBRARIES) build/ dist/ site/ *.egg-info .pytest_cache $(DEVELOP_STAMP)
 	find . -path ./.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Also drop the venv and Bazel's cached repositories.
 distclean: clean
 	-$(BAZEL) clean --expunge
-	rm -rf $(VENV) $(STAMP) $(BENCH_STAMP)
+	rm -rf $(VENV) $(STAMP) $(BENCH_STAMP) $(DOCS_STAMP)

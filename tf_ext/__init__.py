@@ -31,6 +31,31 @@ from tf_ext.dynamic_embedding import (
 from tf_ext.dynamic_embedding.cluster import wait_for_cluster
 from tf_ext.dynamic_embedding.sharded import ShardedDynamicEmbeddingVariable
 
+__all__ = [
+  # Dynamic embedding, at the top level.
+  "DeltaCheckpointManager",
+  "DynamicEmbeddingOptimizer",
+  "DynamicEmbeddingVariable",
+  "EvictionPolicy",
+  "FrequencyAdmission",
+  "InitializerSpec",
+  "ShardedDynamicEmbeddingVariable",
+  "dynamic_embedding",
+  "embedding_lookup",
+  "get_dynamic_embedding_variable",
+  "wait_for_cluster",
+  # The subpackages that `import tf_ext` loads (tf_ext.lightcc and tf_ext.harp are imported on
+  # their own: lightcc imports Horovod).
+  "feature_column",
+  "graph",
+  "graph_optimizations",
+  "jit",
+  "keras",
+  "mixed_precision",
+  "saved_model",
+  "train",
+]
+
 __version__ = "0.1.0"
 
 _ops_loader.try_load()

@@ -46,4 +46,6 @@ def test_both_builds_build_plugins_with_the_same_flags():
   bazel = "third_party/capabilities.bzl"
   assert top_level_list(bazel, "_PLUGIN_COPTS") == top_level_list("setup.py", "PLUGIN_FLAGS")
   assert "-Wl,-z,nodelete" in top_level_list(bazel, "_PLUGIN_LINKOPTS")
-  assert top_level_list(bazel, "_PLUGIN_LINKOPTS") == top_level_list("setup.py", "PLUGIN_LINK_FLAGS")
+  assert top_level_list(bazel, "_PLUGIN_LINKOPTS") == top_level_list(
+    "setup.py", "PLUGIN_LINK_FLAGS"
+  )

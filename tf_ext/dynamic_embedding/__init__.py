@@ -8,3 +8,16 @@ from tf_ext.dynamic_embedding.live_tables import tables
 from tf_ext.dynamic_embedding.lookup import dynamic_embedding, embedding_lookup
 from tf_ext.dynamic_embedding.optimizer import DynamicEmbeddingOptimizer
 from tf_ext.dynamic_embedding.variable import DynamicEmbeddingVariable
+
+__all__ = [
+  "DeltaCheckpointManager",
+  "DynamicEmbeddingOptimizer",
+  "DynamicEmbeddingVariable",
+  "EvictionPolicy",
+  "FrequencyAdmission",
+  "InitializerSpec",
+  "dynamic_embedding",
+  "embedding_lookup",
+  "get_dynamic_embedding_variable",
+  "tables",
+]

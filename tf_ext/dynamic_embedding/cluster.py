@@ -67,8 +67,8 @@ def wait_for_cluster(cluster=None, timeout_s=30.0, jobs=("ps",)):
     jobs: the jobs to check; None checks every job.
 
   Raises:
-    tf.errors.DeadlineExceededError naming each task and address that did not accept a TCP
-    connection within timeout_s, with the last connection error.
+    tf.errors.DeadlineExceededError: naming each task and address that did not accept a TCP
+      connection within timeout_s, with the last connection error.
   """
   if cluster is None:
     cluster = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()

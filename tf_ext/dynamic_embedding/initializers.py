@@ -6,6 +6,10 @@ import numbers
 import tensorflow as tf
 
 InitializerSpec = collections.namedtuple("InitializerSpec", ["kind", "a", "b", "seed"])
+"""An initializer as the kernels compute it per key: `kind` (one of "zeros", "constant", "uniform",
+"normal", "truncated_normal"), its parameters `a` and `b` (constant: the value in `a`; uniform:
+minval and maxval; normal and truncated_normal: mean and stddev) and `seed`. Tables take one
+wherever they take an initializer."""
 
 # The kernel's kinds (ParseInitializerKind), checked by tests/dynamic_embedding/test_op_facts.py.
 KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")

@@ -23,9 +23,20 @@ import tensorflow as tf
 
 from tf_ext import _ops_loader, settings
 
+__all__ = [
+  "CONFIG_NAME",
+  "config_proto",
+  "disable",
+  "enable",
+  "enabled",
+  "stats",
+]
+
 # The ConfigProto custom optimizer that carries a session's switches
 # (kernels/graph/core/pass_switches.h).
 CONFIG_NAME = "TfExtGraphOptimizations"
+"""The name of the custom graph optimizer entry that config_proto() adds to a ConfigProto's
+rewrite options; its parameters carry the Session's switches."""
 
 _SWITCHES = ("fuse_embeddings", "cluster_dense_for_xla")
 _SETTING_OF = {

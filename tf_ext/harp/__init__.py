@@ -15,7 +15,13 @@ are the `HARP_*` variables of `tf_ext.settings`, read by the plugin itself at NC
 
 import os
 
+__all__ = [
+  "LIBRARY_NAME",
+  "plugin_path",
+]
+
 LIBRARY_NAME = "libnccl-net-harp.so"
+"""The plugin library's file name, in this directory (NCCL finds plugins by this pattern)."""
 
 
 def plugin_path():

@@ -33,3 +33,23 @@ from tf_ext.jit.xla_compiles import (
   speed_verdicts,
 )
 from tf_ext.padding import mask, masked_mean, masked_sum, size
+
+__all__ = [
+  "SIZES_KEY",
+  "Bucketing",
+  "Function",
+  "compile",
+  "compile_count",
+  "compile_log",
+  "function",
+  "functions",
+  "listener_active",
+  "mask",
+  "masked_mean",
+  "masked_sum",
+  "set_async_compilation",
+  "set_speed_gate",
+  "size",
+  "speed_verdicts",
+  "unpad",
+]

@@ -81,8 +81,9 @@ logger = logging.getLogger("tf_ext.jit")
 # The graph collection of unpad()'s results.
 _UNPADDED = "tf_ext_jit_unpadded"
 
-# The features key that carries a padded batch's sizes: int32 [2, dims], true then padded.
 SIZES_KEY = "tf_ext_jit_sizes"
+"""The features key under which Bucketing.pad adds each batch's sizes: an int32 [2, dims] tensor,
+the true sizes then the padded ones."""
 
 
 class Bucketing:

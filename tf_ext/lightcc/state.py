@@ -157,7 +157,7 @@ def traffic_counter():
 
 
 def init(*args, **kwargs):
-  """horovod.tensorflow.init, plus LightCC's settings (light_<name>=... keywords override env)."""
+  """horovod.tensorflow.init, plus LightCC's settings (`light_<name>=...` keywords override env)."""
   env_rank_size = _horovod_env.get_env_rank_and_size()
   world_size = env_rank_size[1] if env_rank_size else 1
   config = _config.resolve(world_size, kwargs)

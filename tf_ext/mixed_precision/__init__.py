@@ -2,8 +2,8 @@
 
 `LossAwareOptimizer(optimizer, half=...)` wraps an optimizer; the op library's graph rewrite gives
 each training step a half and a full version, and the `PrecisionPolicy` picks one per step from
-the loss, the gradients and a precision probe. The README's "Loss-aware mixed precision" section
-documents the policy, the op lists and the settings.
+the loss, the gradients and a precision probe. docs/mixed_precision.md documents the policy, the
+op lists and the settings.
 """
 
 from tf_ext.mixed_precision.optimizer import (
@@ -23,3 +23,20 @@ from tf_ext.mixed_precision.policy import (
   config_from_settings,
 )
 from tf_ext.mixed_precision.summaries import SummaryHook, TensorBoardCallback
+
+__all__ = [
+  "FALLBACKS",
+  "HALF_CHOICES",
+  "STATE_COLLECTION",
+  "STATE_FIELDS",
+  "LossAwareGradientTape",
+  "LossAwareOptimizer",
+  "PolicyConfig",
+  "PrecisionPolicy",
+  "SummaryHook",
+  "TensorBoardCallback",
+  "auto_half_dtype",
+  "config_from_settings",
+  "policy_of",
+  "report",
+]

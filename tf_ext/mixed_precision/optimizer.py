@@ -31,9 +31,11 @@ from tf_ext.mixed_precision.policy import (
 )
 
 HALF_CHOICES = ("auto", "bfloat16", "float16")
+"""The names LossAwareOptimizer's `half` accepts (besides tf.bfloat16 and tf.float16); "auto" is
+auto_half_dtype()."""
 _TRACKED_NAME = "tf_ext_loss_aware_precision"
-# Graph collection of the policies made in TF1 graphs (SummaryHook finds them there).
 STATE_COLLECTION = "tf_ext_amp_policy_states"
+"""The TF1 graph collection of the policies' state variables (SummaryHook reads them there)."""
 # Where half precision pays: fp16 on these GPUs, bf16 on CPUs with these flags.
 _MIN_FAST_FP16_COMPUTE_CAPABILITY = (7, 0)
 _FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")

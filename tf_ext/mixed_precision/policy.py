@@ -34,8 +34,10 @@ STATE_FIELDS = (
   "losses_seen",
   "last_probe_error",
 )
+"""The names of the policy state's fields, in the order the policy op returns them."""
 # Why the policy last fell back to full precision (the core's Fallback, by value).
 FALLBACKS = ("none", "nonfinite_streak", "scale_floor", "nonfinite", "probe", "loss_spike")
+"""Why the policy last fell back to full precision: the state's `last_fallback` indexes this."""
 
 PolicyConfig = settings.config_class(
   "mixed_precision",
@@ -45,6 +47,8 @@ PolicyConfig = settings.config_class(
   },
   module=__name__,
 )
+"""The policy's knobs: a frozen dataclass with one field per TF_EXT_AMP_* setting, defaulting to
+the setting's default (config_from_settings() reads the environment instead)."""
 
 
 def config_from_settings():

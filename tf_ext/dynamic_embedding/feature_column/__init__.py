@@ -13,3 +13,10 @@ from tf_ext.dynamic_embedding.feature_column.columns import (
   categorical_column_with_dynamic_vocabulary,
   dynamic_embedding_column,
 )
+
+__all__ = [
+  "DynamicEmbeddingColumn",
+  "DynamicVocabularyColumn",
+  "categorical_column_with_dynamic_vocabulary",
+  "dynamic_embedding_column",
+]

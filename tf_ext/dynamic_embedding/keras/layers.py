@@ -8,6 +8,10 @@ from tf_ext.dynamic_embedding import lookup as lookup_lib
 from tf_ext.dynamic_embedding import sharded as sharded_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
 
+__all__ = [
+  "DynamicEmbedding",
+]
+
 
 @tf.keras.utils.register_keras_serializable(package="tf_ext")
 class DynamicEmbedding(tf.keras.layers.Layer):

@@ -13,3 +13,10 @@ from tf_ext.dynamic_embedding.saved_model.serving import (
   export_estimator_for_serving,
   export_for_serving,
 )
+
+__all__ = [
+  "ServingTable",
+  "default_row",
+  "export_estimator_for_serving",
+  "export_for_serving",
+]

@@ -8,3 +8,9 @@
 
 from tf_ext.dynamic_embedding.train.checkpoint_hooks import DeltaCheckpointHook
 from tf_ext.dynamic_embedding.train.lifecycle_hooks import EvictionHook, TableStatisticsHook
+
+__all__ = [
+  "DeltaCheckpointHook",
+  "EvictionHook",
+  "TableStatisticsHook",
+]

@@ -50,4 +50,50 @@ from tf_ext.lightcc.reduction import reduce_gradients as allreduce_gradients
 from tf_ext.lightcc.state import init, light_config, reset_traffic, traffic
 from tf_ext.lightcc.wrappers import KerasDistributedOptimizer as DistributedOptimizer
 
+__all__ = [
+  # LightCC's own (or its versions of Horovod's).
+  "DistributedOptimizer",
+  "allreduce_gradients",
+  "callbacks",
+  "init",
+  "light_config",
+  "reset_traffic",
+  "traffic",
+  # Horovod's, re-exported unchanged: `from ... import *` works as with Horovod.
+  "Average",
+  "Compression",
+  "ProcessSet",
+  "Sum",
+  "add_process_set",
+  "allgather",
+  "allreduce",
+  "broadcast",
+  "broadcast_global_variables",
+  "ccl_built",
+  "cross_rank",
+  "cross_size",
+  "cuda_built",
+  "ddl_built",
+  "elastic",
+  "global_process_set",
+  "gloo_built",
+  "gloo_enabled",
+  "is_initialized",
+  "load_model",
+  "local_rank",
+  "local_size",
+  "mpi_built",
+  "mpi_enabled",
+  "mpi_threads_supported",
+  "nccl_built",
+  "rank",
+  "reducescatter",
+  "remove_process_set",
+  "rocm_built",
+  "shutdown",
+  "size",
+  "start_timeline",
+  "stop_timeline",
+]
+
 __getattr__, __dir__ = _reexport.fallback(__name__, globals(), _hvd_keras)
