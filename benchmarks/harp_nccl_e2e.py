@@ -48,14 +48,14 @@ cap (--flow-rate) through htb classes selected by the TCP source port.
 
 --plot PATH draws busbw per size (and HARP/Socket) as a PNG; --chart-from R1.json R2.json ...
 --plot PATH redraws such a chart from the --json files of earlier runs (e.g. one per profile, as
-the README's chart), without running anything.
+docs/benchmarks.md's chart), without running anything.
 
 --dry-run prints, for each transport and rank, the exact command and the environment it would get
 (and the namespace and tc set-up with --netns), launching nothing: it runs without GPU or torch.
 
   python3 benchmarks/harp_nccl_e2e.py                            # loopback, 8 B ... 64 MiB
   python3 benchmarks/harp_nccl_e2e.py --quick --json /tmp/e2e.json
-  python3 benchmarks/harp_nccl_e2e.py --rounds 3 --netns cloud   # as the README's figures ran
+  python3 benchmarks/harp_nccl_e2e.py --rounds 3 --netns cloud   # as docs/benchmarks.md's ran
   sudo python3 benchmarks/harp_nccl_e2e.py --netns cloud         # the emulated cloud network
   python3 benchmarks/harp_nccl_e2e.py --dry-run --plugin /path/to/libnccl-net-harp.so
 """

@@ -86,7 +86,7 @@ KIB, MIB = 1024, 1024 * 1024
 FULL_SIZES = [64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
 QUICK_SIZES = [64 * KIB, MIB, 4 * MIB]
 # Per profile; elsewhere HARP runs at its defaults (4 streams: 8 cost more CPU per byte at
-# 100 Gbit/s, 1.13x the baseline's against 1.07x, README).
+# 100 Gbit/s, 1.13x the baseline's against 1.07x, docs/benchmarks.md).
 HARP_PROFILE_ENV = {"cloud": {"HARP_NSTREAMS": "8"}}
 CPU_FLAGS = ("sse4_2", "avx", "avx2", "avx512f", "pclmulqdq", "aes", "erms", "fsrm", "constant_tsc")
 TARGETS = {"cloud": 3.0, "aggregate": 1.2}
@@ -575,7 +575,7 @@ def unreachable_throughput(profile, baseline, target, args):
   return (
     f"no transport can: the baseline moves {moved:.2f} of the {cap:g} Gbit/s cap. A cap that one "
     f"flow cannot fill shows the difference, e.g. --aggregate-rate 100gbit --channels 2 "
-    f"(README's HARP section)."
+    f"(docs/benchmarks.md, HARP at 100 Gbit/s)."
   )
 
 

@@ -15,8 +15,9 @@ In one run:
      cannot load in one process, so an earlier build is compared only when given: --previous DIR
      (a directory whose tf_ext/ holds it, e.g. a built checkout of the previous release) runs
      lookup.py alternately against each, --lookup-runs times. Without it, the previous core's
-     figure is the README's: 0.71x and 0.72x in two runs on this machine (0.67x, 0.66x, 0.65x in
-     three earlier `make bench` runs). Compare ratios, not absolute speeds, on a shared machine.
+     figure is docs/benchmarks.md's: 0.71x and 0.72x in two runs on this machine (0.67x, 0.66x,
+     0.65x in three earlier `make bench` runs). Compare ratios, not absolute speeds, on a shared
+     machine.
 
 The PASS/MISS lines are informational: the exit status is 0 whatever the numbers.
 
@@ -58,7 +59,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 SMALL_TABLE_TARGET = 2.0  # memory_bytes / raw payload of a 1,000-id dim-16 table, at most
 LOOKUP_VS_GATHER_TARGET = 0.6  # lookup.py's target, tf_ext lookup / dense tf.gather
-PREVIOUS_LOOKUP_VS_GATHER = (0.71, 0.72)  # README, benchmarks/lookup.py on the previous core
+PREVIOUS_LOOKUP_VS_GATHER = (0.71, 0.72)  # docs/benchmarks.md: lookup.py on the previous core
 QUICK_LOOKUP_ARGS = "--keys 200000 --num-batches 5 --repeats 3 --no-adam"
 
 
@@ -301,7 +302,7 @@ def main(argv=None):
         )
       else:
         print(
-          "  previous core (README, same script and machine, not this run): "
+          "  previous core (docs/benchmarks.md, same script and machine, not this run): "
           + " and ".join(f"{r:.2f}x" for r in PREVIOUS_LOOKUP_VS_GATHER)
           + "; --previous DIR runs an earlier build alternately"
         )
@@ -325,7 +326,7 @@ def main(argv=None):
       f">= {LOOKUP_VS_GATHER_TARGET:g}      measured {gather_ratio:.2f}x (lookup.py's target; "
       "the previous core measured "
       + "/".join(f"{r:.2f}x" for r in PREVIOUS_LOOKUP_VS_GATHER)
-      + " in the README)"
+      + " in docs/benchmarks.md)"
     )
   results["targets"] = {
     "small_table_ratio": {"value": ratio, "pass": ratio <= SMALL_TABLE_TARGET},

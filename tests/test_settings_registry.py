@@ -1,4 +1,4 @@
-"""The settings registry (tf_ext/settings.py): declarations, the README table, LightCC's config."""
+"""The settings registry (tf_ext/settings.py): declarations, the docs' table, LightCC's config."""
 
 import ast
 import dataclasses
@@ -25,22 +25,25 @@ def _checkout_file(name):
   return path
 
 
-def _readme_settings_table():
-  with open(_checkout_file("README.md"), encoding="utf-8") as readme:
-    text = readme.read()
-  section = re.search(r"^## Settings\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-  assert section, "README.md has no '## Settings' section"
+SETTINGS_PAGE = "docs/settings.md"
+
+
+def _documented_settings_table():
+  with open(_checkout_file(SETTINGS_PAGE), encoding="utf-8") as page:
+    text = page.read()
+  section = re.search(r"^## All settings\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+  assert section, f"{SETTINGS_PAGE} has no '## All settings' section"
   return [line for line in section.group(1).splitlines() if line.startswith("|")]
 
 
-def test_readme_table_is_the_registry():
-  readme = _readme_settings_table()
+def test_documented_table_is_the_registry():
+  documented = _documented_settings_table()
   generated = settings.markdown_table().splitlines()
-  assert [row.split("|")[1].strip() for row in readme[2:]] == [
+  assert [row.split("|")[1].strip() for row in documented[2:]] == [
     f"`{name}`" for name in settings.SETTINGS
-  ], "README's settings are not the registry's (regenerate: python -m tf_ext.settings)"
-  assert readme == generated, (
-    "README's settings table is stale: python -m tf_ext.settings prints it"
+  ], f"{SETTINGS_PAGE}'s settings are not the registry's (regenerate: python -m tf_ext.settings)"
+  assert documented == generated, (
+    f"{SETTINGS_PAGE}'s settings table is stale: python -m tf_ext.settings prints it"
   )
 
 
