@@ -314,7 +314,7 @@ def main(argv=None):
   parser.add_argument(
     "--graph-passes",
     action="store_true",
-    help="tf_ext.graph_optimizations.enable(): fused embedding lookups and table updates",
+    help="tf_ext.graph.enable(): fused embedding lookups and table updates",
   )
   parser.add_argument(
     "--log-dir",
@@ -352,7 +352,7 @@ def main(argv=None):
 
   # Model.
   if args.graph_passes:  # before the first step: the passes rewrite graphs as they are built
-    tf_ext.graph_optimizations.enable()
+    tf_ext.graph.enable()
   model = build_model(args.dim, args.min_count, args.evict_window)
   optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(args.learning_rate))
   if args.amp != "off":
@@ -388,7 +388,7 @@ def main(argv=None):
   )
 
   if args.graph_passes:
-    passes = tf_ext.graph_optimizations.stats()
+    passes = tf_ext.graph.stats()
     print(
       f"graph passes: {passes['lookups_fused']} lookups and {passes['updates_fused']} table "
       f"updates fused (graphs rewritten: {passes['graphs_fused']}), "

@@ -1,8 +1,8 @@
 """Every setting of tf_ext, declared once: name, default, meaning, parser and capability.
 
-This module is the one registry: the README's settings table is generated from it
+This module is the one registry: the settings table of docs/settings.md is generated from it
 (`python -m tf_ext.settings` prints the table; tests/test_settings_registry.py checks that the
-README matches), and a capability's config object (e.g. LightCC's LightConfig) is derived from its
+page matches), and a capability's config object (e.g. LightCC's LightConfig) is derived from its
 declarations by `config_class`. Adding a setting is one `Setting(...)` below, plus the
 regenerated table.
 
@@ -119,7 +119,7 @@ class Setting:
 
   name: str
   default: str  # as the environment holds it; "" for empty
-  meaning: str  # one line; shown in the README table and in error messages
+  meaning: str  # one line; shown in docs/settings.md and in error messages
   capability: str
   parse: Callable[[str], object] = str
   attribute: Optional[str] = None  # field name in the capability's config object, if it has one
@@ -424,11 +424,11 @@ SETTINGS: Dict[str, Setting] = registry(
       capability="jit",
       parse=_flag,
     ),
-    # Graph passes (tf_ext.graph_optimizations): read by enable() and config_proto().
+    # Graph passes (tf_ext.graph): read by enable() and config_proto().
     Setting(
       "TF_EXT_GRAPH_FUSE_EMBEDDINGS",
       "1",
-      "tf_ext.graph_optimizations: fuse every embedding lookup of a step into one op, and the "
+      "tf_ext.graph: fuse every embedding lookup of a step into one op, and the "
       "table updates into one (0: leave them unfused).",
       capability="graph",
       parse=_flag,
@@ -436,7 +436,7 @@ SETTINGS: Dict[str, Setting] = registry(
     Setting(
       "TF_EXT_GRAPH_CLUSTER_DENSE",
       "auto",
-      "tf_ext.graph_optimizations: compile the dense part between the embedding outputs and the "
+      "tf_ext.graph: compile the dense part between the embedding outputs and the "
       "loss, and its gradients, with XLA: 1, 0, or auto (on where TensorFlow sees a GPU; on CPU, "
       "XLA made the benchmark's steps slower).",
       capability="graph",
@@ -552,7 +552,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "4",
       "TCP data streams per connection (NCCL opens one per channel); each chunk of a message "
       "goes to the stream with the fewest unacknowledged bytes. With NCCL's 2 channels, 4 ran "
-      "faster than 8 on both emulated networks (README, HARP).",
+      "faster than 8 on both emulated networks (docs/benchmarks.md, HARP).",
       capability="harp",
       parse=_harp_integer(1, 64),
     ),
@@ -609,7 +609,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "Busy connections that the calling thread drives itself (NCCL's proxy thread, which "
       "spins on test() whatever the transport) instead of a worker; the rest stay with the "
       "workers. 0: the workers drive all (more throughput where one flow cannot fill the link, "
-      "at more CPU per byte; README, HARP).",
+      "at more CPU per byte; docs/benchmarks.md, HARP).",
       capability="harp",
       parse=_harp_integer(0, 64),
     ),
@@ -649,12 +649,12 @@ def config_class(capability, class_name, namespace=None, module=None):
 
 
 def render_default(default):
-  """How the README table shows a default: `(empty)` for "", else in backticks."""
+  """How the settings table shows a default: `(empty)` for "", else in backticks."""
   return "(empty)" if default == "" else f"`{default}`"
 
 
 def markdown_table():
-  """The README's settings table, one row per setting in declaration order."""
+  """The settings table of docs/settings.md, one row per setting in declaration order."""
   lines = ["| variable | capability | default | meaning |", "|---|---|---|---|"]
   for s in SETTINGS.values():
     lines.append(f"| `{s.name}` | {s.capability} | {render_default(s.default)} | {s.meaning} |")

@@ -14,7 +14,7 @@ from tf_ext import _ops_loader
 # In a graph, each lookup's result goes through a TfExtEmbeddingField marker naming the table,
 # keys, segments and combiner it was computed from, and the gradient of its rows through a
 # TfExtEmbeddingRowsGradient marker naming the gradient of the result. Both pass their first input
-# through; with tf_ext.graph_optimizations enabled, the pass replaces them, and the ops before
+# through; with tf_ext.graph's passes enabled, the pass replaces them, and the ops before
 # them, by one fused lookup and one fused apply for all lookups of the step.
 
 # graph -> {find op name: (gradient of the marked result, the marker op)}, filled by the marker's

@@ -109,7 +109,7 @@ def _lookup_real_ids(table, ids, combiner, extent):
   ]
   padded = tf.pad(rows, tf.stack(paddings))
   # The pad's input has the real rows' shape, which changes every batch: it stays outside XLA's
-  # cluster (graph_optimizations' dense-part pass keeps an op's own XLA attribute), or the
+  # cluster (tf_ext.graph's dense-part pass keeps an op's own XLA attribute), or the
   # cluster would compile once per real batch size.
   padded.op._set_attr("_XlaCompile", attr_value_pb2.AttrValue(b=False))  # noqa: SLF001
   padded.set_shape(ids.shape.concatenate([table.dim]))

@@ -1,4 +1,4 @@
-"""HARP, tf_ext's NCCL network plugin (in progress).
+"""HARP, tf_ext's NCCL network plugin.
 
 The plugin is a shared library of its own, `libnccl-net-harp.so` in this directory: NCCL loads
 network plugins by that file-name pattern, so the library has no TensorFlow dependency. It
