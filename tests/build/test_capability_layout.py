@@ -1,7 +1,7 @@
 """One name per capability: each capability of third_party/sources.bzl has its Python package
 tf_ext/<name>, its tests tests/<name>, its C++ under kernels/<name> (and ops/<name>_*.cc), its
-C++ tests under tests/kernels/<name>, and its settings tagged <name> in tf_ext/settings.py; and
-nothing else sits at those places under another name."""
+C++ tests under tests/kernels/<name>, its page docs/<name>.md and its settings tagged <name> in
+tf_ext/settings.py; and nothing else sits at those places under another name."""
 
 import os
 
@@ -44,6 +44,8 @@ def check(root, setting_tags):
       problems.append(f"capability {name} has no Python package tf_ext/{name}/")
     if not has_tests(os.path.join(root, "tests", name)):
       problems.append(f"capability {name} has no tests in tests/{name}/")
+    if not os.path.isfile(os.path.join(root, "docs", f"{name}.md")):
+      problems.append(f"capability {name} has no page docs/{name}.md")
     plugin = capability.get("plugin") or {}
     cc = capability["core_srcs"] + capability["kernel_srcs"] + plugin.get("srcs", [])
     if cc and not has_tests(os.path.join(root, "tests", "kernels", name)):
@@ -103,6 +105,8 @@ CLEAN_TREE = {
   "tests/b/nested/test_b.py": "",
   "tests/kernels/a/a_test.cc": "",
   "tests/build/test_layout.py": "",
+  "docs/a.md": "",
+  "docs/b.md": "",
 }
 
 
@@ -124,6 +128,7 @@ def test_a_clean_tree_passes(tmp_path):
   [
     ({}, ["tf_ext/b/__init__.py"], None, "no Python package tf_ext/b/"),
     ({}, ["tests/b/nested/test_b.py"], None, "no tests in tests/b/"),
+    ({}, ["docs/a.md"], None, "no page docs/a.md"),
     ({}, ["tests/kernels/a/a_test.cc"], None, "no googletest in tests/kernels/a/"),
     ({"kernels/old_a/x.h": ""}, [], None, "kernels/old_a/ is not a capability"),
     ({"tests/old_a/test_x.py": ""}, [], None, "tests/old_a/ is neither a capability"),
