@@ -109,6 +109,9 @@ from tf_ext import padding
 from tf_ext.jit import buckets as bucket_lib
 from tf_ext.jit import planner as planner_lib
 from tf_ext.jit import speed_check, xla_compiles
+from tf_ext.jit.paddable import _Axes, _describe, _leaf_axes, _normalize_spec  # noqa: F401
+from tf_ext.jit.signatures import _Executable, _is_tensor, _Probe, _Signature, _static_key
+from tf_ext.jit.size_dependence import _probe_sizes, _reaches_values  # noqa: F401
 
 # The padding contract's helpers, as tf_ext.jit exports them (their home is tf_ext.padding).
 from tf_ext.padding import mask, masked_mean, masked_sum, padded_extent, size  # noqa: F401
@@ -119,245 +122,8 @@ logger = logging.getLogger("tf_ext.jit")
 _READ_ONLY_RESOURCE_OPS = frozenset(
   {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp"}
 )
-# Inputs that take a shape, a length or an axis: a padded size arriving there builds tensors of
-# the padded shape, which is how padding works (op type -> input indices; None: all inputs).
-_SHAPE_INPUTS = {
-  "Reshape": (1,),
-  "BroadcastTo": (1,),
-  "Fill": (0,),
-  "Tile": (1,),
-  "Range": None,
-  "ExpandDims": (1,),
-  "Slice": (1, 2),
-  "StridedSlice": (1, 2, 3),
-  "Pad": (1,),
-  "PadV2": (1,),
-  "Transpose": (1,),
-  "OneHot": (1,),
-  "Sum": (1,),
-  "Mean": (1,),
-  "Max": (1,),
-  "Min": (1,),
-  # num_segments: the number of output rows (padded rows get no segment, hence zeros).
-  "UnsortedSegmentSum": (2,),
-  "UnsortedSegmentMax": (2,),
-  "UnsortedSegmentMin": (2,),
-  "UnsortedSegmentProd": (2,),
-  "SparseSegmentSumWithNumSegments": (3,),
-  "SparseSegmentMeanWithNumSegments": (3,),
-  "SparseSegmentSqrtNWithNumSegments": (3,),
-  "TfExtEmbeddingField": (5,),
-  "TfExtEmbeddingRowsGradient": (4,),
-  "RandomUniform": (0,),
-  "RandomStandardNormal": (0,),
-  "StatelessRandomUniformV2": (0,),
-  "StatelessRandomNormalV2": (0,),
-}
-_INTEGER_TYPES = (tf.int32, tf.int64)
 # Sizes kept from the calls made while the probe runs (a paused or closed compiler never ends it).
 _MAX_EARLY_SIZES = 4096
-
-# ---------------------------------------------------------------------------------------------
-# The `paddable` declaration.
-
-
-class _Axes:
-  """Leaf of a paddable declaration: {axis: dimension name}."""
-
-  def __init__(self, axes):
-    self.axes = dict(axes)
-
-  def __repr__(self):
-    return f"_Axes({self.axes})"
-
-
-def _normalize_spec(spec, where="paddable"):
-  if spec is None:
-    return None
-  if isinstance(spec, str):
-    return _Axes({0: spec})
-  if isinstance(spec, _Axes):
-    return spec
-  if isinstance(spec, dict) and spec and all(isinstance(k, int) for k in spec):
-    for axis, dim in spec.items():
-      if not isinstance(dim, str) or not dim:
-        raise ValueError(f"{where}: axis {axis} must map to a dimension name, got {dim!r}")
-    return _Axes(spec)
-  if isinstance(spec, dict):
-    return {key: _normalize_spec(value, f"{where}[{key!r}]") for key, value in spec.items()}
-  if isinstance(spec, (list, tuple)):
-    return type(spec)(_normalize_spec(v, f"{where}[{i}]") for i, v in enumerate(spec))
-  raise ValueError(
-    f"{where}: expected a dimension name, {{axis: name}}, or a nested dict/list of those; "
-    f"got {spec!r}"
-  )
-
-
-def _leaf_axes(value, spec):
-  """tf.nest.flatten(value)-aligned list of {axis: dim} (or None) from a normalized spec."""
-  if spec is None:
-    return [None] * len(tf.nest.flatten(value))
-  if isinstance(spec, _Axes):
-    return [spec.axes] * len(tf.nest.flatten(value))
-  if isinstance(spec, dict):
-    if not isinstance(value, collections.abc.Mapping):
-      raise ValueError(f"paddable: {spec!r} is a dict but the argument is {type(value).__name__}")
-    out = []
-    for key in sorted(value):  # tf.nest's order for dicts
-      out += _leaf_axes(value[key], spec.get(key))
-    return out
-  if not isinstance(value, (list, tuple)) or len(value) != len(spec):
-    raise ValueError(f"paddable: {spec!r} does not match the argument's structure")
-  out = []
-  for item, item_spec in zip(value, spec):
-    out += _leaf_axes(item, item_spec)
-  return out
-
-
-def _is_tensor(value):
-  return isinstance(value, (tf.Tensor, np.ndarray)) and not isinstance(value, tf.Variable)
-
-
-def _static_key(value):
-  try:
-    hash(value)
-    return ("value", type(value).__name__, value)
-  except TypeError:
-    return ("id", id(value))
-
-
-# ---------------------------------------------------------------------------------------------
-# A call signature: the argument structure, its static (non-tensor) values, which tensor axes
-# are which padded dimension; its body and plain (uncompiled) function.
-
-
-class _Signature:
-  def __init__(self, owner, key, names, structure, static, tensor_positions, leaf_axes):
-    self.owner = owner
-    self.key = key
-    self.names = names
-    self.structure = structure  # the arguments dict with leaves (for pack_sequence_as)
-    self.static = static  # position -> value
-    self.tensor_positions = tensor_positions
-    self.leaf_axes = leaf_axes  # per tensor: {axis: dim}
-    dims = []
-    for axes in leaf_axes:
-      for dim in axes.values():
-        if dim not in dims:
-          dims.append(dim)
-    self.declared_dims = tuple(dims)
-    self.dims = tuple(dims)  # the padded ones (detection may drop some)
-    self.output_dims = None  # per flat output: {axis: dim} (set by the probe)
-    self.probe_state = "new"  # -> "probing" (at the first call) -> "probed"
-    self.early_sizes = []  # the declared sizes of the calls made while probing
-    self.plain = tf.function(self.body, reduce_retracing=True)
-    self._plain_traces = {}  # family_key -> the uncompiled trace
-    self._jit_traces = {}  # family_key -> (compiled, body)
-    self._jit_trace_lock = threading.Lock()
-
-  def effective_axes(self, index):
-    return {a: d for a, d in self.leaf_axes[index].items() if d in self.dims}
-
-  def family_key(self, shapes, dtypes):
-    """The shapes with every declared axis unknown, and the dtype names: one uncompiled trace
-    and one jit trace serve each such family."""
-    key = []
-    for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-      axes = self.leaf_axes[index]
-      key.append((tuple(None if a in axes else n for a, n in enumerate(shape)), dtype))
-    return tuple(key)
-
-  def specs(self, family):
-    """The input signature of a family's traces: the sizes vector, then one spec per tensor."""
-    sizes = tf.TensorSpec([len(self.declared_dims)], tf.int32)
-    return [sizes] + [tf.TensorSpec(shape, tf.as_dtype(dtype)) for shape, dtype in family]
-
-  def plain_trace(self, tensors):
-    """The uncompiled trace of the tensors' family (traced at its first use)."""
-    family = self.family_key([t.shape for t in tensors], [t.dtype.name for t in tensors])
-    concrete = self._plain_traces.get(family)
-    if concrete is None:
-      concrete = self._plain_traces[family] = self.plain.get_concrete_function(*self.specs(family))
-    return concrete
-
-  def run_plain(self, sizes, tensors):
-    """Runs the call uncompiled, through its family's trace called flat: tf.function's own
-    dispatch (binding the arguments, looking up the trace) costs about 170 us more per call."""
-    concrete = self.plain_trace(tensors)
-    return concrete._call_flat([tf.constant(sizes, tf.int32), *tensors], concrete.captured_inputs)
-
-  def jit_trace(self, shapes, dtypes, wrap=True):
-    """(compiled, body): the tf.function(jit_compile=True) trace that runs the bucket shapes
-    `shapes`, one per family of shapes (the declared axes left unknown), which XLA compiles once
-    per concrete shape; `body` is the graph that shows what it does with its captured inputs.
-    With `wrap`, `compiled` only calls the uncompiled calls' trace of that family (`body`):
-    milliseconds, where tracing the function again costs a third of a compilation's time (a
-    Keras training step). Without it (after a wrapper failed to compile: a trace made outside
-    XLA may hold what a trace for XLA leaves out, such as Keras' metric asserts), the function is
-    traced for XLA itself, and that trace then serves the family."""
-    key = self.family_key(shapes, dtypes)
-    specs = self.specs(key)
-    with self._jit_trace_lock:
-      traces = self._jit_traces.get(key)
-      if traces is not None and (wrap or traces[0] is traces[1]):
-        return traces
-      if wrap:
-        body = self.plain.get_concrete_function(*specs)
-
-        def compiled_body(sizes, *tensors):
-          return body(sizes, *tensors)  # XLA compiles the called function's graph
-
-        compiled = tf.function(compiled_body, jit_compile=True, input_signature=specs)
-        traces = (compiled.get_concrete_function(), body)
-      else:
-        compiled = tf.function(self.body, jit_compile=True, input_signature=specs)
-        traces = (compiled.get_concrete_function(),) * 2
-      self._jit_traces[key] = traces
-    return traces
-
-  def lengths_in(self, tensors):
-    out = {}
-    for index, tensor in enumerate(tensors):
-      for axis, dim in self.leaf_axes[index].items():
-        out.setdefault(dim, (tensor, axis))
-    return out
-
-  def body(self, sizes, *tensors):
-    leaves = [None] * (len(self.static) + len(tensors))
-    for position, value in self.static.items():
-      leaves[position] = value
-    for position, tensor in zip(self.tensor_positions, tensors):
-      leaves[position] = tensor
-    arguments = tf.nest.pack_sequence_as(self.structure, leaves)
-    bound = inspect.BoundArguments(self.owner._signature, collections.OrderedDict(arguments))
-    padded_inputs = {  # dense ids among them: lookups look up the real ones only
-      t.ref(): {axis % t.shape.rank: dim for axis, dim in self.leaf_axes[i].items()}
-      for i, t in enumerate(tensors)
-      if self.leaf_axes[i] and t.shape.rank
-    }
-    context = padding.Context(self.declared_dims, sizes, self.lengths_in(tensors), padded_inputs)
-    with padding.active(context):
-      return self.owner._fn(*bound.args, **bound.kwargs)
-
-
-class _Executable:
-  def __init__(self, signature, key, buckets, shapes, reason):
-    self.signature = signature
-    self.key = key
-    self.buckets = buckets  # tuple aligned with signature.dims
-    self.shapes = shapes  # padded shape of each tensor
-    self.reason = reason
-    self.concrete = None
-    self.state = "queued"  # queued -> ready | failed; evicted at any time
-    self.seconds = None
-
-
-class _Probe:
-  """A queued probe of a signature's first call (its input specs)."""
-
-  def __init__(self, signature, specs):
-    self.signature = signature
-    self.specs = specs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1228,43 +994,6 @@ class Function:
     return [shadow_of.get(id(capture), capture) for capture in concrete.captured_inputs]
 
 
-def _reaches_values(const):
-  """Whether a constant holding a padded size flows (through integer shape arithmetic) into a
-  value the function computes (e.g. x / batch_size), rather than only into shapes (reshape,
-  range, sequence masks): the former depends on the size, the latter is what padding expects."""
-  seen, frontier = set(), [const]
-  while frontier:
-    op = frontier.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    for output in op.outputs:
-      for consumer in output.consumers():
-        if padding.HELPER_SCOPE in consumer.name or consumer.name.startswith("gradient_tape/"):
-          continue
-        positions = [i for i, t in enumerate(consumer.inputs) if t is output]
-        allowed = _SHAPE_INPUTS.get(consumer.type, ())
-        if allowed is None or all(i in allowed for i in positions):
-          continue  # used as a shape
-        if consumer.outputs and all(t.dtype in _INTEGER_TYPES for t in consumer.outputs):
-          frontier.append(consumer)  # integer (shape) arithmetic: follow it
-        else:
-          return True
-  return False
-
-
-def _probe_sizes(owner, count):
-  """Distinct primes above every maximum size: no real padded size equals one, and their
-  products stay small enough for int32 shape arithmetic."""
-  top = owner._planner.largest_max_size()
-  out, n = [], top + 101
-  while len(out) < count:
-    n += 1
-    if all(n % p for p in range(2, int(n**0.5) + 1)):
-      out.append(n)
-  return out
-
-
 _LIVE = weakref.WeakSet()
 
 
@@ -1272,10 +1001,6 @@ _LIVE = weakref.WeakSet()
 def _close_all():
   for fn in list(_LIVE):
     fn.close()
-
-
-def _describe(dims, buckets):
-  return ",".join(f"{d}={b}" for d, b in zip(dims, buckets)) or "(no padded dims)"
 
 
 def function(fn=None, **options):
