@@ -72,9 +72,9 @@ from tensorflow.python.client import session as session_lib
 
 from tf_ext import _ops_loader, padding
 from tf_ext.jit import buckets as bucket_lib
-from tf_ext.jit import function as function_lib
+from tf_ext.jit import paddable as paddable_lib
 from tf_ext.jit import planner as planner_lib
-from tf_ext.jit import xla_compiles
+from tf_ext.jit import size_dependence, xla_compiles
 
 logger = logging.getLogger("tf_ext.jit")
 
@@ -108,9 +108,9 @@ class Bucketing:
       raise ValueError(f"tf_ext.jit.Bucketing: name must be a non-empty string, got {name!r}")
     self.name = name
     self._paddable = (
-      function_lib._Axes({0: paddable})
+      paddable_lib.Axes({0: paddable})
       if isinstance(paddable, str)
-      else function_lib._normalize_spec(paddable)
+      else paddable_lib.normalize_spec(paddable)
     )
     if self._paddable is None:
       raise ValueError("tf_ext.jit.Bucketing: paddable names no dimension")
@@ -244,7 +244,7 @@ class Bucketing:
     spec = self._paddable
     if isinstance(spec, (list, tuple)):  # (features, labels, ...): the features' part
       spec = spec[0]
-    leaf_axes = function_lib._leaf_axes(plain, spec)
+    leaf_axes = paddable_lib.leaf_axes(plain, spec)
     padded_inputs = {}  # the dense tensors: lookups of padded ids look up the real ones only
     for leaf, axes in zip(tf.nest.flatten(plain), leaf_axes):
       if not isinstance(leaf, tf.Tensor) or not axes:
@@ -276,7 +276,7 @@ class Bucketing:
   def _leaf_axes(self, structure):
     out = []
     leaves = tf.nest.flatten(structure)
-    for leaf, axes in zip(leaves, function_lib._leaf_axes(structure, self._paddable)):
+    for leaf, axes in zip(leaves, paddable_lib.leaf_axes(structure, self._paddable)):
       rank = leaf.shape.rank
       if not axes or rank == 0:
         out.append({})
@@ -406,7 +406,7 @@ class Bucketing:
       "tf_ext.jit.Bucketing %s: %s fits no bucket made so far and %d is the limit "
       "(TF_EXT_JIT_MAX_EXECUTABLES): one more shape",
       self.name,
-      function_lib._describe(self._dims, sizes),
+      paddable_lib.describe(self._dims, sizes),
       self.max_executables,
     )
     return self._use(want)
@@ -418,7 +418,7 @@ class Bucketing:
       logger.info(
         "tf_ext.jit.Bucketing %s: new bucket shape %s (%d so far)",
         self.name,
-        function_lib._describe(self._dims, bucket),
+        paddable_lib.describe(self._dims, bucket),
         len(self._emitted),
       )
       if self._plan_file is not None:
@@ -542,7 +542,7 @@ def _depends_on_batch_size(ops):
         found.append(f"{op.name} (a mean over the batch)")
     elif op.type.startswith("FusedBatchNorm") and op.get_attr("is_training"):
       found.append(f"{op.name} (batch normalization in training)")
-    elif op.type in ("Shape", "Size") and function_lib._reaches_values(op):
+    elif op.type in ("Shape", "Size") and size_dependence.reaches_values(op):
       found.append(f"{op.name} (the batch size used as a value)")
   return found
 
