@@ -72,6 +72,7 @@ from tensorflow.python.client import session as session_lib
 
 from tf_ext import _ops_loader, padding
 from tf_ext.jit import buckets as bucket_lib
+from tf_ext.jit import options as options_lib
 from tf_ext.jit import paddable as paddable_lib
 from tf_ext.jit import planner as planner_lib
 from tf_ext.jit import size_dependence, xla_compiles
@@ -85,25 +86,14 @@ _UNPADDED = "tf_ext_jit_unpadded"
 SIZES_KEY = "tf_ext_jit_sizes"
 
 
+@options_lib.documented
 class Bucketing:
   """Pads the batches of a tf.data pipeline to planned buckets for TF1 Sessions and Estimator;
-  see the module doc."""
+  see the module doc. `paddable`: as for tf_ext.jit.function; `name`: in logs and the plan's file
+  name."""
 
-  def __init__(
-    self,
-    paddable="batch",
-    *,
-    name="input",
-    plan_path=None,
-    max_executables=None,
-    max_buckets=None,
-    max_size=None,
-    min_observations=None,
-    min_gain=None,
-    replan_gain=None,
-    async_compile=None,
-    adaptive=None,
-  ):
+  def __init__(self, paddable="batch", *, name="input", **options):
+    options_lib.check(options, "tf_ext.jit.Bucketing")
     if not isinstance(name, str) or not name:
       raise ValueError(f"tf_ext.jit.Bucketing: name must be a non-empty string, got {name!r}")
     self.name = name
@@ -114,17 +104,10 @@ class Bucketing:
     )
     if self._paddable is None:
       raise ValueError("tf_ext.jit.Bucketing: paddable names no dimension")
-    self.max_executables = planner_lib.option("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
-    self.async_compile = planner_lib.option("TF_EXT_JIT_ASYNC", async_compile)
-    self.adaptive = planner_lib.option("TF_EXT_JIT_ADAPTIVE", adaptive)
-    self._planner = planner_lib.Planner(
-      self._on_plan,
-      max_buckets=max_buckets,
-      max_size=max_size,
-      min_observations=min_observations,
-      min_gain=min_gain,
-      replan_gain=replan_gain,
-    )
+    self.max_executables = options_lib.value("max_executables", options.get("max_executables"))
+    self.async_compile = options_lib.value("async_compile", options.get("async_compile"))
+    self.adaptive = options_lib.value("adaptive", options.get("adaptive"))
+    self._planner = planner_lib.Planner(self._on_plan, **options)
     self._lock = threading.Lock()
     self._dims = None  # dimension names in SIZES_KEY order (known once pad() saw the element)
     self._emitted = {}  # bucket tuple -> batches padded to it (insertion order = first use)
@@ -135,8 +118,8 @@ class Bucketing:
     # elements: the product of a batch's true sizes, summed; padding: what padding added to it.
     self.stats = {"batches": 0, "elements": 0, "padding": 0, "oversize": 0}
     self._plan_file = None
-    if plan_path is not None:
-      self._plan_file = planner_lib.plan_file(plan_path, name)
+    if options.get("plan_path") is not None:
+      self._plan_file = planner_lib.plan_file(options["plan_path"], name)
       self._load_plan()
     if self.async_compile:
       xla_compiles.set_async_compilation(True)

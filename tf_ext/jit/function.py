@@ -94,7 +94,6 @@ executables themselves are not persisted: a restart recompiles them, but the rig
 import atexit
 import collections
 import functools
-import inspect
 import logging
 import math
 import threading
@@ -104,6 +103,7 @@ import weakref
 import tensorflow as tf
 
 from tf_ext.jit import buckets as bucket_lib
+from tf_ext.jit import options as options_lib
 from tf_ext.jit import planner as planner_lib
 from tf_ext.jit import signatures as signatures_lib
 from tf_ext.jit import size_dependence, speed_check
@@ -125,44 +125,27 @@ logger = logging.getLogger("tf_ext.jit")
 _MAX_EARLY_SIZES = 4096
 
 
+@options_lib.documented
 class Function:
-  """A function compiled with XLA per bucket of its padded dimensions; see the module doc."""
+  """A function compiled with XLA per bucket of its padded dimensions; see the module doc.
+  Made by tf_ext.jit.function, which takes the same arguments."""
 
-  def __init__(
-    self,
-    fn,
-    *,
-    paddable=None,
-    output_dims=None,
-    max_executables=None,
-    max_buckets=None,
-    max_size=None,
-    min_observations=None,
-    min_gain=None,
-    replan_gain=None,
-    async_compile=None,
-    adaptive=None,
-    plan_path=None,
-    name=None,
-  ):
+  def __init__(self, fn, *, paddable=None, output_dims=None, name=None, **options):
+    options_lib.check(options, "tf_ext.jit.Function")
     self._fn = fn
     functools.update_wrapper(self, fn)
     self.name = name or getattr(fn, "__name__", "function")
     self._signatures = signatures_lib.Signatures(fn, self.name, paddable)
     self._output_dims = output_dims
-    self.max_executables = planner_lib.option("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
+    self.max_executables = options_lib.value("max_executables", options.get("max_executables"))
     self._planner = planner_lib.Planner(
       lambda dims, boundaries, reason: self._event(
         "plan", dims=dims, boundaries=boundaries, reason=reason
       ),
-      max_buckets=max_buckets,
-      max_size=max_size,
-      min_observations=min_observations,
-      min_gain=min_gain,
-      replan_gain=replan_gain,
+      **options,
     )
-    self.async_compile = planner_lib.option("TF_EXT_JIT_ASYNC", async_compile)
-    self.adaptive = planner_lib.option("TF_EXT_JIT_ADAPTIVE", adaptive)
+    self.async_compile = options_lib.value("async_compile", options.get("async_compile"))
+    self.adaptive = options_lib.value("adaptive", options.get("adaptive"))
     self._speed_checks = {}  # signature key -> SpeedCheck
     self._new_speed_check = speed_check.SpeedCheck  # its defaults; tests make shorter checks
 
@@ -179,8 +162,8 @@ class Function:
     )
     self._bound_methods = {}
     _LIVE.add(self)
-    if plan_path is not None:
-      self.load_plan(plan_path)
+    if options.get("plan_path") is not None:
+      self.load_plan(options["plan_path"])
 
   # -- public -----------------------------------------------------------------------------------
 
@@ -541,15 +524,16 @@ def _close_all():
     fn.close()
 
 
-def function(fn=None, **options):
+@options_lib.documented
+def function(fn=None, *, paddable=None, output_dims=None, name=None, **options):
   """A drop-in for tf.function(jit_compile=True): buckets, background compilation, a bounded
-  cache, a saved plan. Use as `function(fn, ...)`, `@function` or `@function(...)`; keyword
-  arguments: paddable, output_dims, max_executables, max_buckets, max_size, min_observations,
-  min_gain, replan_gain, async_compile, plan_path, name (see tf_ext.jit.function's module doc;
-  those without a value come from the TF_EXT_JIT_* settings)."""
-  unknown = set(options) - set(inspect.signature(Function).parameters)
-  if unknown:
-    raise TypeError(f"tf_ext.jit.function: unknown arguments {sorted(unknown)}")
+  cache, a saved plan. Use as `function(fn, ...)`, `@function` or `@function(...)`. Keyword
+  arguments: paddable (the padded axes of the arguments), output_dims (the padded axes of each
+  output, where shape inference cannot tell), name (in logs and the plan's file name; default:
+  fn's name), and the options below, which come from their TF_EXT_JIT_* settings where not
+  given (see tf_ext.jit.function's module doc)."""
+  options_lib.check(options, "tf_ext.jit.function")
+  arguments = dict(paddable=paddable, output_dims=output_dims, name=name, **options)
   if fn is None:
-    return lambda f: Function(f, **options)
-  return Function(fn, **options)
+    return lambda f: Function(f, **arguments)
+  return Function(fn, **arguments)
