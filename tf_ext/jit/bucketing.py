@@ -58,24 +58,22 @@ know which reductions are over the batch. So the padding happens where the batch
 """
 
 import contextlib
-import functools
 import logging
 import math
 import threading
 import time
-import weakref
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.client import session as session_lib
 
-from tf_ext import _ops_loader, padding
+from tf_ext import padding
 from tf_ext.jit import buckets as bucket_lib
 from tf_ext.jit import options as options_lib
 from tf_ext.jit import paddable as paddable_lib
 from tf_ext.jit import planner as planner_lib
 from tf_ext.jit import size_dependence, xla_compiles
+from tf_ext.jit.session_guard import _guard_sessions_of, _install_close_guard
 
 logger = logging.getLogger("tf_ext.jit")
 
@@ -448,56 +446,6 @@ def unpad(values, dim="batch", axis=0):
   if not tf.executing_eagerly():  # what is computed from it has no padded rows to check
     tf.compat.v1.add_to_collection(_UNPADDED, real)
   return real
-
-
-# TensorFlow's asynchronous XLA compilation goes on after the step that started it, reading the
-# Session's function library: closing the Session meanwhile crashes the process (a use after
-# free in TensorFlow 2.15). So a Session of a graph that a Bucketing pads waits, in close(), until
-# its device has no compilation in flight (TfExtXlaOngoingCompilations counts them).
-_ONGOING = weakref.WeakKeyDictionary()  # graph -> its TfExtXlaOngoingCompilations tensor
-_CLOSE_WAIT_S = 600.0
-
-
-def _guard_sessions_of(graph):
-  if tf.executing_eagerly() or graph.finalized or graph in _ONGOING:
-    return
-  with graph.as_default(), graph.name_scope(None), tf.device("/cpu:0"):
-    _ONGOING[graph] = _ops_loader.load().tf_ext_xla_ongoing_compilations(
-      name="tf_ext_jit_ongoing_compilations"
-    )
-
-
-def _install_close_guard():
-  close = session_lib.BaseSession.close
-  if getattr(close, "waits_for_xla_compilations", False):
-    return
-
-  @functools.wraps(close)
-  def close_after_compilations(session):
-    ongoing = _ONGOING.get(session.graph)
-    if ongoing is not None and not session._closed:
-      _wait_for_compilations(session, ongoing)
-    close(session)
-
-  close_after_compilations.waits_for_xla_compilations = True
-  session_lib.BaseSession.close = close_after_compilations
-
-
-def _wait_for_compilations(session, ongoing):
-  deadline = time.monotonic() + _CLOSE_WAIT_S
-  logged = False
-  while time.monotonic() < deadline:
-    try:
-      count = int(session.run(ongoing))
-    except Exception:  # a session that cannot run any more: nothing to wait for
-      return
-    if count <= 0:
-      return
-    if not logged:
-      logged = True
-      logger.info("tf_ext.jit: closing a Session after its %d XLA compilation(s) in flight", count)
-    time.sleep(0.02)
-  logger.warning("tf_ext.jit: XLA compilations still in flight after %.0f s", _CLOSE_WAIT_S)
 
 
 def _depends_on_batch_size(ops):
