@@ -72,8 +72,7 @@ from tf_ext.jit import buckets as bucket_lib
 from tf_ext.jit import options as options_lib
 from tf_ext.jit import paddable as paddable_lib
 from tf_ext.jit import planner as planner_lib
-from tf_ext.jit import size_dependence, xla_compiles
-from tf_ext.jit.session_guard import _guard_sessions_of, _install_close_guard
+from tf_ext.jit import session_guard, size_dependence, xla_compiles
 
 logger = logging.getLogger("tf_ext.jit")
 
@@ -121,7 +120,7 @@ class Bucketing:
       self._load_plan()
     if self.async_compile:
       xla_compiles.set_async_compilation(True)
-      _install_close_guard()
+      session_guard.install_close_guard()
     self._verdicts_seen = 0  # the speed gate's verdicts already turned into events
     self._unpadded = False  # the speed gate chose uncompiled: batches pass unpadded
     if self.adaptive:  # the verdicts are process-wide: those of earlier graphs are not ours
@@ -195,7 +194,7 @@ class Bucketing:
         self._loaded = {}
 
     if self.async_compile:
-      _guard_sessions_of(tf.compat.v1.get_default_graph())
+      session_guard.guard_sessions_of(tf.compat.v1.get_default_graph())
 
     @tf.autograph.experimental.do_not_convert
     def pad_element(*components):
@@ -237,12 +236,13 @@ class Bucketing:
           lengths[dim] = (leaf, axis)
     graph = tf.compat.v1.get_default_graph()
     if self.async_compile:
-      _guard_sessions_of(graph)
+      session_guard.guard_sessions_of(graph)
     first_op = len(graph.get_operations())
     with padding.active(padding.Context(self._dims, sizes[0], lengths, padded_inputs)):
       yield
     if check:
-      found = _depends_on_batch_size(graph.get_operations()[first_op:])
+      unpadded = {t.name for t in graph.get_collection(_UNPADDED)}
+      found = size_dependence.batch_size_dependent_ops(graph.get_operations()[first_op:], unpadded)
       if found:
         raise ValueError(
           f"tf_ext.jit.Bucketing {self.name!r}: padded rows would change these results: "
@@ -446,41 +446,6 @@ def unpad(values, dim="batch", axis=0):
   if not tf.executing_eagerly():  # what is computed from it has no padded rows to check
     tf.compat.v1.add_to_collection(_UNPADDED, real)
   return real
-
-
-def _depends_on_batch_size(ops):
-  """Ops whose results padded rows of a batch (axis 0, unknown size in the graph) would change:
-  a Mean over axis 0, a batch normalization in training, a Shape / Size whose value reaches
-  computed values (x / tf.shape(x)[0], Keras' SUM_OVER_BATCH_SIZE); gradients are not scanned."""
-  found = []
-  graph = ops[0].graph if ops else None
-  unpadded = {t.name for t in graph.get_collection(_UNPADDED)} if graph is not None else set()
-  for op in ops:  # creation order: inputs before their consumers
-    scopes = op.name.split("/")
-    helper = any(part.startswith(padding.HELPER_SCOPE) for part in scopes)
-    if _is_gradient(scopes) or helper or not op.inputs:
-      continue
-    if op.inputs[0].name in unpadded:  # computed from unpad(): the real rows only
-      unpadded.update(t.name for t in op.outputs)
-      continue
-    shape = op.inputs[0].shape
-    if shape.rank is None or shape.rank == 0 or shape[0] is not None:
-      continue  # not a batch of unknown size
-    if op.type == "Mean":
-      axes = tf.get_static_value(op.inputs[1])
-      axes = range(shape.rank) if axes is None else np.reshape(axes, -1) % shape.rank
-      if 0 in axes:
-        found.append(f"{op.name} (a mean over the batch)")
-    elif op.type.startswith("FusedBatchNorm") and op.get_attr("is_training"):
-      found.append(f"{op.name} (batch normalization in training)")
-    elif op.type in ("Shape", "Size") and size_dependence.reaches_values(op):
-      found.append(f"{op.name} (the batch size used as a value)")
-  return found
-
-
-def _is_gradient(scopes):
-  """tf.gradients' ops: under a "gradients" (or "gradients_1", ...) scope at any depth."""
-  return any(s == "gradients" or s.startswith("gradients_") for s in scopes[:-1])
 
 
 def _features_of(element):

@@ -1,4 +1,12 @@
-"""Sessions of a padded graph wait in close() for their XLA compilations in flight."""
+"""Sessions of a padded graph wait in close() for their XLA compilations in flight.
+
+TensorFlow's asynchronous XLA compilation goes on after the step that started it, reading the
+Session's function library: closing the Session meanwhile crashes the process (a use after free in
+TensorFlow 2.15). So a Session of a graph that a tf_ext.jit.Bucketing pads waits, in close(),
+until its device has no compilation in flight (TfExtXlaOngoingCompilations counts them):
+`install_close_guard()` wraps Session.close once per process, and `guard_sessions_of(graph)` adds
+the counting op to a graph.
+"""
 
 import functools
 import logging
@@ -12,15 +20,12 @@ from tf_ext import _ops_loader
 
 logger = logging.getLogger("tf_ext.jit")
 
-# TensorFlow's asynchronous XLA compilation goes on after the step that started it, reading the
-# Session's function library: closing the Session meanwhile crashes the process (a use after
-# free in TensorFlow 2.15). So a Session of a graph that a Bucketing pads waits, in close(), until
-# its device has no compilation in flight (TfExtXlaOngoingCompilations counts them).
 _ONGOING = weakref.WeakKeyDictionary()  # graph -> its TfExtXlaOngoingCompilations tensor
 _CLOSE_WAIT_S = 600.0
 
 
-def _guard_sessions_of(graph):
+def guard_sessions_of(graph):
+  """Makes the Sessions of `graph` wait in close() (once the close guard is installed)."""
   if tf.executing_eagerly() or graph.finalized or graph in _ONGOING:
     return
   with graph.as_default(), graph.name_scope(None), tf.device("/cpu:0"):
@@ -29,7 +34,8 @@ def _guard_sessions_of(graph):
     )
 
 
-def _install_close_guard():
+def install_close_guard():
+  """Wraps Session.close (once per process) to wait for a guarded graph's compilations."""
   close = session_lib.BaseSession.close
   if getattr(close, "waits_for_xla_compilations", False):
     return

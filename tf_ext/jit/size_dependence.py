@@ -6,11 +6,14 @@ the function computes (`depends_on_size`; `reaches_values` follows integer shape
 reads which output axes carry a padded dimension (`output_axes`), then drops the dimensions found
 from the signature's padded ones, with a warning and a "not padded" event each. What it can and
 cannot see is part of the padding contract (tf_ext/jit/function.py's module doc).
-tf_ext.jit.Bucketing's check of a model_fn uses `reaches_values` too.
+
+A TF1 graph padded by tf_ext.jit.Bucketing has no probe sizes, but its batch axis has no static
+size: `batch_size_dependent_ops` scans a model_fn's ops for what padded rows would change.
 """
 
 import logging
 
+import numpy as np
 import tensorflow as tf
 
 from tf_ext import padding
@@ -212,3 +215,39 @@ def probe(signature, inputs, *, largest_max_size, output_dims, record_event):
     signature.dims = tuple(d for d in signature.dims if d not in drop)
     axes_per_output = [{a: d for a, d in axes.items() if d not in drop} for axes in axes_per_output]
   signature.output_dims = axes_per_output
+
+
+def batch_size_dependent_ops(ops, unpadded):
+  """Ops whose results padded rows of a batch (axis 0, unknown size in the graph) would change:
+  a Mean over axis 0, a batch normalization in training, a Shape / Size whose value reaches
+  computed values (x / tf.shape(x)[0], Keras' SUM_OVER_BATCH_SIZE); gradients are not scanned.
+  `unpadded`: names of tensors that hold the real rows only (tf_ext.jit.unpad's results); what
+  is computed from them is not scanned either."""
+  found = []
+  unpadded = set(unpadded)
+  for op in ops:  # creation order: inputs before their consumers
+    scopes = op.name.split("/")
+    helper = any(part.startswith(padding.HELPER_SCOPE) for part in scopes)
+    if _is_gradient(scopes) or helper or not op.inputs:
+      continue
+    if op.inputs[0].name in unpadded:  # computed from unpad(): the real rows only
+      unpadded.update(t.name for t in op.outputs)
+      continue
+    shape = op.inputs[0].shape
+    if shape.rank is None or shape.rank == 0 or shape[0] is not None:
+      continue  # not a batch of unknown size
+    if op.type == "Mean":
+      axes = tf.get_static_value(op.inputs[1])
+      axes = range(shape.rank) if axes is None else np.reshape(axes, -1) % shape.rank
+      if 0 in axes:
+        found.append(f"{op.name} (a mean over the batch)")
+    elif op.type.startswith("FusedBatchNorm") and op.get_attr("is_training"):
+      found.append(f"{op.name} (batch normalization in training)")
+    elif op.type in ("Shape", "Size") and reaches_values(op):
+      found.append(f"{op.name} (the batch size used as a value)")
+  return found
+
+
+def _is_gradient(scopes):
+  """tf.gradients' ops: under a "gradients" (or "gradients_1", ...) scope at any depth."""
+  return any(s == "gradients" or s.startswith("gradients_") for s in scopes[:-1])
