@@ -84,9 +84,10 @@ class Executable:
 class Executables:
   """A function's executables, least recently used first (see the module doc).
 
-  `lock`: the function's lock, which callers hold around every method but `compile` (the
-  compile queue's job, which takes it itself); `record_event(event, **fields)`: the function's
-  event log; `on_ready(signature)`: told when one of the signature's executables becomes ready.
+  `lock`: the function's lock, which guards the cache: callers hold it to use or change the
+  cache, and `compile` (the compile queue's job) takes it itself; `record_event(event, **fields)`:
+  the function's event log; `on_ready(signature)`: told (under the lock) when one of the
+  signature's executables becomes ready.
   """
 
   def __init__(self, function_name, max_executables, lock, record_event, on_ready):
