@@ -5,7 +5,8 @@ pads declared dimensions (batch, sequence length) to a few buckets planned from 
 sizes, compiles each bucket in the background (a call never waits for the compiler), keeps at
 most a configured number of executables and saves its bucket plan for a warm restart. Inside the
 function, `size`, `mask`, `masked_sum` and `masked_mean` exclude padded positions.
-tf_ext/jit/function.py documents the padding contract; tf_ext/jit/buckets.py the planning.
+tf_ext/jit/function.py documents the padding contract; tf_ext/jit/buckets.py the planning;
+tf_ext/jit/options.py declares the options that function, compile and Bucketing take.
 
 For Keras, `tf_ext.jit.compile(model, optimizer=..., loss=..., ...)` (or on a compiled model)
 runs fit / evaluate / predict through such functions, padding the batch and masking padded rows

@@ -33,7 +33,7 @@ know which reductions are over the batch. So the padding happens where the batch
   of 10 compilations in flight and its megamorphic cut-off (after 10 compiles) are never reached.
   A Session of a padded graph waits in close() for the compilations in flight: closing it under
   them crashes TensorFlow 2.15.
-* Compiled only where XLA is faster (TF_EXT_JIT_ADAPTIVE, the speed gate: kernels/graph/
+* Compiled only where XLA is faster (TF_EXT_JIT_ADAPTIVE, the speed gate: kernels/jit/
   core/speed_gate.h): XLA's code is not faster on every CPU (oneDNN's kernels may win). A
   Bucketing turns on, process-wide, a pass that gates the lazily compiled CPU clusters of the
   graphs built afterwards: once executables are ready, 12 steps run them compiled and 12
@@ -58,23 +58,21 @@ know which reductions are over the batch. So the padding happens where the batch
 """
 
 import contextlib
-import functools
 import logging
 import math
 import threading
 import time
-import weakref
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.client import session as session_lib
 
-from tf_ext import _ops_loader, padding
+from tf_ext import padding
 from tf_ext.jit import buckets as bucket_lib
-from tf_ext.jit import function as function_lib
+from tf_ext.jit import options as options_lib
+from tf_ext.jit import paddable as paddable_lib
 from tf_ext.jit import planner as planner_lib
-from tf_ext.jit import xla_compiles
+from tf_ext.jit import session_guard, size_dependence, xla_compiles
 
 logger = logging.getLogger("tf_ext.jit")
 
@@ -86,46 +84,28 @@ SIZES_KEY = "tf_ext_jit_sizes"
 the true sizes then the padded ones."""
 
 
+@options_lib.documented
 class Bucketing:
   """Pads the batches of a tf.data pipeline to planned buckets for TF1 Sessions and Estimator;
-  see the module doc."""
+  see the module doc. `paddable`: as for tf_ext.jit.function; `name`: in logs and the plan's file
+  name."""
 
-  def __init__(
-    self,
-    paddable="batch",
-    *,
-    name="input",
-    plan_path=None,
-    max_executables=None,
-    max_buckets=None,
-    max_size=None,
-    min_observations=None,
-    min_gain=None,
-    replan_gain=None,
-    async_compile=None,
-    adaptive=None,
-  ):
+  def __init__(self, paddable="batch", *, name="input", **options):
+    options_lib.check(options, "tf_ext.jit.Bucketing")
     if not isinstance(name, str) or not name:
       raise ValueError(f"tf_ext.jit.Bucketing: name must be a non-empty string, got {name!r}")
     self.name = name
     self._paddable = (
-      function_lib._Axes({0: paddable})
+      paddable_lib.Axes({0: paddable})
       if isinstance(paddable, str)
-      else function_lib._normalize_spec(paddable)
+      else paddable_lib.normalize_spec(paddable)
     )
     if self._paddable is None:
       raise ValueError("tf_ext.jit.Bucketing: paddable names no dimension")
-    self.max_executables = planner_lib.option("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
-    self.async_compile = planner_lib.option("TF_EXT_JIT_ASYNC", async_compile)
-    self.adaptive = planner_lib.option("TF_EXT_JIT_ADAPTIVE", adaptive)
-    self._planner = planner_lib.Planner(
-      self._on_plan,
-      max_buckets=max_buckets,
-      max_size=max_size,
-      min_observations=min_observations,
-      min_gain=min_gain,
-      replan_gain=replan_gain,
-    )
+    self.max_executables = options_lib.value("max_executables", options.get("max_executables"))
+    self.async_compile = options_lib.value("async_compile", options.get("async_compile"))
+    self.adaptive = options_lib.value("adaptive", options.get("adaptive"))
+    self._planner = planner_lib.Planner(self._on_plan, **options)
     self._lock = threading.Lock()
     self._dims = None  # dimension names in SIZES_KEY order (known once pad() saw the element)
     self._emitted = {}  # bucket tuple -> batches padded to it (insertion order = first use)
@@ -136,12 +116,12 @@ class Bucketing:
     # elements: the product of a batch's true sizes, summed; padding: what padding added to it.
     self.stats = {"batches": 0, "elements": 0, "padding": 0, "oversize": 0}
     self._plan_file = None
-    if plan_path is not None:
-      self._plan_file = planner_lib.plan_file(plan_path, name)
+    if options.get("plan_path") is not None:
+      self._plan_file = planner_lib.plan_file(options["plan_path"], name)
       self._load_plan()
     if self.async_compile:
       xla_compiles.set_async_compilation(True)
-      _install_close_guard()
+      session_guard.install_close_guard()
     self._verdicts_seen = 0  # the speed gate's verdicts already turned into events
     self._unpadded = False  # the speed gate chose uncompiled: batches pass unpadded
     if self.adaptive:  # the verdicts are process-wide: those of earlier graphs are not ours
@@ -215,7 +195,7 @@ class Bucketing:
         self._loaded = {}
 
     if self.async_compile:
-      _guard_sessions_of(tf.compat.v1.get_default_graph())
+      session_guard.guard_sessions_of(tf.compat.v1.get_default_graph())
 
     @tf.autograph.experimental.do_not_convert
     def pad_element(*components):
@@ -245,7 +225,7 @@ class Bucketing:
     spec = self._paddable
     if isinstance(spec, (list, tuple)):  # (features, labels, ...): the features' part
       spec = spec[0]
-    leaf_axes = function_lib._leaf_axes(plain, spec)
+    leaf_axes = paddable_lib.leaf_axes(plain, spec)
     padded_inputs = {}  # the dense tensors: lookups of padded ids look up the real ones only
     for leaf, axes in zip(tf.nest.flatten(plain), leaf_axes):
       if not isinstance(leaf, tf.Tensor) or not axes:
@@ -257,12 +237,13 @@ class Bucketing:
           lengths[dim] = (leaf, axis)
     graph = tf.compat.v1.get_default_graph()
     if self.async_compile:
-      _guard_sessions_of(graph)
+      session_guard.guard_sessions_of(graph)
     first_op = len(graph.get_operations())
     with padding.active(padding.Context(self._dims, sizes[0], lengths, padded_inputs)):
       yield
     if check:
-      found = _depends_on_batch_size(graph.get_operations()[first_op:])
+      unpadded = {t.name for t in graph.get_collection(_UNPADDED)}
+      found = size_dependence.batch_size_dependent_ops(graph.get_operations()[first_op:], unpadded)
       if found:
         raise ValueError(
           f"tf_ext.jit.Bucketing {self.name!r}: padded rows would change these results: "
@@ -277,7 +258,7 @@ class Bucketing:
   def _leaf_axes(self, structure):
     out = []
     leaves = tf.nest.flatten(structure)
-    for leaf, axes in zip(leaves, function_lib._leaf_axes(structure, self._paddable)):
+    for leaf, axes in zip(leaves, paddable_lib.leaf_axes(structure, self._paddable)):
       rank = leaf.shape.rank
       if not axes or rank == 0:
         out.append({})
@@ -407,7 +388,7 @@ class Bucketing:
       "tf_ext.jit.Bucketing %s: %s fits no bucket made so far and %d is the limit "
       "(TF_EXT_JIT_MAX_EXECUTABLES): one more shape",
       self.name,
-      function_lib._describe(self._dims, sizes),
+      paddable_lib.describe(self._dims, sizes),
       self.max_executables,
     )
     return self._use(want)
@@ -419,7 +400,7 @@ class Bucketing:
       logger.info(
         "tf_ext.jit.Bucketing %s: new bucket shape %s (%d so far)",
         self.name,
-        function_lib._describe(self._dims, bucket),
+        paddable_lib.describe(self._dims, bucket),
         len(self._emitted),
       )
       if self._plan_file is not None:
@@ -466,91 +447,6 @@ def unpad(values, dim="batch", axis=0):
   if not tf.executing_eagerly():  # what is computed from it has no padded rows to check
     tf.compat.v1.add_to_collection(_UNPADDED, real)
   return real
-
-
-# TensorFlow's asynchronous XLA compilation goes on after the step that started it, reading the
-# Session's function library: closing the Session meanwhile crashes the process (a use after
-# free in TensorFlow 2.15). So a Session of a graph that a Bucketing pads waits, in close(), until
-# its device has no compilation in flight (TfExtXlaOngoingCompilations counts them).
-_ONGOING = weakref.WeakKeyDictionary()  # graph -> its TfExtXlaOngoingCompilations tensor
-_CLOSE_WAIT_S = 600.0
-
-
-def _guard_sessions_of(graph):
-  if tf.executing_eagerly() or graph.finalized or graph in _ONGOING:
-    return
-  with graph.as_default(), graph.name_scope(None), tf.device("/cpu:0"):
-    _ONGOING[graph] = _ops_loader.load().tf_ext_xla_ongoing_compilations(
-      name="tf_ext_jit_ongoing_compilations"
-    )
-
-
-def _install_close_guard():
-  close = session_lib.BaseSession.close
-  if getattr(close, "waits_for_xla_compilations", False):
-    return
-
-  @functools.wraps(close)
-  def close_after_compilations(session):
-    ongoing = _ONGOING.get(session.graph)
-    if ongoing is not None and not session._closed:
-      _wait_for_compilations(session, ongoing)
-    close(session)
-
-  close_after_compilations.waits_for_xla_compilations = True
-  session_lib.BaseSession.close = close_after_compilations
-
-
-def _wait_for_compilations(session, ongoing):
-  deadline = time.monotonic() + _CLOSE_WAIT_S
-  logged = False
-  while time.monotonic() < deadline:
-    try:
-      count = int(session.run(ongoing))
-    except Exception:  # a session that cannot run any more: nothing to wait for
-      return
-    if count <= 0:
-      return
-    if not logged:
-      logged = True
-      logger.info("tf_ext.jit: closing a Session after its %d XLA compilation(s) in flight", count)
-    time.sleep(0.02)
-  logger.warning("tf_ext.jit: XLA compilations still in flight after %.0f s", _CLOSE_WAIT_S)
-
-
-def _depends_on_batch_size(ops):
-  """Ops whose results padded rows of a batch (axis 0, unknown size in the graph) would change:
-  a Mean over axis 0, a batch normalization in training, a Shape / Size whose value reaches
-  computed values (x / tf.shape(x)[0], Keras' SUM_OVER_BATCH_SIZE); gradients are not scanned."""
-  found = []
-  graph = ops[0].graph if ops else None
-  unpadded = {t.name for t in graph.get_collection(_UNPADDED)} if graph is not None else set()
-  for op in ops:  # creation order: inputs before their consumers
-    scopes = op.name.split("/")
-    helper = any(part.startswith(padding.HELPER_SCOPE) for part in scopes)
-    if _is_gradient(scopes) or helper or not op.inputs:
-      continue
-    if op.inputs[0].name in unpadded:  # computed from unpad(): the real rows only
-      unpadded.update(t.name for t in op.outputs)
-      continue
-    shape = op.inputs[0].shape
-    if shape.rank is None or shape.rank == 0 or shape[0] is not None:
-      continue  # not a batch of unknown size
-    if op.type == "Mean":
-      axes = tf.get_static_value(op.inputs[1])
-      axes = range(shape.rank) if axes is None else np.reshape(axes, -1) % shape.rank
-      if 0 in axes:
-        found.append(f"{op.name} (a mean over the batch)")
-    elif op.type.startswith("FusedBatchNorm") and op.get_attr("is_training"):
-      found.append(f"{op.name} (batch normalization in training)")
-    elif op.type in ("Shape", "Size") and function_lib._reaches_values(op):
-      found.append(f"{op.name} (the batch size used as a value)")
-  return found
-
-
-def _is_gradient(scopes):
-  """tf.gradients' ops: under a "gradients" (or "gradients_1", ...) scope at any depth."""
-  return any(s == "gradients" or s.startswith("gradients_") for s in scopes[:-1])
 
 
 def _features_of(element):

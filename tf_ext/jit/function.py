@@ -93,349 +93,77 @@ executables themselves are not persisted: a restart recompiles them, but the rig
 
 import atexit
 import collections
-import contextlib
 import functools
-import inspect
 import logging
 import math
 import threading
 import time
 import weakref
 
-import numpy as np
 import tensorflow as tf
 
-from tf_ext import padding
 from tf_ext.jit import buckets as bucket_lib
+from tf_ext.jit import options as options_lib
 from tf_ext.jit import planner as planner_lib
-from tf_ext.jit import speed_check, xla_compiles
+from tf_ext.jit import signatures as signatures_lib
+from tf_ext.jit import size_dependence, speed_check
+from tf_ext.jit.compile_queue import CompileQueue
+from tf_ext.jit.executables import Executables
 
 # The padding contract's helpers, as tf_ext.jit exports them (their home is tf_ext.padding).
 from tf_ext.padding import mask, masked_mean, masked_sum, padded_extent, size  # noqa: F401
 
+# A Function owns its parts: the call signatures and their traces (signatures.py), the probe
+# that finds what can be padded (size_dependence.py), the bucket planner (planner.py), the
+# executable cache and compilation (executables.py), the background compile queue
+# (compile_queue.py) and the speed check (speed_check.py); its options are declared in
+# options.py. This module decides, per call, which executable runs and what to compile next.
+
 logger = logging.getLogger("tf_ext.jit")
 
-# Ops that only read a resource variable: others (assignments, optimizer updates, loops) write.
-_READ_ONLY_RESOURCE_OPS = frozenset(
-  {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp"}
-)
-# Inputs that take a shape, a length or an axis: a padded size arriving there builds tensors of
-# the padded shape, which is how padding works (op type -> input indices; None: all inputs).
-_SHAPE_INPUTS = {
-  "Reshape": (1,),
-  "BroadcastTo": (1,),
-  "Fill": (0,),
-  "Tile": (1,),
-  "Range": None,
-  "ExpandDims": (1,),
-  "Slice": (1, 2),
-  "StridedSlice": (1, 2, 3),
-  "Pad": (1,),
-  "PadV2": (1,),
-  "Transpose": (1,),
-  "OneHot": (1,),
-  "Sum": (1,),
-  "Mean": (1,),
-  "Max": (1,),
-  "Min": (1,),
-  # num_segments: the number of output rows (padded rows get no segment, hence zeros).
-  "UnsortedSegmentSum": (2,),
-  "UnsortedSegmentMax": (2,),
-  "UnsortedSegmentMin": (2,),
-  "UnsortedSegmentProd": (2,),
-  "SparseSegmentSumWithNumSegments": (3,),
-  "SparseSegmentMeanWithNumSegments": (3,),
-  "SparseSegmentSqrtNWithNumSegments": (3,),
-  "TfExtEmbeddingField": (5,),
-  "TfExtEmbeddingRowsGradient": (4,),
-  "RandomUniform": (0,),
-  "RandomStandardNormal": (0,),
-  "StatelessRandomUniformV2": (0,),
-  "StatelessRandomNormalV2": (0,),
-}
-_INTEGER_TYPES = (tf.int32, tf.int64)
 # Sizes kept from the calls made while the probe runs (a paused or closed compiler never ends it).
 _MAX_EARLY_SIZES = 4096
 
-# ---------------------------------------------------------------------------------------------
-# The `paddable` declaration.
 
-
-class _Axes:
-  """Leaf of a paddable declaration: {axis: dimension name}."""
-
-  def __init__(self, axes):
-    self.axes = dict(axes)
-
-  def __repr__(self):
-    return f"_Axes({self.axes})"
-
-
-def _normalize_spec(spec, where="paddable"):
-  if spec is None:
-    return None
-  if isinstance(spec, str):
-    return _Axes({0: spec})
-  if isinstance(spec, _Axes):
-    return spec
-  if isinstance(spec, dict) and spec and all(isinstance(k, int) for k in spec):
-    for axis, dim in spec.items():
-      if not isinstance(dim, str) or not dim:
-        raise ValueError(f"{where}: axis {axis} must map to a dimension name, got {dim!r}")
-    return _Axes(spec)
-  if isinstance(spec, dict):
-    return {key: _normalize_spec(value, f"{where}[{key!r}]") for key, value in spec.items()}
-  if isinstance(spec, (list, tuple)):
-    return type(spec)(_normalize_spec(v, f"{where}[{i}]") for i, v in enumerate(spec))
-  raise ValueError(
-    f"{where}: expected a dimension name, {{axis: name}}, or a nested dict/list of those; "
-    f"got {spec!r}"
-  )
-
-
-def _leaf_axes(value, spec):
-  """tf.nest.flatten(value)-aligned list of {axis: dim} (or None) from a normalized spec."""
-  if spec is None:
-    return [None] * len(tf.nest.flatten(value))
-  if isinstance(spec, _Axes):
-    return [spec.axes] * len(tf.nest.flatten(value))
-  if isinstance(spec, dict):
-    if not isinstance(value, collections.abc.Mapping):
-      raise ValueError(f"paddable: {spec!r} is a dict but the argument is {type(value).__name__}")
-    out = []
-    for key in sorted(value):  # tf.nest's order for dicts
-      out += _leaf_axes(value[key], spec.get(key))
-    return out
-  if not isinstance(value, (list, tuple)) or len(value) != len(spec):
-    raise ValueError(f"paddable: {spec!r} does not match the argument's structure")
-  out = []
-  for item, item_spec in zip(value, spec):
-    out += _leaf_axes(item, item_spec)
-  return out
-
-
-def _is_tensor(value):
-  return isinstance(value, (tf.Tensor, np.ndarray)) and not isinstance(value, tf.Variable)
-
-
-def _static_key(value):
-  try:
-    hash(value)
-    return ("value", type(value).__name__, value)
-  except TypeError:
-    return ("id", id(value))
-
-
-# ---------------------------------------------------------------------------------------------
-# A call signature: the argument structure, its static (non-tensor) values, which tensor axes
-# are which padded dimension; its body and plain (uncompiled) function.
-
-
-class _Signature:
-  def __init__(self, owner, key, names, structure, static, tensor_positions, leaf_axes):
-    self.owner = owner
-    self.key = key
-    self.names = names
-    self.structure = structure  # the arguments dict with leaves (for pack_sequence_as)
-    self.static = static  # position -> value
-    self.tensor_positions = tensor_positions
-    self.leaf_axes = leaf_axes  # per tensor: {axis: dim}
-    dims = []
-    for axes in leaf_axes:
-      for dim in axes.values():
-        if dim not in dims:
-          dims.append(dim)
-    self.declared_dims = tuple(dims)
-    self.dims = tuple(dims)  # the padded ones (detection may drop some)
-    self.output_dims = None  # per flat output: {axis: dim} (set by the probe)
-    self.probe_state = "new"  # -> "probing" (at the first call) -> "probed"
-    self.early_sizes = []  # the declared sizes of the calls made while probing
-    self.plain = tf.function(self.body, reduce_retracing=True)
-    self._plain_traces = {}  # family_key -> the uncompiled trace
-    self._jit_traces = {}  # family_key -> (compiled, body)
-    self._jit_trace_lock = threading.Lock()
-
-  def effective_axes(self, index):
-    return {a: d for a, d in self.leaf_axes[index].items() if d in self.dims}
-
-  def family_key(self, shapes, dtypes):
-    """The shapes with every declared axis unknown, and the dtype names: one uncompiled trace
-    and one jit trace serve each such family."""
-    key = []
-    for index, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-      axes = self.leaf_axes[index]
-      key.append((tuple(None if a in axes else n for a, n in enumerate(shape)), dtype))
-    return tuple(key)
-
-  def specs(self, family):
-    """The input signature of a family's traces: the sizes vector, then one spec per tensor."""
-    sizes = tf.TensorSpec([len(self.declared_dims)], tf.int32)
-    return [sizes] + [tf.TensorSpec(shape, tf.as_dtype(dtype)) for shape, dtype in family]
-
-  def plain_trace(self, tensors):
-    """The uncompiled trace of the tensors' family (traced at its first use)."""
-    family = self.family_key([t.shape for t in tensors], [t.dtype.name for t in tensors])
-    concrete = self._plain_traces.get(family)
-    if concrete is None:
-      concrete = self._plain_traces[family] = self.plain.get_concrete_function(*self.specs(family))
-    return concrete
-
-  def run_plain(self, sizes, tensors):
-    """Runs the call uncompiled, through its family's trace called flat: tf.function's own
-    dispatch (binding the arguments, looking up the trace) costs about 170 us more per call."""
-    concrete = self.plain_trace(tensors)
-    return concrete._call_flat([tf.constant(sizes, tf.int32), *tensors], concrete.captured_inputs)
-
-  def jit_trace(self, shapes, dtypes, wrap=True):
-    """(compiled, body): the tf.function(jit_compile=True) trace that runs the bucket shapes
-    `shapes`, one per family of shapes (the declared axes left unknown), which XLA compiles once
-    per concrete shape; `body` is the graph that shows what it does with its captured inputs.
-    With `wrap`, `compiled` only calls the uncompiled calls' trace of that family (`body`):
-    milliseconds, where tracing the function again costs a third of a compilation's time (a
-    Keras training step). Without it (after a wrapper failed to compile: a trace made outside
-    XLA may hold what a trace for XLA leaves out, such as Keras' metric asserts), the function is
-    traced for XLA itself, and that trace then serves the family."""
-    key = self.family_key(shapes, dtypes)
-    specs = self.specs(key)
-    with self._jit_trace_lock:
-      traces = self._jit_traces.get(key)
-      if traces is not None and (wrap or traces[0] is traces[1]):
-        return traces
-      if wrap:
-        body = self.plain.get_concrete_function(*specs)
-
-        def compiled_body(sizes, *tensors):
-          return body(sizes, *tensors)  # XLA compiles the called function's graph
-
-        compiled = tf.function(compiled_body, jit_compile=True, input_signature=specs)
-        traces = (compiled.get_concrete_function(), body)
-      else:
-        compiled = tf.function(self.body, jit_compile=True, input_signature=specs)
-        traces = (compiled.get_concrete_function(),) * 2
-      self._jit_traces[key] = traces
-    return traces
-
-  def lengths_in(self, tensors):
-    out = {}
-    for index, tensor in enumerate(tensors):
-      for axis, dim in self.leaf_axes[index].items():
-        out.setdefault(dim, (tensor, axis))
-    return out
-
-  def body(self, sizes, *tensors):
-    leaves = [None] * (len(self.static) + len(tensors))
-    for position, value in self.static.items():
-      leaves[position] = value
-    for position, tensor in zip(self.tensor_positions, tensors):
-      leaves[position] = tensor
-    arguments = tf.nest.pack_sequence_as(self.structure, leaves)
-    bound = inspect.BoundArguments(self.owner._signature, collections.OrderedDict(arguments))
-    padded_inputs = {  # dense ids among them: lookups look up the real ones only
-      t.ref(): {axis % t.shape.rank: dim for axis, dim in self.leaf_axes[i].items()}
-      for i, t in enumerate(tensors)
-      if self.leaf_axes[i] and t.shape.rank
-    }
-    context = padding.Context(self.declared_dims, sizes, self.lengths_in(tensors), padded_inputs)
-    with padding.active(context):
-      return self.owner._fn(*bound.args, **bound.kwargs)
-
-
-class _Executable:
-  def __init__(self, signature, key, buckets, shapes, reason):
-    self.signature = signature
-    self.key = key
-    self.buckets = buckets  # tuple aligned with signature.dims
-    self.shapes = shapes  # padded shape of each tensor
-    self.reason = reason
-    self.concrete = None
-    self.state = "queued"  # queued -> ready | failed; evicted at any time
-    self.seconds = None
-
-
-class _Probe:
-  """A queued probe of a signature's first call (its input specs)."""
-
-  def __init__(self, signature, specs):
-    self.signature = signature
-    self.specs = specs
-
-
-# ---------------------------------------------------------------------------------------------
-
-
+@options_lib.documented
 class Function:
-  """A function compiled with XLA per bucket of its padded dimensions; see the module doc."""
+  """A function compiled with XLA per bucket of its padded dimensions; see the module doc.
+  Made by tf_ext.jit.function, which takes the same arguments."""
 
-  def __init__(
-    self,
-    fn,
-    *,
-    paddable=None,
-    output_dims=None,
-    max_executables=None,
-    max_buckets=None,
-    max_size=None,
-    min_observations=None,
-    min_gain=None,
-    replan_gain=None,
-    async_compile=None,
-    adaptive=None,
-    plan_path=None,
-    name=None,
-  ):
+  def __init__(self, fn, *, paddable=None, output_dims=None, name=None, **options):
+    options_lib.check(options, "tf_ext.jit.Function")
     self._fn = fn
     functools.update_wrapper(self, fn)
-    self._signature = inspect.signature(fn)
     self.name = name or getattr(fn, "__name__", "function")
-    if isinstance(paddable, str):
-      self._paddable = paddable  # axis 0 of every tensor
-    else:
-      self._paddable = _normalize_spec(paddable)
-      if self._paddable is not None and not isinstance(self._paddable, dict):
-        raise ValueError("paddable: expected a dimension name or {argument name: axes}")
-      for key in self._paddable or {}:
-        if key not in self._signature.parameters:
-          raise ValueError(f"paddable: {self.name} has no argument {key!r}")
+    self._signatures = signatures_lib.Signatures(fn, self.name, paddable)
     self._output_dims = output_dims
-    self.max_executables = planner_lib.option("TF_EXT_JIT_MAX_EXECUTABLES", max_executables)
+    self.max_executables = options_lib.value("max_executables", options.get("max_executables"))
     self._planner = planner_lib.Planner(
       lambda dims, boundaries, reason: self._event(
         "plan", dims=dims, boundaries=boundaries, reason=reason
       ),
-      max_buckets=max_buckets,
-      max_size=max_size,
-      min_observations=min_observations,
-      min_gain=min_gain,
-      replan_gain=replan_gain,
+      **options,
     )
-    self.async_compile = planner_lib.option("TF_EXT_JIT_ASYNC", async_compile)
-    self.adaptive = planner_lib.option("TF_EXT_JIT_ADAPTIVE", adaptive)
+    self.async_compile = options_lib.value("async_compile", options.get("async_compile"))
+    self.adaptive = options_lib.value("adaptive", options.get("adaptive"))
     self._speed_checks = {}  # signature key -> SpeedCheck
     self._new_speed_check = speed_check.SpeedCheck  # its defaults; tests make shorter checks
 
-    self._signatures = {}
-    self._cache = collections.OrderedDict()  # executable key -> _Executable, LRU first
     self._lock = threading.RLock()
     self._warm = {}  # dims -> bucket tuples to compile at the first call (from a saved plan)
     self._warned_oversize = False
-    self._disabled = None  # reason compilation is off for good (e.g. XLA cannot compile it)
     self.events = []  # dicts: plan / compile / evict / oversize / fallback, in order
     # Calls: compiled, larger_bucket, uncompiled (of which speed_check_uncompiled: a ready
     # executable was there, but the speed check chose to run uncompiled), oversize.
     self.stats = collections.Counter()
-    self._queue = collections.deque()
-    self._pending = 0
-    self._cond = threading.Condition(self._lock)
-    self._resume = threading.Event()
-    self._resume.set()
-    self._closed = False
-    self._thread = None
-    self._shadows = {}  # id(variable) -> (variable, shadow)
+    self._compile_queue = CompileQueue(self._lock, f"tf_ext.jit:{self.name}", self.async_compile)
+    self._executables = Executables(
+      self.name, self.max_executables, self._lock, self._event, self._executable_ready
+    )
     self._bound_methods = {}
-    self._exact_seen = {}
     _LIVE.add(self)
-    if plan_path is not None:
-      self.load_plan(plan_path)
+    if options.get("plan_path") is not None:
+      self.load_plan(options["plan_path"])
 
   # -- public -----------------------------------------------------------------------------------
 
@@ -451,7 +179,7 @@ class Function:
   def executables(self):
     """The cached executables, least recently used first: (dims, buckets, state)."""
     with self._lock:
-      return [(e.signature.dims, e.buckets, e.state) for e in self._cache.values()]
+      return self._executables.listing()
 
   def plan(self):
     """{dims tuple: boundaries per dim} currently in force."""
@@ -461,24 +189,12 @@ class Function:
   def wait_for_compiles(self, timeout=None):
     """Block until no compilation is queued or running (tests, benchmarks, before serving).
     Returns False on timeout. Calls themselves never need this."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with self._cond:
-      while self._pending:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-          return False
-        self._cond.wait(left)
-    return True
+    return self._compile_queue.wait(timeout)
 
-  @contextlib.contextmanager
   def compiles_paused(self):
     """Within this block the background compiler starts no compilation (e.g. to keep its CPU
     for a latency-critical phase); calls go on as usual (uncompiled or in ready buckets)."""
-    self._resume.clear()
-    try:
-      yield
-    finally:
-      self._resume.set()
+    return self._compile_queue.paused()
 
   def replan(self):
     """Plan the buckets again from the histogram now (normally done on a schedule)."""
@@ -487,14 +203,7 @@ class Function:
 
   def close(self):
     """Stops the background compiler (the running compilation finishes first)."""
-    with self._cond:
-      self._closed = True
-      self._queue.clear()
-      self._pending = 0
-      self._cond.notify_all()
-    self._resume.set()
-    if self._thread is not None:
-      self._thread.join()
+    self._compile_queue.close()
 
   def save_plan(self, path):
     """Writes the bucket plan as JSON (atomically). `path`: a .json file (or an existing file),
@@ -502,10 +211,7 @@ class Function:
     file's path."""
     path = planner_lib.plan_file(path, self.name)
     with self._lock:
-      data = self._planner.to_json(
-        self.name,
-        lambda dims: [e.buckets for e in self._cache.values() if e.signature.dims == dims][::-1],
-      )
+      data = self._planner.to_json(self.name, self._executables.buckets_in_use)
     planner_lib.write_json_atomically(path, data)
     logger.info("tf_ext.jit: %s: saved its bucket plan to %s", self.name, path)
     return path
@@ -534,12 +240,8 @@ class Function:
   # -- calls ------------------------------------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
-    bound = self._signature.bind(*args, **kwargs)
-    arguments = dict(bound.arguments)
-    leaves = tf.nest.flatten(arguments)
-    signature = self._signature_for(arguments, leaves)
-    tensors = [tf.convert_to_tensor(leaves[p]) for p in signature.tensor_positions]
-    all_sizes = self._sizes(signature, tensors)
+    signature, tensors = self._signatures.bind(args, kwargs)
+    all_sizes = signature.sizes(tensors)
     if signature.probe_state != "probed":
       # Until the probe has said what can be padded, calls run uncompiled (one trace for every
       # size of the declared dimensions) and their sizes wait to be observed.
@@ -564,48 +266,53 @@ class Function:
     too_large = self._too_large(signature.dims, sizes)
     if too_large:
       return self._run_oversize(signature, tensors, too_large)
+    executables = self._executables
     requests = []
     with self._lock:
       self._planner.observe(signature.dims, sizes)
       before = self._planner.plans.get(signature.dims)
       plan = self._planner.maybe_plan(
-        signature.dims, sizes, compiler_busy=self._pending > 0, may_grow=self._may_grow(signature)
+        signature.dims,
+        sizes,
+        compiler_busy=self._compile_queue.busy,
+        may_grow=self._may_grow(signature),
       )
-      if signature.dims and plan is not None and plan != before and self._disabled is None:
+      if signature.dims and plan is not None and plan != before and executables.disabled is None:
         # (Without padded dimensions there is no plan: a shape compiles once it comes back.)
         requests += self._plan_requests(signature, tensors, plan, before)
       choice = None
-      if plan is not None and self._disabled is None:
+      if plan is not None and executables.disabled is None:
         buckets = tuple(bucket_lib.bucket_of(n, b) for n, b in zip(sizes, plan))
         if None not in buckets:
-          key, shapes = self._key(signature, tensors, buckets)
-          exe = self._cache.get(key)
+          key, shapes = signature.bucket_key(tensors, buckets)
+          exe = executables.get(key)
           if exe is not None and exe.state == "ready":
-            self._cache.move_to_end(key)
+            executables.use(exe)
             choice = exe
           else:
-            if exe is None and (signature.dims or self._seen_again(key)):
+            if exe is None and (signature.dims or executables.seen_again(key)):
               reason = "new bucket" if signature.dims else "shape seen again"
               requests.append((signature, key, buckets, shapes, reason))
-            choice = self._ready_larger(signature, tensors, sizes)
+            choice = executables.ready_larger(signature, tensors, sizes)
             if choice is not None:
-              self._cache.move_to_end(choice.key)
+              executables.use(choice)
     speed = None
     if self.adaptive:
       with self._lock:
         speed = self._speed_check(signature)
         if speed.xla_faster is False and not speed.checking:
           requests = []  # XLA's code is slower here: no new bucket until a check says otherwise
-    if not self.async_compile and self._disabled is None and plan is not None:
+    if not self.async_compile and executables.disabled is None and plan is not None:
       for request in requests:  # compile in this call, like tf.function(jit_compile=True)
         self._enqueue(*request)
       requests = []
-      if self._queue:
-        choice = self._sync_ready(signature, tensors, sizes)
+      if self._compile_queue.run_queued():
+        with self._lock:
+          choice = executables.ready_larger(signature, tensors, sizes)
     timed, ready = False, choice
     if choice is not None and speed is not None:
       with self._lock:
-        timed = speed.checking and self._pending == 0  # a busy compiler would skew the times
+        timed = speed.checking and not self._compile_queue.busy  # a busy one skews the times
         if not speed.run_compiled(timed):
           choice = None
           self.stats["speed_check_uncompiled"] += 1
@@ -615,7 +322,7 @@ class Function:
       result = signature.run_plain(all_sizes, tensors)
     else:
       self.stats["compiled" if choice.buckets == buckets else "larger_bucket"] += 1
-      result = self._run(choice, signature, tensors, all_sizes)
+      result = choice.run(tensors, all_sizes)
     if timed:  # `ready`'s buckets: what this call was (or would have been) padded to
       seconds = time.perf_counter() - start
       padded = math.prod(ready.buckets)
@@ -687,16 +394,15 @@ class Function:
     reason = "first plan" if before is None else "new plan"
     out = []
     for combo in order[: self.max_executables]:
-      key, shapes = self._key(signature, tensors, combo)
-      if key not in self._cache:
+      key, shapes = signature.bucket_key(tensors, combo)
+      if key not in self._executables:
         out.append((signature, key, combo, shapes, reason, combo == top))
     return out
 
-  # -- internals: signatures, sizes, keys -------------------------------------------------------
-
   def _options(self):
+    """The arguments that make a Function like this one (for a method's bound Functions)."""
     return dict(
-      paddable=self._paddable,
+      paddable=self._signatures.paddable,
       output_dims=self._output_dims,
       max_executables=self.max_executables,
       **self._planner.options(),
@@ -704,153 +410,6 @@ class Function:
       adaptive=self.adaptive,
       name=self.name,
     )
-
-  def _signature_for(self, arguments, leaves):
-    parts = []
-    for leaf in leaves:
-      if _is_tensor(leaf):
-        dtype = leaf.dtype if isinstance(leaf, tf.Tensor) else tf.as_dtype(leaf.dtype)
-        parts.append(("tensor", dtype.name, len(leaf.shape)))
-      else:
-        parts.append(_static_key(leaf))
-    if len(leaves) == len(arguments) and all(
-      arguments[name] is leaf for name, leaf in zip(sorted(arguments), leaves)
-    ):  # every argument a leaf (tf.nest sorts a dict's keys): the names say the structure
-      key = (tuple(arguments), tuple(parts))
-    else:
-      key = (repr(tf.nest.map_structure(lambda _: 0, arguments)), tuple(parts))
-    signature = self._signatures.get(key)
-    if signature is not None:
-      return signature
-    structure = tf.nest.map_structure(lambda _: 0, arguments)
-    positions = [i for i, leaf in enumerate(leaves) if _is_tensor(leaf)]
-    static = {i: leaf for i, leaf in enumerate(leaves) if not _is_tensor(leaf)}
-    leaf_axes = []
-    if isinstance(self._paddable, str):
-      leaf_axes = [{0: self._paddable} if len(leaves[p].shape) >= 1 else {} for p in positions]
-    else:
-      spec = {name: (self._paddable or {}).get(name) for name in arguments}
-      per_leaf = _leaf_axes(arguments, spec)
-      for p in positions:
-        axes = per_leaf[p] or {}
-        rank = len(leaves[p].shape)
-        for axis in axes:
-          if not -rank <= axis < rank:
-            raise ValueError(
-              f"paddable: axis {axis} of {self.name}'s argument (rank {rank}) does not exist"
-            )
-        leaf_axes.append({a % rank: d for a, d in axes.items()})
-    signature = _Signature(self, key, list(arguments), structure, static, positions, leaf_axes)
-    self._signatures[key] = signature
-    return signature
-
-  def _sizes(self, signature, tensors):
-    """The sizes of the declared dimensions (all, padded or not), in declared order."""
-    found = {}
-    for index, tensor in enumerate(tensors):
-      for axis, dim in signature.leaf_axes[index].items():
-        n = int(tensor.shape[axis])
-        if found.setdefault(dim, n) != n:
-          raise ValueError(
-            f"tf_ext.jit: {self.name}: dimension {dim!r} has sizes {found[dim]} and {n} in one "
-            "call (every axis declared as one dimension must have the same size)"
-          )
-    return tuple(found[dim] for dim in signature.declared_dims)
-
-  def _key(self, signature, tensors, buckets, exact_sizes=None):
-    """(cache key, padded shapes) of the tensors in `buckets`; `exact_sizes` ({dim: size}) sets
-    the declared axes that are not padded (default: as the tensors have them)."""
-    bucket_of_dim = dict(zip(signature.dims, buckets))
-    shapes = []
-    for index, tensor in enumerate(tensors):
-      shape = list(tensor.shape)
-      for axis, dim in signature.leaf_axes[index].items():
-        if dim in bucket_of_dim:
-          shape[axis] = bucket_of_dim[dim]
-        elif exact_sizes is not None:
-          shape[axis] = exact_sizes[dim]
-      shapes.append(tuple(shape))
-    dtypes = tuple(t.dtype.name for t in tensors)
-    return (signature.key, tuple(shapes), dtypes), tuple(shapes)
-
-  def _seen_again(self, key):
-    """Without padded dimensions every shape is its own executable: compile one only when it
-    comes back, so that a stream of one-off shapes does not keep the compiler busy."""
-    seen = self._exact_seen
-    if key in seen:
-      return True
-    seen[key] = True
-    if len(seen) > 4096:
-      seen.pop(next(iter(seen)))
-    return False
-
-  def _family(self, signature, tensors):
-    shapes = []
-    for index, tensor in enumerate(tensors):
-      shape = list(tensor.shape)
-      for axis in signature.effective_axes(index):
-        shape[axis] = -1
-      shapes.append(tuple(shape))
-    return tuple(shapes)
-
-  def _ready_larger(self, signature, tensors, sizes):
-    family = self._family(signature, tensors)
-    best, best_volume = None, None
-    for exe in self._cache.values():
-      if exe.state != "ready" or exe.signature is not signature:
-        continue
-      if any(b < n for b, n in zip(exe.buckets, sizes)):
-        continue
-      if self._family_of_shapes(signature, exe.shapes) != family:
-        continue
-      volume = math.prod(exe.buckets)
-      if best is None or volume < best_volume:
-        best, best_volume = exe, volume
-    return best
-
-  def _family_of_shapes(self, signature, shapes):
-    out = []
-    for index, shape in enumerate(shapes):
-      shape = list(shape)
-      for axis in signature.effective_axes(index):
-        shape[axis] = -1
-      out.append(tuple(shape))
-    return tuple(out)
-
-  # -- internals: running -----------------------------------------------------------------------
-
-  def _run(self, exe, signature, tensors, sizes):
-    bucket_of_dim = dict(zip(signature.dims, exe.buckets))
-    padded = []
-    for index, tensor in enumerate(tensors):
-      axes = signature.effective_axes(index)
-      if axes:
-        paddings = np.zeros([len(tensor.shape), 2], np.int32)
-        for axis, dim in axes.items():
-          paddings[axis, 1] = bucket_of_dim[dim] - int(tensor.shape[axis])
-        if paddings.any():
-          # The raw op with a NumPy paddings array: tf.pad's Python wrapper costs 4x as much,
-          # on every call.
-          tensor = tf.raw_ops.Pad(input=tensor, paddings=paddings)
-      padded.append(tensor)
-    # Called flat, as the warm-up did: the structured call binds its arguments again (60 us).
-    result = exe.concrete._call_flat(
-      [tf.constant(sizes, tf.int32), *padded], exe.concrete.captured_inputs
-    )
-    if not signature.dims:
-      return result
-    true_size = dict(zip(signature.declared_dims, sizes))
-    flat = tf.nest.flatten(result)
-    out = []
-    for value, axes in zip(flat, signature.output_dims):
-      if axes and isinstance(value, tf.Tensor):
-        begin = np.zeros(len(value.shape), np.int32)
-        extent = np.full(len(value.shape), -1, np.int32)
-        for axis, dim in axes.items():
-          extent[axis] = true_size[dim]
-        value = tf.raw_ops.Slice(input=value, begin=begin, size=extent)
-      out.append(value)
-    return tf.nest.pack_sequence_as(result, out)
 
   def _run_oversize(self, signature, tensors, too_large):
     self.stats["oversize"] += 1
@@ -863,112 +422,7 @@ class Function:
         what,
       )
       self._event("oversize", dims=signature.dims, sizes=tuple(n for _, n in too_large))
-    return signature.run_plain(self._sizes(signature, tensors), tensors)
-
-  # -- internals: probing the traced function ---------------------------------------------------
-
-  def _probe(self, signature, inputs):
-    """Output dims by shape inference, and padded dims the function depends on by size."""
-    if not signature.dims:
-      signature.output_dims = None
-      return
-    probe_of = dict(zip(signature.dims, _probe_sizes(self, len(signature.dims))))
-    specs = []
-    for index, spec in enumerate(inputs):
-      shape = list(spec.shape)
-      for axis, dim in signature.effective_axes(index).items():
-        shape[axis] = probe_of[dim]
-      specs.append(tf.TensorSpec(shape, spec.dtype))
-    sizes_spec = tf.TensorSpec([len(signature.declared_dims)], tf.int32)
-    try:
-      concrete = tf.function(signature.body).get_concrete_function(sizes_spec, *specs)
-    except Exception as error:  # e.g. it needs its exact static shapes
-      logger.warning(
-        "tf_ext.jit: %s: cannot trace it with padded dimensions %s (%s: %s); not padding",
-        self.name,
-        signature.dims,
-        type(error).__name__,
-        str(error).splitlines()[0][:300] if str(error) else "",
-      )
-      self._event("not padded", dims=signature.dims, reason="probe trace failed")
-      signature.dims, signature.output_dims = (), None
-      return
-    dim_of_probe = {v: d for d, v in probe_of.items()}
-    flagged = {}
-    for op in concrete.graph.get_operations():
-      if padding.HELPER_SCOPE in op.name or op.name.startswith("gradient_tape/"):
-        continue
-      for dim in self._depends_on_size(op, dim_of_probe):
-        flagged.setdefault(dim, f"{op.type} op {op.name!r}")
-    unknown = False
-    output_dims = []
-    for value in tf.nest.flatten(concrete.structured_outputs):
-      axes = {}
-      if isinstance(value, tf.Tensor):
-        if value.shape.rank is None:
-          unknown = True
-        else:
-          for axis, n in enumerate(value.shape):
-            if n is None:
-              unknown = True
-            elif n in dim_of_probe:
-              axes[axis] = dim_of_probe[n]
-      output_dims.append(axes)
-    if self._output_dims is not None:
-      output_dims = [dict(a or {}) for a in self._output_dims]
-      unknown = False
-    drop = set(flagged)
-    if unknown:
-      drop = set(signature.dims)
-      logger.warning(
-        "tf_ext.jit: %s: an output's shape is unknown when traced with padded dimensions %s; "
-        "not padding (pass output_dims to say which output axes to slice)",
-        self.name,
-        signature.dims,
-      )
-    for dim, where in flagged.items():
-      logger.warning(
-        "tf_ext.jit: %s: its result depends on the size of %r (%s): not padding %r; use "
-        "tf_ext.jit.size/mask/masked_mean to make it paddable",
-        self.name,
-        dim,
-        where,
-        dim,
-      )
-    if drop:
-      self._event("not padded", dims=tuple(sorted(drop)), reason=dict(flagged) or "unknown")
-      signature.dims = tuple(d for d in signature.dims if d not in drop)
-      output_dims = [{a: d for a, d in axes.items() if d not in drop} for axes in output_dims]
-    signature.output_dims = output_dims
-
-  @staticmethod
-  def _depends_on_size(op, dim_of_probe):
-    found = set()
-
-    def has_probe(shape):
-      return [dim_of_probe[n] for n in (shape.as_list() if shape.rank else []) if n in dim_of_probe]
-
-    if op.type == "Const":
-      value = op.get_attr("value")
-      if len(value.tensor_shape.dim) <= 1 and value.dtype in (3, 9):  # int32, int64
-        array = tf.make_ndarray(value).reshape(-1)
-        hits = [dim_of_probe[int(v)] for v in array[:64] if int(v) in dim_of_probe]
-        if hits and _reaches_values(op):
-          found.update(hits)
-    elif op.type == "Mean" and op.inputs:
-      before, after = has_probe(op.inputs[0].shape), has_probe(op.outputs[0].shape)
-      found.update(d for d in before if before.count(d) > after.count(d))
-    elif op.type.startswith("FusedBatchNorm") and op.get_attr("is_training"):
-      # Statistics over every axis but the channels' (Keras' LayerNormalization puts the rows
-      # on the channel axis: per-row statistics, which padding does not change).
-      shape = op.inputs[0].shape
-      if shape.rank:
-        channel = 1 if op.get_attr("data_format") in (b"NCHW", "NCHW") else shape.rank - 1
-        dims = shape.as_list()
-        found.update(
-          dim_of_probe[n] for i, n in enumerate(dims) if i != channel and n in dim_of_probe
-        )
-    return found
+    return signature.run_plain(signature.sizes(tensors), tensors)
 
   # -- internals: plans -------------------------------------------------------------------------
 
@@ -977,7 +431,7 @@ class Function:
     call's own trace): with background compilation it runs in the compiler's thread, so that the
     first call does not wait for it."""
     if self.async_compile and signature.declared_dims:
-      self._push(_Probe(signature, specs))
+      self._compile_queue.push(functools.partial(self._finish_probe, signature, specs))
     else:
       self._finish_probe(signature, specs)
 
@@ -985,7 +439,13 @@ class Function:
     """Probes the function, then observes the sizes of the calls made meanwhile, plans if that is
     due, and compiles a saved plan's buckets (a warm restart)."""
     try:
-      self._probe(signature, specs)
+      size_dependence.probe(
+        signature,
+        specs,
+        largest_max_size=self._planner.largest_max_size(),
+        output_dims=self._output_dims,
+        record_event=self._event,
+      )
     except Exception as error:  # not a failed trace (the probe handles those): a bug
       logger.warning(
         "tf_ext.jit: %s: probing its padded dimensions failed (%s: %s); not padding",
@@ -1004,7 +464,7 @@ class Function:
       for all_sizes in early:
         if not signature.dims:  # each exact shape its own executable: these were seen
           exact = dict(zip(signature.declared_dims, all_sizes))
-          self._seen_again(self._key(signature, specs, (), exact)[0])
+          self._executables.seen_again(signature.bucket_key(specs, (), exact)[0])
           continue
         sizes = tuple(all_sizes[signature.declared_dims.index(d)] for d in signature.dims)
         if not self._too_large(signature.dims, sizes):
@@ -1012,7 +472,7 @@ class Function:
           observed = sizes
       if observed is not None:
         plan = self._planner.maybe_plan(signature.dims, observed, may_grow=False)
-        if plan is not None and self._disabled is None:
+        if plan is not None and self._executables.disabled is None:
           requests = self._plan_requests(signature, specs, plan, None)
     self._after_first_call(signature, specs)
     for request in requests:
@@ -1022,14 +482,14 @@ class Function:
     """Warm restart: compile the saved plan's bucket shapes now that the function has run once
     (its variables exist)."""
     warm = self._warm.pop(signature.dims, None)
-    if not warm or self._disabled is not None:
+    if not warm or self._executables.disabled is not None:
       return
     for buckets in warm[: self.max_executables]:
-      key, shapes = self._key(signature, tensors, tuple(buckets))
-      if key not in self._cache:
+      key, shapes = signature.bucket_key(tensors, tuple(buckets))
+      if key not in self._executables:
         self._enqueue(signature, key, tuple(buckets), shapes, "warm restart")
 
-  # -- internals: the compiler ------------------------------------------------------------------
+  # -- internals: the compiler and the event log -----------------------------------------------
 
   def _event(self, event, **fields):
     record = dict(event=event, time=time.time(), **fields)
@@ -1041,228 +501,18 @@ class Function:
   def _enqueue(self, signature, key, buckets, shapes, reason, first=False):
     """Queues a compilation (`first`: ahead of the others, e.g. the bucket holding every size);
     drops the least recently used executables beyond max_executables."""
-    with self._cond:
-      if key in self._cache or self._closed:
-        return
-      exe = _Executable(signature, key, buckets, shapes, reason)
-      self._cache[key] = exe
-      while len(self._cache) > self.max_executables:
-        old_key, old = next(iter(self._cache.items()))
-        del self._cache[old_key]
-        previous = old.state
-        old.state = "evicted"
-        old.concrete = None
-        self._event("evict", dims=old.signature.dims, buckets=old.buckets, state=previous)
-        logger.info(
-          "tf_ext.jit: %s: dropped the least recently used executable %s (%s)",
-          self.name,
-          _describe(old.signature.dims, old.buckets),
-          previous,
-        )
-      self._push(exe, first)
-
-  def _push(self, job, first=False):
-    """Queues a job for the compiler (an _Executable to compile, or a _Probe)."""
-    with self._cond:
-      if self._closed:
-        return
-      if first:
-        self._queue.appendleft(job)
-      else:
-        self._queue.append(job)
-      self._pending += 1
-      if self.async_compile and self._thread is None:
-        self._thread = threading.Thread(
-          target=self._worker, name=f"tf_ext.jit:{self.name}", daemon=True
-        )
-        self._thread.start()
-      self._cond.notify_all()
-
-  def _sync_ready(self, signature, tensors, sizes):
-    while True:
-      with self._cond:
-        if not self._queue:
-          break
-        exe = self._queue.popleft()
-      self._compile(exe)
     with self._lock:
-      return self._ready_larger(signature, tensors, sizes)
-
-  def _worker(self):
-    while True:
-      with self._cond:
-        while not self._queue and not self._closed:
-          self._cond.wait()
-        if self._closed:
-          return
-      self._resume.wait()
-      with self._cond:
-        if self._closed or not self._queue:
-          continue
-        job = self._queue.popleft()
-      if isinstance(job, _Probe):
-        try:
-          self._finish_probe(job.signature, job.specs)
-        finally:
-          with self._cond:
-            self._pending = max(0, self._pending - 1)
-            self._cond.notify_all()
-      else:
-        self._compile(job)
-
-  def _compile(self, exe):
-    try:
-      if exe.state == "evicted" or self._disabled is not None:
+      if key in self._executables or self._compile_queue.closed:
         return
-      start = time.perf_counter()
-      signature = exe.signature
-      warm_sizes = {}
-      for index, shape in enumerate(exe.shapes):
-        for axis, dim in signature.leaf_axes[index].items():
-          warm_sizes[dim] = shape[axis]
-      zeros = [tf.constant([warm_sizes[d] for d in signature.declared_dims], tf.int32)]
-      zeros += [tf.zeros(s, tf.as_dtype(d)) for s, d in zip(exe.shapes, exe.key[2])]
-      logged = xla_compiles.compile_count()
-      concrete, captures = self._warm_up(exe, zeros)
-      note = ""
-      if captures is None:
-        note = "compiles at first use: it writes a resource that is not a variable"
-      exe.seconds = time.perf_counter() - start
-      # XLA's own account (its activity listener): the compile time within exe.seconds.
-      name = concrete.name.decode() if isinstance(concrete.name, bytes) else concrete.name
-      xla = [e for e in xla_compiles.compile_log(logged) if name in e["cluster"]]
-      xla_seconds = sum(e["compile_time_us"] for e in xla) / 1e6 if xla else None
-      if xla_seconds is not None:
-        note = f"XLA compiled for {xla_seconds:.2f} s" + (f"; {note}" if note else "")
-      elif captures is not None:  # an evicted bucket back: the shared trace's XLA cache has it
-        xla_seconds = 0.0
-        note = "XLA's cache still held it"
-      exe.concrete = concrete
-      with self._lock:
-        if exe.state != "evicted":
-          exe.state = "ready"
-          speed = self._speed_checks.get(signature.key)
-          if speed is not None:
-            speed.executables_changed()
-        count = sum(1 for e in self._cache.values() if e.state == "ready")
-        self._event(
-          "compile",
-          dims=signature.dims,
-          buckets=exe.buckets,
-          reason=exe.reason,
-          seconds=exe.seconds,
-          xla_seconds=xla_seconds,
-        )
-      logger.info(
-        "tf_ext.jit: %s: compiled %s (%s) in %.2f s; %d/%d executables ready%s",
-        self.name,
-        _describe(signature.dims, exe.buckets) if signature.dims else str(exe.shapes),
-        exe.reason,
-        exe.seconds,
-        count,
-        self.max_executables,
-        f"; {note}" if note else "",
-      )
-    except Exception as error:  # XLA cannot compile it: run uncompiled from now on
-      exe.state = "failed"
-      with self._lock:
-        self._disabled = f"{type(error).__name__}: {error}"
-        self._event("compile failed", dims=exe.signature.dims, buckets=exe.buckets)
-      logger.warning(
-        "tf_ext.jit: %s: XLA compilation failed, running uncompiled from now on: %s",
-        self.name,
-        self._disabled.splitlines()[0][:500],
-      )
-    finally:
-      with self._cond:
-        self._pending = max(0, self._pending - 1)
-        self._cond.notify_all()
+      exe = self._executables.add(signature, key, buckets, shapes, reason)
+      self._compile_queue.push(functools.partial(self._executables.compile, exe), first)
 
-  def _warm_up(self, exe, zeros):
-    """Compiles exe's bucket by running the family's jit trace once on `zeros`, with the variables
-    it writes shadowed; returns (the trace, its shadowed captures), the captures None where it
-    cannot be warmed up safely (it then compiles at its first real call). A wrapper of the
-    uncompiled trace that cannot be warmed up, or that XLA cannot compile, gives way to a trace
-    made for XLA."""
-    signature = exe.signature
-    concrete, body = signature.jit_trace(exe.shapes, exe.key[2])
-    captures = self._shadow_captures(concrete, body)
-    if concrete is not body:
-      try:
-        if captures is not None:
-          concrete._call_flat(zeros, captures)
-          return concrete, captures
-      except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
-        logger.info(
-          "tf_ext.jit: %s: XLA cannot compile the uncompiled calls' trace (%s); tracing the "
-          "function for XLA",
-          self.name,
-          str(error).splitlines()[0][:200],
-        )
-      concrete, body = signature.jit_trace(exe.shapes, exe.key[2], wrap=False)
-      captures = self._shadow_captures(concrete, body)
-    if captures is not None:
-      concrete._call_flat(zeros, captures)
-    return concrete, captures
-
-  def _shadow_captures(self, concrete, body):
-    """The captured inputs of `concrete` with each variable that `body` (the trace it calls, and
-    whose graph shows how each capture is used) writes replaced by its zero shadow; None if a
-    written resource is not a variable."""
-    variables = {id(variable.handle): variable for variable in body.variables}
-    shadow_of = {}
-    for capture, placeholder in zip(body.captured_inputs, body.graph.internal_captures):
-      if capture.dtype != tf.resource:
-        continue
-      if all(c.type in _READ_ONLY_RESOURCE_OPS for c in placeholder.consumers()):
-        continue
-      variable = variables.get(id(capture))
-      if variable is None:
-        return None
-      entry = self._shadows.get(id(variable))
-      if entry is None:
-        with tf.init_scope():
-          shadow = tf.Variable(tf.zeros_like(variable), trainable=False, name="tf_ext_jit_shadow")
-        entry = self._shadows[id(variable)] = (variable, shadow)
-      shadow_of[id(capture)] = entry[1].handle
-    return [shadow_of.get(id(capture), capture) for capture in concrete.captured_inputs]
-
-
-def _reaches_values(const):
-  """Whether a constant holding a padded size flows (through integer shape arithmetic) into a
-  value the function computes (e.g. x / batch_size), rather than only into shapes (reshape,
-  range, sequence masks): the former depends on the size, the latter is what padding expects."""
-  seen, frontier = set(), [const]
-  while frontier:
-    op = frontier.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    for output in op.outputs:
-      for consumer in output.consumers():
-        if padding.HELPER_SCOPE in consumer.name or consumer.name.startswith("gradient_tape/"):
-          continue
-        positions = [i for i, t in enumerate(consumer.inputs) if t is output]
-        allowed = _SHAPE_INPUTS.get(consumer.type, ())
-        if allowed is None or all(i in allowed for i in positions):
-          continue  # used as a shape
-        if consumer.outputs and all(t.dtype in _INTEGER_TYPES for t in consumer.outputs):
-          frontier.append(consumer)  # integer (shape) arithmetic: follow it
-        else:
-          return True
-  return False
-
-
-def _probe_sizes(owner, count):
-  """Distinct primes above every maximum size: no real padded size equals one, and their
-  products stay small enough for int32 shape arithmetic."""
-  top = owner._planner.largest_max_size()
-  out, n = [], top + 101
-  while len(out) < count:
-    n += 1
-    if all(n % p for p in range(2, int(n**0.5) + 1)):
-      out.append(n)
-  return out
+  def _executable_ready(self, signature):
+    """A new executable of `signature` is ready: its buckets changed, so its speed check starts
+    again. The caller holds the lock."""
+    speed = self._speed_checks.get(signature.key)
+    if speed is not None:
+      speed.executables_changed()
 
 
 _LIVE = weakref.WeakSet()
@@ -1274,19 +524,16 @@ def _close_all():
     fn.close()
 
 
-def _describe(dims, buckets):
-  return ",".join(f"{d}={b}" for d, b in zip(dims, buckets)) or "(no padded dims)"
-
-
-def function(fn=None, **options):
+@options_lib.documented
+def function(fn=None, *, paddable=None, output_dims=None, name=None, **options):
   """A drop-in for tf.function(jit_compile=True): buckets, background compilation, a bounded
-  cache, a saved plan. Use as `function(fn, ...)`, `@function` or `@function(...)`; keyword
-  arguments: paddable, output_dims, max_executables, max_buckets, max_size, min_observations,
-  min_gain, replan_gain, async_compile, plan_path, name (see tf_ext.jit.function's module doc;
-  those without a value come from the TF_EXT_JIT_* settings)."""
-  unknown = set(options) - set(inspect.signature(Function).parameters)
-  if unknown:
-    raise TypeError(f"tf_ext.jit.function: unknown arguments {sorted(unknown)}")
+  cache, a saved plan. Use as `function(fn, ...)`, `@function` or `@function(...)`. Keyword
+  arguments: paddable (the padded axes of the arguments), output_dims (the padded axes of each
+  output, where shape inference cannot tell), name (in logs and the plan's file name; default:
+  fn's name), and the options below, which come from their TF_EXT_JIT_* settings where not
+  given (see tf_ext.jit.function's module doc)."""
+  options_lib.check(options, "tf_ext.jit.function")
+  arguments = dict(paddable=paddable, output_dims=output_dims, name=name, **options)
   if fn is None:
-    return lambda f: Function(f, **options)
-  return Function(fn, **options)
+    return lambda f: Function(f, **arguments)
+  return Function(fn, **arguments)

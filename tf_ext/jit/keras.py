@@ -36,7 +36,6 @@ that are SparseTensor / RaggedTensor. Multi-replica distribution strategies are 
 """
 
 import functools
-import inspect
 import logging
 import threading
 import types
@@ -44,18 +43,13 @@ import types
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding.keras.lifecycle_callbacks import model_tables
+from tf_ext.jit import options as options_lib
 from tf_ext.jit.function import Function
 from tf_ext.padding import HELPER_SCOPE, mask, size
 
 logger = logging.getLogger("tf_ext.jit")
 
 _KINDS = ("train", "test", "predict")
-_JIT_OPTIONS = frozenset(inspect.signature(Function).parameters) - {
-  "fn",
-  "paddable",
-  "output_dims",
-  "name",
-}
 _STATE = "_tf_ext_jit_keras"
 # Errors that mean "XLA cannot compile this step" (raised before the step runs anything).
 _XLA_ERRORS = (
@@ -77,6 +71,7 @@ class _State:
     self.warned = set()
 
 
+@options_lib.documented
 def compile(model, paddable="batch", **kwargs):  # noqa: A001 (tf_ext.jit.compile by design)
   """Runs `model`'s fit / evaluate / predict (and *_on_batch) through tf_ext.jit Functions.
 
@@ -85,11 +80,9 @@ def compile(model, paddable="batch", **kwargs):  # noqa: A001 (tf_ext.jit.compil
     paddable: the name of the padded batch dimension (axis 0 of every input, target and sample
       weight), or None to pad nothing (each batch shape its own executable, compiled once it
       comes back).
-    **kwargs: tf_ext.jit.function options (max_executables, max_buckets, max_size,
-      min_observations, min_gain, replan_gain, async_compile, adaptive, plan_path: a directory, each
-      Function reads `tf_ext_jit_plan.<model name>.<train|test|predict>.json` there); every
-      other keyword goes to `model.compile(...)`. Without Keras arguments the model must be
-      compiled already.
+    **kwargs: the tf_ext.jit options (listed below; plan_path: a directory, each Function reads
+      `tf_ext_jit_plan.<model name>.<train|test|predict>.json` there); every other keyword goes
+      to `model.compile(...)`. Without Keras arguments the model must be compiled already.
 
   Returns the model. Calling `model.compile(...)` again later keeps the jit functions (they are
   made again for the new configuration)."""
@@ -106,7 +99,7 @@ def compile(model, paddable="batch", **kwargs):  # noqa: A001 (tf_ext.jit.compil
         f"tf_ext.jit.compile: {key} is not an option for Keras models (outputs are sliced back "
         "by shape inference; the functions are named after the model)"
       )
-  options = {k: kwargs.pop(k) for k in list(kwargs) if k in _JIT_OPTIONS}
+  options = {k: kwargs.pop(k) for k in list(kwargs) if k in options_lib.NAMES}
   if kwargs.get("jit_compile"):
     raise ValueError(
       "tf_ext.jit.compile: jit_compile=True would compile each batch shape with Keras' own XLA "

@@ -15,52 +15,40 @@ import json
 import math
 import os
 
-from tf_ext import settings
 from tf_ext.jit import buckets as bucket_lib
+from tf_ext.jit import options as options_lib
 
 PLAN_VERSION = 1
 
 
-def option(env_name, value):
-  """An option's value: `value` if given (checked like the setting), else the setting."""
-  if isinstance(value, bool):
-    value = int(value)
-  return settings.get(env_name, None if value is None else str(value))
-
-
 class Planner:
   """Plans for groups of padded dimensions (a tuple of dimension names, e.g. ("batch", "seq")).
-  `on_plan(dims, boundaries, reason)` is told of every new plan. Not thread-safe: the owner
-  holds its own lock around calls."""
+  `on_plan(dims, boundaries, reason)` is told of every new plan. `options`: tf_ext.jit options
+  (tf_ext/jit/options.py; the planner reads max_buckets, max_size, min_observations, min_gain and
+  replan_gain, the others are its owner's). Not thread-safe: the owner holds its own lock around
+  calls."""
 
-  def __init__(
-    self,
-    on_plan,
-    *,
-    max_buckets=None,
-    max_size=None,
-    min_observations=None,
-    min_gain=None,
-    replan_gain=None,
-  ):
+  def __init__(self, on_plan, **options):
+    options_lib.check(options, "tf_ext.jit.planner.Planner")
     self._on_plan = on_plan
-    self.max_buckets = option("TF_EXT_JIT_MAX_BUCKETS", max_buckets)
+    self.max_buckets = options_lib.value("max_buckets", options.get("max_buckets"))
+    max_size = options.get("max_size")
     if isinstance(max_size, dict):
-      self._max_sizes = {d: option("TF_EXT_JIT_MAX_SIZE", v) for d, v in max_size.items()}
-      self._default_max_size = option("TF_EXT_JIT_MAX_SIZE", None)
+      self._max_sizes = {d: options_lib.value("max_size", v) for d, v in max_size.items()}
+      self._default_max_size = options_lib.value("max_size")
     else:
       self._max_sizes = {}
-      self._default_max_size = option("TF_EXT_JIT_MAX_SIZE", max_size)
-    self.min_observations = option("TF_EXT_JIT_MIN_OBSERVATIONS", min_observations)
-    self.min_gain = option("TF_EXT_JIT_MIN_GAIN", min_gain)
-    self.replan_gain = option("TF_EXT_JIT_REPLAN_GAIN", replan_gain)
+      self._default_max_size = options_lib.value("max_size", max_size)
+    self.min_observations = options_lib.value("min_observations", options.get("min_observations"))
+    self.min_gain = options_lib.value("min_gain", options.get("min_gain"))
+    self.replan_gain = options_lib.value("replan_gain", options.get("replan_gain"))
     self.joint = {}  # dims -> joint histogram {sizes tuple: count}
     self.plans = {}  # dims -> boundaries per dimension
     self._next_check = {}  # dims -> observation count at which to consider growing
     self._deferred_extensions = {}  # dims -> calls above the plan not yet extended for
 
   def options(self):
-    """The constructor's arguments, to make a planner like this one."""
+    """The options the planner reads, as it read them: to make a planner like this one."""
     return dict(
       max_buckets=self.max_buckets,
       max_size=dict(self._max_sizes) or self._default_max_size,

@@ -1,7 +1,7 @@
 """Every XLA compilation of this process, as TensorFlow's XLA activity listener reports it, the
 switch for TensorFlow's asynchronous XLA compilation, and the Session speed gate's switch and
-verdicts. All live in the op library (kernels/graph/xla_compile_listener.cc, which registers the
-listener when it loads; kernels/graph/core/speed_gate.h)."""
+verdicts. All live in the op library (kernels/jit/xla_compile_listener.cc, which registers the
+listener when it loads; kernels/jit/core/speed_gate.h)."""
 
 import ctypes
 import functools
@@ -76,7 +76,7 @@ _VERDICT_FIELDS = (
 
 
 def set_speed_gate(enable):
-  """Turns the Session speed gate on or off for graphs built from now on (kernels/graph/
+  """Turns the Session speed gate on or off for graphs built from now on (kernels/jit/
   xla_speed_gate_pass.cc): the lazily compiled CPU clusters of a graph then run compiled only
   where its timed steps say that is faster. Returns the previous value."""
   return bool(_library().TfExtJitSetSpeedGate(int(bool(enable))))
