@@ -48,6 +48,9 @@ EXTERNAL_DOCS = {
 _DIRECTIVE = re.compile(r"^::: *(\S+)[ \t]*\n((?:[ \t]+\S.*\n|[ \t]*\n)*)", re.M)
 _HEADING = re.compile(r"^\s+heading:\s*[\"']?([\w.]+)[\"']?\s*$", re.M)
 _EXTERNAL_MARKER = re.compile(r"<!-- external-names: ([\w.]+) -->")
+# `<!-- generated: module.function -->`: replaced by what that function of tf_ext returns (Markdown
+# generated from a declaration in the code, e.g. tf_ext.jit's options).
+_GENERATED_MARKER = re.compile(r"<!-- generated: (tf_ext[\w.]*)\.(\w+) -->")
 
 
 @dataclasses.dataclass
@@ -241,7 +244,11 @@ def on_pre_build(config):
 
 
 def on_page_markdown(markdown, page, **_):
-  """Replaces each external-names marker by the list of those names."""
-  return _EXTERNAL_MARKER.sub(
+  """Replaces each external-names marker by the list of those names, and each generated marker by
+  its function's Markdown."""
+  markdown = _EXTERNAL_MARKER.sub(
     lambda match: external_names_markdown(_report.external.get(match.group(1), {})), markdown
+  )
+  return _GENERATED_MARKER.sub(
+    lambda match: getattr(importlib.import_module(match.group(1)), match.group(2))(), markdown
   )

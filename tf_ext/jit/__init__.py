@@ -14,7 +14,7 @@ out of the compiled loss and metrics; `tf_ext.jit.functions(model)` gives their 
 (tf_ext/jit/keras.py).
 
 For TF1 Sessions and Estimator, `tf_ext.jit.Bucketing` pads the batches of the input pipeline to
-planned buckets, so that the XLA clusters of the model (tf_ext.graph_optimizations' dense-part
+planned buckets, so that the XLA clusters of the model (tf_ext.graph's dense-part
 pass, auto-jit or a jit_scope) compile once per bucket, in the background; `Bucketing.padded`
 makes the same helpers work in a model_fn, and `unpad` slices predictions back to the real rows
 (tf_ext/jit/bucketing.py); its speed gate runs each cluster compiled only where that is faster

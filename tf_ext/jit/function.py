@@ -530,8 +530,8 @@ def function(fn=None, *, paddable=None, output_dims=None, name=None, **options):
   cache, a saved plan. Use as `function(fn, ...)`, `@function` or `@function(...)`. Keyword
   arguments: paddable (the padded axes of the arguments), output_dims (the padded axes of each
   output, where shape inference cannot tell), name (in logs and the plan's file name; default:
-  fn's name), and the options below, which come from their TF_EXT_JIT_* settings where not
-  given (see tf_ext.jit.function's module doc)."""
+  fn's name), and the options of tf_ext/jit/options.py (listed below in help(), and in the API
+  reference), which come from their TF_EXT_JIT_* settings where not given."""
   options_lib.check(options, "tf_ext.jit.function")
   arguments = dict(paddable=paddable, output_dims=output_dims, name=name, **options)
   if fn is None:

@@ -35,11 +35,11 @@ class Option:
   def describe(self):
     """One line for a docstring: the name, the setting and its default, the meaning."""
     if self.setting is None:
-      return f"{self.name}: {self.meaning}"
+      return f"`{self.name}`: {self.meaning}"
     setting = settings.SETTINGS[self.setting]
     accepts = f" Also: {self.accepts}." if self.accepts else ""
     meaning = setting.meaning.removeprefix("tf_ext.jit: ")
-    return f"{self.name} (default {setting.name}={setting.default}): {meaning}{accepts}"
+    return f"`{self.name}` (default `{setting.name}={setting.default}`): {meaning}{accepts}"
 
 
 OPTIONS = (
@@ -78,12 +78,16 @@ def value(name, given=None):
   return settings.get(_BY_NAME[name].setting, None if given is None else str(given))
 
 
-def documented(entry_point):
-  """Decorator: appends the list of options to `entry_point`'s docstring (for help())."""
-  listing = "\n".join(
-    textwrap.fill(option.describe(), 100, initial_indent="  ", subsequent_indent="    ")
+def listing():
+  """The options as a Markdown list, one item per option (docstrings and the API reference)."""
+  return "\n".join(
+    textwrap.fill(option.describe(), 100, initial_indent="- ", subsequent_indent="  ")
     for option in OPTIONS
   )
+
+
+def documented(entry_point):
+  """Decorator: appends the list of options to `entry_point`'s docstring (for help())."""
   doc = inspect.cleandoc(entry_point.__doc__ or "")
-  entry_point.__doc__ = f"{doc}\n\nOptions (tf_ext/jit/options.py):\n{listing}\n"
+  entry_point.__doc__ = f"{doc}\n\nOptions (tf_ext/jit/options.py):\n\n{listing()}\n"
   return entry_point
