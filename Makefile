@@ -191,22 +191,21 @@ horovod: venv
 	TF_CPP_MIN_LOG_LEVEL=3 $$py -c '$(HOROVOD_CHECK)'; \
 	echo "[setup] horovod $(HOROVOD_VERSION) installed (Gloo + MPI)"
 
-bench-deps: setup
-	@want="$$(sha256sum requirements-bench.txt | cut -d' ' -f1)"; \
-	if [ -f "$(BENCH_STAMP)" ] && [ "$$(cat $(BENCH_STAMP))" = "$$want" ]; then :; else \
-	  echo "[bench] pip install -r requirements-bench.txt"; \
-	  "$(VENV)/bin/python" -m pip install -q -r requirements-bench.txt; \
-	  echo "$$want" > "$(BENCH_STAMP)"; \
+# $(call pip_when_changed,REQUIREMENTS,STAMP,TAG): pip install -r REQUIREMENTS into .venv, unless
+# STAMP holds the file's hash from the last install.
+pip_when_changed = want="$$(sha256sum $(1) | cut -d' ' -f1)"; \
+	if [ -f "$(2)" ] && [ "$$(cat $(2))" = "$$want" ]; then :; else \
+	  echo "[$(3)] pip install -r $(1)"; \
+	  "$(VENV)/bin/python" -m pip install -q -r $(1); \
+	  echo "$$want" > "$(2)"; \
 	fi
+
+bench-deps: setup
+	@$(call pip_when_changed,requirements-bench.txt,$(BENCH_STAMP),bench)
 
 # The docs site's generator (requirements-docs.txt, pinned), when that file changed.
 docs-deps: venv
-	@want="$$(sha256sum requirements-docs.txt | cut -d' ' -f1)"; \
-	if [ -f "$(DOCS_STAMP)" ] && [ "$$(cat $(DOCS_STAMP))" = "$$want" ]; then :; else \
-	  echo "[setup] pip install -r requirements-docs.txt"; \
-	  "$(VENV)/bin/python" -m pip install -q -r requirements-docs.txt; \
-	  echo "$$want" > "$(DOCS_STAMP)"; \
-	fi
+	@$(call pip_when_changed,requirements-docs.txt,$(DOCS_STAMP),setup)
 
 # Strict: a broken link or anchor, a public name without a docstring or missing from the API
 # reference fails the build (mkdocs.yml, docs/hooks/public_api.py). tf_ext is read from this

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-import tf_ext
 
 # (old path, new home): modules, or module:attribute.
 MOVED = [
@@ -100,20 +99,3 @@ def test_the_old_paths_import_first_in_a_fresh_process():
   )
   proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
   assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-def test_the_top_level_names_are_where_they_were():
-  for name in (
-    "DeltaCheckpointManager",
-    "DynamicEmbeddingOptimizer",
-    "DynamicEmbeddingVariable",
-    "EvictionPolicy",
-    "FrequencyAdmission",
-    "InitializerSpec",
-    "ShardedDynamicEmbeddingVariable",
-    "dynamic_embedding",
-    "embedding_lookup",
-    "get_dynamic_embedding_variable",
-    "wait_for_cluster",
-  ):
-    assert callable(getattr(tf_ext, name)), name
