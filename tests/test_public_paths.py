@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-
 # (old path, new home): modules, or module:attribute.
 MOVED = [
   ("tf_ext.keras", "tf_ext.dynamic_embedding.keras"),
