@@ -14,6 +14,7 @@ a circle or a dependency), and no private name (`_x`) of another module.
 """
 
 import ast
+import functools
 import os
 
 import pytest
@@ -47,6 +48,13 @@ class Import:
     self.line, self.target, self.late, self.private = line, target, late, private
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path):
+  """The syntax tree of the file `path` (each file is read once, for its imports and its alias)."""
+  with open(path, encoding="utf-8") as f:
+    return ast.parse(f.read(), path)
+
+
 def _package_of(module, modules):
   """The package a module's relative imports start from."""
   path = modules[module]
@@ -56,8 +64,7 @@ def _package_of(module, modules):
 def imports_of(module, modules):
   """Every import of a tf_ext module in `module`, each target resolved to the module it loads:
   `from a.b import c` loads a.b.c where that is a module, else a.b (and c is a name of it)."""
-  with open(modules[module], encoding="utf-8") as f:
-    tree = ast.parse(f.read(), modules[module])
+  tree = parsed(modules[module])
   top_level = set(map(id, tree.body))
   module_aliases = {}  # a local name bound to a tf_ext module -> that module
   found = []
@@ -101,9 +108,7 @@ def imports_of(module, modules):
 
 def alias_target(module, modules):
   """The package that a public-path package re-exports (its `_public_paths.alias` call), or None."""
-  with open(modules[module], encoding="utf-8") as f:
-    tree = ast.parse(f.read())
-  for node in ast.walk(tree):
+  for node in ast.walk(parsed(modules[module])):
     if (
       isinstance(node, ast.Call)
       and isinstance(node.func, ast.Attribute)

@@ -166,10 +166,6 @@ def _warn_once(state, key, message, *args):
     logger.warning(message, *args)
 
 
-def _tables(model):
-  return model_tables(model, eager=False)
-
-
 def _make_function(model, force=False, *, kind):
   attribute = f"{kind}_function"
   if getattr(model, attribute) is not None and not force:
@@ -221,7 +217,7 @@ def _make_function(model, force=False, *, kind):
       return keras_function()(iterator)
     if not state.checked:
       state.checked = True
-      if _tables(model):
+      if model_tables(model, eager=False):
         state.fallback = "it uses tf_ext dynamic embedding tables, whose ops XLA cannot compile"
         logger.warning(
           "tf_ext.jit: %s: %s; running Keras' own functions (not XLA-compiled)",
