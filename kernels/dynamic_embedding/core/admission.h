@@ -16,15 +16,37 @@
 #include <limits>
 #include <memory>
 
+#include "kernels/dynamic_embedding/core/host_device.h"
+
 namespace tf_ext {
 namespace de {
+
+// The counter of row `row` of a sketch of width_mask + 1 counters per row for an id's hash:
+// double hashing of the two 32-bit halves, re-mixed so that the table's shard and slot bits (the
+// hash's low bits) do not pick the same counters. The GPU table's sketch uses it too.
+TF_EXT_HOST_DEVICE inline uint64_t SketchCounterIndex(int row, uint64_t hash, uint64_t width_mask) {
+  uint64_t mixed = hash;
+  mixed ^= mixed >> 31;
+  mixed *= 0x7fb5d329728ea185ULL;
+  mixed ^= mixed >> 27;
+  mixed *= 0x81dadef4bc2dd44dULL;
+  mixed ^= mixed >> 33;
+  const uint64_t h2 = (mixed >> 32) | 1;
+  return static_cast<uint64_t>(row) * (width_mask + 1) + ((mixed + row * h2) & width_mask);
+}
+
+// The sketch's width for a requested width: rounded down to a power of two, at least 1024.
+inline int64_t SketchWidth(int64_t requested) {
+  int64_t rounded = 1024;
+  while (rounded * 2 <= requested) rounded *= 2;
+  return rounded;
+}
 
 class CountMinSketch {
  public:
   // `width` is rounded down to a power of two (at least 1024).
   CountMinSketch(int64_t width, int depth) : depth_(depth) {
-    int64_t rounded = 1024;
-    while (rounded * 2 <= width) rounded *= 2;
+    const int64_t rounded = SketchWidth(width);
     width_mask_ = static_cast<uint64_t>(rounded) - 1;
     counters_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(rounded) * depth);
     for (int64_t i = 0; i < rounded * depth; ++i) counters_[i].store(0, std::memory_order_relaxed);
@@ -61,20 +83,8 @@ class CountMinSketch {
   size_t Bytes() const { return sizeof(uint32_t) * (width_mask_ + 1) * depth_; }
 
  private:
-  // Row r's counter of a hash: double hashing of the two 32-bit halves, re-mixed so that the
-  // table's shard and slot bits (the hash's low bits) do not pick the same counters.
   std::atomic<uint32_t>& Counter(int row, uint64_t hash) const {
-    const uint64_t mixed = Mix(hash);
-    const uint64_t h1 = mixed, h2 = (mixed >> 32) | 1;
-    return counters_[static_cast<size_t>(row) * (width_mask_ + 1) +
-                     ((h1 + row * h2) & width_mask_)];
-  }
-  static uint64_t Mix(uint64_t x) {
-    x ^= x >> 31;
-    x *= 0x7fb5d329728ea185ULL;
-    x ^= x >> 27;
-    x *= 0x81dadef4bc2dd44dULL;
-    return x ^ (x >> 33);
+    return counters_[SketchCounterIndex(row, hash, width_mask_)];
   }
 
   const int depth_;

@@ -50,12 +50,10 @@
 #include "kernels/dynamic_embedding/core/chunk_arena.h"
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/rw_spinlock.h"
+#include "kernels/dynamic_embedding/core/table_policies.h"
 
 namespace tf_ext {
 namespace de {
-
-constexpr int kMaxDim = 4096;
-constexpr int kMaxSlots = 4;
 
 // Where a key is stored: the low bits pick its shard, the next its home slot, the high 32 its tag.
 // Nothing persisted depends on it (an import re-inserts every key), so it may change for speed or
@@ -88,28 +86,6 @@ struct RowRef {
   float* slots;  // num_slots blocks of dim floats
   uint32_t* update_count;
   int64_t* last_step;
-};
-
-// When Evict removes a row; a criterion is off when its value is 0. The step is the global step
-// of training updates (UpdateRow's `step`).
-struct EvictionCriteria {
-  int64_t now_step = 0;
-  int64_t ttl_steps = 0;  // now_step - last update step >= ttl_steps
-  // update count < min_frequency, once now_step - last update step >= frequency_window_steps
-  int64_t min_frequency = 0;
-  int64_t frequency_window_steps = 0;
-  float min_l2_norm = 0.0f;  // the embedding's L2 norm < min_l2_norm
-  // Then, while the table holds more than max_size rows, the least recently updated go.
-  int64_t max_size = 0;
-};
-
-// Counts since the table was created (not checkpointed).
-struct TableCounters {
-  int64_t admitted = 0;     // rows created by training updates
-  int64_t rejected = 0;     // training updates of ids not admitted (yet): dropped
-  int64_t evicted = 0;      // rows removed by Evict
-  int64_t lookups = 0;      // ids looked up
-  int64_t lookup_hits = 0;  // of which had a row
 };
 
 template <typename Key>

@@ -75,19 +75,7 @@ inline int64_t EmbeddingTable<Key>::Evict(const EvictionCriteria& criteria) {
 template <typename Key>
 inline bool EmbeddingTable<Key>::Condemned(const EvictionCriteria& c, const char* entry) const {
   const Header* header = HeaderOf(entry);
-  const int64_t idle = c.now_step - header->last_step;
-  if (c.ttl_steps > 0 && idle >= c.ttl_steps) return true;
-  if (c.min_frequency > 0 && header->update_count < c.min_frequency &&
-      idle >= c.frequency_window_steps) {
-    return true;
-  }
-  if (c.min_l2_norm > 0) {
-    const float* embedding = EmbeddingOf(entry);
-    float squares = 0.0f;
-    for (int j = 0; j < dim_; ++j) squares += embedding[j] * embedding[j];
-    if (squares < c.min_l2_norm * c.min_l2_norm) return true;
-  }
-  return false;
+  return de::Condemned(c, header->last_step, header->update_count, EmbeddingOf(entry), dim_);
 }
 
 // Removes the shard's entries that select(entry) picks under the read lock and that still

@@ -9,11 +9,13 @@
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_OPTIMIZERS_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_OPTIMIZERS_H_
 
-#include <algorithm>
-#include <cmath>
+#include <math.h>
+
 #include <cstdint>
 #include <string_view>
 #include <vector>
+
+#include "kernels/dynamic_embedding/core/host_device.h"
 
 namespace tf_ext {
 namespace de {
@@ -131,33 +133,12 @@ inline void SetHyperparameters(const float* values, OptimizerParams* p) {
 
 namespace internal {
 
-// One FTRL step of a row (slots: accum, then linear), power(accum) being accum^(-lr_power).
-template <typename Power>
-inline void FtrlRow(const OptimizerParams& p, const float* __restrict grad, int dim,
-                    float* __restrict embedding, float* slots, Power&& power) {
-  float* __restrict accum = slots;
-  float* __restrict linear = slots + dim;
-  const float lr = p.learning_rate, l1 = p.l1;
-  const float two_shrinkage = 2.0f * p.l2_shrinkage;
-  const float two_l2 = 2.0f * p.l2;
-  for (int j = 0; j < dim; ++j) {
-    const float g = grad[j];
-    const float g_with_shrinkage = g + two_shrinkage * embedding[j];
-    const float new_accum = accum[j] + g * g;
-    const float new_power = power(new_accum);
-    linear[j] += g_with_shrinkage - (new_power - power(accum[j])) / lr * embedding[j];
-    const float l1_adjusted = std::max(std::min(linear[j], l1), -l1);
-    const float quadratic = new_power / lr + two_l2;
-    embedding[j] = (l1_adjusted - linear[j]) / quadratic;
-    accum[j] = new_accum;
-  }
-}
-
 // Adam's step size for the row's update number t (1-based): lr * sqrt(1 - b2^t) / (1 - b1^t).
-inline float AdamStepSizeOf(float learning_rate, float beta1, float beta2, int64_t prior_updates) {
+TF_EXT_HOST_DEVICE inline float AdamStepSizeOf(float learning_rate, float beta1, float beta2,
+                                               int64_t prior_updates) {
   const double t = static_cast<double>(prior_updates + 1);
-  return static_cast<float>(learning_rate * std::sqrt(1.0 - std::pow(beta2, t)) /
-                            (1.0 - std::pow(beta1, t)));
+  return static_cast<float>(learning_rate * ::sqrt(1.0 - ::pow(beta2, t)) /
+                            (1.0 - ::pow(beta1, t)));
 }
 
 // AdamStepSizeOf, remembered per thread for the last hyperparameters and update numbers: rows
@@ -180,102 +161,176 @@ inline float AdamStepSize(const OptimizerParams& p, int64_t prior_updates) {
   return r.step_size;
 }
 
+// FTRL's accum^(-lr_power): TensorFlow's exact square root for the usual lr_power = -0.5.
+struct FtrlSqrt {
+  TF_EXT_HOST_DEVICE float operator()(float accum) const { return sqrtf(accum); }
+};
+struct FtrlPow {
+  float exponent;
+  TF_EXT_HOST_DEVICE float operator()(float accum) const { return powf(accum, exponent); }
+};
+
 }  // namespace internal
+
+// The step of one element of a row, by kind: the embedding element e and the element's slot
+// values, gradient g. ApplyGradient runs them over a row on the CPU, the GPU table one element per
+// thread (ApplyGradientToElement), so both compute exactly the same arithmetic.
+namespace element {
+
+TF_EXT_HOST_DEVICE inline void Sgd(float lr, float g, float& e) { e -= lr * g; }
+
+TF_EXT_HOST_DEVICE inline void Adagrad(float lr, float epsilon, bool epsilon_inside_sqrt, float g,
+                                       float& e, float& acc) {
+  acc += g * g;
+  e -= epsilon_inside_sqrt ? lr * g / sqrtf(acc + epsilon) : lr * g / (sqrtf(acc) + epsilon);
+}
+
+TF_EXT_HOST_DEVICE inline void Adam(float lr_t, float beta1, float beta2, float epsilon, float g,
+                                    float& e, float& m, float& v) {
+  m = beta1 * m + (1.0f - beta1) * g;
+  v = beta2 * v + (1.0f - beta2) * g * g;
+  e -= lr_t * m / (sqrtf(v) + epsilon);
+}
+
+TF_EXT_HOST_DEVICE inline void Amsgrad(float lr_t, float beta1, float beta2, float epsilon, float g,
+                                       float& e, float& m, float& v, float& v_max) {
+  m = beta1 * m + (1.0f - beta1) * g;
+  v = beta2 * v + (1.0f - beta2) * g * g;
+  v_max = MaxOf(v_max, v);
+  e -= lr_t * m / (sqrtf(v_max) + epsilon);
+}
+
+// TF's SparseApplyMomentum.
+TF_EXT_HOST_DEVICE inline void Momentum(float lr, float momentum, bool use_nesterov, float g,
+                                        float& e, float& accum) {
+  accum = accum * momentum + g;
+  e -= use_nesterov ? lr * g + lr * momentum * accum : lr * accum;
+}
+
+// TF's SparseApplyKerasMomentum.
+TF_EXT_HOST_DEVICE inline void KerasMomentum(float lr, float momentum, bool use_nesterov, float g,
+                                             float& e, float& accum) {
+  accum = accum * momentum - g * lr;
+  e += use_nesterov ? accum * momentum - g * lr : accum;
+}
+
+// TF's SparseApplyFtrl(V2), multiply_linear_by_lr = false; l2 already includes FTRL's beta / (2 *
+// learning_rate), as TensorFlow passes it.
+template <typename Power>
+TF_EXT_HOST_DEVICE inline void Ftrl(const OptimizerParams& p, Power power, float g, float& e,
+                                    float& accum, float& linear) {
+  const float g_with_shrinkage = g + 2.0f * p.l2_shrinkage * e;
+  const float new_accum = accum + g * g;
+  const float new_power = power(new_accum);
+  linear += g_with_shrinkage - (new_power - power(accum)) / p.learning_rate * e;
+  const float l1_adjusted = MaxOf(MinOf(linear, p.l1), -p.l1);
+  const float quadratic = new_power / p.learning_rate + 2.0f * p.l2;
+  e = (l1_adjusted - linear) / quadratic;
+  accum = new_accum;
+}
+
+}  // namespace element
 
 // `slots` holds NumSlots(kind) consecutive blocks of `dim` floats.
 //
-// The gradient, the embedding and the slot blocks never overlap. Saying so (__restrict), with no
-// per-element branch left in a loop, lets the compiler use vector instructions; one float at a
-// time, Adam's, Adagrad's and FTRL's loops ran about 4x slower. The arithmetic per element is the
-// same either way.
+// The gradient, the embedding and the slot blocks never overlap. Saying so (__restrict), with the
+// kind and its options decided outside each loop, lets the compiler use vector instructions; one
+// float at a time, Adam's, Adagrad's and FTRL's loops ran about 4x slower. The arithmetic per
+// element is the same either way.
 inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const float* grad,
                           int dim, float* embedding, float* slots) {
   const float* __restrict g = grad;
   float* __restrict e = embedding;
+  float* __restrict s0 = slots;
+  float* __restrict s1 = slots + dim;
+  float* __restrict s2 = slots + 2 * dim;
   const float lr = p.learning_rate;
   switch (p.kind) {
     case OptimizerKind::kSgd:
-      for (int j = 0; j < dim; ++j) e[j] -= lr * g[j];
+      for (int j = 0; j < dim; ++j) element::Sgd(lr, g[j], e[j]);
       return;
-    case OptimizerKind::kAdagrad: {
-      float* __restrict acc = slots;
-      const float epsilon = p.epsilon;
+    case OptimizerKind::kAdagrad:
       if (p.epsilon_inside_sqrt) {
-        for (int j = 0; j < dim; ++j) {
-          acc[j] += g[j] * g[j];
-          e[j] -= lr * g[j] / std::sqrt(acc[j] + epsilon);
-        }
+        for (int j = 0; j < dim; ++j) element::Adagrad(lr, p.epsilon, true, g[j], e[j], s0[j]);
       } else {
-        for (int j = 0; j < dim; ++j) {
-          acc[j] += g[j] * g[j];
-          e[j] -= lr * g[j] / (std::sqrt(acc[j]) + epsilon);
-        }
+        for (int j = 0; j < dim; ++j) element::Adagrad(lr, p.epsilon, false, g[j], e[j], s0[j]);
       }
       return;
-    }
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAmsgrad: {
-      float* __restrict m = slots;
-      float* __restrict v = slots + dim;
-      float* __restrict v_max = slots + 2 * dim;  // AMSGrad only
-      const float beta1 = p.beta1, beta2 = p.beta2, epsilon = p.epsilon;
+    case OptimizerKind::kAdam: {
       const float lr_t = internal::AdamStepSize(p, prior_updates);
-      if (p.kind == OptimizerKind::kAmsgrad) {
-        for (int j = 0; j < dim; ++j) {
-          m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
-          v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
-          v_max[j] = std::max(v_max[j], v[j]);
-          e[j] -= lr_t * m[j] / (std::sqrt(v_max[j]) + epsilon);
-        }
-        return;
-      }
       for (int j = 0; j < dim; ++j) {
-        m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
-        v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
-        e[j] -= lr_t * m[j] / (std::sqrt(v[j]) + epsilon);
+        element::Adam(lr_t, p.beta1, p.beta2, p.epsilon, g[j], e[j], s0[j], s1[j]);
       }
       return;
     }
-    case OptimizerKind::kMomentum: {  // TF's SparseApplyMomentum
-      float* __restrict accum = slots;
-      const float momentum = p.momentum;
+    case OptimizerKind::kAmsgrad: {
+      const float lr_t = internal::AdamStepSize(p, prior_updates);
+      for (int j = 0; j < dim; ++j) {
+        element::Amsgrad(lr_t, p.beta1, p.beta2, p.epsilon, g[j], e[j], s0[j], s1[j], s2[j]);
+      }
+      return;
+    }
+    case OptimizerKind::kMomentum:
+      if (p.use_nesterov) {
+        for (int j = 0; j < dim; ++j) element::Momentum(lr, p.momentum, true, g[j], e[j], s0[j]);
+      } else {
+        for (int j = 0; j < dim; ++j) element::Momentum(lr, p.momentum, false, g[j], e[j], s0[j]);
+      }
+      return;
+    case OptimizerKind::kKerasMomentum:
       if (p.use_nesterov) {
         for (int j = 0; j < dim; ++j) {
-          accum[j] = accum[j] * momentum + g[j];
-          e[j] -= lr * g[j] + lr * momentum * accum[j];
+          element::KerasMomentum(lr, p.momentum, true, g[j], e[j], s0[j]);
         }
       } else {
         for (int j = 0; j < dim; ++j) {
-          accum[j] = accum[j] * momentum + g[j];
-          e[j] -= lr * accum[j];
+          element::KerasMomentum(lr, p.momentum, false, g[j], e[j], s0[j]);
         }
       }
       return;
-    }
-    case OptimizerKind::kKerasMomentum: {  // TF's SparseApplyKerasMomentum
-      float* __restrict accum = slots;
-      const float momentum = p.momentum;
-      if (p.use_nesterov) {
-        for (int j = 0; j < dim; ++j) {
-          accum[j] = accum[j] * momentum - g[j] * lr;
-          e[j] += accum[j] * momentum - g[j] * lr;
-        }
-      } else {
-        for (int j = 0; j < dim; ++j) {
-          accum[j] = accum[j] * momentum - g[j] * lr;
-          e[j] += accum[j];
-        }
-      }
-      return;
-    }
-    case OptimizerKind::kFtrl:  // TF's SparseApplyFtrl(V2), multiply_linear_by_lr = false
-      // TensorFlow's exact square root for the usual lr_power = -0.5, else pow.
+    case OptimizerKind::kFtrl:
       if (p.learning_rate_power == -0.5f) {
-        internal::FtrlRow(p, g, dim, e, slots, [](float accum) { return std::sqrt(accum); });
+        for (int j = 0; j < dim; ++j)
+          element::Ftrl(p, internal::FtrlSqrt(), g[j], e[j], s0[j], s1[j]);
       } else {
-        const float exponent = -p.learning_rate_power;
-        internal::FtrlRow(p, g, dim, e, slots,
-                          [exponent](float accum) { return std::pow(accum, exponent); });
+        const internal::FtrlPow power{-p.learning_rate_power};
+        for (int j = 0; j < dim; ++j) element::Ftrl(p, power, g[j], e[j], s0[j], s1[j]);
+      }
+      return;
+  }
+}
+
+// ApplyGradient for element j of one row, given the row's Adam step size (AdamStepSizeOf; any
+// value for other kinds): one GPU thread's share of a row's update.
+TF_EXT_HOST_DEVICE inline void ApplyGradientToElement(const OptimizerParams& p, float adam_lr_t,
+                                                      float g, int dim, int j, float* embedding,
+                                                      float* slots) {
+  float& e = embedding[j];
+  float* s0 = slots + j;
+  switch (p.kind) {
+    case OptimizerKind::kSgd:
+      element::Sgd(p.learning_rate, g, e);
+      return;
+    case OptimizerKind::kAdagrad:
+      element::Adagrad(p.learning_rate, p.epsilon, p.epsilon_inside_sqrt, g, e, *s0);
+      return;
+    case OptimizerKind::kAdam:
+      element::Adam(adam_lr_t, p.beta1, p.beta2, p.epsilon, g, e, s0[0], s0[dim]);
+      return;
+    case OptimizerKind::kAmsgrad:
+      element::Amsgrad(adam_lr_t, p.beta1, p.beta2, p.epsilon, g, e, s0[0], s0[dim], s0[2 * dim]);
+      return;
+    case OptimizerKind::kMomentum:
+      element::Momentum(p.learning_rate, p.momentum, p.use_nesterov, g, e, *s0);
+      return;
+    case OptimizerKind::kKerasMomentum:
+      element::KerasMomentum(p.learning_rate, p.momentum, p.use_nesterov, g, e, *s0);
+      return;
+    case OptimizerKind::kFtrl:
+      if (p.learning_rate_power == -0.5f) {
+        element::Ftrl(p, internal::FtrlSqrt(), g, e, s0[0], s0[dim]);
+      } else {
+        element::Ftrl(p, internal::FtrlPow{-p.learning_rate_power}, g, e, s0[0], s0[dim]);
       }
       return;
   }
