@@ -1,0 +1,156 @@
+// The GPU table core: a dynamic embedding table whose keys, rows, optimizer slots and metadata live
+// in GPU memory, serving the same rows as the CPU table (embedding_table.h). No TensorFlow types;
+// every call takes the CUDA stream it runs on.
+//
+// What it shares with the CPU table, so both serve and train the same rows:
+//   - initial rows: InitialRowKeyHash and the initializer's stream (initializers.h), computed on
+//     the device by the same functions: bit-identical rows for every initializer kind;
+//   - optimizer steps: the same per-element functions (optimizers.h), compiled without fused
+//     multiply-adds (host_device.h), so updates match to the rounding of the device's pow;
+//   - admission (SketchCounterIndex: the same count-min sketch), eviction (Condemned, then the
+//     least recently updated rows over max_size), update counts, last steps;
+//   - the snapshot format (snapshot_file.h, through device_table_snapshot.h): a table saved from
+//     the GPU restores into the CPU table and back.
+// Differences, by design:
+//   - int64 keys only: string tables stay on the CPU (the TF kernels refuse a GPU placement);
+//   - exact admission counting (AdmissionSpec::exact) is CPU-only: the GPU table refuses it;
+//   - duplicate ids in one ApplyGradients are summed into one update (the CPU op receives ids the
+//     Python layer already deduplicated the same way);
+//   - ties at the max_size cutoff of eviction (rows last updated at the same step) go in slot
+//     order, the CPU table's in shard order: which of those tied rows go may differ.
+//
+// Layout: open addressing with linear probing over a power-of-two number of slots. Slot i holds
+// the key (keys[i]), the row (values[i * stride]: the embedding, then each optimizer slot, as a
+// snapshot row) and its metadata. A key is claimed with one 64-bit compare-and-swap, so threads
+// inserting the same key agree on one slot and never lock. Removal leaves a tombstone. Before an
+// operation that may add keys, the table makes room for all of them: past the load factor it
+// rebuilds, dropping tombstones, into twice the slots if the rows need them. So an insert always
+// finds a free slot, and no key is ever dropped for want of space. If the device runs out of memory, the operation fails
+// with an error naming the table and the size it was growing to, and the table is unchanged.
+//
+// Pointers to keys, rows and gradients are device memory (host memory for MakeHostTable's table).
+// Calls return "" or what went wrong; a table is used from one host thread at a time.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/dynamic_embedding/core/admission.h"
+#include "kernels/dynamic_embedding/core/initializers.h"
+#include "kernels/dynamic_embedding/core/optimizers.h"
+#include "kernels/dynamic_embedding/core/table_policies.h"
+
+// CUDA's stream type, declared as CUDA's driver_types.h declares it, so that this header needs no
+// CUDA header.
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+namespace tf_ext {
+namespace de {
+
+struct DeviceTableOptions {
+  std::string name;  // named in every error
+  int dim = 0;
+  InitializerSpec initializer;
+  AdmissionSpec admission;
+  int64_t initial_capacity = 1024;  // slots; rounded up to a power of two
+  // Keys plus tombstones per slot past which the table grows. Higher packs more rows per byte
+  // and probes longer.
+  double max_load_factor = 0.75;
+};
+
+// Rows in host memory, as a snapshot holds them: for each of n keys its update count, last step
+// and the embedding followed by each optimizer slot (dim * (1 + num_slots) floats).
+struct HostRows {
+  int64_t n = 0;
+  const int64_t* keys = nullptr;
+  const uint32_t* update_counts = nullptr;
+  const int64_t* last_steps = nullptr;
+  const float* values = nullptr;
+};
+
+class DeviceTable {
+ public:
+  virtual ~DeviceTable() = default;
+
+  virtual const DeviceTableOptions& options() const = 0;
+  int dim() const { return options().dim; }
+  virtual int num_slots() const = 0;
+  virtual std::vector<float> slot_initial_values() const = 0;
+  virtual int64_t Capacity() const = 0;  // slots
+  virtual size_t BytesInUse() const = 0;
+
+  // The rows of keys[0, n) into rows[n, dim]; a missing key reads its initial row and adds
+  // nothing. found (optional): whether each key was present.
+  virtual std::string Find(cudaStream_t stream, int64_t n, const int64_t* keys, float* rows,
+                           bool* found) = 0;
+  // Find, but each missing key that the admission policy admits (every one without admission;
+  // each occurrence counts once) gets its row: its initial row and slots, no updates, and the
+  // latest training step as its last step.
+  virtual std::string FindOrInsert(cudaStream_t stream, int64_t n, const int64_t* keys,
+                                   float* rows) = 0;
+  // Sets the embeddings of keys[0, n) to rows[n, dim]; an existing key keeps its slots and
+  // metadata, a new one gets FindOrInsert's. Of a key given twice, the last row wins.
+  virtual std::string InsertOrAssign(cudaStream_t stream, int64_t n, const int64_t* keys,
+                                     const float* rows) = 0;
+  // Removes keys[0, n); *removed (host, optional): how many were present.
+  virtual std::string Remove(cudaStream_t stream, int64_t n, const int64_t* keys,
+                             int64_t* removed) = 0;
+  // Gives every row at least num_slots optimizer slots, new ones starting at slot_init[i].
+  virtual std::string EnsureSlots(cudaStream_t stream, int num_slots,
+                                  const std::vector<float>& slot_init) = 0;
+  // One optimizer step at global step `step` for keys[0, n) with gradients[n, dim]. The
+  // gradients of a key given more than once are summed, in the order given, into one update. A
+  // missing key is counted by the admission policy once per call and, when admitted, gets its
+  // initial row first; a key not admitted is dropped. Each updated row counts the update and
+  // records the step. Gives the table the optimizer's slots first.
+  virtual std::string ApplyGradients(cudaStream_t stream, const OptimizerParams& params,
+                                     int64_t step, int64_t n, const int64_t* keys,
+                                     const float* gradients) = 0;
+  // Removes the rows `criteria` condemns (Condemned), then, over max_size, the least recently
+  // updated; *evicted (host, optional): how many.
+  virtual std::string Evict(cudaStream_t stream, const EvictionCriteria& criteria,
+                            int64_t* evicted) = 0;
+
+  // Makes room for `rows` more keys now (growing, or dropping removed rows' tombstones), so that
+  // inserting them later does not rebuild the table.
+  virtual std::string Reserve(cudaStream_t stream, int64_t rows) = 0;
+
+  // These wait for the stream.
+  virtual int64_t Size(cudaStream_t stream) = 0;
+  virtual int64_t LatestStep(cudaStream_t stream) = 0;
+  virtual TableCounters Counters(cudaStream_t stream) = 0;
+
+  // Every row, in chunks of at most chunk_rows through pinned host memory: visit(rows) for each
+  // chunk, valid during the call; false stops. The table is not changed; extra memory is one
+  // chunk on the device and one on the host.
+  virtual std::string Export(cudaStream_t stream, int64_t chunk_rows,
+                             const std::function<bool(const HostRows&)>& visit) = 0;
+  // Restores rows exactly (embedding, slots, update count, last step), replacing the rows of
+  // keys already present. The rows carry num_slots() slots (EnsureSlots first).
+  virtual std::string Import(cudaStream_t stream, const HostRows& rows) = 0;
+  // Remove for keys in host memory (staged through the device; for restores of deltas).
+  virtual std::string RemoveHostKeys(cudaStream_t stream, int64_t n, const int64_t* keys) = 0;
+  // Removes every row.
+  virtual std::string Clear(cudaStream_t stream) = 0;
+};
+
+// The table on the current CUDA device. Without CUDA in the build (TF_EXT_CUDA=0, or no nvcc),
+// returns null and says why in *error.
+std::unique_ptr<DeviceTable> MakeCudaTable(const DeviceTableOptions& options, std::string* error);
+// Whether this build has the CUDA table.
+bool CudaTableBuilt();
+// The same table, algorithm and arithmetic on the host: every kernel body runs on `threads` CPU
+// threads instead of a GPU, pointers are host memory, the stream is ignored. The CPU build tests
+// the GPU table's logic with it; it is not a fast CPU table.
+std::unique_ptr<DeviceTable> MakeHostTable(const DeviceTableOptions& options, std::string* error,
+                                           int threads = 1);
+
+}  // namespace de
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_H_

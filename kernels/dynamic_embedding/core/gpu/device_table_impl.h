@@ -1,0 +1,938 @@
+// The GPU table's algorithm (device_table.h), written once over an executor `Exec` that owns
+// memory and runs kernel bodies: CudaExec (cuda_exec.cuh) launches them as CUDA kernels, HostExec
+// (host_exec.h) runs them on host threads. Every body is a TF_EXT_HOST_DEVICE lambda over
+// TableView, a plain copy of the table's pointers and sizes.
+//
+// nvcc's rules for such lambdas shape this file: the function defining one must be a public
+// member, and the lambda must not capture `this` (it would point into host memory on the
+// device). So every member function is public, and the bodies use locals only: a TableView, the
+// op's arguments and temporary buffers.
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_IMPL_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_IMPL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/dynamic_embedding/core/gpu/device_atomics.h"
+#include "kernels/dynamic_embedding/core/gpu/device_table.h"
+
+namespace tf_ext {
+namespace de {
+namespace gpu {
+
+// Key slot values that hold no key. The user keys with these bit patterns (-1 and -2) live in
+// two extra slots after the probed ones, which hold 0 while absent.
+constexpr uint64_t kEmptyKey = ~uint64_t{0};
+constexpr uint64_t kTombstoneKey = ~uint64_t{0} - 1;
+constexpr int64_t kExtraSlots = 2;
+
+struct EntryMeta {
+  int64_t last_step;
+  uint32_t update_count;
+  uint32_t unused;
+};
+
+// The table's device counters.
+enum Counter : int {
+  kSize,
+  kTombstones,
+  kLatestStep,
+  kAdmitted,
+  kRejected,
+  kHits,
+  kScratch,  // per-operation results: rows removed, evicted, distinct keys
+  kNumCounters
+};
+
+struct TableView {
+  uint64_t* keys;
+  float* values;
+  EntryMeta* meta;
+  int64_t* counters;
+  uint64_t mask;     // probed slots - 1
+  int64_t capacity;  // probed slots; then kExtraSlots
+  int dim;
+  int stride;  // floats per row: dim * (1 + num_slots)
+};
+
+struct SketchView {
+  uint32_t* counters;  // null without sketch admission
+  uint64_t width_mask;
+  int depth;
+  int64_t min_count;
+};
+
+TF_EXT_HOST_DEVICE inline bool IsExtraKey(uint64_t key) { return key >= kTombstoneKey; }
+
+TF_EXT_HOST_DEVICE inline int64_t ExtraSlot(const TableView& t, uint64_t key) {
+  return t.capacity + static_cast<int64_t>(key - kTombstoneKey);
+}
+
+// Whether slot s holds a key.
+TF_EXT_HOST_DEVICE inline bool Live(const TableView& t, int64_t s) {
+  const uint64_t key = atomic::Load(t.keys + s);
+  return s < t.capacity ? key < kTombstoneKey : key != 0;
+}
+
+// The slot of `key`, or -1.
+TF_EXT_HOST_DEVICE inline int64_t FindSlot(const TableView& t, int64_t key) {
+  const uint64_t k = static_cast<uint64_t>(key);
+  if (IsExtraKey(k)) {
+    const int64_t s = ExtraSlot(t, k);
+    return atomic::Load(t.keys + s) == k ? s : -1;
+  }
+  for (uint64_t pos = Mix64(k) & t.mask;; pos = (pos + 1) & t.mask) {
+    const uint64_t held = atomic::Load(t.keys + pos);
+    if (held == k) return static_cast<int64_t>(pos);
+    if (held == kEmptyKey) return -1;
+  }
+}
+
+// The slot of `key`, claiming a free one if missing (*created; the caller counts the rows it
+// created, CountRows). The caller made room: a free slot always exists. Tombstones are never
+// reused, so a key has at most one slot.
+TF_EXT_HOST_DEVICE inline int64_t FindOrClaimSlot(const TableView& t, int64_t key, bool* created) {
+  const uint64_t k = static_cast<uint64_t>(key);
+  *created = false;
+  if (IsExtraKey(k)) {
+    const int64_t s = ExtraSlot(t, k);
+    *created = atomic::CompareAndSwap(t.keys + s, 0, k) == 0;
+    return s;
+  }
+  for (uint64_t pos = Mix64(k) & t.mask;; pos = (pos + 1) & t.mask) {
+    uint64_t held = atomic::Load(t.keys + pos);
+    if (held == kEmptyKey) {
+      held = atomic::CompareAndSwap(t.keys + pos, kEmptyKey, k);
+      if (held == kEmptyKey) {
+        *created = true;
+        return static_cast<int64_t>(pos);
+      }
+    }
+    if (held == k) return static_cast<int64_t>(pos);
+  }
+}
+
+// Removes the key in slot s (-1: none) if it is `key`; returns whether this call removed it.
+// Every thread of the body calls it (the counts are per warp, atomic::AddWhere); `counter`, if not
+// null, counts the removals too.
+TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t key,
+                                        int64_t* counter) {
+  const uint64_t k = static_cast<uint64_t>(key);
+  const bool extra = s >= t.capacity;
+  const bool removed =
+      s >= 0 && atomic::CompareAndSwap(t.keys + s, k, extra ? 0 : kTombstoneKey) == k;
+  atomic::AddWhere(t.counters + kSize, removed, -1);
+  atomic::AddWhere(t.counters + kTombstones, removed && !extra, 1);
+  if (counter != nullptr) atomic::AddWhere(counter, removed, 1);
+  return removed;
+}
+
+// Counts rows created by FindOrClaimSlot; every thread of the body calls it.
+TF_EXT_HOST_DEVICE inline void CountRows(const TableView& t, bool created) {
+  atomic::AddWhere(t.counters + kSize, created, 1);
+}
+
+// Counts one more update of a missing key with this hash (conservative update, as
+// CountMinSketch::Increment); returns whether it is admitted.
+TF_EXT_HOST_DEVICE inline bool Admit(const SketchView& sketch, uint64_t hash) {
+  if (sketch.min_count <= 1) return true;
+  uint32_t estimate = ~uint32_t{0};
+  for (int row = 0; row < sketch.depth; ++row) {
+    estimate = MinOf(
+        estimate, atomic::Load(sketch.counters + SketchCounterIndex(row, hash, sketch.width_mask)));
+  }
+  if (estimate == ~uint32_t{0}) return true;  // saturated
+  const uint32_t raised = estimate + 1;
+  for (int row = 0; row < sketch.depth; ++row) {
+    atomic::Max(sketch.counters + SketchCounterIndex(row, hash, sketch.width_mask), raised);
+  }
+  return raised >= sketch.min_count;
+}
+
+// Temporary memory of one operation, freed with it.
+template <typename Exec, typename T>
+class Scratch {
+ public:
+  Scratch(Exec& exec, int64_t n) : exec_(exec) {
+    ptr_ = static_cast<T*>(exec.Alloc(sizeof(T) * static_cast<size_t>(std::max<int64_t>(n, 1))));
+  }
+  ~Scratch() { exec_.Free(ptr_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return ptr_; }
+  bool ok() const { return ptr_ != nullptr; }
+
+ private:
+  Exec& exec_;
+  T* ptr_;
+};
+
+// One-row-per-thread bodies cost more than they need to on a GPU for rows this wide; element-wise
+// bodies split them.
+template <typename Exec>
+class DeviceTableImpl : public DeviceTable {
+ public:
+  // Keys per chunk of the internal passes that stage host memory (Import, Export).
+  static constexpr int64_t kDefaultChunkRows = int64_t{1} << 16;
+
+  DeviceTableImpl(const DeviceTableOptions& options, Exec exec)
+      : options_(options), exec_(std::move(exec)) {}
+  ~DeviceTableImpl() override {
+    exec_.FreeLasting(keys_);
+    exec_.FreeLasting(values_);
+    exec_.FreeLasting(meta_);
+    exec_.FreeLasting(counters_);
+    exec_.FreeLasting(sketch_);
+    exec_.FreeLasting(slot_init_device_);
+  }
+
+  // Allocates the first slots; "" or the error.
+  std::string Init() {
+    if (options_.dim < 1 || options_.dim > kMaxDim) {
+      return Error("dim must be in [1, " + std::to_string(kMaxDim) + "], got " +
+                   std::to_string(options_.dim));
+    }
+    if (!(options_.max_load_factor > 0.0 && options_.max_load_factor < 1.0)) {
+      return Error("max_load_factor must be in (0, 1)");
+    }
+    if (options_.admission.min_count > 1 && options_.admission.exact) {
+      return Error(
+          "exact admission counting is CPU-only; the GPU table counts with a sketch "
+          "(admission exact=False)");
+    }
+    counters_ = static_cast<int64_t*>(exec_.AllocLasting(sizeof(int64_t) * kNumCounters));
+    if (counters_ == nullptr) return Error("out of device memory");
+    exec_.Fill(counters_, int64_t{0}, kNumCounters);
+    if (options_.admission.min_count > 1) {
+      const int64_t width = SketchWidth(options_.admission.sketch_width);
+      sketch_width_mask_ = static_cast<uint64_t>(width) - 1;
+      const int64_t total = width * options_.admission.sketch_depth;
+      sketch_ = static_cast<uint32_t*>(exec_.AllocLasting(sizeof(uint32_t) * total));
+      if (sketch_ == nullptr) return Error("out of device memory for the admission sketch");
+      exec_.Fill(sketch_, uint32_t{0}, total);
+    }
+    int64_t capacity = 64;
+    while (capacity < options_.initial_capacity) capacity *= 2;
+    return Rebuild(capacity, 0, {});
+  }
+
+  const DeviceTableOptions& options() const override { return options_; }
+  int num_slots() const override { return num_slots_; }
+  std::vector<float> slot_initial_values() const override { return slot_init_; }
+  int64_t Capacity() const override { return capacity_; }
+  size_t BytesInUse() const override {
+    const size_t slots = static_cast<size_t>(capacity_ + kExtraSlots);
+    return slots * (sizeof(uint64_t) + sizeof(EntryMeta) + sizeof(float) * Stride()) +
+           (sketch_ ? sizeof(uint32_t) * (sketch_width_mask_ + 1) * options_.admission.sketch_depth
+                    : 0);
+  }
+
+  TableView View() const {
+    return TableView{
+        keys_,     values_,      meta_,   counters_, static_cast<uint64_t>(capacity_ - 1),
+        capacity_, options_.dim, Stride()};
+  }
+  SketchView Sketch() const {
+    return SketchView{sketch_, sketch_width_mask_, options_.admission.sketch_depth,
+                      sketch_ ? options_.admission.min_count : 0};
+  }
+  int Stride() const { return options_.dim * (1 + num_slots_); }
+  std::string Error(const std::string& what) const {
+    return "dynamic embedding table '" + options_.name + "' (GPU): " + what;
+  }
+  std::string Checked(const std::string& what) {
+    const std::string failure = exec_.LastError();
+    return failure.empty() ? "" : Error(what + ": " + failure);
+  }
+
+  // Rows of the slots slots[0, n) (-1: missing, the key's initial row) into rows[n, dim].
+  void GatherRows(int64_t n, const int64_t* keys, const int64_t* slots, float* rows) {
+    const TableView t = View();
+    const InitializerSpec init = options_.initializer;
+    const int dim = t.dim;
+    exec_.For(n * dim, [=] TF_EXT_HOST_DEVICE(int64_t e) {
+      const int64_t i = e / dim;
+      const int j = static_cast<int>(e - i * dim);
+      const int64_t s = slots[i];
+      if (s >= 0) {
+        rows[e] = t.values[s * t.stride + j];
+      } else if (init.kind != InitializerKind::kTruncatedNormal) {
+        rows[e] =
+            InitialRowElement(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed), j);
+      }
+    });
+    if (init.kind == InitializerKind::kTruncatedNormal) {
+      exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+        if (slots[i] >= 0) return;
+        TruncatedNormalRow(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed),
+                           rows + i * dim, dim);
+      });
+    }
+  }
+
+  std::string Find(cudaStream_t stream, int64_t n, const int64_t* keys, float* rows,
+                   bool* found) override {
+    exec_.Bind(stream);
+    if (n <= 0) return "";
+    Scratch<Exec, int64_t> slots(exec_, n);
+    if (!slots.ok()) return Error("out of device memory for a lookup of " + std::to_string(n));
+    const TableView t = View();
+    int64_t* slot_of = slots.get();
+    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      slot_of[i] = FindSlot(t, keys[i]);
+      if (found != nullptr) found[i] = slot_of[i] >= 0;
+      atomic::AddWhere(t.counters + kHits, slot_of[i] >= 0, 1);
+    });
+    GatherRows(n, keys, slot_of, rows);
+    lookups_ += n;
+    return Checked("find");
+  }
+
+  // Gives the slots of newly created rows their initial row, slots and metadata: rows whose
+  // created[i] is set, slot slots[i], key keys[i], for i in [0, n).
+  void InitializeRows(int64_t n, const int64_t* keys, const int64_t* slots,
+                      const uint8_t* created) {
+    const TableView t = View();
+    const InitializerSpec init = options_.initializer;
+    const float* slot_init = slot_init_device_;
+    exec_.For(n * t.stride, [=] TF_EXT_HOST_DEVICE(int64_t e) {
+      const int64_t i = e / t.stride;
+      if (!created[i]) return;
+      const int j = static_cast<int>(e - i * t.stride);
+      float* row = t.values + slots[i] * t.stride;
+      if (j >= t.dim) {
+        row[j] = slot_init[j / t.dim - 1];
+      } else if (init.kind != InitializerKind::kTruncatedNormal) {
+        row[j] =
+            InitialRowElement(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed), j);
+      }
+      if (j == 0) t.meta[slots[i]] = EntryMeta{t.counters[kLatestStep], 0, 0};
+    });
+    if (init.kind == InitializerKind::kTruncatedNormal) {
+      exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+        if (!created[i]) return;
+        TruncatedNormalRow(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed),
+                           t.values + slots[i] * t.stride, t.dim);
+      });
+    }
+  }
+
+  std::string FindOrInsert(cudaStream_t stream, int64_t n, const int64_t* keys,
+                           float* rows) override {
+    exec_.Bind(stream);
+    if (n <= 0) return "";
+    std::string error = MakeRoom(n);
+    if (!error.empty()) return error;
+    Scratch<Exec, int64_t> slots(exec_, n);
+    Scratch<Exec, uint8_t> created(exec_, n);
+    if (!slots.ok() || !created.ok()) return Error("out of device memory for " + std::to_string(n));
+    const TableView t = View();
+    const SketchView sketch = Sketch();
+    int64_t* slot_of = slots.get();
+    uint8_t* created_at = created.get();
+    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      int64_t s = FindSlot(t, keys[i]);
+      const bool hit = s >= 0;
+      bool claimed = false;
+      if (!hit && Admit(sketch, InitialRowKeyHash(keys[i])))
+        s = FindOrClaimSlot(t, keys[i], &claimed);
+      atomic::AddWhere(t.counters + kHits, hit, 1);
+      CountRows(t, claimed);
+      slot_of[i] = s;
+      created_at[i] = claimed;
+    });
+    InitializeRows(n, keys, slot_of, created_at);
+    GatherRows(n, keys, slot_of, rows);
+    lookups_ += n;
+    return Checked("find_or_insert");
+  }
+
+  // Groups keys[0, n) by key: sorted keys and the positions they came from (in order within a
+  // key), the first sorted index of each distinct key (first[d], d < distinct, first[distinct] =
+  // n) and the number of distinct keys, read back to the host.
+  struct Groups {
+    Groups(Exec& exec, int64_t n)
+        : sorted(exec, n), position(exec, n), first(exec, n + 1), heads(exec, n + 1) {}
+    bool ok() const { return sorted.ok() && position.ok() && first.ok() && heads.ok(); }
+    Scratch<Exec, uint64_t> sorted;
+    Scratch<Exec, int64_t> position;
+    Scratch<Exec, int64_t> first;
+    Scratch<Exec, int64_t> heads;  // then the distinct index of each key's first sorted index
+    int64_t distinct = 0;
+  };
+  std::string GroupKeys(int64_t n, const int64_t* keys, Groups* groups) {
+    if (!groups->ok()) return Error("out of device memory for a batch of " + std::to_string(n));
+    Scratch<Exec, uint64_t> unsorted(exec_, n);
+    Scratch<Exec, int64_t> order(exec_, n);
+    if (!unsorted.ok() || !order.ok()) return Error("out of device memory");
+    uint64_t* as_unsigned = unsorted.get();
+    int64_t* identity = order.get();
+    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      as_unsigned[i] = static_cast<uint64_t>(keys[i]);
+      identity[i] = i;
+    });
+    if (!exec_.SortPairs(as_unsigned, groups->sorted.get(), identity, groups->position.get(), n)) {
+      return Error("out of device memory sorting a batch of " + std::to_string(n));
+    }
+    const uint64_t* sorted = groups->sorted.get();
+    int64_t* heads = groups->heads.get();
+    exec_.For(n + 1, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      heads[i] = i < n && (i == 0 || sorted[i] != sorted[i - 1]);
+    });
+    int64_t* distinct_before = groups->first.get();  // reused below as `first`
+    if (!exec_.ExclusiveSum(heads, distinct_before, n + 1)) return Error("out of device memory");
+    exec_.ToHost(&groups->distinct, distinct_before + n, sizeof(int64_t));
+    exec_.Sync();
+    // heads <- the distinct index of each sorted index, first <- each distinct key's first index.
+    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      const bool head = i == 0 || sorted[i] != sorted[i - 1];
+      heads[i] = distinct_before[i] + (head ? 0 : -1);
+    });
+    const int64_t distinct = groups->distinct;
+    int64_t* first = groups->first.get();
+    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      if (i == 0 || sorted[i] != sorted[i - 1]) first[heads[i]] = i;
+      if (i == 0) first[distinct] = n;
+    });
+    return "";
+  }
+
+  std::string ApplyGradients(cudaStream_t stream, const OptimizerParams& params, int64_t step,
+                             int64_t n, const int64_t* keys, const float* gradients) override {
+    exec_.Bind(stream);
+    std::string error = EnsureSlots(stream, NumSlots(params.kind), SlotInitialValues(params));
+    if (!error.empty() || n <= 0) return error;
+    Groups groups(exec_, n);
+    error = GroupKeys(n, keys, &groups);
+    if (error.empty()) error = MakeRoom(groups.distinct);
+    if (!error.empty()) return error;
+    const int64_t m = groups.distinct;
+    Scratch<Exec, int64_t> unique_keys(exec_, m), slots(exec_, m);
+    Scratch<Exec, uint8_t> created(exec_, m);
+    Scratch<Exec, float> sums(exec_, m * options_.dim), step_sizes(exec_, m);
+    if (!unique_keys.ok() || !slots.ok() || !created.ok() || !sums.ok() || !step_sizes.ok()) {
+      return Error("out of device memory for an update of " + std::to_string(m) + " rows");
+    }
+    const TableView t = View();
+    const SketchView sketch = Sketch();
+    const uint64_t* sorted = groups.sorted.get();
+    const int64_t* position = groups.position.get();
+    const int64_t* first = groups.first.get();
+    int64_t* key_of = unique_keys.get();
+    int64_t* slot_of = slots.get();
+    uint8_t* created_at = created.get();
+    float* sum = sums.get();
+    float* step_size = step_sizes.get();
+    const OptimizerParams p = params;
+    exec_.For(m, [=] TF_EXT_HOST_DEVICE(int64_t d) {
+      const int64_t key = static_cast<int64_t>(sorted[first[d]]);
+      key_of[d] = key;
+      int64_t s = FindSlot(t, key);
+      const bool missing = s < 0;
+      const bool admitted = missing && Admit(sketch, InitialRowKeyHash(key));
+      bool claimed = false;
+      if (admitted) s = FindOrClaimSlot(t, key, &claimed);
+      atomic::AddWhere(t.counters + kAdmitted, admitted, 1);
+      atomic::AddWhere(t.counters + kRejected, missing && !admitted, 1);
+      CountRows(t, claimed);
+      slot_of[d] = s;
+      created_at[d] = claimed;
+    });
+    InitializeRows(m, key_of, slot_of, created_at);
+    const int dim = t.dim;
+    // Duplicates summed in the order given, starting from the first (not from 0: -0 + 0 is +0).
+    exec_.For(m * dim, [=] TF_EXT_HOST_DEVICE(int64_t e) {
+      const int64_t d = e / dim;
+      const int j = static_cast<int>(e - d * dim);
+      float total = gradients[position[first[d]] * dim + j];
+      for (int64_t r = first[d] + 1; r < first[d + 1]; ++r)
+        total += gradients[position[r] * dim + j];
+      sum[e] = total;
+    });
+    exec_.For(m, [=] TF_EXT_HOST_DEVICE(int64_t d) {
+      if (slot_of[d] < 0) return;
+      step_size[d] = internal::AdamStepSizeOf(p.learning_rate, p.beta1, p.beta2,
+                                              t.meta[slot_of[d]].update_count);
+    });
+    exec_.For(m * dim, [=] TF_EXT_HOST_DEVICE(int64_t e) {
+      const int64_t d = e / dim;
+      if (slot_of[d] < 0) return;
+      float* row = t.values + slot_of[d] * t.stride;
+      ApplyGradientToElement(p, step_size[d], sum[e], dim, static_cast<int>(e - d * dim), row,
+                             row + dim);
+    });
+    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    exec_.For(m, [=] TF_EXT_HOST_DEVICE(int64_t d) {
+      const bool updated = slot_of[d] >= 0;
+      atomic::AddWhere(t.counters + kScratch, updated, 1);
+      if (!updated) return;
+      EntryMeta& meta = t.meta[slot_of[d]];
+      if (meta.update_count != ~uint32_t{0}) ++meta.update_count;
+      meta.last_step = step;
+    });
+    RecordStep(step, /*if_updated=*/true);
+    return Checked("apply_gradients");
+  }
+
+  // Writes rows of keys[0, n): with full_rows, the whole row (stride floats), update count and
+  // last step from `counts` and `steps` (Import); else the embedding (dim floats) only
+  // (InsertOrAssign). Of a key given twice, the last wins.
+  std::string AssignRows(int64_t n, const int64_t* keys, const float* rows, bool full_rows,
+                         const uint32_t* counts, const int64_t* steps) {
+    if (n <= 0) return "";
+    Groups groups(exec_, n);
+    std::string error = GroupKeys(n, keys, &groups);
+    if (error.empty()) error = MakeRoom(groups.distinct);
+    if (!error.empty()) return error;
+    const int64_t m = groups.distinct;
+    Scratch<Exec, int64_t> unique_keys(exec_, m), slots(exec_, m), source(exec_, m);
+    Scratch<Exec, uint8_t> created(exec_, m);
+    if (!unique_keys.ok() || !slots.ok() || !source.ok() || !created.ok()) {
+      return Error("out of device memory for " + std::to_string(m) + " rows");
+    }
+    const TableView t = View();
+    const uint64_t* sorted = groups.sorted.get();
+    const int64_t* position = groups.position.get();
+    const int64_t* first = groups.first.get();
+    int64_t* key_of = unique_keys.get();
+    int64_t* slot_of = slots.get();
+    int64_t* source_of = source.get();
+    uint8_t* created_at = created.get();
+    exec_.For(m, [=] TF_EXT_HOST_DEVICE(int64_t d) {
+      key_of[d] = static_cast<int64_t>(sorted[first[d]]);
+      source_of[d] = position[first[d + 1] - 1];  // the last occurrence
+      bool claimed = false;
+      slot_of[d] = FindOrClaimSlot(t, key_of[d], &claimed);
+      CountRows(t, claimed);
+      created_at[d] = claimed;
+    });
+    if (!full_rows) InitializeRows(m, key_of, slot_of, created_at);
+    const int width = full_rows ? t.stride : t.dim;
+    exec_.For(m * width, [=] TF_EXT_HOST_DEVICE(int64_t e) {
+      const int64_t d = e / width;
+      const int j = static_cast<int>(e - d * width);
+      t.values[slot_of[d] * t.stride + j] = rows[source_of[d] * width + j];
+      if (full_rows && j == 0) {
+        t.meta[slot_of[d]] = EntryMeta{steps[source_of[d]], counts[source_of[d]], 0};
+      }
+    });
+    return Checked("assign");
+  }
+
+  std::string InsertOrAssign(cudaStream_t stream, int64_t n, const int64_t* keys,
+                             const float* rows) override {
+    exec_.Bind(stream);
+    return AssignRows(n, keys, rows, /*full_rows=*/false, nullptr, nullptr);
+  }
+
+  std::string Remove(cudaStream_t stream, int64_t n, const int64_t* keys,
+                     int64_t* removed) override {
+    exec_.Bind(stream);
+    if (removed != nullptr) *removed = 0;
+    if (n <= 0) return "";
+    const TableView t = View();
+    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      RemoveAt(t, FindSlot(t, keys[i]), keys[i], t.counters + kScratch);
+    });
+    if (removed != nullptr) *removed = ReadCounter(kScratch);
+    return Checked("remove");
+  }
+
+  std::string EnsureSlots(cudaStream_t stream, int num_slots,
+                          const std::vector<float>& slot_init) override {
+    exec_.Bind(stream);
+    if (num_slots <= num_slots_) return "";
+    if (num_slots > kMaxSlots || static_cast<int>(slot_init.size()) < num_slots) {
+      return Error("bad optimizer slots: " + std::to_string(num_slots));
+    }
+    std::vector<float> init = slot_init_;
+    init.insert(init.end(), slot_init.begin() + num_slots_, slot_init.begin() + num_slots);
+    return Rebuild(capacity_, num_slots, init);
+  }
+
+  std::string Evict(cudaStream_t stream, const EvictionCriteria& criteria,
+                    int64_t* evicted) override {
+    exec_.Bind(stream);
+    const TableView t = View();
+    const EvictionCriteria c = criteria;
+    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    exec_.For(t.capacity + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
+      const EntryMeta meta = t.meta[s];
+      const bool condemned = Live(t, s) && Condemned(c, meta.last_step, meta.update_count,
+                                                     t.values + s * t.stride, t.dim);
+      RemoveAt(t, condemned ? s : -1, static_cast<int64_t>(t.keys[s]), t.counters + kScratch);
+    });
+    int64_t removed = ReadCounter(kScratch);
+    std::string error;
+    if (criteria.max_size > 0) error = EvictLeastRecent(criteria.max_size, &removed);
+    evicted_ += removed;
+    if (evicted != nullptr) *evicted = removed;
+    return error.empty() ? Checked("evict") : error;
+  }
+
+  // Removes the least recently updated rows while more than max_size remain; ties in slot order.
+  std::string EvictLeastRecent(int64_t max_size, int64_t* removed) {
+    const int64_t excess = ReadCounter(kSize) - max_size;
+    if (excess <= 0) return "";
+    const int64_t slots = capacity_ + kExtraSlots;
+    Scratch<Exec, int64_t> live(exec_, slots + 1), before(exec_, slots + 1);
+    if (!live.ok() || !before.ok()) return Error("out of device memory for eviction");
+    const TableView t = View();
+    int64_t* is_live = live.get();
+    exec_.For(slots + 1, [=] TF_EXT_HOST_DEVICE(int64_t s) {
+      is_live[s] = s < t.capacity + kExtraSlots && Live(t, s);
+    });
+    if (!exec_.ExclusiveSum(is_live, before.get(), slots + 1)) return Error("out of memory");
+    const int64_t rows = ReadCounter(kSize);
+    Scratch<Exec, uint64_t> steps(exec_, rows), sorted_steps(exec_, rows);
+    Scratch<Exec, int64_t> slot_list(exec_, rows), sorted_slots(exec_, rows);
+    if (!steps.ok() || !sorted_steps.ok() || !slot_list.ok() || !sorted_slots.ok()) {
+      return Error("out of device memory for eviction of " + std::to_string(rows) + " rows");
+    }
+    const int64_t* live_before = before.get();
+    uint64_t* step_of = steps.get();
+    int64_t* slot_at = slot_list.get();
+    exec_.For(slots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
+      if (!is_live[s]) return;
+      // Order-preserving int64 -> uint64: flip the sign bit.
+      step_of[live_before[s]] = static_cast<uint64_t>(t.meta[s].last_step) ^ (uint64_t{1} << 63);
+      slot_at[live_before[s]] = s;
+    });
+    if (!exec_.SortPairs(step_of, sorted_steps.get(), slot_at, sorted_slots.get(), rows)) {
+      return Error("out of device memory sorting for eviction");
+    }
+    const int64_t* victims = sorted_slots.get();
+    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    exec_.For(std::min(excess, rows), [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      const int64_t s = victims[i];
+      RemoveAt(t, s, static_cast<int64_t>(t.keys[s]), t.counters + kScratch);
+    });
+    *removed += ReadCounter(kScratch);
+    return "";
+  }
+
+  int64_t Size(cudaStream_t stream) override {
+    exec_.Bind(stream);
+    return ReadCounter(kSize);
+  }
+  int64_t LatestStep(cudaStream_t stream) override {
+    exec_.Bind(stream);
+    return ReadCounter(kLatestStep);
+  }
+  TableCounters Counters(cudaStream_t stream) override {
+    exec_.Bind(stream);
+    int64_t values[kNumCounters];
+    exec_.ToHost(values, counters_, sizeof(values));
+    exec_.Sync();
+    TableCounters counters;
+    counters.admitted = values[kAdmitted];
+    counters.rejected = values[kRejected];
+    counters.evicted = evicted_;
+    counters.lookups = lookups_;
+    counters.lookup_hits = values[kHits];
+    return counters;
+  }
+
+  std::string Export(cudaStream_t stream, int64_t chunk_rows,
+                     const std::function<bool(const HostRows&)>& visit) override {
+    exec_.Bind(stream);
+    if (chunk_rows <= 0) chunk_rows = kDefaultChunkRows;
+    const TableView t = View();
+    const int64_t slots = capacity_ + kExtraSlots;
+    const size_t row_bytes = sizeof(float) * t.stride;
+    Scratch<Exec, int64_t> live(exec_, chunk_rows + 1), before(exec_, chunk_rows + 1);
+    Scratch<Exec, int64_t> keys(exec_, chunk_rows), steps(exec_, chunk_rows);
+    Scratch<Exec, uint32_t> counts(exec_, chunk_rows);
+    Scratch<Exec, float> values(exec_, chunk_rows * t.stride);
+    PinnedRows host(exec_, chunk_rows, t.stride);
+    if (!live.ok() || !before.ok() || !keys.ok() || !steps.ok() || !counts.ok() || !values.ok() ||
+        !host.ok()) {
+      return Error("out of memory for an export chunk of " + std::to_string(chunk_rows) + " rows");
+    }
+    for (int64_t begin = 0; begin < slots; begin += chunk_rows) {
+      const int64_t count = std::min(chunk_rows, slots - begin);
+      int64_t* is_live = live.get();
+      exec_.For(count + 1, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+        is_live[i] = i < count && Live(t, begin + i);
+      });
+      if (!exec_.ExclusiveSum(is_live, before.get(), count + 1)) return Error("out of memory");
+      int64_t rows = 0;
+      exec_.ToHost(&rows, before.get() + count, sizeof(int64_t));
+      exec_.Sync();
+      if (rows == 0) continue;
+      const int64_t* live_before = before.get();
+      int64_t* key_out = keys.get();
+      int64_t* step_out = steps.get();
+      uint32_t* count_out = counts.get();
+      float* value_out = values.get();
+      exec_.For(count * t.stride, [=] TF_EXT_HOST_DEVICE(int64_t e) {
+        const int64_t i = e / t.stride;
+        if (!is_live[i]) return;
+        const int j = static_cast<int>(e - i * t.stride);
+        const int64_t s = begin + i, r = live_before[i];
+        value_out[r * t.stride + j] = t.values[s * t.stride + j];
+        if (j == 0) {
+          key_out[r] = static_cast<int64_t>(t.keys[s]);
+          step_out[r] = t.meta[s].last_step;
+          count_out[r] = t.meta[s].update_count;
+        }
+      });
+      exec_.ToHost(host.keys, key_out, sizeof(int64_t) * rows);
+      exec_.ToHost(host.steps, step_out, sizeof(int64_t) * rows);
+      exec_.ToHost(host.counts, count_out, sizeof(uint32_t) * rows);
+      exec_.ToHost(host.values, value_out, row_bytes * rows);
+      exec_.Sync();
+      const std::string failure = Checked("export");
+      if (!failure.empty()) return failure;
+      HostRows chunk;
+      chunk.n = rows;
+      chunk.keys = host.keys;
+      chunk.update_counts = host.counts;
+      chunk.last_steps = host.steps;
+      chunk.values = host.values;
+      if (!visit(chunk)) return Error("export stopped");
+    }
+    return "";
+  }
+
+  std::string Import(cudaStream_t stream, const HostRows& rows) override {
+    exec_.Bind(stream);
+    const int stride = Stride();
+    for (int64_t begin = 0; begin < rows.n; begin += kDefaultChunkRows) {
+      const int64_t count = std::min(kDefaultChunkRows, rows.n - begin);
+      Scratch<Exec, int64_t> keys(exec_, count), steps(exec_, count);
+      Scratch<Exec, uint32_t> counts(exec_, count);
+      Scratch<Exec, float> values(exec_, count * stride);
+      if (!keys.ok() || !steps.ok() || !counts.ok() || !values.ok()) {
+        return Error("out of device memory importing " + std::to_string(count) + " rows");
+      }
+      exec_.ToDevice(keys.get(), rows.keys + begin, sizeof(int64_t) * count);
+      exec_.ToDevice(steps.get(), rows.last_steps + begin, sizeof(int64_t) * count);
+      exec_.ToDevice(counts.get(), rows.update_counts + begin, sizeof(uint32_t) * count);
+      exec_.ToDevice(values.get(), rows.values + begin * stride, sizeof(float) * stride * count);
+      const std::string error = AssignRows(count, keys.get(), values.get(), /*full_rows=*/true,
+                                           counts.get(), steps.get());
+      if (!error.empty()) return error;
+      // Restored steps count as training steps: eviction and new rows measure from them.
+      RecordStep(*std::max_element(rows.last_steps + begin, rows.last_steps + begin + count),
+                 /*if_updated=*/false);
+      exec_.Sync();  // the host rows may be freed once this returns
+    }
+    return Checked("import");
+  }
+
+  std::string RemoveHostKeys(cudaStream_t stream, int64_t n, const int64_t* keys) override {
+    exec_.Bind(stream);
+    for (int64_t begin = 0; begin < n; begin += kDefaultChunkRows) {
+      const int64_t count = std::min(kDefaultChunkRows, n - begin);
+      Scratch<Exec, int64_t> staged(exec_, count);
+      if (!staged.ok()) return Error("out of device memory removing " + std::to_string(count));
+      exec_.ToDevice(staged.get(), keys + begin, sizeof(int64_t) * count);
+      const std::string error = Remove(stream, count, staged.get(), nullptr);
+      if (!error.empty()) return error;
+    }
+    return "";
+  }
+
+  std::string Clear(cudaStream_t stream) override {
+    exec_.Bind(stream);
+    const TableView t = View();
+    exec_.For(t.capacity + kExtraSlots,
+              [=] TF_EXT_HOST_DEVICE(int64_t s) { t.keys[s] = s < t.capacity ? kEmptyKey : 0; });
+    exec_.Fill(t.counters + kSize, int64_t{0}, 2);  // size and tombstones
+    return Checked("clear");
+  }
+
+  // Host staging of one export chunk, in pinned memory so copies run at full speed.
+  struct PinnedRows {
+    PinnedRows(Exec& exec, int64_t rows, int stride) : exec_(exec) {
+      keys = static_cast<int64_t*>(exec.AllocPinned(sizeof(int64_t) * rows));
+      steps = static_cast<int64_t*>(exec.AllocPinned(sizeof(int64_t) * rows));
+      counts = static_cast<uint32_t*>(exec.AllocPinned(sizeof(uint32_t) * rows));
+      values = static_cast<float*>(exec.AllocPinned(sizeof(float) * stride * rows));
+    }
+    ~PinnedRows() {
+      exec_.FreePinned(keys);
+      exec_.FreePinned(steps);
+      exec_.FreePinned(counts);
+      exec_.FreePinned(values);
+    }
+    bool ok() const { return keys && steps && counts && values; }
+    Exec& exec_;
+    int64_t* keys;
+    int64_t* steps;
+    uint32_t* counts;
+    float* values;
+  };
+
+  // Raises the latest training step to `step`; with if_updated, only if the last operation
+  // updated a row (its count in kScratch), as the CPU table records steps.
+  void RecordStep(int64_t step, bool if_updated) {
+    int64_t* counters = counters_;
+    exec_.For(1, [=] TF_EXT_HOST_DEVICE(int64_t) {
+      if (!if_updated || counters[kScratch] > 0) atomic::Max(counters + kLatestStep, step);
+    });
+  }
+
+  int64_t ReadCounter(Counter counter) {
+    int64_t value = 0;
+    exec_.ToHost(&value, counters_ + counter, sizeof(value));
+    exec_.Sync();
+    return value;
+  }
+
+  // Makes room for `incoming` new keys: keeps (rows + tombstones + incoming) within the load
+  // factor. Past it, a rebuild drops the tombstones, into the same slots while the rows and the
+  // incoming keys fit, else into twice the slots (until they fill at most half the load factor, so
+  // growth is amortized). The count of occupied slots is read from the device only when the
+  // running upper bound says the table may be full.
+  std::string MakeRoom(int64_t incoming) {
+    const double limit = options_.max_load_factor * static_cast<double>(capacity_);
+    if (static_cast<double>(occupied_bound_ + incoming) <= limit) {
+      occupied_bound_ += incoming;
+      return "";
+    }
+    const int64_t size = ReadCounter(kSize), tombstones = ReadCounter(kTombstones);
+    if (static_cast<double>(size + tombstones + incoming) <= limit) {
+      occupied_bound_ = size + tombstones + incoming;
+      return "";
+    }
+    int64_t capacity = capacity_;
+    if (static_cast<double>(size + incoming) > limit) {
+      while (static_cast<double>(size + incoming) > 0.5 * options_.max_load_factor * capacity) {
+        if (capacity > (int64_t{1} << 40)) return Error("more than 2^40 slots asked for");
+        capacity *= 2;
+      }
+    }
+    const std::string error = Rebuild(capacity, num_slots_, slot_init_);
+    if (error.empty()) occupied_bound_ = size + incoming;
+    return error;
+  }
+
+  std::string Reserve(cudaStream_t stream, int64_t rows) override {
+    exec_.Bind(stream);
+    occupied_bound_ = capacity_;  // read the exact count
+    return MakeRoom(rows);
+  }
+
+  // Moves every row into new storage of `capacity` slots and `num_slots` optimizer slots (new
+  // slots start at slot_init), dropping tombstones. On failure the table is unchanged.
+  std::string Rebuild(int64_t capacity, int num_slots, const std::vector<float>& slot_init) {
+    const int stride = options_.dim * (1 + num_slots);
+    const int64_t slots = capacity + kExtraSlots;
+    const double bytes = static_cast<double>(slots) *
+                         (sizeof(uint64_t) + sizeof(EntryMeta) + sizeof(float) * stride);
+    auto* keys = static_cast<uint64_t*>(exec_.AllocLasting(sizeof(uint64_t) * slots));
+    auto* values = static_cast<float*>(exec_.AllocLasting(sizeof(float) * stride * slots));
+    auto* meta = static_cast<EntryMeta*>(exec_.AllocLasting(sizeof(EntryMeta) * slots));
+    float* slot_init_device = nullptr;
+    if (num_slots > 0) {
+      slot_init_device = static_cast<float*>(exec_.AllocLasting(sizeof(float) * num_slots));
+    }
+    if (!keys || !values || !meta || (num_slots > 0 && !slot_init_device)) {
+      exec_.FreeLasting(keys);
+      exec_.FreeLasting(values);
+      exec_.FreeLasting(meta);
+      exec_.FreeLasting(slot_init_device);
+      return Error("out of device memory growing to " + std::to_string(capacity) + " slots (" +
+                   std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB) with " +
+                   std::to_string(ReadCounter(kSize)) + " rows");
+    }
+    if (num_slots > 0) {
+      exec_.ToDevice(slot_init_device, slot_init.data(), sizeof(float) * num_slots);
+    }
+    // Slots beyond the old rows' slots read their initial value from it.
+    const TableView to{
+        keys,     values,       meta,  counters_, static_cast<uint64_t>(capacity - 1),
+        capacity, options_.dim, stride};
+    exec_.For(slots,
+              [=] TF_EXT_HOST_DEVICE(int64_t s) { to.keys[s] = s < capacity ? kEmptyKey : 0; });
+    if (keys_ != nullptr) {
+      const TableView from = View();
+      Scratch<Exec, int64_t> moved(exec_, from.capacity + kExtraSlots);
+      if (!moved.ok()) {
+        exec_.FreeLasting(keys);
+        exec_.FreeLasting(values);
+        exec_.FreeLasting(meta);
+        exec_.FreeLasting(slot_init_device);
+        return Error("out of device memory rebuilding");
+      }
+      int64_t* new_slot = moved.get();
+      // The keys move first (every new slot claimed), then the rows, one element per thread.
+      exec_.Fill(counters_ + kSize, int64_t{0}, 2);
+      exec_.For(from.capacity + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
+        bool created = false;
+        new_slot[s] =
+            Live(from, s) ? FindOrClaimSlot(to, static_cast<int64_t>(from.keys[s]), &created) : -1;
+        CountRows(to, created);
+      });
+      const float* init = slot_init_device;
+      exec_.For((from.capacity + kExtraSlots) * to.stride, [=] TF_EXT_HOST_DEVICE(int64_t e) {
+        const int64_t s = e / to.stride;
+        if (new_slot[s] < 0) return;
+        const int j = static_cast<int>(e - s * to.stride);
+        to.values[new_slot[s] * to.stride + j] =
+            j < from.stride ? from.values[s * from.stride + j] : init[j / to.dim - 1];
+        if (j == 0) to.meta[new_slot[s]] = from.meta[s];
+      });
+      exec_.Sync();
+    }
+    const std::string failure = Checked("rebuild");
+    if (!failure.empty()) {
+      exec_.FreeLasting(keys);
+      exec_.FreeLasting(values);
+      exec_.FreeLasting(meta);
+      exec_.FreeLasting(slot_init_device);
+      return failure;
+    }
+    exec_.FreeLasting(keys_);
+    exec_.FreeLasting(values_);
+    exec_.FreeLasting(meta_);
+    exec_.FreeLasting(slot_init_device_);
+    keys_ = keys;
+    values_ = values;
+    meta_ = meta;
+    slot_init_device_ = slot_init_device;
+    capacity_ = capacity;
+    num_slots_ = num_slots;
+    slot_init_ = slot_init;
+    return "";
+  }
+
+ private:
+  const DeviceTableOptions options_;
+  Exec exec_;
+  uint64_t* keys_ = nullptr;
+  float* values_ = nullptr;
+  EntryMeta* meta_ = nullptr;
+  int64_t* counters_ = nullptr;
+  uint32_t* sketch_ = nullptr;
+  uint64_t sketch_width_mask_ = 0;
+  float* slot_init_device_ = nullptr;
+  int64_t capacity_ = 0;
+  int num_slots_ = 0;
+  std::vector<float> slot_init_;
+  int64_t occupied_bound_ = 0;  // an upper bound of rows + tombstones
+  int64_t lookups_ = 0, evicted_ = 0;
+};
+
+// Builds a table over `exec`: null and *error if it cannot.
+template <typename Exec>
+std::unique_ptr<DeviceTable> MakeTable(const DeviceTableOptions& options, Exec exec,
+                                       std::string* error) {
+  auto table = std::make_unique<DeviceTableImpl<Exec>>(options, std::move(exec));
+  *error = table->Init();
+  if (!error->empty()) return nullptr;
+  return table;
+}
+
+}  // namespace gpu
+}  // namespace de
+}  // namespace tf_ext
+
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_IMPL_H_

@@ -1,0 +1,712 @@
+// The GPU table core (kernels/dynamic_embedding/core/gpu/device_table.h), checked against the CPU
+// table (embedding_table.h) operation by operation.
+//
+// Every case runs on each backend this machine has:
+//   host    the GPU table's algorithm on one host thread (MakeHostTable): every build;
+//   host4   the same on 4 threads, so that claims of one slot and counts race;
+//   cuda    the CUDA table, where the build has CUDA and the machine a GPU.
+// With TF_EXT_REQUIRE_GPU=1 (the GPU run: tests/gpu/run_gpu_checks.sh) a missing GPU fails the
+// run instead of leaving the cuda backend out.
+//
+// On the host backends the GPU table must agree with the CPU table bit for bit. On a GPU, initial
+// rows must too; updates to within kGpuTolerance (relative), which covers the device's double pow
+// in Adam's step size and FTRL's powf (host_device.h).
+#include "kernels/dynamic_embedding/core/gpu/device_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/gpu/device_memory.h"
+#include "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h"
+#include "kernels/dynamic_embedding/core/initializers.h"
+#include "kernels/dynamic_embedding/core/optimizers.h"
+
+namespace tf_ext {
+namespace de {
+namespace {
+
+constexpr float kGpuTolerance = 2e-6f;
+
+// Where a backend's tables live, and how test data gets there and back.
+struct Backend {
+  std::string name;
+  bool on_device;
+  int threads;
+
+  std::unique_ptr<DeviceTable> Make(const DeviceTableOptions& options, std::string* error) const {
+    return on_device ? MakeCudaTable(options, error) : MakeHostTable(options, error, threads);
+  }
+};
+
+void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }
+
+std::vector<Backend> Backends() {
+  std::vector<Backend> backends = {{"host", false, 1}, {"host4", false, 4}};
+  std::string description;
+  if (cuda::DeviceAvailable(&description)) backends.push_back({"cuda", true, 0});
+  return backends;
+}
+
+// A buffer the table's calls take: device memory on the cuda backend, else host memory.
+template <typename T>
+class Buffer {
+ public:
+  Buffer(const Backend& backend, const std::vector<T>& values)
+      : Buffer(backend, static_cast<int64_t>(values.size())) {
+    if (!values.empty()) Upload(values);
+  }
+  Buffer(const Backend& backend, int64_t n) : on_device_(backend.on_device), n_(n), host_(n) {
+    if (on_device_) device_ = static_cast<T*>(cuda::Alloc(sizeof(T) * std::max<int64_t>(n, 1)));
+  }
+  ~Buffer() {
+    if (on_device_) cuda::Free(device_);
+  }
+  T* get() { return on_device_ ? device_ : host_.data(); }
+  void Upload(const std::vector<T>& values) {
+    host_ = values;
+    if (on_device_) cuda::CopyToDevice(device_, host_.data(), sizeof(T) * n_);
+  }
+  std::vector<T> Download() {
+    if (on_device_) cuda::CopyToHost(host_.data(), device_, sizeof(T) * n_);
+    return host_;
+  }
+
+ private:
+  bool on_device_;
+  int64_t n_;
+  std::vector<T> host_;
+  T* device_ = nullptr;
+};
+
+// bool has no std::vector<bool> storage to hand out: found flags travel as uint8_t-sized bools.
+struct Flags {
+  explicit Flags(const Backend& backend, int64_t n) : bytes(backend, n) {}
+  bool* get() { return reinterpret_cast<bool*>(bytes.get()); }
+  std::vector<uint8_t> Download() { return bytes.Download(); }
+  Buffer<uint8_t> bytes;
+};
+
+std::unique_ptr<DeviceTable> MakeOrDie(const Backend& backend, const DeviceTableOptions& options) {
+  std::string error;
+  auto table = backend.Make(options, &error);
+  EXPECT_TRUE(table) << error;
+  return table;
+}
+
+DeviceTableOptions Options(int dim, InitializerSpec init = {}) {
+  DeviceTableOptions options;
+  options.name = "t";
+  options.dim = dim;
+  options.initializer = init;
+  options.initial_capacity = 64;  // small, so that the cases grow it
+  return options;
+}
+
+// Each row of a table, by key: [update count, last step, row values...].
+using Contents = std::map<int64_t, std::vector<double>>;
+
+Contents ContentsOf(DeviceTable& table) {
+  Contents contents;
+  const int stride = table.dim() * (1 + table.num_slots());
+  const std::string error = table.Export(nullptr, 1000, [&](const HostRows& rows) {
+    for (int64_t i = 0; i < rows.n; ++i) {
+      std::vector<double> row = {static_cast<double>(rows.update_counts[i]),
+                                 static_cast<double>(rows.last_steps[i])};
+      row.insert(row.end(), rows.values + i * stride, rows.values + (i + 1) * stride);
+      EXPECT_TRUE(contents.emplace(rows.keys[i], row).second) << "key exported twice";
+    }
+    return true;
+  });
+  EXPECT_EQ(error, "");
+  return contents;
+}
+
+Contents ContentsOf(EmbeddingTable<int64_t>& table) {
+  Contents contents;
+  const int stride = table.dim() * (1 + table.num_slots());
+  table.Export([](int64_t) { return true; },
+               [&](int64_t, const int64_t& key, const RowRef& row) {
+                 std::vector<double> values = {static_cast<double>(*row.update_count),
+                                               static_cast<double>(*row.last_step)};
+                 values.insert(values.end(), row.embedding, row.embedding + table.dim());
+                 values.insert(values.end(), row.slots, row.slots + stride - table.dim());
+                 contents.emplace(key, values);
+               });
+  return contents;
+}
+
+void ExpectSameContents(const Contents& expected, const Contents& actual, const Backend& backend) {
+  ASSERT_EQ(expected.size(), actual.size());
+  for (const auto& [key, row] : expected) {
+    auto it = actual.find(key);
+    ASSERT_TRUE(it != actual.end()) << "key " << key << " missing";
+    ASSERT_EQ(row.size(), it->second.size());
+    for (size_t j = 0; j < row.size(); ++j) {
+      if (backend.on_device) {
+        ASSERT_NEAR(row[j], it->second[j], kGpuTolerance * std::max(1.0, std::fabs(row[j])))
+            << "key " << key << " element " << j;
+      } else {
+        ASSERT_EQ(row[j], it->second[j]) << "key " << key << " element " << j;
+      }
+    }
+  }
+}
+
+std::vector<int64_t> Keys(std::mt19937_64& rng, int64_t n, int64_t range) {
+  std::uniform_int_distribution<int64_t> pick(-range, range);
+  std::vector<int64_t> keys(n);
+  for (auto& key : keys) key = pick(rng);
+  return keys;
+}
+
+class DeviceTableTest : public ::testing::TestWithParam<Backend> {};
+
+TEST(DeviceTableBackends, GpuRunFindsTheGpu) {
+  std::string description;
+  const bool available = cuda::DeviceAvailable(&description);
+  const char* required = std::getenv("TF_EXT_REQUIRE_GPU");
+  if (required != nullptr && std::string(required) == "1") {
+    ASSERT_TRUE(available) << "TF_EXT_REQUIRE_GPU=1 but: " << description;
+  }
+  std::printf("CUDA table built: %s; device: %s\n", CudaTableBuilt() ? "yes" : "no",
+              description.c_str());
+}
+
+TEST_P(DeviceTableTest, MissingKeysReadTheCpuTablesInitialRowsBitForBit) {
+  const Backend& backend = GetParam();
+  std::mt19937_64 rng(1);
+  std::vector<int64_t> keys = Keys(rng, 300, int64_t{1} << 62);
+  keys.insert(keys.end(), {0, -1, -2, std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max()});
+  for (InitializerKind kind : kInitializerKinds) {
+    for (int dim : {1, 7, 64}) {
+      const InitializerSpec init{kind, 0.5f, 1.5f, 42};
+      auto table = MakeOrDie(backend, Options(dim, init));
+      Buffer<int64_t> device_keys(backend, keys);
+      Buffer<float> rows(backend, static_cast<int64_t>(keys.size()) * dim);
+      Flags found(backend, static_cast<int64_t>(keys.size()));
+      ASSERT_EQ(table->Find(nullptr, keys.size(), device_keys.get(), rows.get(), found.get()), "");
+      const std::vector<float> got = rows.Download();
+      const std::vector<uint8_t> present = found.Download();
+      std::vector<float> expected(dim);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        EXPECT_FALSE(present[i]);
+        FillInitialRow(init, InitialRowKeyHash(keys[i]), expected.data(), dim);
+        ASSERT_EQ(0, std::memcmp(expected.data(), got.data() + i * dim, sizeof(float) * dim))
+            << InitializerKindName(kind) << " dim " << dim << " key " << keys[i];
+      }
+      EXPECT_EQ(table->Size(nullptr), 0);
+    }
+  }
+}
+
+TEST_P(DeviceTableTest, FindOrInsertCreatesEachKeyOnceAndGrowsWithoutDroppingAny) {
+  const Backend& backend = GetParam();
+  auto table = MakeOrDie(backend, Options(4, {InitializerKind::kUniform, -1.0f, 1.0f, 7}));
+  std::vector<int64_t> keys;
+  for (int64_t k = 0; k < 20000; ++k) keys.push_back(k * 7919 - 50000);
+  keys.push_back(-1);  // the two keys whose bits mark free and removed slots
+  keys.push_back(-2);
+  std::vector<int64_t> twice = keys;
+  twice.insert(twice.end(), keys.begin(), keys.end());  // every key given twice in one call
+  Buffer<int64_t> device_keys(backend, twice);
+  Buffer<float> rows(backend, static_cast<int64_t>(twice.size()) * 4);
+  ASSERT_EQ(table->FindOrInsert(nullptr, twice.size(), device_keys.get(), rows.get()), "");
+  EXPECT_EQ(table->Size(nullptr), static_cast<int64_t>(keys.size()));
+  EXPECT_GE(table->Capacity(), static_cast<int64_t>(keys.size()));
+  const Contents contents = ContentsOf(*table);
+  ASSERT_EQ(contents.size(), keys.size());
+  const std::vector<float> got = rows.Download();
+  std::vector<float> initial(4);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    FillInitialRow(table->options().initializer, InitialRowKeyHash(keys[i]), initial.data(), 4);
+    const std::vector<double>& row = contents.at(keys[i]);
+    EXPECT_EQ(row[0], 0) << "no update counted";
+    for (int j = 0; j < 4; ++j) {
+      ASSERT_EQ(row[2 + j], initial[j]);
+      ASSERT_EQ(got[i * 4 + j], initial[j]);
+      ASSERT_EQ(got[(i + keys.size()) * 4 + j], initial[j]);
+    }
+  }
+}
+
+TEST_P(DeviceTableTest, InsertOrAssignLetsTheLastRowWinAndRemoveLeavesOthersFindable) {
+  const Backend& backend = GetParam();
+  auto table = MakeOrDie(backend, Options(2));
+  std::vector<int64_t> keys;
+  std::vector<float> values;
+  for (int64_t k = 0; k < 5000; ++k) {
+    keys.push_back(k);
+    values.insert(values.end(), {static_cast<float>(k), 1.0f});
+  }
+  keys.push_back(3);  // again: this row wins
+  values.insert(values.end(), {-3.0f, -3.0f});
+  Buffer<int64_t> device_keys(backend, keys);
+  Buffer<float> rows(backend, values);
+  ASSERT_EQ(table->InsertOrAssign(nullptr, keys.size(), device_keys.get(), rows.get()), "");
+  EXPECT_EQ(table->Size(nullptr), 5000);
+  std::vector<int64_t> odd;
+  for (int64_t k = 1; k < 5000; k += 2) odd.push_back(k);
+  odd.push_back(1);                 // twice: removed once
+  odd.push_back(int64_t{1} << 40);  // absent
+  Buffer<int64_t> remove(backend, odd);
+  int64_t removed = 0;
+  ASSERT_EQ(table->Remove(nullptr, odd.size(), remove.get(), &removed), "");
+  EXPECT_EQ(removed, 2500);
+  EXPECT_EQ(table->Size(nullptr), 2500);
+  const Contents contents = ContentsOf(*table);
+  ASSERT_EQ(contents.size(), 2500u);
+  for (int64_t k = 0; k < 5000; k += 2) {
+    const std::vector<double>& row = contents.at(k);
+    EXPECT_EQ(row[2], k == 3 ? -3.0 : static_cast<double>(k));
+  }
+  // Removed slots hold tombstones: keys past them still probe to their rows, and new keys go in.
+  ASSERT_EQ(table->InsertOrAssign(nullptr, 1, remove.get(), rows.get()), "");
+  EXPECT_EQ(table->Size(nullptr), 2501);
+  ASSERT_EQ(table->Clear(nullptr), "");
+  EXPECT_EQ(table->Size(nullptr), 0);
+  EXPECT_TRUE(ContentsOf(*table).empty());
+}
+
+// The optimizers' settings each case trains with.
+std::vector<OptimizerParams> EveryOptimizer() {
+  std::vector<OptimizerParams> all;
+  auto with = [&](OptimizerKind kind, auto set) {
+    OptimizerParams p;
+    p.kind = kind;
+    p.learning_rate = 0.05f;
+    p.epsilon = 1e-7f;
+    set(p);
+    all.push_back(p);
+  };
+  with(OptimizerKind::kSgd, [](OptimizerParams&) {});
+  with(OptimizerKind::kAdagrad, [](OptimizerParams& p) { p.initial_accumulator_value = 0.1f; });
+  with(OptimizerKind::kAdagrad, [](OptimizerParams& p) { p.epsilon_inside_sqrt = true; });
+  with(OptimizerKind::kAdam, [](OptimizerParams&) {});
+  with(OptimizerKind::kAmsgrad, [](OptimizerParams&) {});
+  with(OptimizerKind::kMomentum, [](OptimizerParams& p) { p.momentum = 0.9f; });
+  with(OptimizerKind::kMomentum, [](OptimizerParams& p) {
+    p.momentum = 0.9f;
+    p.use_nesterov = true;
+  });
+  with(OptimizerKind::kKerasMomentum, [](OptimizerParams& p) { p.momentum = 0.8f; });
+  with(OptimizerKind::kKerasMomentum, [](OptimizerParams& p) {
+    p.momentum = 0.8f;
+    p.use_nesterov = true;
+  });
+  with(OptimizerKind::kFtrl, [](OptimizerParams& p) {
+    p.initial_accumulator_value = 0.1f;
+    p.l1 = 0.01f;
+    p.l2 = 0.02f;
+  });
+  with(OptimizerKind::kFtrl, [](OptimizerParams& p) {
+    p.initial_accumulator_value = 0.1f;
+    p.l2_shrinkage = 0.01f;
+    p.learning_rate_power = -0.7f;
+  });
+  return all;
+}
+
+// The CPU table's training update for a batch with duplicates: what the Python layer hands the op
+// (each key once, in first-seen order, its gradients summed in the order given).
+void CpuApply(EmbeddingTable<int64_t>& cpu, const OptimizerParams& p, int64_t step,
+              const std::vector<int64_t>& keys, const std::vector<float>& gradients) {
+  const int dim = cpu.dim();
+  std::vector<int64_t> distinct;
+  std::map<int64_t, size_t> index;
+  std::vector<float> sums;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [it, fresh] = index.emplace(keys[i], distinct.size());
+    if (fresh) {
+      distinct.push_back(keys[i]);
+      sums.insert(sums.end(), gradients.begin() + i * dim, gradients.begin() + (i + 1) * dim);
+    } else {
+      for (int j = 0; j < dim; ++j) sums[it->second * dim + j] += gradients[i * dim + j];
+    }
+  }
+  if (cpu.num_slots() < NumSlots(p.kind)) cpu.EnsureSlots(NumSlots(p.kind), SlotInitialValues(p));
+  cpu.UpdateBatch(
+      distinct.size(), [&](int64_t i) { return distinct[i]; }, step,
+      [&](int64_t i, RowRef& row) {
+        ApplyGradient(p, *row.update_count, sums.data() + i * dim, dim, row.embedding, row.slots);
+      });
+}
+
+TEST_P(DeviceTableTest, EveryOptimizerUpdatesAsTheCpuTableWithDuplicatesSummed) {
+  const Backend& backend = GetParam();
+  for (const OptimizerParams& p : EveryOptimizer()) {
+    SCOPED_TRACE(testing::Message() << "optimizer " << static_cast<int>(p.kind));
+    const int dim = 5;
+    const InitializerSpec init{InitializerKind::kNormal, 0.0f, 0.1f, 3};
+    EmbeddingTable<int64_t> cpu(dim, init);
+    auto gpu = MakeOrDie(backend, Options(dim, init));
+    std::mt19937_64 rng(11);
+    std::normal_distribution<float> gradient(0.0f, 1.0f);
+    for (int64_t step = 1; step <= 12; ++step) {
+      const std::vector<int64_t> keys = Keys(rng, 400, 150);  // many duplicates
+      std::vector<float> grads(keys.size() * dim);
+      for (float& g : grads) g = gradient(rng);
+      CpuApply(cpu, p, step, keys, grads);
+      Buffer<int64_t> device_keys(backend, keys);
+      Buffer<float> device_grads(backend, grads);
+      ASSERT_EQ(
+          gpu->ApplyGradients(nullptr, p, step, keys.size(), device_keys.get(), device_grads.get()),
+          "");
+    }
+    ExpectSameContents(ContentsOf(cpu), ContentsOf(*gpu), backend);
+    EXPECT_EQ(gpu->LatestStep(nullptr), cpu.latest_step());
+    EXPECT_EQ(gpu->slot_initial_values(), cpu.slot_initial_values());
+  }
+}
+
+TEST_P(DeviceTableTest, AdmissionCountsAsTheCpuSketch) {
+  const Backend& backend = GetParam();
+  AdmissionSpec admission;
+  admission.min_count = 3;
+  admission.sketch_width = 1 << 20;  // wide: no two of these keys share every counter
+  admission.sketch_depth = 4;
+  EmbeddingTable<int64_t> cpu(3, {}, 6, admission);
+  DeviceTableOptions options = Options(3);
+  options.admission = admission;
+  auto gpu = MakeOrDie(backend, options);
+  OptimizerParams sgd;
+  sgd.learning_rate = 0.1f;
+  std::mt19937_64 rng(5);
+  for (int64_t step = 1; step <= 6; ++step) {
+    const std::vector<int64_t> keys = Keys(rng, 300, 400);
+    const std::vector<float> grads(keys.size() * 3, 1.0f);
+    CpuApply(cpu, sgd, step, keys, grads);
+    Buffer<int64_t> device_keys(backend, keys);
+    Buffer<float> device_grads(backend, grads);
+    ASSERT_EQ(
+        gpu->ApplyGradients(nullptr, sgd, step, keys.size(), device_keys.get(), device_grads.get()),
+        "");
+  }
+  ExpectSameContents(ContentsOf(cpu), ContentsOf(*gpu), backend);
+  const TableCounters c = cpu.Counters(), g = gpu->Counters(nullptr);
+  EXPECT_EQ(c.admitted, g.admitted);
+  EXPECT_EQ(c.rejected, g.rejected);
+  EXPECT_GT(g.rejected, 0);
+  EXPECT_GT(g.admitted, 0);
+}
+
+TEST_P(DeviceTableTest, EvictionRemovesWhatTheCpuTableRemoves) {
+  const Backend& backend = GetParam();
+  OptimizerParams sgd;
+  sgd.learning_rate = 0.5f;
+  // One key per step, so that last steps never tie at max_size's cutoff.
+  auto train = [&](EmbeddingTable<int64_t>& cpu, DeviceTable& gpu) {
+    std::mt19937_64 rng(9);
+    std::normal_distribution<float> gradient(0.0f, 1.0f);
+    for (int64_t step = 1; step <= 400; ++step) {
+      const std::vector<int64_t> keys = {step % 40 == 0 ? 7 : step};
+      std::vector<float> grads(3);
+      for (float& g : grads) g = gradient(rng) * (step % 3 == 0 ? 0.01f : 1.0f);
+      CpuApply(cpu, sgd, step, keys, grads);
+      Buffer<int64_t> device_keys(backend, keys);
+      Buffer<float> device_grads(backend, grads);
+      ASSERT_EQ(gpu.ApplyGradients(nullptr, sgd, step, 1, device_keys.get(), device_grads.get()),
+                "");
+    }
+  };
+  std::vector<EvictionCriteria> cases(4);
+  cases[0].ttl_steps = 150;
+  cases[1].min_frequency = 2;
+  cases[1].frequency_window_steps = 10;
+  cases[2].min_l2_norm = 0.05f;
+  cases[3].max_size = 100;
+  for (EvictionCriteria criteria : cases) {
+    criteria.now_step = 400;
+    EmbeddingTable<int64_t> cpu(3, {});
+    auto gpu = MakeOrDie(backend, Options(3));
+    train(cpu, *gpu);
+    const int64_t expected = cpu.Evict(criteria);
+    int64_t evicted = -1;
+    ASSERT_EQ(gpu->Evict(nullptr, criteria, &evicted), "");
+    EXPECT_GT(expected, 0);
+    EXPECT_EQ(evicted, expected);
+    ExpectSameContents(ContentsOf(cpu), ContentsOf(*gpu), backend);
+    EXPECT_EQ(gpu->Counters(nullptr).evicted, expected);
+  }
+}
+
+// A ByteSink and ByteSource over a string.
+struct StringSink : ByteSink {
+  bool Append(const char* data, size_t n) override {
+    bytes.append(data, n);
+    return true;
+  }
+  std::string bytes;
+};
+struct StringSource : ByteSource {
+  explicit StringSource(const std::string& bytes) : bytes(bytes) {}
+  bool Read(char* out, size_t n) override {
+    if (bytes.size() - offset < n) return false;
+    std::memcpy(out, bytes.data() + offset, n);
+    offset += n;
+    return true;
+  }
+  const std::string& bytes;
+  size_t offset = 0;
+};
+
+// The CPU table's own full snapshot and restore (as checkpoint_kernels.cc does them).
+std::string CpuSnapshot(EmbeddingTable<int64_t>& cpu) {
+  StringSink sink;
+  SnapshotWriter writer(&sink);
+  SnapshotHeader header;
+  header.dim = cpu.dim();
+  header.table_name = "t";
+  const int64_t version = cpu.Snapshot(
+      EmbeddingTable<int64_t>::kFullSnapshot,
+      [&](int64_t rows, int64_t) {
+        header.num_slots = cpu.num_slots();
+        header.slot_initial_values = cpu.slot_initial_values();
+        header.rows = rows;
+        return writer.Begin(header);
+      },
+      [&](const int64_t& key, const RowRef& row) {
+        return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
+      },
+      [&](const int64_t& key) { return writer.Tombstone(key); }, /*track=*/false);
+  EXPECT_GE(version, 0);
+  EXPECT_TRUE(writer.Finish());
+  return sink.bytes;
+}
+
+void CpuRestore(const std::string& bytes, EmbeddingTable<int64_t>* cpu) {
+  StringSource source(bytes);
+  SnapshotReader reader(&source);
+  SnapshotHeader header;
+  ASSERT_EQ(reader.ReadHeader(&header), "");
+  cpu->EnsureSlots(header.num_slots, header.slot_initial_values);
+  const int dim = cpu->dim(), slots = header.num_slots;
+  ASSERT_EQ(reader.ReadRecords(
+                nullptr,
+                [&](int64_t key, uint32_t count, int64_t step, const float* values) {
+                  cpu->Upsert(key, [&](RowRef& row, bool) {
+                    std::memcpy(row.embedding, values, sizeof(float) * dim);
+                    std::memcpy(row.slots, values + dim, sizeof(float) * dim * slots);
+                    *row.update_count = count;
+                    *row.last_step = step;
+                  });
+                  return true;
+                },
+                nullptr, nullptr),
+            "");
+}
+
+TEST_P(DeviceTableTest, SnapshotsMoveBetweenTheGpuAndTheCpuTableExactly) {
+  const Backend& backend = GetParam();
+  OptimizerParams adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.learning_rate = 0.01f;
+  adam.epsilon = 1e-7f;
+  const InitializerSpec init{InitializerKind::kTruncatedNormal, 0.0f, 0.2f, 1};
+  auto gpu = MakeOrDie(backend, Options(6, init));
+  std::mt19937_64 rng(2);
+  for (int64_t step = 1; step <= 5; ++step) {
+    const std::vector<int64_t> keys = Keys(rng, 3000, 5000);
+    const std::vector<float> grads(keys.size() * 6, 0.25f);
+    Buffer<int64_t> device_keys(backend, keys);
+    Buffer<float> device_grads(backend, grads);
+    ASSERT_EQ(gpu->ApplyGradients(nullptr, adam, step, keys.size(), device_keys.get(),
+                                  device_grads.get()),
+              "");
+  }
+  // GPU -> file (in small chunks) -> CPU table.
+  StringSink sink;
+  SnapshotHeader header;
+  header.table_name = "t";
+  header.step = 5;
+  ASSERT_EQ(WriteDeviceSnapshot(*gpu, nullptr, header, &sink, /*chunk_rows=*/512), "");
+  EmbeddingTable<int64_t> cpu(6, init);
+  CpuRestore(sink.bytes, &cpu);
+  const Contents from_gpu = ContentsOf(*gpu);
+  ExpectSameContents(from_gpu, ContentsOf(cpu), Backend{"exact", false, 1});
+  // CPU table -> file -> a new GPU table.
+  const std::string cpu_file = CpuSnapshot(cpu);
+  auto restored = MakeOrDie(backend, Options(6, init));
+  StringSource source(cpu_file);
+  SnapshotHeader read;
+  ASSERT_EQ(ReadDeviceSnapshot(&source, *restored, nullptr, &read), "");
+  EXPECT_EQ(read.rows, from_gpu.size());
+  ExpectSameContents(from_gpu, ContentsOf(*restored), Backend{"exact", false, 1});
+  EXPECT_EQ(restored->LatestStep(nullptr), 5);
+  // A damaged file is an error, never a partial silent restore.
+  std::string damaged = cpu_file;
+  damaged[damaged.size() / 2] ^= 0x40;
+  auto target = MakeOrDie(backend, Options(6, init));
+  StringSource damaged_source(damaged);
+  EXPECT_NE(ReadDeviceSnapshot(&damaged_source, *target, nullptr), "");
+  StringSource wrong_dim(cpu_file);
+  auto narrow = MakeOrDie(backend, Options(5, init));
+  EXPECT_NE(ReadDeviceSnapshot(&wrong_dim, *narrow, nullptr).find("dim"), std::string::npos);
+}
+
+TEST_P(DeviceTableTest, BadOptionsAndExhaustedMemoryAreClearErrorsNamingTheTable) {
+  const Backend& backend = GetParam();
+  std::string error;
+  DeviceTableOptions options = Options(0);
+  options.name = "clicks";
+  EXPECT_FALSE(backend.Make(options, &error));
+  EXPECT_NE(error.find("clicks"), std::string::npos) << error;
+  EXPECT_NE(error.find("dim"), std::string::npos) << error;
+  options = Options(4);
+  options.name = "clicks";
+  options.admission.min_count = 2;
+  options.admission.exact = true;
+  EXPECT_FALSE(backend.Make(options, &error));
+  EXPECT_NE(error.find("exact admission"), std::string::npos) << error;
+  options = Options(kMaxDim);
+  options.name = "clicks";
+  options.initial_capacity = int64_t{1} << 40;  // 2^40 rows of 4096 floats: no device has that
+  EXPECT_FALSE(backend.Make(options, &error));
+  EXPECT_NE(error.find("clicks"), std::string::npos) << error;
+  EXPECT_NE(error.find("out of device memory"), std::string::npos) << error;
+}
+
+// The CPU-vs-GPU equivalence run: one long random sequence of every operation, driven into both
+// tables, whose contents must stay equal throughout.
+TEST_P(DeviceTableTest, LongRandomSequenceKeepsBothTablesEqual) {
+  const Backend& backend = GetParam();
+  const int dim = 8;
+  const InitializerSpec init{InitializerKind::kUniform, -0.05f, 0.05f, 17};
+  AdmissionSpec admission;
+  admission.min_count = 2;
+  admission.sketch_width = 1 << 22;
+  EmbeddingTable<int64_t> cpu(dim, init, 6, admission);
+  DeviceTableOptions options = Options(dim, init);
+  options.admission = admission;
+  auto gpu = MakeOrDie(backend, options);
+  OptimizerParams adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.learning_rate = 0.01f;
+  adam.epsilon = 1e-7f;
+  std::mt19937_64 rng(2026);
+  std::normal_distribution<float> gradient(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 99);
+  int64_t range = 2000;  // the id space widens: the table grows through several rebuilds
+  int64_t operations[6] = {0, 0, 0, 0, 0, 0};
+  for (int64_t step = 1; step <= 300; ++step, range += 300) {
+    const int op = pick(rng);
+    if (op < 55) {  // training, with duplicates and admissions
+      ++operations[0];
+      const std::vector<int64_t> keys = Keys(rng, 1 + pick(rng) * 20, range);
+      std::vector<float> grads(keys.size() * dim);
+      for (float& g : grads) g = gradient(rng);
+      CpuApply(cpu, adam, step, keys, grads);
+      Buffer<int64_t> device_keys(backend, keys);
+      Buffer<float> device_grads(backend, grads);
+      ASSERT_EQ(gpu->ApplyGradients(nullptr, adam, step, keys.size(), device_keys.get(),
+                                    device_grads.get()),
+                "");
+    } else if (op < 70) {  // lookups: present and missing ids read the same rows
+      ++operations[1];
+      const std::vector<int64_t> keys = Keys(rng, 500, range);
+      std::vector<float> expected(keys.size() * dim);
+      cpu.FindBatch(
+          keys.size(), [&](int64_t i) { return keys[i]; }, expected.data());
+      Buffer<int64_t> device_keys(backend, keys);
+      Buffer<float> rows(backend, static_cast<int64_t>(keys.size()) * dim);
+      ASSERT_EQ(gpu->Find(nullptr, keys.size(), device_keys.get(), rows.get(), nullptr), "");
+      const std::vector<float> got = rows.Download();
+      for (size_t e = 0; e < expected.size(); ++e) {
+        ASSERT_NEAR(expected[e], got[e], backend.on_device ? kGpuTolerance : 0.0f) << "at " << e;
+      }
+    } else if (op < 80) {  // inserts
+      ++operations[2];
+      const std::vector<int64_t> keys = Keys(rng, 200, range);
+      std::vector<float> values(keys.size() * dim);
+      for (float& v : values) v = gradient(rng);
+      for (size_t i = 0; i < keys.size(); ++i) cpu.InsertOrAssign(keys[i], values.data() + i * dim);
+      Buffer<int64_t> device_keys(backend, keys);
+      Buffer<float> rows(backend, values);
+      ASSERT_EQ(gpu->InsertOrAssign(nullptr, keys.size(), device_keys.get(), rows.get()), "");
+    } else if (op < 88) {  // removals
+      ++operations[3];
+      const std::vector<int64_t> keys = Keys(rng, 300, range);
+      const int64_t expected = cpu.RemoveBatch(keys.size(), [&](int64_t i) { return keys[i]; });
+      Buffer<int64_t> device_keys(backend, keys);
+      int64_t removed = -1;
+      ASSERT_EQ(gpu->Remove(nullptr, keys.size(), device_keys.get(), &removed), "");
+      // A key given twice counts once on the GPU table, on the CPU table each time it was found.
+      EXPECT_LE(removed, expected);
+    } else if (op < 95) {  // evictions; max_size ties may go differently: reconciled below
+      ++operations[4];
+      EvictionCriteria criteria;
+      criteria.now_step = step;
+      criteria.ttl_steps = 120;
+      criteria.min_l2_norm = 0.02f;
+      ASSERT_EQ(cpu.Evict(criteria), [&] {
+        int64_t evicted = -1;
+        EXPECT_EQ(gpu->Evict(nullptr, criteria, &evicted), "");
+        return evicted;
+      }());
+      if (cpu.Size() > 1500) {
+        EvictionCriteria size_only;
+        size_only.now_step = step;
+        size_only.max_size = 1500;
+        const Contents before = ContentsOf(cpu);
+        cpu.Evict(size_only);
+        ASSERT_EQ(gpu->Evict(nullptr, size_only, nullptr), "");
+        Contents cpu_after = ContentsOf(cpu), gpu_after = ContentsOf(*gpu);
+        ASSERT_EQ(cpu_after.size(), gpu_after.size());
+        double cutoff = 0;  // the newest step the CPU table evicted: only rows there may differ
+        for (const auto& [key, row] : before) {
+          if (!cpu_after.count(key)) cutoff = std::max(cutoff, row[1]);
+        }
+        std::vector<int64_t> differing;
+        for (const auto& [key, row] : before) {
+          if (cpu_after.count(key) != gpu_after.count(key)) {
+            ASSERT_EQ(row[1], cutoff) << "key " << key << " is no tie at the cutoff";
+            differing.push_back(key);
+          }
+        }
+        cpu.RemoveBatch(differing.size(), [&](int64_t i) { return differing[i]; });
+        ASSERT_EQ(gpu->RemoveHostKeys(nullptr, differing.size(), differing.data()), "");
+      }
+    } else {  // a snapshot round trip through the file format into a new GPU table
+      ++operations[5];
+      StringSink sink;
+      SnapshotHeader header;
+      header.table_name = "t";
+      ASSERT_EQ(WriteDeviceSnapshot(*gpu, nullptr, header, &sink, 700), "");
+      auto restored = MakeOrDie(backend, options);
+      StringSource source(sink.bytes);
+      ASSERT_EQ(ReadDeviceSnapshot(&source, *restored, nullptr), "");
+      ExpectSameContents(ContentsOf(*gpu), ContentsOf(*restored), Backend{"exact", false, 1});
+    }
+    if (step % 25 == 0) ExpectSameContents(ContentsOf(cpu), ContentsOf(*gpu), backend);
+  }
+  ExpectSameContents(ContentsOf(cpu), ContentsOf(*gpu), backend);
+  EXPECT_GT(gpu->Capacity(), 1024) << "the sequence grew the table";
+  for (int64_t count : operations) EXPECT_GT(count, 0) << "an operation kind never ran";
+  std::printf(
+      "[%s] %ld rows, %ld slots; trained %ld, looked up %ld, inserted %ld, removed %ld, "
+      "evicted %ld, round trips %ld\n",
+      backend.name.c_str(), static_cast<long>(gpu->Size(nullptr)),
+      static_cast<long>(gpu->Capacity()), static_cast<long>(operations[0]),
+      static_cast<long>(operations[1]), static_cast<long>(operations[2]),
+      static_cast<long>(operations[3]), static_cast<long>(operations[4]),
+      static_cast<long>(operations[5]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceTableTest, ::testing::ValuesIn(Backends()),
+                         [](const ::testing::TestParamInfo<Backend>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace de
+}  // namespace tf_ext
