@@ -60,13 +60,15 @@ class SharedLibrary(Extension):
   tf.sysconfig's flags (and check the build-info marker of an existing copy).
   """
 
-  def __init__(self, path, sources, headers, source_flags, uses_tensorflow, link_flags=()):
+  def __init__(self, path, sources, headers, source_flags, uses_tensorflow, link_flags=(), cuda=()):
     # tf_ext/harp/libnccl-net-harp.so -> tf_ext.harp.libnccl-net-harp (see get_ext_filename).
     super().__init__(path[: -len(".so")].replace("/", "."), sources, depends=headers)
     self.path = path
     self.source_flags = source_flags
     self.uses_tensorflow = uses_tensorflow
     self.link_flags = list(link_flags)
+    # The capabilities whose CUDA sources (or fallback) it links: (name, capability) pairs.
+    self.cuda = list(cuda)
 
 
 def libraries():
@@ -80,11 +82,16 @@ def libraries():
     for src in capability["core_srcs"]
   }
   op_srcs, op_hdrs = list(op_library["srcs"]), list(op_library["hdrs"])
+  op_cuda = []
   result = []
-  for capability in capabilities.values():
+  for name, capability in capabilities.items():
     if capability["kernel_srcs"] or capability["op_srcs"]:
       op_srcs += capability["op_srcs"] + capability["kernel_srcs"] + capability["core_srcs"]
       op_hdrs += capability["kernel_hdrs"] + capability["core_hdrs"]
+      if capability.get("cuda_srcs"):
+        op_cuda.append((name, capability))
+        op_hdrs += capability["cuda_srcs"] + capability.get("cuda_hdrs", [])
+        op_hdrs += capability["cuda_fallback_srcs"]
       for dep in capability["deps"]:
         op_srcs += capabilities[dep]["core_srcs"]
         op_hdrs += capabilities[dep]["core_hdrs"]
@@ -99,7 +106,9 @@ def libraries():
         SharedLibrary(plugin["path"], srcs, hdrs, flags, False, link_flags=PLUGIN_LINK_FLAGS)
       )
   op_srcs, op_hdrs = list(dict.fromkeys(op_srcs)), list(dict.fromkeys(op_hdrs))
-  result.insert(0, SharedLibrary(op_library["path"], op_srcs, op_hdrs, plugin_core_flags, True))
+  result.insert(
+    0, SharedLibrary(op_library["path"], op_srcs, op_hdrs, plugin_core_flags, True, cuda=op_cuda)
+  )
   return result
 
 
@@ -160,7 +169,33 @@ class BuildLibraries(build_ext):
         flags = cflags + ext.source_flags.get(src, [])
         self._run(cxx + flags + ["-I", str(ROOT), "-c", str(srcp), "-o", str(obj)])
       objects.append(str(obj))
+    for name, capability in ext.cuda:
+      objects += self._cuda_archive(tmp, name, capability)
     self._run(cxx + ["-shared", "-o", str(out)] + objects + ldflags + ["-pthread"])
+
+  def _cuda_archive(self, tmp, name, capability):
+    """The capability's CUDA archive (third_party/cuda_library.sh, as Bazel builds it), rebuilt
+    when a source or TF_EXT_CUDA changes; returns what to link."""
+    archive = tmp / f"lib{name}_cuda.a"
+    mode_file = tmp / f"lib{name}_cuda.mode"
+    mode = os.environ.get("TF_EXT_CUDA", "auto")
+    inputs = capability["cuda_srcs"] + capability.get("cuda_hdrs", [])
+    inputs += capability["cuda_fallback_srcs"] + capability["core_hdrs"]
+    newest = max((ROOT / p).stat().st_mtime for p in inputs)
+    stale = (
+      self.force
+      or not archive.exists()
+      or archive.stat().st_mtime < newest
+      or not mode_file.exists()
+      or mode_file.read_text() != mode
+    )
+    if stale:
+      script = str(ROOT / "third_party" / "cuda_library.sh")
+      sources = [" ".join(capability["cuda_srcs"]), " ".join(capability["cuda_fallback_srcs"])]
+      self._run([script, str(archive)] + sources)
+      mode_file.write_text(mode)
+    # As Bazel links it (third_party/capabilities.bzl): the CUDA runtime's symbols stay local.
+    return [str(archive), "-ldl", "-lrt", f"-Wl,--exclude-libs,{archive.name}"]
 
   def copy_extensions_to_source(self):
     """--inplace and editable installs: put each library into the source tree.

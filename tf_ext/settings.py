@@ -221,6 +221,25 @@ SETTINGS: Dict[str, Setting] = registry(
     ),
     # Dynamic embedding.
     Setting(
+      "TF_EXT_CUDA",
+      "auto",
+      "Build time (Bazel and `setup.py`): whether the op library holds the GPU table core "
+      "compiled by nvcc: `auto` where nvcc is on the PATH, `1` always (an error without nvcc), "
+      "`0` never. Read by `third_party/cuda_library.sh`.",
+      capability="dynamic_embedding",
+      parse=_auto_flag,
+    ),
+    Setting(
+      "TF_EXT_GPU_TABLES",
+      "0",
+      "Read when the op library loads: `1` registers the GPU kernels of the table ops that serve "
+      "GPU tables (create, find, insert, remove, size, clear, the optimizer step), so a table "
+      "created under `tf.device('/GPU:0')` lives in GPU memory (a build with CUDA: "
+      "`TF_EXT_CUDA`). `0`: tables stay in host memory on every device, as before.",
+      capability="dynamic_embedding",
+      parse=_flag,
+    ),
+    Setting(
       "TF_EXT_PS_WAIT_TIMEOUT_S",
       "120",
       "Seconds a table built on a task of the TF_CONFIG cluster (e.g. a shard on a PS) waits "

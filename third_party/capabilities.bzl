@@ -31,6 +31,30 @@ def _check(name, capability):
         if dep == name:
             fail("capability %s depends on itself" % name)
 
+def _cuda_library(name, capability):
+    """//:NAME_cuda: NAME's CUDA sources (or their fallback) as a static archive."""
+    cuda_srcs = capability["cuda_srcs"]
+    fallback = capability["cuda_fallback_srcs"]
+    native.genrule(
+        name = name + "_cuda_archive",
+        srcs = cuda_srcs + capability.get("cuda_hdrs", []) + fallback + capability["core_hdrs"],
+        outs = ["lib%s_cuda.a" % name],
+        cmd = "$(location //third_party:cuda_library.sh) $@ '%s' '%s'" % (
+            " ".join(cuda_srcs),
+            " ".join(fallback),
+        ),
+        tools = ["//third_party:cuda_library.sh"],
+    )
+    native.cc_library(
+        name = name + "_cuda",
+        srcs = ["lib%s_cuda.a" % name],
+        # The CUDA runtime inside loads the driver with dlopen, and uses clock_gettime. Its symbols
+        # stay local to the library that links it: a process may hold another CUDA runtime
+        # (TensorFlow's), and ours must never call into it, nor it into ours.
+        linkopts = ["-ldl", "-lrt", "-Wl,--exclude-libs,lib%s_cuda.a" % name],
+        linkstatic = 1,
+    )
+
 def capability_targets():
     """Declares the targets above; call once, from //:BUILD."""
     native.cc_library(
@@ -43,6 +67,10 @@ def capability_targets():
         _check(name, capability)
         dep_cores = [":%s_core" % dep for dep in capability["deps"]]
         plugin = capability.get("plugin")
+        cuda = []
+        if capability.get("cuda_srcs"):
+            _cuda_library(name, capability)
+            cuda = [":%s_cuda" % name]
         native.cc_library(
             name = name + "_core",
             srcs = capability["core_srcs"],
@@ -51,7 +79,7 @@ def capability_targets():
             # A plugin's core hides its symbols, so its tests must link it statically, not as a
             # shared library (Bazel's default for tests).
             linkstatic = 1 if plugin else 0,
-            deps = dep_cores,
+            deps = dep_cores + cuda,
         )
         if capability["kernel_srcs"] or capability["op_srcs"]:
             native.cc_library(

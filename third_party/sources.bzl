@@ -13,6 +13,12 @@
 #                             enforces it, and tests/build/test_capabilities.py), and its Python
 #                             package tf_ext/<name> may import their packages
 #                             (tests/build/test_import_graph.py)
+#   cuda_srcs, cuda_hdrs, cuda_fallback_srcs (optional)
+#                             CUDA sources of its core, compiled by nvcc into //:<name>_cuda (a
+#                             static archive with the CUDA runtime) when TF_EXT_CUDA and nvcc say
+#                             so (third_party/cuda_library.sh); else the fallback sources, plain
+#                             C++ that defines the same functions and reports that the build has
+#                             no CUDA. They include only the core's headers.
 #   plugin (optional)         a shared library of its own, without TensorFlow: {"path": output
 #                             path in the package, "srcs": [...]}; it links the capability's
 #                             core, and both are compiled with hidden symbol visibility, so the
@@ -38,21 +44,32 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/embedding_table_removal.h",
             "kernels/dynamic_embedding/core/embedding_table_snapshot.h",
             "kernels/dynamic_embedding/core/embedding_table_update.h",
+            "kernels/dynamic_embedding/core/gpu/device_atomics.h",
+            "kernels/dynamic_embedding/core/gpu/device_memory.h",
+            "kernels/dynamic_embedding/core/gpu/device_table.h",
+            "kernels/dynamic_embedding/core/gpu/device_table_impl.h",
+            "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h",
+            "kernels/dynamic_embedding/core/gpu/host_exec.h",
+            "kernels/dynamic_embedding/core/host_device.h",
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/optimizers.h",
             "kernels/dynamic_embedding/core/prefetch.h",
             "kernels/dynamic_embedding/core/rw_spinlock.h",
             "kernels/dynamic_embedding/core/sharding.h",
             "kernels/dynamic_embedding/core/snapshot_file.h",
+            "kernels/dynamic_embedding/core/table_policies.h",
         ],
         "core_srcs": [
             "kernels/dynamic_embedding/core/column_windows.cc",
             "kernels/dynamic_embedding/core/combiners.cc",
+            "kernels/dynamic_embedding/core/gpu/device_table_snapshot.cc",
+            "kernels/dynamic_embedding/core/gpu/host_table.cc",
             "kernels/dynamic_embedding/core/initializers.cc",
             "kernels/dynamic_embedding/core/snapshot_file.cc",
         ],
         "kernel_hdrs": [
             "kernels/dynamic_embedding/apply_rows.h",
+            "kernels/dynamic_embedding/table_backend.h",
             "kernels/dynamic_embedding/table_kernel.h",
             "kernels/dynamic_embedding/table_resource.h",
             "kernels/dynamic_embedding/table_restore.h",
@@ -63,6 +80,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/lifecycle_kernels.cc",
             "kernels/dynamic_embedding/optimizer_kernels.cc",
             "kernels/dynamic_embedding/sharding_kernels.cc",
+            "kernels/dynamic_embedding/table_backend.cc",
             "kernels/dynamic_embedding/table_kernels.cc",
         ],
         "op_srcs": [
@@ -73,6 +91,9 @@ CAPABILITIES = {
             "ops/dynamic_embedding_optimizer_ops.cc",
             "ops/dynamic_embedding_sharding_ops.cc",
         ],
+        "cuda_srcs": ["kernels/dynamic_embedding/core/gpu/cuda_table.cu"],
+        "cuda_hdrs": ["kernels/dynamic_embedding/core/gpu/cuda_exec.cuh"],
+        "cuda_fallback_srcs": ["kernels/dynamic_embedding/core/gpu/no_cuda_table.cc"],
         "deps": [],
     },
     "lightcc": {

@@ -72,6 +72,7 @@ class FusedFieldsKernel : public OpKernel {
       TF_RETURN_IF_ERROR(
           ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, i), &field.table));
       const DynamicTable& table = *field.table;
+      TF_RETURN_IF_ERROR(CheckPlacement(*this, /*kernel_on_gpu=*/false, table));
       if (table.key_dtype() != key_dtypes_[i] || table.dim() != dims_[i]) {
         return table.Invalid("fused field ", i, " expects ", DataTypeString(key_dtypes_[i]),
                              " keys and dim ", dims_[i]);

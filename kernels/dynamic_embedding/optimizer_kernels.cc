@@ -72,10 +72,8 @@ class ApplyGradientOp : public TableKernel {
     de::OptimizerParams params;
     int64_t step;
     OP_REQUIRES_OK(ctx, attrs_.ReadInputs(ctx, 3, *table, &params, &step));
-    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
-    ApplyRows<Key>(
-        ctx, table.get(), params, step, flat_keys.size(),
-        [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); }, grads.flat<float>().data());
+    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Apply(ctx, params, step, keys,
+                                                              grads.flat<float>().data()));
   }
 
  private:
@@ -89,6 +87,17 @@ class ApplyGradientOp : public TableKernel {
 
 TF_EXT_REGISTER_APPLY_GRADIENT(int64_t, int64_t)
 TF_EXT_REGISTER_APPLY_GRADIENT(std::string, tstring)
+
+// On the GPU the hyperparameters are read on the host (OptimizerAttrs::ReadInputs).
+TF_EXT_REGISTER_GPU_KERNEL(::tensorflow::KernelDefBuilder("TfExtTableApplyGradient")
+                               .TypeConstraint<int64_t>("Tkey")
+                               .HostMemory("learning_rate")
+                               .HostMemory("beta1")
+                               .HostMemory("beta2")
+                               .HostMemory("epsilon")
+                               .HostMemory("global_step")
+                               .HostMemory("hyperparameters"),
+                           ApplyGradientOp<int64_t>)
 
 }  // namespace
 }  // namespace tf_ext

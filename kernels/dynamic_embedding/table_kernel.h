@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "kernels/dynamic_embedding/table_resource.h"
+#include "tensorflow/core/framework/kernel_def_builder.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -55,10 +56,28 @@ void ParallelFor(OpKernelContext* ctx, int64_t n, int64_t cost, Fn&& fn) {
   pool->ParallelFor(n, cost, [&fn](int64_t begin, int64_t end) { fn(begin, end); });
 }
 
+// A table in GPU memory is served only by the kernels registered for the GPU (those over the
+// backend, RegisterGpuKernel), a table in host memory only by CPU kernels: never a host kernel
+// reading device memory, or the reverse.
+inline Status CheckPlacement(const OpKernel& kernel, bool kernel_on_gpu,
+                             const DynamicTable& table) {
+  if (table.on_gpu() && !kernel_on_gpu) {
+    return table.Invalid(
+        "the table lives in GPU memory, and this op (", kernel.type_string(),
+        ") has no GPU kernel yet: GPU tables serve find, insert, remove, size, clear and the "
+        "optimizer step (docs/dynamic_embedding.md, GPU tables)");
+  }
+  if (!table.on_gpu() && kernel_on_gpu) {
+    return table.Invalid("the table lives in host memory: run its ops on the CPU");
+  }
+  return ::tensorflow::OkStatus();
+}
+
 // Base of the kernels that take a table as input 0: looks it up and checks key dtype and dim.
 class TableKernel : public OpKernel {
  public:
-  explicit TableKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit TableKernel(OpKernelConstruction* ctx)
+      : OpKernel(ctx), on_gpu_(ctx->device_type() == ::tensorflow::DEVICE_GPU) {
     if (ctx->HasAttr("dim")) OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     if (ctx->HasAttr("Tkey")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
   }
@@ -74,9 +93,10 @@ class TableKernel : public OpKernel {
     if (dim_ != 0 && dim_ != (*table)->dim()) {
       return (*table)->Invalid("dim is ", (*table)->dim(), ", the op expects ", dim_);
     }
-    return ::tensorflow::OkStatus();
+    return CheckPlacement(*this, on_gpu_, **table);
   }
 
+  const bool on_gpu_;  // registered for, and running on, a GPU
   int dim_ = 0;
   DataType key_dtype_ = ::tensorflow::DT_INVALID;
 };
@@ -84,6 +104,27 @@ class TableKernel : public OpKernel {
 #define TF_EXT_GET_TABLE(ctx, table) \
   RefCountPtr<DynamicTable> table;   \
   OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+
+// Registers a kernel for the GPU if TF_EXT_GPU_TABLES=1 when the op library loads (settings:
+// dynamic_embedding); returns whether it did. Opt-in because TensorFlow places an op on a GPU
+// whenever a GPU kernel exists: registered always, every table of a GPU machine would move into
+// GPU memory, where the ops without a GPU kernel (fused lookups, checkpoints, eviction) cannot
+// serve it.
+bool RegisterGpuKernel(::tensorflow::KernelDefBuilder& builder, const char* kernel_class,
+                       OpKernel* (*create)(OpKernelConstruction*));
+inline bool RegisterGpuKernel(::tensorflow::KernelDefBuilder&& builder, const char* kernel_class,
+                              OpKernel* (*create)(OpKernelConstruction*)) {
+  return RegisterGpuKernel(builder, kernel_class, create);
+}
+#define TF_EXT_GPU_KERNEL_NAME(line) tf_ext_gpu_kernel_##line
+#define TF_EXT_GPU_KERNEL_AT(line, builder, ...)                                \
+  static const bool TF_EXT_GPU_KERNEL_NAME(line) = ::tf_ext::RegisterGpuKernel( \
+      builder, #__VA_ARGS__,                                                    \
+      [](::tensorflow::OpKernelConstruction* ctx) -> ::tensorflow::OpKernel* {  \
+        return new __VA_ARGS__(ctx);                                            \
+      });
+#define TF_EXT_REGISTER_GPU_KERNEL(builder, ...) \
+  TF_EXT_GPU_KERNEL_AT(__LINE__, builder, __VA_ARGS__)
 
 // Keys per FindBatch call: amortizes the shard locks while keeping writers' waits short.
 constexpr int64_t kLookupBlock = 4096;

@@ -1,13 +1,15 @@
-// CPU kernels of the dynamic embedding ops: validate, then hand the work to the core table,
-// splitting batches over TensorFlow's intra-op thread pool.
+// Kernels of the dynamic embedding table ops: validate, then hand the work to the table's backend
+// (table_backend.h). Registered for the CPU, and those over the backend also for the GPU when
+// TF_EXT_GPU_TABLES=1 (RegisterGpuKernel, table_kernel.h).
 #include <algorithm>
 #include <limits>
 #include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/gpu/device_table.h"
+#include "kernels/dynamic_embedding/table_backend.h"
 #include "kernels/dynamic_embedding/table_kernel.h"
 #include "kernels/dynamic_embedding/table_resource.h"
 #include "kernels/dynamic_embedding/table_restore.h"
@@ -23,7 +25,8 @@ namespace {
 
 class DynamicTableOp : public OpKernel {
  public:
-  explicit DynamicTableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit DynamicTableOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), on_gpu_(ctx->device_type() == ::tensorflow::DEVICE_GPU) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &table_name_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("key_dtype", &key_dtype_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
@@ -62,12 +65,10 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx,
                    cinfo.Init(ctx->resource_manager(), def(), /*use_node_name_as_default=*/true));
     DynamicTable* table = nullptr;
+    const bool on_gpu = on_gpu_;
     OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<DynamicTable>(
-                            cinfo.container(), cinfo.name(), &table, [this](DynamicTable** out) {
-                              *out = new DynamicTable(table_name_, key_dtype_, dim_, init_,
-                                                      admission_);
-                              return ::tensorflow::OkStatus();
-                            }));
+                            cinfo.container(), cinfo.name(), &table,
+                            [this, on_gpu](DynamicTable** out) { return Create(on_gpu, out); }));
     RefCountPtr<DynamicTable> owned(table);
     OP_REQUIRES(ctx, table->key_dtype() == key_dtype_ && table->dim() == dim_,
                 table->Invalid("already exists with key dtype ", DataTypeString(table->key_dtype()),
@@ -87,7 +88,33 @@ class DynamicTableOp : public OpKernel {
         ::tensorflow::MakeResourceHandle<DynamicTable>(ctx, cinfo.container(), cinfo.name());
   }
 
+  // A table in host memory, or under a GPU placement in GPU memory.
+  Status Create(bool on_gpu, DynamicTable** out) const {
+    if (!on_gpu) {
+      *out = new DynamicTable(table_name_, key_dtype_, dim_, init_, admission_);
+      return ::tensorflow::OkStatus();
+    }
+    const std::string prefix = "dynamic embedding table '" + table_name_ + "': ";
+    if (key_dtype_ != ::tensorflow::DT_INT64) {
+      return ::tensorflow::errors::InvalidArgument(
+          prefix,
+          "string keys stay on the CPU: GPU tables hold int64 keys; place this table "
+          "under tf.device('/CPU:0')");
+    }
+    de::DeviceTableOptions options;
+    options.name = table_name_;
+    options.dim = dim_;
+    options.initializer = init_;
+    options.admission = admission_;
+    std::string error;
+    std::unique_ptr<de::DeviceTable> device_table = de::MakeCudaTable(options, &error);
+    if (!device_table) return ::tensorflow::errors::FailedPrecondition(error);
+    *out = new DynamicTable(table_name_, std::move(device_table));
+    return ::tensorflow::OkStatus();
+  }
+
  private:
+  const bool on_gpu_;
   std::string table_name_;
   DataType key_dtype_;
   int dim_;
@@ -106,14 +133,7 @@ class FindOp : public TableKernel {
     out_shape.AddDim(dim_);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
-    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
-    float* values = out->flat<float>().data();
-    const de::EmbeddingTable<Key>& core = *table->template table<Key>();
-    ParallelFor(ctx, flat_keys.size(), 50 + 2 * dim_, [&](int64_t begin, int64_t end) {
-      FindRows(
-          core, begin, end, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); },
-          values + begin * dim_);
-    });
+    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Find(ctx, keys, out->flat<float>().data()));
   }
 };
 
@@ -130,32 +150,8 @@ class InsertOp : public TableKernel {
     OP_REQUIRES(ctx, values.shape() == expected,
                 table->Invalid("insert: values must have shape keys.shape + [dim] = ",
                                expected.DebugString(), ", got ", values.shape().DebugString()));
-    const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
-    const float* rows = values.flat<float>().data();
-    de::EmbeddingTable<Key>* core = table->template table<Key>();
-    const int dim = dim_;
-    auto insert_range = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
-      }
-    };
-    // Duplicate keys in one insert: in order, so the last row wins as in a sequential loop.
-    if (HasDuplicates(flat_keys)) {
-      insert_range(0, flat_keys.size());
-    } else {
-      ParallelFor(ctx, flat_keys.size(), 200 + 2 * dim, insert_range);
-    }
-  }
-
- private:
-  template <typename Flat>
-  static bool HasDuplicates(const Flat& keys) {
-    std::unordered_set<typename de::KeyTraits<Key>::View> seen;
-    seen.reserve(keys.size());
-    for (int64_t i = 0; i < keys.size(); ++i) {
-      if (!seen.insert(KeyTensor<Key>::View(keys(i))).second) return true;
-    }
-    return false;
+    OP_REQUIRES_OK(ctx,
+                   table->template backend<Key>()->Insert(ctx, keys, values.flat<float>().data()));
   }
 };
 
@@ -165,13 +161,7 @@ class RemoveOp : public TableKernel {
   using TableKernel::TableKernel;
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
-    const auto flat_keys = ctx->input(1).flat<typename KeyTensor<Key>::Element>();
-    de::EmbeddingTable<Key>* core = table->template table<Key>();
-    // On this op's thread, as Evict runs: a large remove spread over the intra-op pool would
-    // hold every pool thread, and lookups, whose blocks queue behind it, would wait for all of
-    // it. Batched by shard, so lookups wait at most one short batch for a shard's lock.
-    core->RemoveBatch(flat_keys.size(),
-                      [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); });
+    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Remove(ctx, ctx->input(1)));
   }
 };
 
@@ -182,7 +172,7 @@ class SizeOp : public TableKernel {
     TF_EXT_GET_TABLE(ctx, table);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = table->Size();
+    out->scalar<int64_t>()() = table->Size(StreamOf(ctx));
   }
 };
 
@@ -202,7 +192,7 @@ class ClearOp : public TableKernel {
   using TableKernel::TableKernel;
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
-    table->Clear();
+    OP_REQUIRES_OK(ctx, table->Clear(StreamOf(ctx)));
   }
 };
 
@@ -311,6 +301,18 @@ REGISTER_KERNEL_BUILDER(Name("TfExtTableClear").Device(DEVICE_CPU), ClearOp);
 
 TF_EXT_REGISTER_KEYED(int64_t, int64_t)
 TF_EXT_REGISTER_KEYED(std::string, tstring)
+
+// The GPU kernels: int64 keys, the size in host memory (RegisterGpuKernel: table_kernel.h).
+using ::tensorflow::KernelDefBuilder;
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtDynamicTable"), DynamicTableOp)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableSize").HostMemory("size"), SizeOp)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableClear"), ClearOp)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableFind").TypeConstraint<int64_t>("Tkey"),
+                           FindOp<int64_t>)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableInsert").TypeConstraint<int64_t>("Tkey"),
+                           InsertOp<int64_t>)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableRemove").TypeConstraint<int64_t>("Tkey"),
+                           RemoveOp<int64_t>)
 
 }  // namespace
 }  // namespace tf_ext

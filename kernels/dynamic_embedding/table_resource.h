@@ -1,5 +1,6 @@
-// The TensorFlow resource holding one dynamic embedding table: a thin owner of the core
-// table (int64 or string keys) plus the name used in every error message.
+// The TensorFlow resource holding one dynamic embedding table: a thin owner of the core table
+// (the CPU table with int64 or string keys, or the GPU table with int64 keys), its backend for
+// the table kernels (table_backend.h), and the name used in every error message.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESOURCE_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESOURCE_H_
 
@@ -7,6 +8,8 @@
 #include <string>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/gpu/device_table.h"
+#include "kernels/dynamic_embedding/table_backend.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/lib/core/errors.h"
@@ -25,6 +28,16 @@ class DynamicTable : public ::tensorflow::ResourceBase {
       int64_table_ =
           std::make_unique<de::EmbeddingTable<int64_t>>(dim, init, kShardBits, admission);
     }
+    MakeBackends();
+  }
+  // A table in GPU memory.
+  DynamicTable(std::string name, std::unique_ptr<de::DeviceTable> device_table)
+      : name_(std::move(name)),
+        key_dtype_(::tensorflow::DT_INT64),
+        dim_(device_table->dim()),
+        init_(device_table->options().initializer),
+        device_table_(std::move(device_table)) {
+    MakeBackends();
   }
 
   std::string DebugString() const override { return "DynamicEmbeddingTable(" + name_ + ")"; }
@@ -35,17 +48,35 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   int dim() const { return dim_; }
   const de::InitializerSpec& initializer() const { return init_; }
   const de::AdmissionSpec& admission() const {
+    if (device_table_) return device_table_->options().admission;
     return string_table_ ? string_table_->admission() : int64_table_->admission();
   }
+  // Whether the table lives in GPU memory: then table<Key>() is null, and only the kernels with a
+  // GPU registration (those over the backend) serve it.
+  bool on_gpu() const { return device_table_ != nullptr; }
+  de::DeviceTable* device_table() { return device_table_.get(); }
 
+  // The CPU table core (null for a GPU table).
   template <typename Key>
   de::EmbeddingTable<Key>* table();
+  template <typename Key>
+  TableBackend<Key>* backend();
 
-  int64_t Size() const { return string_table_ ? string_table_->Size() : int64_table_->Size(); }
+  // On a GPU table these run on `stream` and wait for it.
+  int64_t Size(cudaStream_t stream = nullptr) const {
+    if (device_table_) return device_table_->Size(stream);
+    return string_table_ ? string_table_->Size() : int64_table_->Size();
+  }
   size_t BytesInUse() const {
+    if (device_table_) return device_table_->BytesInUse();
     return string_table_ ? string_table_->BytesInUse() : int64_table_->BytesInUse();
   }
-  void Clear() { string_table_ ? string_table_->Clear() : int64_table_->Clear(); }
+  ::tensorflow::Status Clear(cudaStream_t stream = nullptr) {
+    if (device_table_) return FromCore(device_table_->Clear(stream));
+    string_table_ ? string_table_->Clear() : int64_table_->Clear();
+    return ::tensorflow::OkStatus();
+  }
+  // CPU tables only (their kernels refuse GPU tables, TableKernel::GetTable).
   de::TableCounters Counters() const {
     return string_table_ ? string_table_->Counters() : int64_table_->Counters();
   }
@@ -54,6 +85,12 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   }
   int64_t Evict(const de::EvictionCriteria& criteria) {
     return string_table_ ? string_table_->Evict(criteria) : int64_table_->Evict(criteria);
+  }
+
+  // A GPU table core's error (which names the table), or OK.
+  static ::tensorflow::Status FromCore(const std::string& error) {
+    if (error.empty()) return ::tensorflow::OkStatus();
+    return ::tensorflow::errors::Internal(error);
   }
 
   // An InvalidArgument error that names this table.
@@ -71,6 +108,11 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   const de::InitializerSpec init_;
   std::unique_ptr<de::EmbeddingTable<int64_t>> int64_table_;
   std::unique_ptr<de::EmbeddingTable<std::string>> string_table_;
+  std::unique_ptr<de::DeviceTable> device_table_;
+  std::unique_ptr<TableBackend<int64_t>> int64_backend_;
+  std::unique_ptr<TableBackend<std::string>> string_backend_;
+
+  void MakeBackends();  // table_backend.cc
 };
 
 template <>
@@ -80,6 +122,14 @@ inline de::EmbeddingTable<int64_t>* DynamicTable::table<int64_t>() {
 template <>
 inline de::EmbeddingTable<std::string>* DynamicTable::table<std::string>() {
   return string_table_.get();
+}
+template <>
+inline TableBackend<int64_t>* DynamicTable::backend<int64_t>() {
+  return int64_backend_.get();
+}
+template <>
+inline TableBackend<std::string>* DynamicTable::backend<std::string>() {
+  return string_backend_.get();
 }
 
 }  // namespace tf_ext

@@ -1,0 +1,143 @@
+// The two backends of the table kernels (table_backend.h).
+#include "kernels/dynamic_embedding/table_backend.h"
+
+#include <cstdlib>
+#include <string>
+#include <unordered_set>
+
+#include "kernels/dynamic_embedding/apply_rows.h"
+#include "kernels/dynamic_embedding/table_kernel.h"
+#include "kernels/dynamic_embedding/table_resource.h"
+#include "tensorflow/core/framework/device_base.h"
+#include "tensorflow/core/framework/kernel_def_builder.h"
+#include "tensorflow/core/platform/stream_executor.h"
+
+namespace tf_ext {
+namespace {
+
+// The CPU table core, its batches split over TensorFlow's intra-op thread pool.
+template <typename Key>
+class CpuTableBackend : public TableBackend<Key> {
+ public:
+  using Element = typename KeyTensor<Key>::Element;
+  explicit CpuTableBackend(DynamicTable* table) : table_(table) {}
+
+  Status Find(OpKernelContext* ctx, const Tensor& keys, float* rows) override {
+    const auto flat_keys = keys.flat<Element>();
+    const de::EmbeddingTable<Key>& core = *table_->template table<Key>();
+    const int dim = table_->dim();
+    ParallelFor(ctx, flat_keys.size(), 50 + 2 * dim, [&](int64_t begin, int64_t end) {
+      FindRows(
+          core, begin, end, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); },
+          rows + begin * dim);
+    });
+    return ::tensorflow::OkStatus();
+  }
+
+  Status Insert(OpKernelContext* ctx, const Tensor& keys, const float* rows) override {
+    const auto flat_keys = keys.flat<Element>();
+    de::EmbeddingTable<Key>* core = table_->template table<Key>();
+    const int dim = table_->dim();
+    auto insert_range = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
+      }
+    };
+    // Duplicate keys in one insert: in order, so the last row wins as in a sequential loop.
+    if (HasDuplicates(flat_keys)) {
+      insert_range(0, flat_keys.size());
+    } else {
+      ParallelFor(ctx, flat_keys.size(), 200 + 2 * dim, insert_range);
+    }
+    return ::tensorflow::OkStatus();
+  }
+
+  Status Remove(OpKernelContext*, const Tensor& keys) override {
+    const auto flat_keys = keys.flat<Element>();
+    // On this op's thread, as Evict runs: a large remove spread over the intra-op pool would
+    // hold every pool thread, and lookups, whose blocks queue behind it, would wait for all of
+    // it. Batched by shard, so lookups wait at most one short batch for a shard's lock.
+    table_->template table<Key>()->RemoveBatch(
+        flat_keys.size(), [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); });
+    return ::tensorflow::OkStatus();
+  }
+
+  Status Apply(OpKernelContext* ctx, const de::OptimizerParams& params, int64_t step,
+               const Tensor& keys, const float* gradients) override {
+    const auto flat_keys = keys.flat<Element>();
+    ApplyRows<Key>(
+        ctx, table_, params, step, flat_keys.size(),
+        [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); }, gradients);
+    return ::tensorflow::OkStatus();
+  }
+
+ private:
+  template <typename Flat>
+  static bool HasDuplicates(const Flat& keys) {
+    std::unordered_set<typename de::KeyTraits<Key>::View> seen;
+    seen.reserve(keys.size());
+    for (int64_t i = 0; i < keys.size(); ++i) {
+      if (!seen.insert(KeyTensor<Key>::View(keys(i))).second) return true;
+    }
+    return false;
+  }
+
+  DynamicTable* table_;  // owns this backend
+};
+
+// The GPU table core, on the op's stream; keys and rows in device memory.
+class GpuTableBackend : public TableBackend<int64_t> {
+ public:
+  explicit GpuTableBackend(de::DeviceTable* table) : table_(table) {}
+
+  Status Find(OpKernelContext* ctx, const Tensor& keys, float* rows) override {
+    return DynamicTable::FromCore(table_->Find(StreamOf(ctx), keys.NumElements(),
+                                               keys.flat<int64_t>().data(), rows, nullptr));
+  }
+  Status Insert(OpKernelContext* ctx, const Tensor& keys, const float* rows) override {
+    return DynamicTable::FromCore(table_->InsertOrAssign(StreamOf(ctx), keys.NumElements(),
+                                                         keys.flat<int64_t>().data(), rows));
+  }
+  Status Remove(OpKernelContext* ctx, const Tensor& keys) override {
+    return DynamicTable::FromCore(
+        table_->Remove(StreamOf(ctx), keys.NumElements(), keys.flat<int64_t>().data(), nullptr));
+  }
+  Status Apply(OpKernelContext* ctx, const de::OptimizerParams& params, int64_t step,
+               const Tensor& keys, const float* gradients) override {
+    return DynamicTable::FromCore(table_->ApplyGradients(
+        StreamOf(ctx), params, step, keys.NumElements(), keys.flat<int64_t>().data(), gradients));
+  }
+
+ private:
+  de::DeviceTable* table_;  // owned by the resource, with this backend
+};
+
+}  // namespace
+
+bool RegisterGpuKernel(::tensorflow::KernelDefBuilder& builder, const char* kernel_class,
+                       OpKernel* (*create)(OpKernelConstruction*)) {
+  const char* enabled = std::getenv("TF_EXT_GPU_TABLES");
+  if (enabled == nullptr || std::string(enabled) != "1") return false;
+  // Registrars live as long as the library, as REGISTER_KERNEL_BUILDER's static ones do.
+  new ::tensorflow::kernel_factory::OpKernelRegistrar(
+      builder.Device(::tensorflow::DEVICE_GPU).Build(), kernel_class, create);
+  return true;
+}
+
+cudaStream_t StreamOf(OpKernelContext* ctx) {
+  const ::tensorflow::DeviceContext* context = ctx->op_device_context();
+  if (context == nullptr || context->stream() == nullptr) return nullptr;
+  return static_cast<cudaStream_t>(context->stream()->platform_specific_handle().stream);
+}
+
+void DynamicTable::MakeBackends() {
+  if (device_table_) {
+    int64_backend_ = std::make_unique<GpuTableBackend>(device_table_.get());
+  } else if (string_table_) {
+    string_backend_ = std::make_unique<CpuTableBackend<std::string>>(this);
+  } else {
+    int64_backend_ = std::make_unique<CpuTableBackend<int64_t>>(this);
+  }
+}
+
+}  // namespace tf_ext
