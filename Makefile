@@ -40,6 +40,12 @@
 #   make bench-harp-nccl  benchmarks/harp_nccl_e2e.py: NCCL end to end through HARP's plugin against
 #                NCCL's Socket transport, two ranks on one GPU (a GPU machine with PyTorch and NCCL;
 #                TORCH_PYTHON=its Python; BENCH_ARGS=--dry-run prints the commands only)
+#   make gpu-checks  builds the GPU table's test binary and benchmark into build/gpu/ (nvcc, no
+#                GPU needed; HKV_DIR=<HierarchicalKV checkout> adds HKV's own benchmark), then
+#                dry-runs tests/gpu/run_gpu_checks.sh here
+#   make test-gpu  on a GPU machine: gpu-checks' build, then tests/gpu/run_gpu_checks.sh (googletest
+#                on the GPU, compute-sanitizer, benchmarks/gpu_table.py against HKV); prints
+#                "GPU checks: passed" or "failed"
 #   make clean   bazel clean + built artefacts
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
@@ -113,7 +119,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
-        sanitize demo bench bench-lifecycle bench-quality bench-amp bench-fusion bench-jit \
+        gpu-checks test-gpu sanitize demo bench bench-lifecycle bench-quality bench-amp bench-fusion bench-jit \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-harp \
         bench-harp-nccl demo-estimator clean distclean
 
@@ -241,7 +247,7 @@ develop:
 	fi
 
 # C++ sources under the project's own folders (not bazel-*, not .venv), the benchmarks' included.
-CXX_SOURCES = $$(find kernels ops tests benchmarks -name '*.cc' -o -name '*.c' -o -name '*.h')
+CXX_SOURCES = $$(find kernels ops tests benchmarks -name '*.cc' -o -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh')
 
 lint: venv
 	@$(VENV)/bin/ruff format --check --quiet . || { echo "[lint] Python is not formatted: run make format"; exit 1; }
@@ -340,6 +346,12 @@ bench-harp: build bench-deps
 bench-harp-nccl: build bench-deps
 	@cd $(ROOT) && $(if $(findstring --netns,$(BENCH_ARGS)),$(SUDO)) \
 	  $(or $(TORCH_PYTHON),$(VENV)/bin/python) benchmarks/harp_nccl_e2e.py $(BENCH_ARGS)
+
+gpu-checks:
+	@cd $(ROOT) && sh tests/gpu/build_gpu_checks.sh
+
+test-gpu: gpu-checks
+	@cd $(ROOT) && sh tests/gpu/run_gpu_checks.sh
 
 clean:
 	-$(BAZEL) clean

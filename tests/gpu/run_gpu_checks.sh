@@ -1,0 +1,57 @@
+#!/bin/sh
+# The GPU checks of the GPU table core, in one short run on a GPU machine (no TensorFlow needed):
+# the googletest cases on the CUDA table (every operation, and the CPU-vs-GPU equivalence run),
+# compute-sanitizer memcheck and racecheck where the machine has it, and the benchmark side by side
+# with HierarchicalKV (benchmarks/gpu_table.py). Needs build/gpu/ from tests/gpu/build_gpu_checks.sh
+# (make gpu-checks). Logs and results go to $OUT (default build/gpu/out). Prints
+# "GPU checks: passed" or "GPU checks: failed (...)".
+#
+# --dry-run: on a machine without a GPU, run what runs there (the host backends) and check that the
+# GPU parts fail cleanly with "no CUDA device".
+set -u
+cd "$(dirname "$0")/../.."
+bin=build/gpu
+out=${OUT:-build/gpu/out}
+mkdir -p "$out"
+failed=""
+step() {  # step NAME COMMAND...: runs it, logs to $out/NAME.log, records a failure
+  name=$1
+  shift
+  echo "== $name: $*"
+  start=$(date +%s)
+  if "$@" >"$out/$name.log" 2>&1; then
+    echo "   ok ($(($(date +%s) - start)) s)"
+  else
+    echo "   FAILED ($(($(date +%s) - start)) s); last lines:"
+    tail -20 "$out/$name.log" | sed 's/^/   | /'
+    failed="$failed $name"
+  fi
+}
+
+if [ "${1:-}" = "--dry-run" ]; then
+  step device_table_test "$bin/device_table_test"
+  if "$bin/gpu_table_bench" --dims 8 --load-factors 0.5 >"$out/bench_dry.log" 2>&1 ||
+    ! grep -q "no CUDA device" "$out/bench_dry.log"; then
+    failed="$failed gpu_table_bench(expected 'no CUDA device')"
+  fi
+else
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
+  cat "$out/gpu.txt"
+  step device_table_test env TF_EXT_REQUIRE_GPU=1 "$bin/device_table_test"
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -n "$sanitizer" ]; then
+    # The cuda cases only, small enough for the sanitizers' slowdown.
+    filter='*/cuda:-*LongRandom*'
+    step memcheck "$sanitizer" --tool memcheck --error-exitcode 1 "$bin/device_table_test" --gtest_filter="$filter"
+    step racecheck "$sanitizer" --tool racecheck --error-exitcode 1 "$bin/device_table_test" --gtest_filter="$filter"
+  else
+    echo "== compute-sanitizer: not on this machine" | tee "$out/sanitizer.log"
+  fi
+  step benchmark python3 benchmarks/gpu_table.py --run --bin "$bin" --out "$out"
+fi
+if [ -z "$failed" ]; then
+  echo "GPU checks: passed"
+else
+  echo "GPU checks: failed ($failed )"
+  exit 1
+fi
