@@ -46,6 +46,9 @@
 #   make test-gpu  on a GPU machine: gpu-checks' build, then tests/gpu/run_gpu_checks.sh (googletest
 #                on the GPU, compute-sanitizer, benchmarks/gpu_table.py against HKV); prints
 #                "GPU checks: passed" or "failed"
+#   make bench-gpu-table  benchmarks/gpu_table.py --chart: the report and chart of a GPU run of
+#                the GPU table against HierarchicalKV (RESULTS=its gpu_table.json; writes
+#                benchmarks/gpu_table.png). The run itself is part of make test-gpu.
 #   make clean   bazel clean + built artefacts
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
@@ -119,7 +122,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
-        gpu-checks test-gpu sanitize demo bench bench-lifecycle bench-quality bench-amp bench-fusion bench-jit \
+        gpu-checks test-gpu bench-gpu-table sanitize demo bench bench-lifecycle bench-quality bench-amp bench-fusion bench-jit \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-harp \
         bench-harp-nccl demo-estimator clean distclean
 
@@ -352,6 +355,10 @@ gpu-checks:
 
 test-gpu: gpu-checks
 	@cd $(ROOT) && sh tests/gpu/run_gpu_checks.sh
+
+bench-gpu-table: bench-deps
+	@cd $(ROOT) && $(VENV)/bin/python benchmarks/gpu_table.py \
+	  --chart $(or $(RESULTS),build/gpu/out/gpu_table.json) --png benchmarks/gpu_table.png
 
 clean:
 	-$(BAZEL) clean

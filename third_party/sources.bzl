@@ -46,6 +46,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/embedding_table_update.h",
             "kernels/dynamic_embedding/core/gpu/device_atomics.h",
             "kernels/dynamic_embedding/core/gpu/device_memory.h",
+            "kernels/dynamic_embedding/core/gpu/device_slots.h",
             "kernels/dynamic_embedding/core/gpu/device_table.h",
             "kernels/dynamic_embedding/core/gpu/device_table_impl.h",
             "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h",

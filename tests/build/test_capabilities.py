@@ -59,6 +59,13 @@ def owners(capabilities, op_library):
     plugin = capability.get("plugin") or {}
     for part, files in (
       ("core", capability["core_hdrs"] + capability["core_srcs"]),
+      # The CUDA sources and their fallback belong to the core: TensorFlow-free too.
+      (
+        "core",
+        capability.get("cuda_srcs", [])
+        + capability.get("cuda_hdrs", [])
+        + capability.get("cuda_fallback_srcs", []),
+      ),
       ("kernels", capability["kernel_hdrs"] + capability["kernel_srcs"]),
       ("ops", capability["op_srcs"]),
       ("plugin", plugin.get("srcs", [])),

@@ -214,17 +214,27 @@ TF_EXT_HOST_DEVICE inline void KerasMomentum(float lr, float momentum, bool use_
   e += use_nesterov ? accum * momentum - g * lr : accum;
 }
 
+// FTRL's scalars, as its element step uses them.
+struct FtrlScalars {
+  float learning_rate, l1, two_l2_shrinkage, two_l2;
+  TF_EXT_HOST_DEVICE explicit FtrlScalars(const OptimizerParams& p)
+      : learning_rate(p.learning_rate),
+        l1(p.l1),
+        two_l2_shrinkage(2.0f * p.l2_shrinkage),
+        two_l2(2.0f * p.l2) {}
+};
+
 // TF's SparseApplyFtrl(V2), multiply_linear_by_lr = false; l2 already includes FTRL's beta / (2 *
 // learning_rate), as TensorFlow passes it.
 template <typename Power>
-TF_EXT_HOST_DEVICE inline void Ftrl(const OptimizerParams& p, Power power, float g, float& e,
-                                    float& accum, float& linear) {
-  const float g_with_shrinkage = g + 2.0f * p.l2_shrinkage * e;
+TF_EXT_HOST_DEVICE inline void Ftrl(FtrlScalars f, Power power, float g, float& e, float& accum,
+                                    float& linear) {
+  const float g_with_shrinkage = g + f.two_l2_shrinkage * e;
   const float new_accum = accum + g * g;
   const float new_power = power(new_accum);
-  linear += g_with_shrinkage - (new_power - power(accum)) / p.learning_rate * e;
-  const float l1_adjusted = MaxOf(MinOf(linear, p.l1), -p.l1);
-  const float quadratic = new_power / p.learning_rate + 2.0f * p.l2;
+  linear += g_with_shrinkage - (new_power - power(accum)) / f.learning_rate * e;
+  const float l1_adjusted = MaxOf(MinOf(linear, f.l1), -f.l1);
+  const float quadratic = new_power / f.learning_rate + f.two_l2;
   e = (l1_adjusted - linear) / quadratic;
   accum = new_accum;
 }
@@ -244,59 +254,60 @@ inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const
   float* __restrict s0 = slots;
   float* __restrict s1 = slots + dim;
   float* __restrict s2 = slots + 2 * dim;
-  const float lr = p.learning_rate;
+  // Scalars in locals: read through `p` inside a loop, they might alias the rows being written.
+  const float lr = p.learning_rate, epsilon = p.epsilon, momentum = p.momentum;
+  const float beta1 = p.beta1, beta2 = p.beta2;
   switch (p.kind) {
     case OptimizerKind::kSgd:
       for (int j = 0; j < dim; ++j) element::Sgd(lr, g[j], e[j]);
       return;
     case OptimizerKind::kAdagrad:
       if (p.epsilon_inside_sqrt) {
-        for (int j = 0; j < dim; ++j) element::Adagrad(lr, p.epsilon, true, g[j], e[j], s0[j]);
+        for (int j = 0; j < dim; ++j) element::Adagrad(lr, epsilon, true, g[j], e[j], s0[j]);
       } else {
-        for (int j = 0; j < dim; ++j) element::Adagrad(lr, p.epsilon, false, g[j], e[j], s0[j]);
+        for (int j = 0; j < dim; ++j) element::Adagrad(lr, epsilon, false, g[j], e[j], s0[j]);
       }
       return;
     case OptimizerKind::kAdam: {
       const float lr_t = internal::AdamStepSize(p, prior_updates);
       for (int j = 0; j < dim; ++j) {
-        element::Adam(lr_t, p.beta1, p.beta2, p.epsilon, g[j], e[j], s0[j], s1[j]);
+        element::Adam(lr_t, beta1, beta2, epsilon, g[j], e[j], s0[j], s1[j]);
       }
       return;
     }
     case OptimizerKind::kAmsgrad: {
       const float lr_t = internal::AdamStepSize(p, prior_updates);
       for (int j = 0; j < dim; ++j) {
-        element::Amsgrad(lr_t, p.beta1, p.beta2, p.epsilon, g[j], e[j], s0[j], s1[j], s2[j]);
+        element::Amsgrad(lr_t, beta1, beta2, epsilon, g[j], e[j], s0[j], s1[j], s2[j]);
       }
       return;
     }
     case OptimizerKind::kMomentum:
       if (p.use_nesterov) {
-        for (int j = 0; j < dim; ++j) element::Momentum(lr, p.momentum, true, g[j], e[j], s0[j]);
+        for (int j = 0; j < dim; ++j) element::Momentum(lr, momentum, true, g[j], e[j], s0[j]);
       } else {
-        for (int j = 0; j < dim; ++j) element::Momentum(lr, p.momentum, false, g[j], e[j], s0[j]);
+        for (int j = 0; j < dim; ++j) element::Momentum(lr, momentum, false, g[j], e[j], s0[j]);
       }
       return;
     case OptimizerKind::kKerasMomentum:
       if (p.use_nesterov) {
-        for (int j = 0; j < dim; ++j) {
-          element::KerasMomentum(lr, p.momentum, true, g[j], e[j], s0[j]);
-        }
+        for (int j = 0; j < dim; ++j) element::KerasMomentum(lr, momentum, true, g[j], e[j], s0[j]);
       } else {
-        for (int j = 0; j < dim; ++j) {
-          element::KerasMomentum(lr, p.momentum, false, g[j], e[j], s0[j]);
-        }
+        for (int j = 0; j < dim; ++j)
+          element::KerasMomentum(lr, momentum, false, g[j], e[j], s0[j]);
       }
       return;
-    case OptimizerKind::kFtrl:
+    case OptimizerKind::kFtrl: {
+      const element::FtrlScalars f(p);
       if (p.learning_rate_power == -0.5f) {
         for (int j = 0; j < dim; ++j)
-          element::Ftrl(p, internal::FtrlSqrt(), g[j], e[j], s0[j], s1[j]);
+          element::Ftrl(f, internal::FtrlSqrt(), g[j], e[j], s0[j], s1[j]);
       } else {
         const internal::FtrlPow power{-p.learning_rate_power};
-        for (int j = 0; j < dim; ++j) element::Ftrl(p, power, g[j], e[j], s0[j], s1[j]);
+        for (int j = 0; j < dim; ++j) element::Ftrl(f, power, g[j], e[j], s0[j], s1[j]);
       }
       return;
+    }
   }
 }
 
@@ -328,9 +339,10 @@ TF_EXT_HOST_DEVICE inline void ApplyGradientToElement(const OptimizerParams& p, 
       return;
     case OptimizerKind::kFtrl:
       if (p.learning_rate_power == -0.5f) {
-        element::Ftrl(p, internal::FtrlSqrt(), g, e, s0[0], s0[dim]);
+        element::Ftrl(element::FtrlScalars(p), internal::FtrlSqrt(), g, e, s0[0], s0[dim]);
       } else {
-        element::Ftrl(p, internal::FtrlPow{-p.learning_rate_power}, g, e, s0[0], s0[dim]);
+        element::Ftrl(element::FtrlScalars(p), internal::FtrlPow{-p.learning_rate_power}, g, e,
+                      s0[0], s0[dim]);
       }
       return;
   }

@@ -25,8 +25,9 @@
 // inserting the same key agree on one slot and never lock. Removal leaves a tombstone. Before an
 // operation that may add keys, the table makes room for all of them: past the load factor it
 // rebuilds, dropping tombstones, into twice the slots if the rows need them. So an insert always
-// finds a free slot, and no key is ever dropped for want of space. If the device runs out of memory, the operation fails
-// with an error naming the table and the size it was growing to, and the table is unchanged.
+// finds a free slot, and no key is ever dropped for want of space. If the device runs out of
+// memory, the operation fails with an error naming the table and the size it was growing to, and
+// the table is unchanged.
 //
 // Pointers to keys, rows and gradients are device memory (host memory for MakeHostTable's table).
 // Calls return "" or what went wrong; a table is used from one host thread at a time.

@@ -17,162 +17,14 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/dynamic_embedding/core/gpu/device_atomics.h"
+#include "kernels/dynamic_embedding/core/gpu/device_slots.h"
 #include "kernels/dynamic_embedding/core/gpu/device_table.h"
 
 namespace tf_ext {
 namespace de {
 namespace gpu {
 
-// Key slot values that hold no key. The user keys with these bit patterns (-1 and -2) live in
-// two extra slots after the probed ones, which hold 0 while absent.
-constexpr uint64_t kEmptyKey = ~uint64_t{0};
-constexpr uint64_t kTombstoneKey = ~uint64_t{0} - 1;
-constexpr int64_t kExtraSlots = 2;
-
-struct EntryMeta {
-  int64_t last_step;
-  uint32_t update_count;
-  uint32_t unused;
-};
-
-// The table's device counters.
-enum Counter : int {
-  kSize,
-  kTombstones,
-  kLatestStep,
-  kAdmitted,
-  kRejected,
-  kHits,
-  kScratch,  // per-operation results: rows removed, evicted, distinct keys
-  kNumCounters
-};
-
-struct TableView {
-  uint64_t* keys;
-  float* values;
-  EntryMeta* meta;
-  int64_t* counters;
-  uint64_t mask;     // probed slots - 1
-  int64_t capacity;  // probed slots; then kExtraSlots
-  int dim;
-  int stride;  // floats per row: dim * (1 + num_slots)
-};
-
-struct SketchView {
-  uint32_t* counters;  // null without sketch admission
-  uint64_t width_mask;
-  int depth;
-  int64_t min_count;
-};
-
-TF_EXT_HOST_DEVICE inline bool IsExtraKey(uint64_t key) { return key >= kTombstoneKey; }
-
-TF_EXT_HOST_DEVICE inline int64_t ExtraSlot(const TableView& t, uint64_t key) {
-  return t.capacity + static_cast<int64_t>(key - kTombstoneKey);
-}
-
-// Whether slot s holds a key.
-TF_EXT_HOST_DEVICE inline bool Live(const TableView& t, int64_t s) {
-  const uint64_t key = atomic::Load(t.keys + s);
-  return s < t.capacity ? key < kTombstoneKey : key != 0;
-}
-
-// The slot of `key`, or -1.
-TF_EXT_HOST_DEVICE inline int64_t FindSlot(const TableView& t, int64_t key) {
-  const uint64_t k = static_cast<uint64_t>(key);
-  if (IsExtraKey(k)) {
-    const int64_t s = ExtraSlot(t, k);
-    return atomic::Load(t.keys + s) == k ? s : -1;
-  }
-  for (uint64_t pos = Mix64(k) & t.mask;; pos = (pos + 1) & t.mask) {
-    const uint64_t held = atomic::Load(t.keys + pos);
-    if (held == k) return static_cast<int64_t>(pos);
-    if (held == kEmptyKey) return -1;
-  }
-}
-
-// The slot of `key`, claiming a free one if missing (*created; the caller counts the rows it
-// created, CountRows). The caller made room: a free slot always exists. Tombstones are never
-// reused, so a key has at most one slot.
-TF_EXT_HOST_DEVICE inline int64_t FindOrClaimSlot(const TableView& t, int64_t key, bool* created) {
-  const uint64_t k = static_cast<uint64_t>(key);
-  *created = false;
-  if (IsExtraKey(k)) {
-    const int64_t s = ExtraSlot(t, k);
-    *created = atomic::CompareAndSwap(t.keys + s, 0, k) == 0;
-    return s;
-  }
-  for (uint64_t pos = Mix64(k) & t.mask;; pos = (pos + 1) & t.mask) {
-    uint64_t held = atomic::Load(t.keys + pos);
-    if (held == kEmptyKey) {
-      held = atomic::CompareAndSwap(t.keys + pos, kEmptyKey, k);
-      if (held == kEmptyKey) {
-        *created = true;
-        return static_cast<int64_t>(pos);
-      }
-    }
-    if (held == k) return static_cast<int64_t>(pos);
-  }
-}
-
-// Removes the key in slot s (-1: none) if it is `key`; returns whether this call removed it.
-// Every thread of the body calls it (the counts are per warp, atomic::AddWhere); `counter`, if not
-// null, counts the removals too.
-TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t key,
-                                        int64_t* counter) {
-  const uint64_t k = static_cast<uint64_t>(key);
-  const bool extra = s >= t.capacity;
-  const bool removed =
-      s >= 0 && atomic::CompareAndSwap(t.keys + s, k, extra ? 0 : kTombstoneKey) == k;
-  atomic::AddWhere(t.counters + kSize, removed, -1);
-  atomic::AddWhere(t.counters + kTombstones, removed && !extra, 1);
-  if (counter != nullptr) atomic::AddWhere(counter, removed, 1);
-  return removed;
-}
-
-// Counts rows created by FindOrClaimSlot; every thread of the body calls it.
-TF_EXT_HOST_DEVICE inline void CountRows(const TableView& t, bool created) {
-  atomic::AddWhere(t.counters + kSize, created, 1);
-}
-
-// Counts one more update of a missing key with this hash (conservative update, as
-// CountMinSketch::Increment); returns whether it is admitted.
-TF_EXT_HOST_DEVICE inline bool Admit(const SketchView& sketch, uint64_t hash) {
-  if (sketch.min_count <= 1) return true;
-  uint32_t estimate = ~uint32_t{0};
-  for (int row = 0; row < sketch.depth; ++row) {
-    estimate = MinOf(
-        estimate, atomic::Load(sketch.counters + SketchCounterIndex(row, hash, sketch.width_mask)));
-  }
-  if (estimate == ~uint32_t{0}) return true;  // saturated
-  const uint32_t raised = estimate + 1;
-  for (int row = 0; row < sketch.depth; ++row) {
-    atomic::Max(sketch.counters + SketchCounterIndex(row, hash, sketch.width_mask), raised);
-  }
-  return raised >= sketch.min_count;
-}
-
-// Temporary memory of one operation, freed with it.
-template <typename Exec, typename T>
-class Scratch {
- public:
-  Scratch(Exec& exec, int64_t n) : exec_(exec) {
-    ptr_ = static_cast<T*>(exec.Alloc(sizeof(T) * static_cast<size_t>(std::max<int64_t>(n, 1))));
-  }
-  ~Scratch() { exec_.Free(ptr_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  T* get() const { return ptr_; }
-  bool ok() const { return ptr_ != nullptr; }
-
- private:
-  Exec& exec_;
-  T* ptr_;
-};
-
-// One-row-per-thread bodies cost more than they need to on a GPU for rows this wide; element-wise
-// bodies split them.
+// The table: its storage, and each operation as a few passes of kernel bodies over a batch.
 template <typename Exec>
 class DeviceTableImpl : public DeviceTable {
  public:
@@ -182,12 +34,9 @@ class DeviceTableImpl : public DeviceTable {
   DeviceTableImpl(const DeviceTableOptions& options, Exec exec)
       : options_(options), exec_(std::move(exec)) {}
   ~DeviceTableImpl() override {
-    exec_.FreeLasting(keys_);
-    exec_.FreeLasting(values_);
-    exec_.FreeLasting(meta_);
+    storage_.Release(exec_);
     exec_.FreeLasting(counters_);
     exec_.FreeLasting(sketch_);
-    exec_.FreeLasting(slot_init_device_);
   }
 
   // Allocates the first slots; "" or the error.
@@ -232,9 +81,14 @@ class DeviceTableImpl : public DeviceTable {
   }
 
   TableView View() const {
-    return TableView{
-        keys_,     values_,      meta_,   counters_, static_cast<uint64_t>(capacity_ - 1),
-        capacity_, options_.dim, Stride()};
+    return TableView{storage_.keys,
+                     storage_.values,
+                     storage_.meta,
+                     counters_,
+                     static_cast<uint64_t>(capacity_ - 1),
+                     capacity_,
+                     options_.dim,
+                     Stride()};
   }
   SketchView Sketch() const {
     return SketchView{sketch_, sketch_width_mask_, options_.admission.sketch_depth,
@@ -298,7 +152,7 @@ class DeviceTableImpl : public DeviceTable {
                       const uint8_t* created) {
     const TableView t = View();
     const InitializerSpec init = options_.initializer;
-    const float* slot_init = slot_init_device_;
+    const float* slot_init = storage_.slot_init;
     exec_.For(n * t.stride, [=] TF_EXT_HOST_DEVICE(int64_t e) {
       const int64_t i = e / t.stride;
       if (!created[i]) return;
@@ -825,45 +679,33 @@ class DeviceTableImpl : public DeviceTable {
   std::string Rebuild(int64_t capacity, int num_slots, const std::vector<float>& slot_init) {
     const int stride = options_.dim * (1 + num_slots);
     const int64_t slots = capacity + kExtraSlots;
-    const double bytes = static_cast<double>(slots) *
-                         (sizeof(uint64_t) + sizeof(EntryMeta) + sizeof(float) * stride);
-    auto* keys = static_cast<uint64_t*>(exec_.AllocLasting(sizeof(uint64_t) * slots));
-    auto* values = static_cast<float*>(exec_.AllocLasting(sizeof(float) * stride * slots));
-    auto* meta = static_cast<EntryMeta*>(exec_.AllocLasting(sizeof(EntryMeta) * slots));
-    float* slot_init_device = nullptr;
-    if (num_slots > 0) {
-      slot_init_device = static_cast<float*>(exec_.AllocLasting(sizeof(float) * num_slots));
-    }
-    if (!keys || !values || !meta || (num_slots > 0 && !slot_init_device)) {
-      exec_.FreeLasting(keys);
-      exec_.FreeLasting(values);
-      exec_.FreeLasting(meta);
-      exec_.FreeLasting(slot_init_device);
+    Storage fresh;
+    if (!fresh.Allocate(exec_, slots, stride, num_slots)) {
+      fresh.Release(exec_);
+      const double bytes = static_cast<double>(slots) *
+                           (sizeof(uint64_t) + sizeof(EntryMeta) + sizeof(float) * stride);
       return Error("out of device memory growing to " + std::to_string(capacity) + " slots (" +
                    std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB) with " +
                    std::to_string(ReadCounter(kSize)) + " rows");
     }
-    if (num_slots > 0) {
-      exec_.ToDevice(slot_init_device, slot_init.data(), sizeof(float) * num_slots);
-    }
-    // Slots beyond the old rows' slots read their initial value from it.
+    // Slots beyond the old rows' slots read their initial value from fresh.slot_init.
+    if (num_slots > 0) exec_.ToDevice(fresh.slot_init, slot_init.data(), sizeof(float) * num_slots);
     const TableView to{
-        keys,     values,       meta,  counters_, static_cast<uint64_t>(capacity - 1),
-        capacity, options_.dim, stride};
+        fresh.keys, fresh.values, fresh.meta, counters_, static_cast<uint64_t>(capacity - 1),
+        capacity,   options_.dim, stride};
     exec_.For(slots,
               [=] TF_EXT_HOST_DEVICE(int64_t s) { to.keys[s] = s < capacity ? kEmptyKey : 0; });
-    if (keys_ != nullptr) {
+    if (storage_.keys != nullptr) {
       const TableView from = View();
       Scratch<Exec, int64_t> moved(exec_, from.capacity + kExtraSlots);
       if (!moved.ok()) {
-        exec_.FreeLasting(keys);
-        exec_.FreeLasting(values);
-        exec_.FreeLasting(meta);
-        exec_.FreeLasting(slot_init_device);
+        fresh.Release(exec_);
         return Error("out of device memory rebuilding");
       }
       int64_t* new_slot = moved.get();
-      // The keys move first (every new slot claimed), then the rows, one element per thread.
+      const int64_t size = ReadCounter(kSize), tombstones = ReadCounter(kTombstones);
+      // The keys move first (every new slot claimed, counted afresh), then the rows, one element
+      // per thread.
       exec_.Fill(counters_ + kSize, int64_t{0}, 2);
       exec_.For(from.capacity + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
         bool created = false;
@@ -871,7 +713,7 @@ class DeviceTableImpl : public DeviceTable {
             Live(from, s) ? FindOrClaimSlot(to, static_cast<int64_t>(from.keys[s]), &created) : -1;
         CountRows(to, created);
       });
-      const float* init = slot_init_device;
+      const float* init = fresh.slot_init;
       exec_.For((from.capacity + kExtraSlots) * to.stride, [=] TF_EXT_HOST_DEVICE(int64_t e) {
         const int64_t s = e / to.stride;
         if (new_slot[s] < 0) return;
@@ -881,39 +723,54 @@ class DeviceTableImpl : public DeviceTable {
         if (j == 0) to.meta[new_slot[s]] = from.meta[s];
       });
       exec_.Sync();
+      const std::string failure = Checked("rebuild");
+      if (!failure.empty()) {  // keep the old storage, and its counts
+        const int64_t counts[2] = {size, tombstones};
+        exec_.ToDevice(counters_ + kSize, counts, sizeof(counts));
+        exec_.Sync();
+        fresh.Release(exec_);
+        return failure;
+      }
     }
-    const std::string failure = Checked("rebuild");
-    if (!failure.empty()) {
-      exec_.FreeLasting(keys);
-      exec_.FreeLasting(values);
-      exec_.FreeLasting(meta);
-      exec_.FreeLasting(slot_init_device);
-      return failure;
-    }
-    exec_.FreeLasting(keys_);
-    exec_.FreeLasting(values_);
-    exec_.FreeLasting(meta_);
-    exec_.FreeLasting(slot_init_device_);
-    keys_ = keys;
-    values_ = values;
-    meta_ = meta;
-    slot_init_device_ = slot_init_device;
+    storage_.Release(exec_);
+    storage_ = fresh;
     capacity_ = capacity;
     num_slots_ = num_slots;
     slot_init_ = slot_init;
     return "";
   }
 
+  // The table's device storage for one capacity and number of optimizer slots.
+  struct Storage {
+    uint64_t* keys = nullptr;
+    float* values = nullptr;
+    EntryMeta* meta = nullptr;
+    float* slot_init = nullptr;  // the optimizer slots' initial values
+
+    bool Allocate(Exec& exec, int64_t slots, int stride, int num_slots) {
+      keys = static_cast<uint64_t*>(exec.AllocLasting(sizeof(uint64_t) * slots));
+      values = static_cast<float*>(exec.AllocLasting(sizeof(float) * stride * slots));
+      meta = static_cast<EntryMeta*>(exec.AllocLasting(sizeof(EntryMeta) * slots));
+      if (num_slots > 0)
+        slot_init = static_cast<float*>(exec.AllocLasting(sizeof(float) * num_slots));
+      return keys && values && meta && (num_slots == 0 || slot_init);
+    }
+    void Release(Exec& exec) {
+      exec.FreeLasting(keys);
+      exec.FreeLasting(values);
+      exec.FreeLasting(meta);
+      exec.FreeLasting(slot_init);
+      *this = Storage();
+    }
+  };
+
  private:
   const DeviceTableOptions options_;
   Exec exec_;
-  uint64_t* keys_ = nullptr;
-  float* values_ = nullptr;
-  EntryMeta* meta_ = nullptr;
+  Storage storage_;
   int64_t* counters_ = nullptr;
   uint32_t* sketch_ = nullptr;
   uint64_t sketch_width_mask_ = 0;
-  float* slot_init_device_ = nullptr;
   int64_t capacity_ = 0;
   int num_slots_ = 0;
   std::vector<float> slot_init_;
