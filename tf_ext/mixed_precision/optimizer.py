@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tf_ext import _ops_loader, optimizer_pipeline, settings
 from tf_ext.mixed_precision.policy import (
+  FALLBACKS,
   PolicyConfig,
   PrecisionPolicy,
   config_from_settings,
@@ -154,10 +155,24 @@ def policy_of(optimizer):
 
 
 def report(optimizer):
-  """The AMP state of an optimizer made by LossAwareOptimizer: {name: scalar tensor} with half,
-  loss_scale, switches, steps, half_fraction, skipped_steps, last_probe_error, last_fallback
-  (an index into tf_ext.mixed_precision.FALLBACKS). Eagerly: values now."""
-  return policy_of(optimizer).report()
+  """The AMP state of an optimizer made by LossAwareOptimizer: half, loss_scale, switches, steps,
+  half_fraction, skipped_steps, last_probe_error and last_fallback (why the policy last fell back
+  to full precision: a word of tf_ext.mixed_precision.FALLBACKS, "none" if it never did).
+
+  Eagerly: Python values now (bool, float, int; last_fallback a str). In a graph (a tf.function,
+  a Session's graph): scalar tensors to run, last_fallback a tf.string.
+  """
+  tensors = policy_of(optimizer).report()
+  fallback_index = tensors["last_fallback"]
+  if not tf.executing_eagerly():
+    return dict(tensors, last_fallback=tf.gather(tf.constant(FALLBACKS), fallback_index))
+  python_types = {"half": bool, "switches": int, "steps": int, "skipped_steps": int}
+  values = {
+    name: python_types.get(name, float)(value.numpy())
+    for name, value in tensors.items()
+    if name != "last_fallback"
+  }
+  return dict(values, last_fallback=FALLBACKS[int(fallback_index.numpy())])
 
 
 def _horovod_ranks():
