@@ -24,6 +24,7 @@ import weakref
 import tensorflow as tf
 
 from tf_ext import _ops_loader, optimizer_pipeline, settings
+from tf_ext.mixed_precision import xla_policy
 from tf_ext.mixed_precision.policy import (
   FALLBACKS,
   PolicyConfig,
@@ -203,8 +204,10 @@ class _StepTensors:
       field = functools.partial(PrecisionPolicy.field_of, self.state)
       self.loss_scale = tf.cast(field("loss_scale"), tf.float32)
       in_half = PrecisionPolicy.in_half_of(self.state)
-      if half_dtype is None or tf.executing_eagerly():
-        # Nothing is rewritten: eagerly there is no graph, the step runs in fp32.
+      # Nothing is rewritten eagerly (there is no graph) nor in a function XLA compiles (the
+      # rewrite sees no compiled function, and XLA has no kernel for the op): fp32 steps.
+      self.compiled = xla_policy.in_xla_context()
+      if half_dtype is None or tf.executing_eagerly() or self.compiled:
         self.use_half = tf.constant(False)
       else:
         self.use_half = ops.tf_ext_amp_half_mode(
@@ -215,7 +218,7 @@ class _StepTensors:
           deny_ops=list(settings.get("TF_EXT_AMP_DENY_OPS")),
           name="half_mode",
         )
-      if half_dtype is None or probe_interval == 0:
+      if half_dtype is None or probe_interval == 0 or self.compiled:
         self.do_probe = tf.constant(False)
       else:
         steps = tf.cast(field("steps"), tf.int64)
@@ -312,7 +315,7 @@ class LossAwareStage(optimizer_pipeline.Stage):
   def scale_loss(self, loss):
     step = self._step(new=True)
     step.loss = loss
-    if self.half_dtype is not None and self.probe_interval:
+    if self.half_dtype is not None and self.probe_interval and not step.compiled:
       loss32 = tf.reduce_sum(tf.cast(tf.stop_gradient(loss), tf.float32))
       step.probe_error = _ops_loader.load().tf_ext_amp_probe(
         loss32, loss32, step.do_probe, name="tf_ext_amp/probe_error"
