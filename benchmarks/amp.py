@@ -149,10 +149,6 @@ def short_error(error, limit=300):
   return f"{type(error).__name__}: {(lines[-1] if lines else '')[:limit]}"
 
 
-def report_values(amp, opt):
-  return {k: v.numpy().item() for k, v in amp.report(opt).items()}
-
-
 def state_values(amp, opt):
   """The policy's state fields, read in one variable read (cheap enough for every step)."""
   return dict(zip(amp.STATE_FIELDS, amp.policy_of(opt).state.numpy()))
@@ -340,7 +336,7 @@ def speed_section(tf, tf_ext, amp, ours_error, args):
       f"[speed] round {r + 1}/{args.speed_rounds}: "
       + ", ".join(f"{n} {rates[n][-1]:.2f} steps/s" for n in names)
     )
-  state = {n: report_values(amp, opts[n]) for n in ("ours", "ours_bf16") if n in models}
+  state = {n: amp.report(opts[n]) for n in ("ours", "ours_bf16") if n in models}
   out = {"steps_per_s": {}, "ratios": {}, "errors": errors, "ours_state": state}
   if amp is not None:
     out["ours_half"] = resolved_half(tf, amp, args.speed_half)
@@ -518,7 +514,7 @@ def run_variant(tf, tf_ext, amp, task, variant, train, test, args):
     "nonfinite_steps": int(np.sum(~np.isfinite(trace.loss))),
   }
   if variant == "ours":
-    result["state"] = report_values(amp, opt)
+    result["state"] = amp.report(opt)
     result["half"], result["scale"] = trace.half, trace.scale
   if lso is not None:
     result["scale"] = trace.scale
@@ -666,6 +662,9 @@ def print_task(task, res, targets):
 
 
 def fallback_name(state, amp_fallbacks=None):
+  """amp.report's word; result files of older runs hold an index into FALLBACKS."""
+  if isinstance(state.get("last_fallback"), str):
+    return state["last_fallback"]
   names = amp_fallbacks or FALLBACK_NAMES
   i = int(state.get("last_fallback", 0))
   return names[i] if 0 <= i < len(names) else str(i)

@@ -398,11 +398,10 @@ def main(argv=None):
     )
 
   if args.amp != "off":
-    amp = {k: float(v) for k, v in tf_ext.mixed_precision.report(optimizer).items()}
-    fallback = tf_ext.mixed_precision.FALLBACKS[int(amp["last_fallback"])]
+    amp = tf_ext.mixed_precision.report(optimizer)
     print(
       f"mixed precision ({args.amp}): {amp['half_fraction']:.0%} of {amp['steps']:.0f} steps in "
-      f"half, {amp['switches']:.0f} switches (last fallback: {fallback}), "
+      f"half, {amp['switches']:.0f} switches (last fallback: {amp['last_fallback']}), "
       f"{amp['skipped_steps']:.0f} steps skipped, loss scale {amp['loss_scale']:g}"
     )
 

@@ -73,6 +73,7 @@ REGISTER_OP("TfExtTableRestoreSnapshots")
     .Output("version: int64")
     .Output("step: int64")
     .Attr("track: bool = false")
+    .Attr("verify_only: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return ScalarInputsAndOutputs(c, 2, 1); })
     .Doc(R"doc(
@@ -89,6 +90,9 @@ version: With track, the version to pass as since_version of the next delta (con
 chain); else -1.
 step: The step recorded in the last file.
 track: Make the restored content the base of later deltas.
+verify_only: Read and check every file as a restore would (headers against the table, chain
+order, every checksum, the counts of the end block) and change nothing, so a restore of several
+tables can check them all before the first one changes. version is then -1.
 )doc");
 
 REGISTER_OP("TfExtTableRestoreCheckpoint")
@@ -98,6 +102,7 @@ REGISTER_OP("TfExtTableRestoreCheckpoint")
     .Input("legacy_tensor_prefix: string")
     .Attr("num_shards: int >= 1 = 1")
     .Attr("shard_index: int >= 0 = 0")
+    .Attr("verify_only: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return ScalarInputsAndOutputs(c, 0); })
     .Doc(R"doc(
@@ -117,6 +122,8 @@ of a sharded table saved with any number of shards (kernels/dynamic_embedding/co
 files (named relative to `checkpoint_prefix`) are read, only this shard's file when the counts
 match, else every file, filtered. A manifest restores into a plain table (num_shards 1) too.
 shard_index: This table's shard, in [0, num_shards).
+verify_only: Check every file the restore would read (the manifest, each snapshot in full with
+its checksums; a 0.1 checkpoint's tensors by name and type) and change nothing.
 )doc");
 
 }  // namespace tf_ext

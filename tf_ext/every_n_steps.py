@@ -5,7 +5,9 @@
   `fit`, at the optimizer's iteration count.
 - `EveryNStepsHook`: a SessionRunHook whose `_run(session, step)` runs after the first step and
   then after each step at least n global steps past the last run (the global step may jump, e.g.
-  after a restore); it counts its own steps where the graph has no global step.
+  after a restore), at the global step the run left (read after it when a run may be due: the
+  step fetched with the training op may be read before its increment); it counts its own steps
+  where the graph has no global step.
 """
 
 import tensorflow as tf
@@ -67,11 +69,22 @@ class EveryNStepsHook(tf.compat.v1.train.SessionRunHook):
 
   def after_run(self, run_context, run_values):
     self._local_step += 1
-    step = int(run_values.results) if self._global_step_tensor is not None else self._local_step
-    due = self._last_step is None or step - self._last_step >= self._every_n_steps
-    if due and self._has_work():
+    if not self._has_work():
+      return
+    if self._global_step_tensor is None:
+      step = self._local_step
+    else:
+      # The step fetched with the training op may be read before or after its increment: check
+      # the step it is about to be, and read the real one for a run (as DeltaCheckpointHook).
+      if not self._due(int(run_values.results) + 1):
+        return
+      step = int(run_context.session.run(self._global_step_tensor))
+    if self._due(step):
       self._last_step = step
       self._run(run_context.session, step)
+
+  def _due(self, step):
+    return self._last_step is None or step - self._last_step >= self._every_n_steps
 
   def _has_work(self):
     """False while there is nothing to run (e.g. no tables): the period starts at the first run."""

@@ -610,8 +610,11 @@ SETTINGS: Dict[str, Setting] = registry(
     Setting(
       "HARP_IFNAME",
       "",
-      "Interface name or IPv4 address to listen on; empty: the first interface that is up "
-      "and not loopback, else loopback.",
+      "Interface name or IPv4 address to listen on. Empty: as NCCL_SOCKET_IFNAME says when "
+      "that is set (NCCL's syntax: comma-separated name prefixes, a leading ^ excludes them, a "
+      "leading = makes them exact names; of the interfaces it admits, the first that is up and "
+      "not loopback), else the first interface that is up and not loopback, else loopback. The "
+      "plugin logs the interface it chose and why.",
       capability="harp",
       parse=_harp_interface,
     ),

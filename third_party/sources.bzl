@@ -182,6 +182,7 @@ CAPABILITIES = {
         "core_hdrs": [
             "kernels/harp/core/build_info.h",
             "kernels/harp/core/config.h",
+            "kernels/harp/core/interface_choice.h",
             "kernels/harp/core/nccl_net_abi.h",
             "kernels/harp/core/spsc_ring.h",
             "kernels/harp/core/transport.h",
@@ -191,6 +192,7 @@ CAPABILITIES = {
         "core_srcs": [
             "kernels/harp/core/build_info.cc",
             "kernels/harp/core/config.cc",
+            "kernels/harp/core/interface_choice.cc",
             "kernels/harp/core/transport_caller.cc",
             "kernels/harp/core/transport_receive.cc",
             "kernels/harp/core/transport_send.cc",

@@ -192,16 +192,18 @@ class SaveSnapshotOp : public TableKernel {
 // Reads snapshot files, in chain order, into a new table that replaces the content at the end.
 // As shard `shard_index` of `num_shards`, it keeps only the rows of its own ids (TfExtShardOf);
 // `merge` reads several full snapshots (the shards of a sharded checkpoint) into one table.
+// With `verify_only` it reads and checks every file the same way but keeps no row.
 template <typename Key>
 class ChainLoader {
  public:
   explicit ChainLoader(DynamicTable* table, int num_shards = 1, int shard_index = 0,
-                       bool merge = false)
+                       bool merge = false, bool verify_only = false)
       : table_(table),
         fresh_(table->dim(), table->initializer()),
         num_shards_(num_shards),
         shard_index_(shard_index),
-        merge_(merge) {}
+        merge_(merge),
+        verify_only_(verify_only) {}
 
   // Reads one file of the chain; `position` is its index in the chain (0 for each merged file).
   Status Load(const std::string& path, int64_t position) {
@@ -234,6 +236,7 @@ class ChainLoader {
     const int dim = table_->dim();
     const int num_slots = static_cast<int>(header.num_slots);
     auto put_row = [&](auto key, uint32_t count, int64_t step, const float* values) {
+      if (verify_only_) return true;
       if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
       fresh_.Upsert(key, [&](de::RowRef& row, bool) {
         std::memcpy(row.embedding, values, sizeof(float) * dim);
@@ -244,6 +247,7 @@ class ChainLoader {
       return true;
     };
     auto remove = [&](auto key) {
+      if (verify_only_) return true;
       fresh_.Remove(key);
       return true;
     };
@@ -257,7 +261,9 @@ class ChainLoader {
     return ::tensorflow::OkStatus();
   }
 
-  void SwapIn() { SwapInRestored(table_, &fresh_); }
+  void SwapIn() {
+    if (!verify_only_) SwapInRestored(table_, &fresh_);
+  }
   int64_t step() const { return step_; }
 
  private:
@@ -305,40 +311,44 @@ class ChainLoader {
   const int num_shards_;
   const int shard_index_;
   const bool merge_;
+  const bool verify_only_;
   uint64_t chain_id_ = 0;
   int64_t step_ = 0;
 };
 
 template <typename Key>
-Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, int64_t* step) {
-  ChainLoader<Key> loader(table);
+Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, bool verify_only,
+                 int64_t* step) {
+  ChainLoader<Key> loader(table, 1, 0, /*merge=*/false, verify_only);
   for (size_t i = 0; i < paths.size(); ++i) TF_RETURN_IF_ERROR(loader.Load(paths[i], i));
   loader.SwapIn();
   *step = loader.step();
   return ::tensorflow::OkStatus();
 }
 
-Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, int64_t* step) {
-  return table->key_dtype() == ::tensorflow::DT_STRING ? LoadChain<std::string>(table, paths, step)
-                                                       : LoadChain<int64_t>(table, paths, step);
+Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, bool verify_only,
+                 int64_t* step) {
+  return table->key_dtype() == ::tensorflow::DT_STRING
+             ? LoadChain<std::string>(table, paths, verify_only, step)
+             : LoadChain<int64_t>(table, paths, verify_only, step);
 }
 
 // Reads full snapshots (one, or the shards of a sharded checkpoint) into the table, keeping the
 // rows of shard `shard_index` of `num_shards`.
 template <typename Key>
 Status LoadShards(DynamicTable* table, const std::vector<std::string>& paths, int num_shards,
-                  int shard_index) {
-  ChainLoader<Key> loader(table, num_shards, shard_index, /*merge=*/true);
+                  int shard_index, bool verify_only) {
+  ChainLoader<Key> loader(table, num_shards, shard_index, /*merge=*/true, verify_only);
   for (const std::string& path : paths) TF_RETURN_IF_ERROR(loader.Load(path, 0));
   loader.SwapIn();
   return ::tensorflow::OkStatus();
 }
 
 Status LoadShards(DynamicTable* table, const std::vector<std::string>& paths, int num_shards,
-                  int shard_index) {
+                  int shard_index, bool verify_only) {
   return table->key_dtype() == ::tensorflow::DT_STRING
-             ? LoadShards<std::string>(table, paths, num_shards, shard_index)
-             : LoadShards<int64_t>(table, paths, num_shards, shard_index);
+             ? LoadShards<std::string>(table, paths, num_shards, shard_index, verify_only)
+             : LoadShards<int64_t>(table, paths, num_shards, shard_index, verify_only);
 }
 
 // The files to read for a table's `path` in a checkpoint: the snapshot itself, or, when `path` is
@@ -378,6 +388,7 @@ class RestoreSnapshotsOp : public TableKernel {
  public:
   explicit RestoreSnapshotsOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("track", &track_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("verify_only", &verify_only_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -386,9 +397,9 @@ class RestoreSnapshotsOp : public TableKernel {
     OP_REQUIRES(ctx, flat.size() > 0, table->Invalid("restore: paths is empty"));
     std::vector<std::string> paths(flat.data(), flat.data() + flat.size());
     int64_t step = 0;
-    OP_REQUIRES_OK(ctx, LoadChain(table.get(), paths, &step));
+    OP_REQUIRES_OK(ctx, LoadChain(table.get(), paths, verify_only_, &step));
     int64_t version = -1;
-    if (track_) {
+    if (track_ && !verify_only_) {
       version = table->key_dtype() == ::tensorflow::DT_STRING
                     ? table->table<std::string>()->MarkSnapshotBase()
                     : table->table<int64_t>()->MarkSnapshotBase();
@@ -398,6 +409,7 @@ class RestoreSnapshotsOp : public TableKernel {
 
  private:
   bool track_;
+  bool verify_only_;
 };
 
 class RestoreCheckpointOp : public TableKernel {
@@ -405,6 +417,7 @@ class RestoreCheckpointOp : public TableKernel {
   explicit RestoreCheckpointOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("verify_only", &verify_only_));
     OP_REQUIRES(
         ctx, num_shards_ <= de::kMaxShards && shard_index_ < num_shards_,
         errors::InvalidArgument("TfExtTableRestoreCheckpoint: shard_index ", shard_index_,
@@ -420,7 +433,7 @@ class RestoreCheckpointOp : public TableKernel {
     if (Env::Default()->FileExists(path).ok()) {
       std::vector<std::string> files;
       OP_REQUIRES_OK(ctx, SnapshotFiles(*table, path, prefix, num_shards_, shard_index_, &files));
-      OP_REQUIRES_OK(ctx, LoadShards(table.get(), files, num_shards_, shard_index_));
+      OP_REQUIRES_OK(ctx, LoadShards(table.get(), files, num_shards_, shard_index_, verify_only_));
       return;
     }
     ::tensorflow::BundleReader bundle(Env::Default(), prefix);
@@ -442,13 +455,16 @@ class RestoreCheckpointOp : public TableKernel {
       DataType dtype;
       TensorShape shape;
       OP_REQUIRES_OK(ctx, bundle.LookupDtypeAndShape(name, &dtype, &shape));
+      OP_REQUIRES(ctx, i != 0 || dtype == table->key_dtype(),
+                  table->Invalid("checkpoint '", prefix, "' holds ", DataTypeString(dtype),
+                                 " keys, the table has ", DataTypeString(table->key_dtype()),
+                                 " keys (key_dtype)"));
+      // Verifying reads no 0.1 tensor (whole, it would double the memory of the restore).
+      if (verify_only_) continue;
       tensors[i] = Tensor(dtype, shape);
       OP_REQUIRES_OK(ctx, bundle.Lookup(name, &tensors[i]));
     }
-    OP_REQUIRES(ctx, tensors[0].dtype() == table->key_dtype(),
-                table->Invalid("checkpoint '", prefix, "' holds ",
-                               DataTypeString(tensors[0].dtype()), " keys, the table has ",
-                               DataTypeString(table->key_dtype()), " keys (key_dtype)"));
+    if (verify_only_) return;
     Status status = table->key_dtype() == ::tensorflow::DT_STRING
                         ? ImportTensors<std::string>(ctx, table.get(), tensors[0], tensors[1],
                                                      tensors[2], tensors[3], tensors[4], tensors[5])
@@ -460,6 +476,7 @@ class RestoreCheckpointOp : public TableKernel {
  private:
   int num_shards_;
   int shard_index_;
+  bool verify_only_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("TfExtTableSaveSnapshot").Device(DEVICE_CPU), SaveSnapshotOp);

@@ -13,6 +13,7 @@ import tensorflow as tf
 from _subprocess import ROOT, run_python
 
 import tf_ext
+from tf_ext.dynamic_embedding import checkpoint
 
 DIM = 4
 
@@ -170,6 +171,31 @@ def test_corrupted_checkpoint_is_a_clear_error(tmp_path):
     tf.train.Checkpoint(table=dst).read(path).assert_consumed()
   assert int(dst.size()) == 1  # nothing partially restored
   np.testing.assert_array_equal(dst.lookup([3]).numpy(), [[2.0] * 4])
+
+
+def test_a_corrupt_table_file_leaves_every_table_of_the_checkpoint_untouched(tmp_path):
+  sources = {
+    name: tf_ext.DynamicEmbeddingVariable(f"atomic_{name}_src", 4, initializer="zeros")
+    for name in ("a_first", "b_second")
+  }
+  for table in sources.values():
+    table.insert(np.arange(100), np.ones([100, 4], np.float32))
+  path = tf.train.Checkpoint(**sources).write(str(tmp_path / "ckpt"))
+  corrupt = path + checkpoint.snapshot_suffix("b_second")  # restored after a_first
+  raw = bytearray(open(corrupt, "rb").read())
+  raw[-10] ^= 0xFF
+  open(corrupt, "wb").write(bytes(raw))
+  targets = {
+    name: tf_ext.DynamicEmbeddingVariable(f"atomic_{name}_dst", 4, initializer="zeros")
+    for name in sources
+  }
+  for table in targets.values():
+    table.insert([3], [[2.0, 2.0, 2.0, 2.0]])
+  with pytest.raises(tf.errors.DataLossError, match=f"'atomic_b_second_dst'.*{corrupt}"):
+    tf.train.Checkpoint(**targets).read(path)
+  for table in targets.values():
+    assert int(table.size()) == 1
+    np.testing.assert_array_equal(table.lookup([3]).numpy(), [[2.0] * 4])
 
 
 def test_missing_table_file_is_a_clear_error(tmp_path):

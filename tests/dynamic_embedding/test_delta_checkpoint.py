@@ -158,6 +158,29 @@ def test_corrupt_link_is_an_error_naming_the_file(tmp_path):
   _untouched(target)
 
 
+def test_a_corrupt_file_of_a_later_table_leaves_the_earlier_tables_untouched(tmp_path):
+  first, second = _table("atomic_first"), _table("atomic_second")
+  manager = tf_ext.DeltaCheckpointManager(tmp_path / "chain", [first, second])
+  for step in range(3):
+    for table in (first, second):
+      table.insert([step, 100 + step], [[float(step)] * DIM] * 2)
+    manager.save(step)
+  manifest = json.loads((tmp_path / "chain" / "MANIFEST.json").read_text())
+  last = str(
+    tmp_path / "chain" / manifest["chains"][-1]["links"][-1]["tables"]["atomic_second"]["file"]
+  )
+  raw = bytearray(open(last, "rb").read())
+  raw[-10] ^= 0x01  # in the last block: only a full read finds it
+  open(last, "wb").write(bytes(raw))
+  targets = [_table("atomic_first"), _table("atomic_second")]
+  for target in targets:
+    target.insert([42], [[4.2] * DIM])
+  with pytest.raises(tf.errors.DataLossError, match=f"'atomic_second'.*{last}.*checksum"):
+    tf_ext.DeltaCheckpointManager(tmp_path / "chain", targets).restore()
+  for target in targets:  # the first table, restored first, changed nothing either
+    _untouched(target)
+
+
 def test_links_out_of_order_are_an_error_naming_the_table_and_file(tmp_path):
   _, files, target = _two_deltas(tmp_path, "order")
   first_delta = open(files[1], "rb").read()

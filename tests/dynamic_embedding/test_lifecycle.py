@@ -286,6 +286,49 @@ def test_statistics_hook_writes_summaries_in_a_session(tmp_path):
   assert values["stats_graph/lookup_hit_rate"] == pytest.approx(0.5)
 
 
+class _IncrementAfterRun(tf.compat.v1.train.SessionRunHook):
+  """Moves the global step after each run, before the later hooks' after_run: the step they
+  fetched with the run is one behind, as when the read races ahead of a training op's increment."""
+
+  def __init__(self, increment):
+    self._increment = increment
+
+  def after_run(self, run_context, run_values):
+    del run_values
+    run_context.session.run(self._increment)
+
+
+class _RecordingEvictionHook(tf_ext.train.EvictionHook):
+  def __init__(self, every_n_steps):
+    super().__init__(every_n_steps)
+    self.steps = []
+
+  def _handle(self, step, results):
+    self.steps.append(step)
+    super()._handle(step, results)
+
+
+def test_table_hooks_run_at_the_global_step_the_run_left_not_the_one_fetched_with_it(tmp_path):
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable(
+      "stale_step_table", 2, eviction=tf_ext.EvictionPolicy(ttl_steps=100)
+    )
+    lookup = table.lookup(tf.constant([1, 2], tf.int64))
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    increment = tf.compat.v1.assign_add(global_step, 1)
+    eviction = _RecordingEvictionHook(every_n_steps=2)
+    statistics = tf_ext.train.TableStatisticsHook(str(tmp_path), every_n_steps=2)
+    hooks = [_IncrementAfterRun(increment), eviction, statistics]
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+      for _ in range(6):
+        sess.run(lookup)  # the global step after the runs: 1, 2, ..., 6
+  # The first run, then every 2 global steps: 1, 3, 5 (not 0, 2, 4, fetched before the moves).
+  assert eviction.steps == [1, 3, 5]
+  (events,) = glob.glob(os.path.join(str(tmp_path), "events.out.tfevents.*"))
+  written = {e.step for e in tf.compat.v1.train.summary_iterator(events) if e.summary.value}
+  assert written == {1, 3, 5}
+
+
 # ---- bad input --------------------------------------------------------------------------------
 
 

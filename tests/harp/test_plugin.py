@@ -30,9 +30,13 @@ def harness(tmp_path_factory):
 
 
 def run(harness, version, *args, **harp_settings):
-  """The harness's output; the environment holds no HARP_* setting but `harp_settings` (which may
-  also name the harness's HARNESS_TRAFFIC_CLASS)."""
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("HARP_", "HARNESS_"))}
+  """The harness's output; the environment holds no HARP_* setting nor NCCL_SOCKET_IFNAME but
+  `harp_settings` (which may also name them or the harness's HARNESS_TRAFFIC_CLASS)."""
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("HARP_", "HARNESS_")) and k != "NCCL_SOCKET_IFNAME"
+  }
   env.update({k: str(v) for k, v in harp_settings.items()})
   result = subprocess.run(
     [harness, harp.plugin_path(), str(version), *args],
@@ -75,6 +79,22 @@ def test_an_invalid_setting_fails_init_naming_it(harness, name, value):
   if name != "HARP_IFNAME":  # whether an interface exists is only known where the plugin runs
     with pytest.raises(ValueError, match=f"{name}='{re.escape(value)}' is invalid"):
       settings.get(name, value)
+
+
+def test_nccl_socket_ifname_chooses_the_interface_when_harp_ifname_is_unset(harness):
+  result = run(harness, 10, "config", NCCL_SOCKET_IFNAME="=lo")
+  assert "INIT 0" in result.stdout, result.stdout + result.stderr
+  init_line = next(line for line in result.stdout.splitlines() if "HARP_NSTREAMS=" in line)
+  assert " on lo 127.0.0.1" in init_line, result.stdout
+  # The log says why: the variable that chose it, and its value.
+  assert "NCCL_SOCKET_IFNAME='=lo'" in result.stdout, result.stdout
+  # HARP_IFNAME, when set, wins.
+  result = run(harness, 10, "config", NCCL_SOCKET_IFNAME="no-such-if", HARP_IFNAME="127.0.0.1")
+  assert "INIT 0" in result.stdout, result.stdout
+  assert "HARP_IFNAME='127.0.0.1'" in result.stdout, result.stdout
+  result = run(harness, 10, "config", NCCL_SOCKET_IFNAME="no-such-if")
+  assert f"INIT {INVALID_USAGE}" in result.stdout, result.stdout
+  assert "NCCL_SOCKET_IFNAME='no-such-if' admits no interface" in result.stdout, result.stdout
 
 
 def marked_sockets(output):

@@ -103,7 +103,7 @@ def run_keras(wrap):
   )
   keys, values = (t.numpy() for t in model.get_layer("keras_table").table.export())
   order = np.argsort(keys)
-  state = amp_state({k: v.numpy() for k, v in amp.report(optimizer).items()})
+  state = amp_state(amp.report(optimizer))
   return modes, [keys[order], values[order], *model.get_weights(), state]
 
 
@@ -132,10 +132,10 @@ def run_tape():
   modes = []
   for s in range(STEPS):
     step(IDS[s], DENSE[s], LABELS[s])
-    modes.append(bool(amp.report(optimizer)["half"].numpy()))
+    modes.append(amp.report(optimizer)["half"])
   keys, values = (t.numpy() for t in table.export())
   order = np.argsort(keys)
-  state = amp_state({k: v.numpy() for k, v in amp.report(optimizer).items()})
+  state = amp_state(amp.report(optimizer))
   return modes, [keys[order], values[order], *[v.numpy() for v in dense_vars], state]
 
 

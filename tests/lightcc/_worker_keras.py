@@ -2,7 +2,9 @@
 
 TOPK=1 trains with TOPK 1 % + fp16 (threshold 0, so every gradient is compressed); TOPK=0 dense.
 TABLE=1 also trains a tf_ext dynamic embedding table (Adam, through DynamicEmbeddingOptimizer)
-next to the dense layers. Every run checks that all ranks end with identical weights and rows.
+next to the dense layers. RELOAD_DIR=<dir>: after training, each rank saves the model there,
+loads it back with tf_ext.lightcc.keras.load_model and trains it one more epoch, counting only
+that epoch's traffic. Every run checks that all ranks end with identical weights and rows.
 """
 
 import os
@@ -55,6 +57,12 @@ if os.environ.get("LOG_DIR"):
 model.fit(
   x_train[shard], y_train[shard], batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks
 )
+if os.environ.get("RELOAD_DIR"):
+  path = os.path.join(os.environ["RELOAD_DIR"], f"rank{hvd.rank()}.keras")
+  model.save(path)
+  model = hvd.load_model(path)
+  hvd.reset_traffic()
+  model.fit(x_train[shard], y_train[shard], batch_size=32, epochs=1, verbose=0)
 accuracy = model.evaluate(x_test, y_test, verbose=0)[1]
 
 # Replicas must be identical: dense weights and, with a table, its rows.

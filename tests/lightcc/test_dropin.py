@@ -26,7 +26,7 @@ OURS = {
     "DistributedGradientTape",
     "keras",
   },
-  lightcc_keras: {"init", "DistributedOptimizer", "callbacks"},
+  lightcc_keras: {"init", "DistributedOptimizer", "callbacks", "load_model"},
   lightcc_callbacks: set(),
 }
 

@@ -16,6 +16,16 @@ def _keras_run(**env):
   return float(results[0][1]), int(results[0][3])
 
 
+def test_a_model_reloaded_with_load_model_trains_with_lightccs_exchange(tmp_path):
+  proc = horovodrun("_worker_keras.py", TOPK=1, EPOCHS=2, RELOAD_DIR=tmp_path)
+  # The worker exits non-zero when the replicas differ after the reloaded model's epoch.
+  assert_ok(proc)
+  ratios = re.findall(r"'compression_ratio': ([\d.]+)", proc.stdout)
+  assert len(ratios) == 4, proc.stdout
+  # TOPK 1 % + fp16 during the reloaded epoch: LightCC's exchange, not Horovod's dense allreduce.
+  assert all(float(r) > 2 for r in ratios), proc.stdout
+
+
 def test_keras_digits_topk_1_percent_fp16_within_half_a_percent_of_dense():
   (dense, _), (compressed, _) = _keras_run(TOPK=0), _keras_run(TOPK=1)
   print(f"digits accuracy: dense {dense:.4f}, TOPK 1% + fp16 {compressed:.4f}")

@@ -63,10 +63,18 @@ def _save(handle, path):
     )
 
 
-def _restore(handle, path, prefix, legacy_tensor_prefix, num_shards=1, shard_index=0):
+def _restore(
+  handle, path, prefix, legacy_tensor_prefix, num_shards=1, shard_index=0, verify_only=False
+):
   with _colocated(handle):
     return _ops_loader.load().tf_ext_table_restore_checkpoint(
-      handle, path, prefix, legacy_tensor_prefix, num_shards=num_shards, shard_index=shard_index
+      handle,
+      path,
+      prefix,
+      legacy_tensor_prefix,
+      num_shards=num_shards,
+      shard_index=shard_index,
+      verify_only=verify_only,
     )
 
 
@@ -90,10 +98,10 @@ def _save_sharded(shards, name, prefix):
     return [(tf.identity(out[1]), tf.identity(out[4])) for out in saved]
 
 
-def _restore_sharded(shards, path, prefix, legacy_tensor_prefix):
+def _restore_sharded(shards, path, prefix, legacy_tensor_prefix, verify_only=False):
   return tf.group(
     *(
-      _restore(_handle(shard), path, prefix, legacy_tensor_prefix, len(shards), index)
+      _restore(_handle(shard), path, prefix, legacy_tensor_prefix, len(shards), index, verify_only)
       for index, shard in enumerate(shards)
     )
   )
@@ -260,16 +268,23 @@ def _restore_tables(trackables, merged_prefix):
       "tf_ext: tf.train.Checkpoint cannot restore dynamic embedding tables in a TF1 graph; "
       "use tf.compat.v1.train.Saver there (or restore eagerly)"
     )
-  for object_name, table in sorted(trackables.items()):
-    # A 0.1 checkpoint names the table by the first of its tensors' keys.
-    legacy = ""
-    if _LEGACY_ATTRIBUTES in object_name:
-      legacy = object_name[: object_name.index(_LEGACY_ATTRIBUTES) + len(_LEGACY_ATTRIBUTES)]
-    path = tf.strings.join([merged_prefix, snapshot_suffix(object_name)])
-    if _shards_of(table):
-      _restore_sharded(_shards_of(table), path, merged_prefix, legacy)
-    else:
-      _restore(_handle(table), path, merged_prefix, legacy)
+  # Every table's files are checked in full first (missing, corrupt, of another key type or
+  # dim), so a bad file changes no table; then each table is replaced.
+  verified = [_restore_table(*item, merged_prefix, True) for item in sorted(trackables.items())]
+  with tf.control_dependencies(verified):
+    for item in sorted(trackables.items()):
+      _restore_table(*item, merged_prefix, False)
+
+
+def _restore_table(object_name, table, merged_prefix, verify_only):
+  # A 0.1 checkpoint names the table by the first of its tensors' keys.
+  legacy = ""
+  if _LEGACY_ATTRIBUTES in object_name:
+    legacy = object_name[: object_name.index(_LEGACY_ATTRIBUTES) + len(_LEGACY_ATTRIBUTES)]
+  path = tf.strings.join([merged_prefix, snapshot_suffix(object_name)])
+  if _shards_of(table):
+    return _restore_sharded(_shards_of(table), path, merged_prefix, legacy, verify_only)
+  return _restore(_handle(table), path, merged_prefix, legacy, verify_only=verify_only)
 
 
 def _restored_table(obj):

@@ -250,7 +250,12 @@ class DeltaCheckpointManager:
           "step": tf.compat.v1.placeholder(tf.int64, []),
           "paths": tf.compat.v1.placeholder(tf.string, [None]),
         }
-        ops[table.name] = (feeds, self._save_op(table, feeds), self._restore_op(table, feeds))
+        ops[table.name] = (
+          feeds,
+          self._save_op(table, feeds),
+          self._restore_op(table, feeds),
+          self._restore_op(table, feeds, verify_only=True),
+        )
     self._graph_ops = ops
 
   @staticmethod
@@ -267,31 +272,32 @@ class DeltaCheckpointManager:
       )[:4]
 
   @staticmethod
-  def _restore_op(table, feeds):
+  def _restore_op(table, feeds, verify_only=False):
     with table.colocated():
       return _ops_loader.load().tf_ext_table_restore_snapshots(
-        table.resource_handle, feeds["paths"], track=True
+        table.resource_handle, feeds["paths"], track=True, verify_only=verify_only
       )
 
   def _run(self, table, kind, session, **values):
-    """Runs the table's save or restore op with these inputs; returns numpy results."""
+    """Runs the table's "save", "restore" or "verify" (a restore's checks, changing nothing) op
+    with these inputs; returns numpy results."""
     if tf.executing_eagerly():
       feeds = {
         k: tf.constant(v, tf.string if k in ("path", "paths") else tf.int64)
         for k, v in values.items()
       }
-      op = self._save_op if kind == "save" else self._restore_op
-      return [t.numpy() for t in op(table, feeds)]
+      if kind == "save":
+        return [t.numpy() for t in self._save_op(table, feeds)]
+      return [t.numpy() for t in self._restore_op(table, feeds, verify_only=kind == "verify")]
     if self._graph_ops is None:
       raise RuntimeError(
         "DeltaCheckpointManager: in graph mode, call build() before the graph is finalized"
       )
     if session is None:
       raise ValueError("DeltaCheckpointManager: in graph mode, pass session=")
-    feeds, save, restore = self._graph_ops[table.name]
-    return session.run(
-      save if kind == "save" else restore, {feeds[k]: v for k, v in values.items()}
-    )
+    feeds, save, restore, verify = self._graph_ops[table.name]
+    op = {"save": save, "restore": restore, "verify": verify}[kind]
+    return session.run(op, {feeds[k]: v for k, v in values.items()})
 
   # ---- manifest -----------------------------------------------------------------------------
 
@@ -442,8 +448,9 @@ class DeltaCheckpointManager:
   def restore(self, session=None, step=None):
     """Restores every table (and the dense state, when the manager has one) from the latest
     link, or from the latest link at or before `step`. Returns the link's step, or None when
-    the directory holds no checkpoint. Each table is replaced atomically: a missing, corrupt or
-    out-of-order file is an error naming it, and leaves that table as it was."""
+    the directory holds no checkpoint. Every file of every table is checked (present, its
+    checksums, its place in the chain) before the first table changes: a missing, corrupt or
+    out-of-order file is an error naming it, and leaves every table as it was."""
     manifest = self.read_manifest()
     if manifest is None:
       return None
@@ -475,6 +482,8 @@ class DeltaCheckpointManager:
             None, None, f"dynamic embedding table '{table.name}': snapshot file '{path}' is missing"
           )
       paths[table.name] = files
+    for table in self._tables:  # every file read and checked in full before any table changes
+      self._run(table, "verify", session, paths=paths[table.name])
     since = {}
     for table in self._tables:
       version, _ = self._run(table, "restore", session, paths=paths[table.name])

@@ -1,12 +1,13 @@
 """horovod.tensorflow's DistributedOptimizer and DistributedGradientTape, and the Keras
-DistributedOptimizer: Horovod's own objects with every LIGHT_* setting off; with settings on, the
-"reduce" stage of the optimizer pipeline (tf_ext/optimizer_pipeline.py), whose transform is
-LightCC's reduce_gradients, added to the optimizer or tape the user passes."""
+DistributedOptimizer and load_model: Horovod's own with every LIGHT_* setting off; with settings
+on, the "reduce" stage of the optimizer pipeline (tf_ext/optimizer_pipeline.py), whose transform
+is LightCC's reduce_gradients, added to the optimizer or tape the user passes (or loads)."""
 
 import inspect
 
 import horovod.tensorflow as _hvd
 import horovod.tensorflow.keras as _hvd_keras
+import tensorflow as tf
 from horovod.tensorflow import Average, Compression, global_process_set
 
 from tf_ext import optimizer_pipeline
@@ -141,3 +142,28 @@ def KerasDistributedOptimizer(  # noqa: N802 (Horovod's name, as tf_ext.lightcc.
   if not state.process.config.enabled:
     return _hvd_keras.DistributedOptimizer(**arguments)
   return _with_reduce_stage(arguments.pop("optimizer"), **arguments)
+
+
+def load_model(
+  filepath,
+  custom_optimizers=None,
+  custom_objects=None,
+  compression=Compression.none,
+  legacy_opts=False,
+):
+  """horovod.tensorflow.keras.load_model; with LIGHT_* settings on, the loaded optimizer, its
+  state kept, reduces its gradients with LightCC (as KerasDistributedOptimizer makes it) instead
+  of Horovod's DistributedOptimizer."""
+  if not state.process.config.enabled:
+    return _hvd_keras.load_model(
+      filepath, custom_optimizers, custom_objects, compression, legacy_opts
+    )
+  # Horovod's load_model maps optimizer names (of legacy_opts' kind) to its own wrapper; here the
+  # optimizer loads as saved (custom_optimizers only have to be found) and gets the reduce stage
+  # in place.
+  objects = {cls.__name__: cls for cls in custom_optimizers or ()}
+  objects.update(custom_objects or {})
+  model = tf.keras.models.load_model(filepath, custom_objects=objects)
+  if model.optimizer is not None:
+    KerasDistributedOptimizer(model.optimizer, compression=compression)
+  return model

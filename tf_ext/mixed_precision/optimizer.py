@@ -24,7 +24,9 @@ import weakref
 import tensorflow as tf
 
 from tf_ext import _ops_loader, optimizer_pipeline, settings
+from tf_ext.mixed_precision import xla_policy
 from tf_ext.mixed_precision.policy import (
+  FALLBACKS,
   PolicyConfig,
   PrecisionPolicy,
   config_from_settings,
@@ -154,10 +156,24 @@ def policy_of(optimizer):
 
 
 def report(optimizer):
-  """The AMP state of an optimizer made by LossAwareOptimizer: {name: scalar tensor} with half,
-  loss_scale, switches, steps, half_fraction, skipped_steps, last_probe_error, last_fallback
-  (an index into tf_ext.mixed_precision.FALLBACKS). Eagerly: values now."""
-  return policy_of(optimizer).report()
+  """The AMP state of an optimizer made by LossAwareOptimizer: half, loss_scale, switches, steps,
+  half_fraction, skipped_steps, last_probe_error and last_fallback (why the policy last fell back
+  to full precision: a word of tf_ext.mixed_precision.FALLBACKS, "none" if it never did).
+
+  Eagerly: Python values now (bool, float, int; last_fallback a str). In a graph (a tf.function,
+  a Session's graph): scalar tensors to run, last_fallback a tf.string.
+  """
+  tensors = policy_of(optimizer).report()
+  fallback_index = tensors["last_fallback"]
+  if not tf.executing_eagerly():
+    return dict(tensors, last_fallback=tf.gather(tf.constant(FALLBACKS), fallback_index))
+  python_types = {"half": bool, "switches": int, "steps": int, "skipped_steps": int}
+  values = {
+    name: python_types.get(name, float)(value.numpy())
+    for name, value in tensors.items()
+    if name != "last_fallback"
+  }
+  return dict(values, last_fallback=FALLBACKS[int(fallback_index.numpy())])
 
 
 def _horovod_ranks():
@@ -188,8 +204,10 @@ class _StepTensors:
       field = functools.partial(PrecisionPolicy.field_of, self.state)
       self.loss_scale = tf.cast(field("loss_scale"), tf.float32)
       in_half = PrecisionPolicy.in_half_of(self.state)
-      if half_dtype is None or tf.executing_eagerly():
-        # Nothing is rewritten: eagerly there is no graph, the step runs in fp32.
+      # Nothing is rewritten eagerly (there is no graph) nor in a function XLA compiles (the
+      # rewrite sees no compiled function, and XLA has no kernel for the op): fp32 steps.
+      self.compiled = xla_policy.in_xla_context()
+      if half_dtype is None or tf.executing_eagerly() or self.compiled:
         self.use_half = tf.constant(False)
       else:
         self.use_half = ops.tf_ext_amp_half_mode(
@@ -200,7 +218,7 @@ class _StepTensors:
           deny_ops=list(settings.get("TF_EXT_AMP_DENY_OPS")),
           name="half_mode",
         )
-      if half_dtype is None or probe_interval == 0:
+      if half_dtype is None or probe_interval == 0 or self.compiled:
         self.do_probe = tf.constant(False)
       else:
         steps = tf.cast(field("steps"), tf.int64)
@@ -297,7 +315,7 @@ class LossAwareStage(optimizer_pipeline.Stage):
   def scale_loss(self, loss):
     step = self._step(new=True)
     step.loss = loss
-    if self.half_dtype is not None and self.probe_interval:
+    if self.half_dtype is not None and self.probe_interval and not step.compiled:
       loss32 = tf.reduce_sum(tf.cast(tf.stop_gradient(loss), tf.float32))
       step.probe_error = _ops_loader.load().tf_ext_amp_probe(
         loss32, loss32, step.do_probe, name="tf_ext_amp/probe_error"

@@ -89,17 +89,23 @@ class PrecisionPolicy(tf.Module):
     None when no probe ran. `ran_half`: whether the step's compute ran in half precision
     (default: as the state says).
     """
+    from tf_ext.mixed_precision import xla_policy  # here: xla_policy imports this module
+
     probe = tf.constant(-1.0) if probe_error is None else tf.cast(probe_error, tf.float32)
     if ran_half is None:
       ran_half = self.in_half()
-    next_state, apply = _ops_loader.load().tf_ext_amp_policy_step(
-      self.state,
+    inputs = (
       tf.cast(loss, tf.float32),
       tf.convert_to_tensor(gradients_finite, tf.bool),
       probe,
       tf.convert_to_tensor(ran_half, tf.bool),
-      **self._attrs,
     )
+    if xla_policy.in_xla_context():  # XLA has no kernel for the op: the same rules in TF ops
+      next_state, apply = xla_policy.policy_step(self.state.read_value(), *inputs, self._attrs)
+    else:
+      next_state, apply = _ops_loader.load().tf_ext_amp_policy_step(
+        self.state, *inputs, **self._attrs
+      )
     with tf.control_dependencies([self.state.assign(next_state)]):
       return tf.identity(apply)
 

@@ -112,6 +112,9 @@ bool ParseConfig(const std::function<const char*(const char*)>& lookup, Config* 
                      "expected an interface name or an IPv4 address, or empty (auto)");
     return false;
   }
+  // NCCL's own setting: NCCL accepts any value, so HARP does too (interface_choice.h reads it).
+  const char* nccl_socket_ifname = lookup ? lookup("NCCL_SOCKET_IFNAME") : nullptr;
+  parsed.nccl_socket_ifname = nccl_socket_ifname ? nccl_socket_ifname : "";
   if (!ParseRange("HARP_TIMEOUT_MS", value_of("HARP_TIMEOUT_MS"), 100, 3600 * 1000, &number,
                   error)) {
     return false;

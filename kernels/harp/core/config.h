@@ -21,6 +21,7 @@ struct Config {
   size_t chunk_bytes = 512 * 1024;  // HARP_CHUNK_BYTES: the unit spread over the streams
   size_t zerocopy_threshold = 0;    // HARP_ZEROCOPY_THRESHOLD: MSG_ZEROCOPY chunks from; 0 = off
   std::string interface;            // HARP_IFNAME: interface name or IPv4 address; "" = auto
+  std::string nccl_socket_ifname;   // NCCL's NCCL_SOCKET_IFNAME, followed when HARP_IFNAME is ""
   int timeout_ms = 30000;           // HARP_TIMEOUT_MS: dead-peer and connection-setup bound
   int caller_connections = 1;       // HARP_CALLER_CONNECTIONS: busy ones NCCL's thread drives
 };
@@ -40,7 +41,8 @@ struct SettingDefault {
 // Every HARP_* setting, in tf_ext/settings.py's order.
 const std::vector<SettingDefault>& SettingDefaults();
 
-// Reads every setting through `lookup` (nullptr or unset = the default). Returns false with
+// Reads every setting, and NCCL_SOCKET_IFNAME, through `lookup` (nullptr or unset = the default,
+// "" for NCCL_SOCKET_IFNAME). Returns false with
 // `error` naming the variable, its value and what is allowed when a value is invalid.
 bool ParseConfig(const std::function<const char*(const char*)>& lookup, Config* config,
                  std::string* error);

@@ -1,7 +1,5 @@
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -22,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/harp/core/interface_choice.h"
 #include "kernels/harp/core/transport.h"
 #include "kernels/harp/core/transport_internal.h"
 #include "kernels/harp/core/wire_format.h"
@@ -131,50 +130,20 @@ Status Transport::Create(const Config& config, LogFunction log, std::unique_ptr<
       return Status::kInvalidUsage;
     }
   }
-  // The address to listen on: HARP_IFNAME as an IPv4 address, or an interface's first IPv4
-  // address, or (empty) the first non-loopback interface that is up, else loopback.
-  in_addr address{};
-  const std::string& wanted = config.interface;
-  bool is_address = !wanted.empty() && inet_pton(AF_INET, wanted.c_str(), &address) == 1;
-  bool found = is_address;
-  ifaddrs* interfaces = nullptr;
-  if (getifaddrs(&interfaces) == 0) {
-    for (ifaddrs* entry = interfaces; entry != nullptr; entry = entry->ifa_next) {
-      if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
-      in_addr entry_address = reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr;
-      bool matches = false;
-      if (is_address) {
-        matches = entry_address.s_addr == address.s_addr;
-      } else if (!wanted.empty()) {
-        matches = wanted == entry->ifa_name;
-      } else {
-        matches = (entry->ifa_flags & IFF_UP) && !(entry->ifa_flags & IFF_LOOPBACK);
-      }
-      if (matches) {
-        address = entry_address;
-        transport->interface_name_ = entry->ifa_name;
-        found = true;
-        break;
-      }
-    }
-    freeifaddrs(interfaces);
-  }
-  if (!found && wanted.empty()) {
-    inet_pton(AF_INET, "127.0.0.1", &address);
-    transport->interface_name_ = "lo";
-    found = true;
-  }
-  if (!found) {
-    *error = "HARP_IFNAME='" + wanted +
-             "' is invalid: no such interface with an IPv4 address (expected an interface name or "
-             "an IPv4 address of this machine, or empty for the first interface that is up)";
+  InterfaceChoice choice;
+  if (!ChooseInterface(ListInterfaces(), config.interface, config.nccl_socket_ifname, &choice,
+                       error)) {
     return Status::kInvalidUsage;
   }
-  if (transport->interface_name_.empty()) transport->interface_name_ = wanted;
+  in_addr address{};
+  address.s_addr = choice.ipv4;
+  transport->interface_name_ = choice.name;
   transport->ipv4_address_ = address.s_addr;
   char text[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &address, text, sizeof(text));
   transport->address_text_ = text;
+  transport->Log(LogLevel::kInfo, "HARP: listening on " + choice.name + " " +
+                                      transport->address_text_ + ", chosen by " + choice.reason);
   std::ifstream speed("/sys/class/net/" + transport->interface_name_ + "/speed");
   int mbps = 0;
   if (speed >> mbps && mbps > 0) transport->link_speed_mbps_ = mbps;

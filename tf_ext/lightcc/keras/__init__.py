@@ -1,9 +1,9 @@
 """LightCC for Keras: `import tf_ext.lightcc.keras as hvd` wherever horovod.tensorflow.keras works.
 
-init and the LightCC extras are tf_ext.lightcc's; DistributedOptimizer reduces gradients the
-LightCC way when LIGHT_* settings are on (Horovod's own optimizer otherwise). Horovod's public
-Keras API is re-exported below by name; any other attribute of horovod.tensorflow.keras resolves
-to Horovod's own object.
+init and the LightCC extras are tf_ext.lightcc's; DistributedOptimizer, and the optimizer of a
+model load_model loads, reduce gradients the LightCC way when LIGHT_* settings are on (Horovod's
+own otherwise). Horovod's public Keras API is re-exported below by name; any other attribute of
+horovod.tensorflow.keras resolves to Horovod's own object.
 """
 
 import horovod.tensorflow.keras as _hvd_keras
@@ -27,7 +27,6 @@ from horovod.tensorflow.keras import (
   gloo_built,
   gloo_enabled,
   is_initialized,
-  load_model,
   local_rank,
   local_size,
   mpi_built,
@@ -49,6 +48,7 @@ from tf_ext.lightcc.keras import callbacks
 from tf_ext.lightcc.reduction import reduce_gradients as allreduce_gradients
 from tf_ext.lightcc.state import init, light_config, reset_traffic, traffic
 from tf_ext.lightcc.wrappers import KerasDistributedOptimizer as DistributedOptimizer
+from tf_ext.lightcc.wrappers import load_model
 
 __all__ = [
   # LightCC's own (or its versions of Horovod's).
@@ -57,6 +57,7 @@ __all__ = [
   "callbacks",
   "init",
   "light_config",
+  "load_model",
   "reset_traffic",
   "traffic",
   # Horovod's, re-exported unchanged: `from ... import *` works as with Horovod.
@@ -79,7 +80,6 @@ __all__ = [
   "gloo_built",
   "gloo_enabled",
   "is_initialized",
-  "load_model",
   "local_rank",
   "local_size",
   "mpi_built",
