@@ -56,7 +56,8 @@ def test_cuda_required_without_nvcc_fails_naming_nvcc(tmp_path):
   # A PATH with the compilers and tools but no nvcc.
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
-  for tool in ("g++", "ar", "mktemp", "rm", "dirname", "mkdir", "mv", "basename", "sh"):
+  tools = ("g++", "as", "ld", "ar", "mktemp", "rm", "dirname", "mkdir", "mv", "basename", "sh")
+  for tool in tools:
     found = shutil.which(tool)
     if found:
       os.symlink(found, bin_dir / tool)

@@ -16,12 +16,11 @@ from tf_ext.mixed_precision.optimizer import (
   report,
 )
 from tf_ext.mixed_precision.policy import (
-  FALLBACKS,
-  STATE_FIELDS,
   PolicyConfig,
   PrecisionPolicy,
   config_from_settings,
 )
+from tf_ext.mixed_precision.policy_state import FALLBACKS, STATE_FIELDS
 from tf_ext.mixed_precision.summaries import SummaryHook, TensorBoardCallback
 
 __all__ = [

@@ -26,11 +26,11 @@ import tensorflow as tf
 from tf_ext import _ops_loader, optimizer_pipeline, settings
 from tf_ext.mixed_precision import xla_policy
 from tf_ext.mixed_precision.policy import (
-  FALLBACKS,
   PolicyConfig,
   PrecisionPolicy,
   config_from_settings,
 )
+from tf_ext.mixed_precision.policy_state import FALLBACKS
 
 HALF_CHOICES = ("auto", "bfloat16", "float16")
 """The names LossAwareOptimizer's `half` accepts (besides tf.bfloat16 and tf.float16); "auto" is

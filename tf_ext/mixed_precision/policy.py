@@ -13,31 +13,8 @@ import functools
 import tensorflow as tf
 
 from tf_ext import _ops_loader, settings
-
-# The policy state's fields, in the order of PolicyState::ToArray (checked against the op by
-# tests/mixed_precision/test_policy.py).
-STATE_FIELDS = (
-  "precision",
-  "loss_scale",
-  "finite_streak",
-  "nonfinite_streak",
-  "full_streak",
-  "half_run",
-  "return_after",
-  "steps",
-  "half_steps",
-  "skipped_steps",
-  "switches",
-  "last_fallback",
-  "loss_mean",
-  "loss_variance",
-  "losses_seen",
-  "last_probe_error",
-)
-"""The names of the policy state's fields, in the order the policy op returns them."""
-# Why the policy last fell back to full precision (the core's Fallback, by value).
-FALLBACKS = ("none", "nonfinite_streak", "scale_floor", "nonfinite", "probe", "loss_spike")
-"""Why the policy last fell back to full precision: the state's `last_fallback` indexes this."""
+from tf_ext.mixed_precision import xla_policy
+from tf_ext.mixed_precision.policy_state import STATE_FIELDS
 
 PolicyConfig = settings.config_class(
   "mixed_precision",
@@ -89,8 +66,6 @@ class PrecisionPolicy(tf.Module):
     None when no probe ran. `ran_half`: whether the step's compute ran in half precision
     (default: as the state says).
     """
-    from tf_ext.mixed_precision import xla_policy  # here: xla_policy imports this module
-
     probe = tf.constant(-1.0) if probe_error is None else tf.cast(probe_error, tf.float32)
     if ran_half is None:
       ran_half = self.in_half()

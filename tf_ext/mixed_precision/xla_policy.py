@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
-from tf_ext.mixed_precision.policy import FALLBACKS, STATE_FIELDS
+from tf_ext.mixed_precision.policy_state import FALLBACKS, STATE_FIELDS
 
 _NONE, _NONFINITE_STREAK, _SCALE_FLOOR, _NONFINITE, _PROBE, _LOSS_SPIKE = (
   float(FALLBACKS.index(name))
