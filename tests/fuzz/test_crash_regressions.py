@@ -1,0 +1,144 @@
+"""The inputs that took the process down before their kernels checked them (issue 37).
+
+Each test runs the exact call in a child process (so that a regression fails the test instead of
+killing pytest) and expects the TensorFlow error that names what is wrong. The same calls are in
+corpus.json, which the fuzzer replays first.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+PRELUDE = """
+import re, sys
+import numpy as np
+import tensorflow as tf
+from tf_ext import _ops_loader
+ops = _ops_loader.load()
+
+def table(dim=1, key_dtype=tf.int64, name="regression"):
+  return ops.tf_ext_dynamic_table(table_name=name, shared_name=name, key_dtype=key_dtype, dim=dim)
+"""
+
+EAGER = """
+try:
+{body}
+except tf.errors.InvalidArgumentError as error:
+  print("ERROR InvalidArgumentError:", error.message)
+else:
+  print("no error")
+"""
+
+# In a graph the inputs come from placeholders of unknown shape: the shape functions cannot see
+# them, so only the kernel can refuse them.
+GRAPH = """
+with tf.Graph().as_default():
+  feeds = {{}}
+  def fed(value, dtype):
+    placeholder = tf.compat.v1.placeholder(dtype, shape=None)
+    feeds[placeholder] = value
+    return placeholder
+  fetch = {body}
+  with tf.compat.v1.Session() as session:
+    try:
+      session.run(fetch, feed_dict=feeds)
+    except tf.errors.InvalidArgumentError as error:
+      print("ERROR InvalidArgumentError:", error.message)
+    else:
+      print("no error")
+"""
+
+# Building the graph: the op's shape function refuses the call (TensorFlow raises ValueError).
+GRAPH_BUILD = """
+with tf.Graph().as_default():
+  try:
+{body}
+  except ValueError as error:
+    print("ERROR ValueError:", error)
+  else:
+    print("no error")
+"""
+
+
+def run_call(template, body):
+  indent = "    " if template is GRAPH_BUILD else "  "
+  code = PRELUDE + template.format(body=textwrap.indent(textwrap.dedent(body).strip(), indent))
+  env = dict(
+    os.environ,
+    PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+    TF_CPP_MIN_LOG_LEVEL="2",
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
+  )
+  assert proc.returncode == 0, (
+    f"the call took the process down (status {proc.returncode}):\n{proc.stderr[-3000:]}"
+  )
+  return proc.stdout
+
+
+def expect_error(template, body, message):
+  out = run_call(template, body)
+  assert "ERROR " in out and message in out, out
+
+
+# TfExtAmpProbe: CHECK failure (SIGABRT) in Tensor::scalar on a non-scalar input.
+def test_amp_probe_non_scalar_loss_is_an_error_eagerly():
+  expect_error(
+    EAGER,
+    """
+    ops.tf_ext_amp_probe(
+      loss=tf.fill([16, 16, 1], np.inf), reference=tf.constant([2.0]),
+      probed=tf.zeros([16, 3, 0], tf.bool))
+    """,
+    "precision probe: loss must be a scalar, got shape [16,16,1]",
+  )
+
+
+def test_amp_probe_non_scalar_probed_is_an_error_in_a_graph():
+  expect_error(
+    GRAPH,
+    """
+    ops.tf_ext_amp_probe(
+      loss=fed(1.0, tf.float32), reference=fed(2.0, tf.float32),
+      probed=fed(np.zeros([4, 4], bool), tf.bool))
+    """,
+    "precision probe: probed must be a scalar, got shape [4,4]",
+  )
+
+
+# TfExtAmpPolicyStep: its input 4 (ran_half) was the one input left unchecked (same CHECK).
+def test_amp_policy_step_non_scalar_ran_half_is_an_error():
+  expect_error(
+    EAGER,
+    """
+    ops.tf_ext_amp_policy_step(
+      state=ops.tf_ext_amp_policy_initial_state(), loss=tf.constant(1.0),
+      gradients_finite=tf.constant(True), probe_error=tf.constant(-1.0),
+      ran_half=tf.zeros([0], tf.bool))
+    """,
+    "loss-aware precision policy: ran_half must be a scalar, got shape [0]",
+  )
+
+
+# TfExtXlaSpeedGateReady: the same CHECK failure on a non-scalar `ready`.
+def test_xla_speed_gate_ready_non_scalar_is_an_error_eagerly():
+  expect_error(
+    EAGER,
+    """
+    ops.tf_ext_xla_speed_gate_ready(ready=tf.zeros([4], tf.bool), gate="", clusters="c")
+    """,
+    "TfExtXlaSpeedGateReady: ready must be a scalar bool, got shape [4]",
+  )
+
+
+def test_xla_speed_gate_ready_empty_is_an_error_in_a_graph():
+  expect_error(
+    GRAPH,
+    """
+    ops.tf_ext_xla_speed_gate_ready(
+      ready=fed(np.zeros([0, 1], bool), tf.bool), gate="none", clusters="c")
+    """,
+    "TfExtXlaSpeedGateReady: ready must be a scalar bool, got shape [0,1]",
+  )
