@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PRELUDE = """
 import re, sys
 import numpy as np
@@ -141,4 +143,46 @@ def test_xla_speed_gate_ready_empty_is_an_error_in_a_graph():
       ready=fed(np.zeros([0, 1], bool), tf.bool), gate="none", clusters="c")
     """,
     "TfExtXlaSpeedGateReady: ready must be a scalar bool, got shape [0,1]",
+  )
+
+
+# TfExtTableFind with dim=0 on a table of dim 1: the dim check skipped 0, the output was sized
+# by 0 and written by the table's dim (SIGSEGV).
+@pytest.mark.parametrize("template", [EAGER, GRAPH], ids=["eager", "graph"])
+def test_table_find_with_dim_zero_is_an_error(template):
+  expect_error(
+    template,
+    """
+    ops.tf_ext_table_find(
+      table=table(dim=1), keys=tf.constant(1, tf.int64), gradient_anchor=tf.constant(0.0), dim=0)
+    """,
+    "dim is 1, the op expects 0",
+  )
+
+
+# A table input that is not one handle: TensorFlow's HandleFromInput reads element 0 unchecked,
+# past the end of an empty handle tensor fed to a graph.
+@pytest.mark.parametrize("count", [0, 2])
+def test_table_size_of_a_non_scalar_handle_is_an_error_in_a_graph(count):
+  expect_error(
+    GRAPH,
+    f"""
+    ops.tf_ext_table_size(table=tf.gather(tf.stack([table()]), tf.zeros([{count}], tf.int32)))
+    """,
+    f"TfExtTableSize: input 0 must be one table (a scalar resource handle), got shape [{count}]",
+  )
+
+
+# TfExtFusedEmbeddingLookup: the same unchecked read, for a field's table (SIGSEGV).
+def test_fused_lookup_of_an_empty_handle_is_an_error_in_a_graph():
+  expect_error(
+    GRAPH,
+    """
+    ops.tf_ext_fused_embedding_lookup(
+      tables=[tf.gather(tf.stack([table()]), tf.zeros([0], tf.int32))],
+      keys=[tf.constant([1], tf.int64)], segment_ids=[tf.constant([0], tf.int64)],
+      num_segments=[tf.constant(1, tf.int64)], concat_extras=[], dims=[1], combiners=["none"])
+    """,
+    "TfExtFusedEmbeddingLookup: input 0 must be one table (a scalar resource handle), got shape "
+    "[0]",
   )
