@@ -186,3 +186,18 @@ def test_fused_lookup_of_an_empty_handle_is_an_error_in_a_graph():
     "TfExtFusedEmbeddingLookup: input 0 must be one table (a scalar resource handle), got shape "
     "[0]",
   )
+
+
+# TfExtDynamicTable allowed an admission sketch of up to 2^32 counters per row, 16 rows (256 GiB),
+# allocated at creation: past the memory at hand the process went down (SIGSEGV under the
+# fuzzer's 4 GiB bound) or was killed for memory.
+def test_dynamic_table_with_an_oversized_admission_sketch_is_an_error():
+  expect_error(
+    EAGER,
+    """
+    ops.tf_ext_dynamic_table(
+      table_name="ab", shared_name="ab", key_dtype=tf.int64, dim=4, admission_min_count=2,
+      admission_sketch_width=2**32)
+    """,
+    "'ab': admission sketch of 4294967296 x 4 counters is over the limit of 268435456 counters",
+  )
