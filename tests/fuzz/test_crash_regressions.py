@@ -201,3 +201,19 @@ def test_dynamic_table_with_an_oversized_admission_sketch_is_an_error():
     """,
     "'ab': admission sketch of 4294967296 x 4 counters is over the limit of 268435456 counters",
   )
+
+
+# TfExtFusedEmbeddingLookup's shape function found field i's inputs by position, assuming N keys
+# tensors: with fewer, it read past the end of the inputs while the graph was built (SIGSEGV).
+def test_fused_lookup_with_fewer_keys_than_tables_is_an_error_when_the_graph_is_built():
+  expect_error(
+    GRAPH_BUILD,
+    """
+    ops.tf_ext_fused_embedding_lookup(
+      tables=[table(name=f"t{i}") for i in range(3)],
+      keys=[tf.constant(["a", "b"]), tf.constant("c")],
+      segment_ids=[tf.constant(0, tf.int64)] * 3, num_segments=[tf.constant(1, tf.int64)] * 3,
+      concat_extras=[], dims=[1, 1, 1], combiners=["sum", "sum", "sum"])
+    """,
+    "keys, dims and combiners must have N = 3 entries, got 2, 3 and 3",
+  )
