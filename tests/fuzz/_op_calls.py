@@ -63,7 +63,7 @@ class Call:
     self.draw = draw
     self.mode = mode
     self.dims = draw(st.lists(st.sampled_from([1, 2, 3, 0, 4, 5, 16]), min_size=1, max_size=3))
-    self.ints = list(self.dims)
+    self.ints = list(self.dims) + [-1]  # -1: the usual "none" (since_version, now_step)
     # How often this call breaks a rule on purpose (a wrong dtype, a wrong handle, an out of range
     # integer): from never, to reach the kernels' later code, to often, to test their checks.
     self.chaos = self.pick([0.0, 0.05, 0.2])
@@ -75,6 +75,13 @@ class Call:
   def pick(self, options):
     return self.draw(st.sampled_from(options))
 
+  def length(self, minimum=0):
+    """A list's length: often one the call already has (N tables, N keys, N dims)."""
+    if self.lengths and not self.chance(self.chaos * 2 + 0.2):
+      return self.pick(self.lengths)
+    length = self.pick([1, 2, 0, 3, 4])
+    return length if length >= minimum or self.chance(self.chaos) else minimum
+
   def chance(self, p):
     # True with probability p; shrinks to False.
     return self.draw(st.integers(0, 999)) >= 1000 * (1 - p)
@@ -83,7 +90,7 @@ class Call:
     if self.shapes and self.chance(0.4):
       shape = list(self.pick(self.shapes))
       if self.chance(0.5):
-        shape.append(self.pick(self.ints))  # keys.shape + [dim]
+        shape.append(self.pick(self.table_dims or self.ints))  # keys.shape + [dim]
     else:
       rank = self.pick([0, 1, 0, 1, 2, 0, 3, 1, 2, MAX_RANK])
       shape = [self.pick(self.dims + [0, 1]) for _ in range(rank)]
@@ -111,7 +118,7 @@ class Call:
       if self.chance(self.chaos / 2):
         return self.tensor("float32")  # not a handle at all
       return {"resource": self.resource()}
-    if self.chance(self.chaos / 2):
+    if self.chance(self.chaos / 4):
       dtype = self.pick(DTYPES)  # the wrong dtype
     spec = {"dtype": dtype, "shape": self.shape(), "elements": self.elements(dtype)}
     if dtype not in ("string", "bool") and self.chance(0.2):
@@ -162,8 +169,7 @@ class Call:
       return {"type": self.pick(allowed_types(attr) if not self.chance(self.chaos) else DTYPES)}
     if kind == "shape":
       return self.shape()
-    # Often as long as an input list (one entry per field).
-    length = self.pick(self.lengths + [0, 1, 2, 3, 4])
+    length = self.length(attr.minimum if attr.has_minimum else 0)
     self.lengths.append(length)
     if kind == "list(int)":
       return [self.int_attr(attr) for _ in range(length)]
@@ -207,8 +213,10 @@ def op_calls(draw, op_def, mode):
       call.ints.append(lengths[name])
       call.lengths.append(lengths[name])
     else:  # list(type)
-      size = call.pick(call.lengths + [0, 1, 2, 3])
+      size = call.length(attr.minimum if attr.has_minimum else 0)
       type_lists[name] = [call.pick(allowed_types(attr)) for _ in range(size)]
+      call.lengths.append(size)
+      call.key_types += [t for t in type_lists[name] if t in ("int64", "string")]
   inputs = {}
   for arg in op_def.input_arg:
     dtype = type_name(arg.type) if arg.type else types.get(arg.type_attr)

@@ -189,6 +189,10 @@ def run(ops, call):
     return {"outcome": "result"}
   except tf.errors.OpError as error:
     return {"outcome": "tf_error", "detail": f"{type(error).__name__}: {essence(error.message)}"}
+  except UnicodeDecodeError as error:
+    # A TensorFlow error whose message holds non-UTF-8 bytes (a path, a table name): Python
+    # cannot decode it. TensorFlow's own ops do the same (tf.raw_ops.ReadFile of such a path).
+    return {"outcome": "tf_error", "detail": f"UnicodeDecodeError: {error.reason}"}
   except (TypeError, ValueError, OverflowError, NotImplementedError) as error:
     # The generated wrapper (or op construction) refused the arguments.
     return {"outcome": "rejected", "detail": f"{type(error).__name__}: {str(error)[:300]}"}
