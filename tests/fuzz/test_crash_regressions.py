@@ -217,3 +217,33 @@ def test_fused_lookup_with_fewer_keys_than_tables_is_an_error_when_the_graph_is_
     """,
     "keys, dims and combiners must have N = 3 entries, got 2, 3 and 3",
   )
+
+
+# TfExtTopKCompress checked residual_offset + len(gradient) against the residual's size, and a
+# huge residual_offset overflowed into a pass: 2^63 - 1 wrapped to a pointer just before the
+# residual's buffer, which was then read and written (no crash, a silent heap corruption).
+def test_topk_compress_with_a_huge_residual_offset_is_an_error():
+  expect_error(
+    EAGER,
+    """
+    residual = tf.Variable(tf.zeros([4]))
+    ops.tf_ext_top_k_compress(
+      gradient=tf.ones([2]), residual=residual.handle, segment_lengths=[2], segment_counts=[1],
+      residual_offset=2**63 - 1)
+    """,
+    "residual must be a float32 vector of at least 9223372036854775809 entries",
+  )
+
+
+# Its residual handle had TensorFlow's unchecked HandleFromInput read too (SIGSEGV in a graph fed
+# an empty vector of handles).
+def test_topk_compress_of_an_empty_residual_handle_is_an_error_in_a_graph():
+  expect_error(
+    GRAPH,
+    """
+    ops.tf_ext_top_k_compress(
+      gradient=tf.ones([2]), segment_lengths=[2], segment_counts=[1],
+      residual=tf.gather(tf.stack([tf.Variable(tf.zeros([4])).handle]), tf.zeros([0], tf.int32)))
+    """,
+    "residual must be one variable (a scalar resource handle), got shape [0]",
+  )
