@@ -13,7 +13,7 @@
 #                open site/index.html, or serve it: python3 -m http.server -d site
 #   make sanitize  the C++ core tests under ThreadSanitizer and AddressSanitizer
 #   make fuzz-ops  every op of the library fuzzed from Python (tests/fuzz), EXAMPLES calls per op
-#                and mode (default 2000; `make test` runs 100), a new seed per run (SEED=N repeats
+#                and mode (default 1000; `make test` runs 100), a new seed per run (SEED=N repeats
 #                one), a failure shrunk to a small call
 #   make demo    examples/train_ctr.py
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
@@ -279,7 +279,7 @@ sanitize: setup
 
 # Issue 37's op fuzzer, longer than `make test`'s run of it: EXAMPLES calls per op and mode, a new
 # seed each run (printed; SEED=N repeats a run), a failing call shrunk and printed as corpus JSON.
-EXAMPLES  ?= 2000
+EXAMPLES  ?= 1000
 SEED      ?=
 FUZZ_SEED := $(or $(SEED),$(shell echo $$RANDOM))
 fuzz-ops: build
