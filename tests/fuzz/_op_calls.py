@@ -71,6 +71,9 @@ class Call:
     self.key_types = []  # the int64 and string types drawn so far, for tables' keys
     self.lengths = []  # the lengths of the input lists and list attrs
     self.table_dims = []
+    # The rank most of this call's tensors take (or none): ops of many scalars, or of many
+    # vectors, get through only when their inputs agree.
+    self.rank = self.pick([None, 0, 1])
 
   def pick(self, options):
     return self.draw(st.sampled_from(options))
@@ -92,7 +95,9 @@ class Call:
       if self.chance(0.5):
         shape.append(self.pick(self.table_dims or self.ints))  # keys.shape + [dim]
     else:
-      rank = self.pick([0, 1, 0, 1, 2, 0, 3, 1, 2, MAX_RANK])
+      rank = self.rank
+      if rank is None or self.chance(0.3):
+        rank = self.pick([0, 1, 0, 1, 2, 0, 3, 1, 2, MAX_RANK])
       shape = [self.pick(self.dims + [0, 1]) for _ in range(rank)]
     if shape and self.chance(self.chaos):  # huge, but empty
       shape[self.draw(st.integers(0, len(shape) - 1))] = self.pick([2**31, 2**40])
