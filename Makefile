@@ -12,6 +12,9 @@
 #   make docs    the docs site (MkDocs, API reference from the docstrings) into site/, offline;
 #                open site/index.html, or serve it: python3 -m http.server -d site
 #   make sanitize  the C++ core tests under ThreadSanitizer and AddressSanitizer
+#   make fuzz-ops  every op of the library fuzzed from Python (tests/fuzz), EXAMPLES calls per op
+#                and mode (default 1000; `make test` runs 100), a new seed per run (SEED=N repeats
+#                one), a failure shrunk to a small call
 #   make demo    examples/train_ctr.py
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
 #                columns: train_and_evaluate, export_saved_model, serving in a fresh process)
@@ -53,7 +56,8 @@
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
 #        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra"
-#        (make bench) or "--configs horovod,2d" (make bench-cluster),
+#        (make bench) or "--configs horovod,2d" (make bench-cluster), EXAMPLES=N and SEED=N
+#        (make fuzz-ops),
 #        VERBOSE=1 (TensorFlow's full C++ log; see "Quiet by default" below).
 
 SHELL := /bin/bash
@@ -122,7 +126,8 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
-        gpu-checks test-gpu bench-gpu-table sanitize demo bench bench-lifecycle bench-quality bench-amp bench-fusion bench-jit \
+        gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops demo bench bench-lifecycle \
+        bench-quality bench-amp bench-fusion bench-jit \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-harp \
         bench-harp-nccl demo-estimator clean distclean
 
@@ -281,6 +286,17 @@ CORE_TESTS = $(patsubst tests/%.cc,//tests:%,$(wildcard tests/kernels/*/*_test.c
 sanitize: setup
 	@cd $(ROOT) && $(BAZEL) test --config=tsan $(BAZEL_FLAGS) $(CORE_TESTS) && \
 	  $(BAZEL) test --config=asan $(BAZEL_FLAGS) $(CORE_TESTS) && echo "RESULT: sanitizers clean"
+
+# Issue 37's op fuzzer, longer than `make test`'s run of it: EXAMPLES calls per op and mode, a new
+# seed each run (printed; SEED=N repeats a run), a failing call shrunk and printed as corpus JSON.
+EXAMPLES  ?= 1000
+SEED      ?=
+FUZZ_SEED := $(or $(SEED),$(shell echo $$RANDOM))
+fuzz-ops: build
+	@cd $(ROOT) && start=$$(date +%s) && echo "[fuzz-ops] $(EXAMPLES) calls per op and mode, SEED=$(FUZZ_SEED)" && \
+	  $(call quiet,FUZZ_OPS_EXAMPLES=$(EXAMPLES) FUZZ_OPS_SEED=$(FUZZ_SEED) FUZZ_OPS_SHRINK=1 PYTHONPATH=$(ROOT) \
+	    $(VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests/fuzz/test_ops_fuzz.py) && \
+	  echo "[fuzz-ops] no crash, hang or allocation past the bound ($$(( $$(date +%s) - start ))s)"
 
 # tests/build/test_quiet_output.py runs `make -o build demo DEMO_ARGS=--quick` and checks its output.
 demo: build

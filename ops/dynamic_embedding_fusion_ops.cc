@@ -60,14 +60,24 @@ apply instead.
 
 namespace {
 
+// The per-field attrs, one entry per field. Tkeys too: the shape function finds field i's inputs
+// by position (keys at N + i, num_segments at 3N + i), past the end of the inputs unless there
+// are N keys tensors.
 Status FieldLists(InferenceContext* c, int* n, std::vector<int64_t>* dims,
                   std::vector<std::string>* combiners) {
+  std::vector<::tensorflow::DataType> key_types;
   TF_RETURN_IF_ERROR(c->GetAttr("N", n));
+  TF_RETURN_IF_ERROR(c->GetAttr("Tkeys", &key_types));
   TF_RETURN_IF_ERROR(c->GetAttr("dims", dims));
   TF_RETURN_IF_ERROR(c->GetAttr("combiners", combiners));
-  if (static_cast<int>(dims->size()) != *n || static_cast<int>(combiners->size()) != *n) {
-    return ::tensorflow::errors::InvalidArgument("dims and combiners must have N = ", *n,
-                                                 " entries");
+  if (static_cast<int>(key_types.size()) != *n || static_cast<int>(dims->size()) != *n ||
+      static_cast<int>(combiners->size()) != *n) {
+    return ::tensorflow::errors::InvalidArgument("keys, dims and combiners must have N = ", *n,
+                                                 " entries, got ", key_types.size(), ", ",
+                                                 dims->size(), " and ", combiners->size());
+  }
+  for (int64_t dim : *dims) {
+    if (dim < 0) return ::tensorflow::errors::InvalidArgument("dims must be >= 0, got ", dim);
   }
   return ::tensorflow::OkStatus();
 }

@@ -69,8 +69,9 @@ class FusedFieldsKernel : public OpKernel {
     fields->resize(n_);
     for (int i = 0; i < n_; ++i) {
       Field& field = (*fields)[i];
-      TF_RETURN_IF_ERROR(
-          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, i), &field.table));
+      const ::tensorflow::ResourceHandle* handle;
+      TF_RETURN_IF_ERROR(ScalarHandle(ctx, i, &handle));
+      TF_RETURN_IF_ERROR(::tensorflow::LookupResource(ctx, *handle, &field.table));
       const DynamicTable& table = *field.table;
       TF_RETURN_IF_ERROR(CheckPlacement(*this, /*kernel_on_gpu=*/false, table));
       if (table.key_dtype() != key_dtypes_[i] || table.dim() != dims_[i]) {

@@ -73,30 +73,50 @@ inline Status CheckPlacement(const OpKernel& kernel, bool kernel_on_gpu,
   return ::tensorflow::OkStatus();
 }
 
+// The table handle of input `input`, which must be a scalar: TensorFlow's HandleFromInput reads
+// element 0 unchecked, past the end of an empty handle tensor (which a graph can feed).
+inline Status ScalarHandle(OpKernelContext* ctx, int input,
+                           const ::tensorflow::ResourceHandle** handle) {
+  const Tensor& tensor = ctx->input(input);
+  if (!::tensorflow::TensorShapeUtils::IsScalar(tensor.shape())) {
+    return ::tensorflow::errors::InvalidArgument(
+        ctx->op_kernel().type_string(), ": input ", input,
+        " must be one table (a scalar resource handle), got shape ", tensor.shape().DebugString());
+  }
+  *handle = &tensor.scalar<::tensorflow::ResourceHandle>()();
+  return ::tensorflow::OkStatus();
+}
+
 // Base of the kernels that take a table as input 0: looks it up and checks key dtype and dim.
 class TableKernel : public OpKernel {
  public:
   explicit TableKernel(OpKernelConstruction* ctx)
       : OpKernel(ctx), on_gpu_(ctx->device_type() == ::tensorflow::DEVICE_GPU) {
-    if (ctx->HasAttr("dim")) OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    if (ctx->HasAttr("dim")) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+      has_dim_ = true;
+    }
     if (ctx->HasAttr("Tkey")) OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_dtype_));
   }
 
  protected:
   Status GetTable(OpKernelContext* ctx, RefCountPtr<DynamicTable>* table) {
-    TF_RETURN_IF_ERROR(
-        ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table));
+    const ::tensorflow::ResourceHandle* handle;
+    TF_RETURN_IF_ERROR(ScalarHandle(ctx, 0, &handle));
+    TF_RETURN_IF_ERROR(::tensorflow::LookupResource(ctx, *handle, table));
     if (key_dtype_ != ::tensorflow::DT_INVALID && key_dtype_ != (*table)->key_dtype()) {
       return (*table)->Invalid("keys must be ", DataTypeString((*table)->key_dtype()), ", got ",
                                DataTypeString(key_dtype_));
     }
-    if (dim_ != 0 && dim_ != (*table)->dim()) {
+    // Every dim is checked, 0 included: the kernels size their outputs and strides by dim_.
+    if (has_dim_ && dim_ != (*table)->dim()) {
       return (*table)->Invalid("dim is ", (*table)->dim(), ", the op expects ", dim_);
     }
     return CheckPlacement(*this, on_gpu_, **table);
   }
 
   const bool on_gpu_;  // registered for, and running on, a GPU
+  bool has_dim_ = false;
   int dim_ = 0;
   DataType key_dtype_ = ::tensorflow::DT_INVALID;
 };

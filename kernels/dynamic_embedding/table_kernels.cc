@@ -23,6 +23,9 @@
 namespace tf_ext {
 namespace {
 
+// The most counters (4 bytes each) an admission sketch may have: 1 GiB.
+constexpr int64_t kMaxSketchCounters = int64_t{1} << 28;
+
 class DynamicTableOp : public OpKernel {
  public:
   explicit DynamicTableOp(OpKernelConstruction* ctx)
@@ -56,6 +59,14 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES(ctx, sketch_depth >= 1 && sketch_depth <= 16,
                 ::tensorflow::errors::InvalidArgument(
                     prefix, "admission sketch depth must be in [1, 16], got ", sketch_depth));
+    // A sketch (min_count above 1, not exact) is allocated whole when the table is created: a
+    // width past this bound failed its allocation there, taking the process down.
+    const bool sketch = admission_.min_count > 1 && !admission_.exact;
+    OP_REQUIRES(ctx, !sketch || sketch_width * sketch_depth <= kMaxSketchCounters,
+                ::tensorflow::errors::InvalidArgument(
+                    prefix, "admission sketch of ", sketch_width, " x ", sketch_depth,
+                    " counters is over the limit of ", kMaxSketchCounters, " counters (",
+                    kMaxSketchCounters * 4 >> 20, " MiB)"));
     admission_.sketch_width = sketch_width;
     admission_.sketch_depth = static_cast<int>(sketch_depth);
   }

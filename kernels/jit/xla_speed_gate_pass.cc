@@ -31,6 +31,7 @@
 #include "kernels/jit/core/speed_gate.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/graph/graph.h"
 #include "tensorflow/core/graph/node_builder.h"
 #include "tensorflow/core/platform/env.h"
@@ -89,7 +90,12 @@ class XlaSpeedGateReadyOp : public OpKernel {
   explicit XlaSpeedGateReadyOp(OpKernelConstruction* ctx) : OpKernel(ctx), gate_(GateOf(ctx)) {}
 
   void Compute(OpKernelContext* ctx) override {
-    gate_->Ready(ctx->step_id(), ctx->input(0).scalar<bool>()());
+    const ::tensorflow::Tensor& ready = ctx->input(0);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(ready.shape()),
+                ::tensorflow::errors::InvalidArgument(
+                    "TfExtXlaSpeedGateReady: ready must be a scalar bool, got shape ",
+                    ready.shape().DebugString()));
+    gate_->Ready(ctx->step_id(), ready.scalar<bool>()());
   }
 
  private:

@@ -44,22 +44,35 @@ class TopKCompressOp : public OpKernel {
         ctx, gradient.dims() == 1 && gradient.NumElements() == plan_.total_length,
         InvalidArgument("TOPK compression '", name(), "': gradient must be a vector of ",
                         plan_.total_length, " floats, got shape ", gradient.shape().DebugString()));
+    // One handle: TensorFlow's HandleFromInput reads element 0 unchecked (past the end of an
+    // empty handle tensor, which a graph can feed).
+    const Tensor& handle = ctx->input(1);
+    OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(handle.shape()),
+                InvalidArgument("TOPK compression '", name(),
+                                "': residual must be one variable (a scalar resource handle), "
+                                "got shape ",
+                                handle.shape().DebugString()));
     ::tensorflow::core::RefCountPtr<Var> var;
-    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 1), &var));
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, handle.scalar<::tensorflow::ResourceHandle>()(), &var));
     ::tensorflow::mutex_lock lock(*var->mu());
     OP_REQUIRES(ctx, var->is_initialized,
                 FailedPrecondition("TOPK compression '", name(), "': residual not initialized"));
     Tensor* residual = var->tensor();
-    OP_REQUIRES(ctx,
-                residual->dtype() == ::tensorflow::DT_FLOAT && residual->dims() == 1 &&
-                    residual->NumElements() >= residual_offset_ + plan_.total_length,
-                InvalidArgument("TOPK compression '", name(),
-                                "': residual must be a float32 "
-                                "vector of at least ",
-                                residual_offset_ + plan_.total_length, " entries (offset ",
-                                residual_offset_, " + ", plan_.total_length, "), got ",
-                                ::tensorflow::DataTypeString(residual->dtype()), " ",
-                                residual->shape().DebugString()));
+    // Written so that a huge residual_offset cannot overflow into a pass (it did: 2^63 - 1
+    // wrapped to a pointer before the residual's buffer, which was then read and written).
+    OP_REQUIRES(
+        ctx,
+        residual->dtype() == ::tensorflow::DT_FLOAT && residual->dims() == 1 &&
+            residual->NumElements() >= plan_.total_length &&
+            residual_offset_ <= residual->NumElements() - plan_.total_length,
+        InvalidArgument(
+            "TOPK compression '", name(),
+            "': residual must be a float32 "
+            "vector of at least ",
+            // Both are >= 0: their sum is exact in 64 unsigned bits.
+            static_cast<uint64_t>(residual_offset_) + static_cast<uint64_t>(plan_.total_length),
+            " entries (offset ", residual_offset_, " + ", plan_.total_length, "), got ",
+            ::tensorflow::DataTypeString(residual->dtype()), " ", residual->shape().DebugString()));
     if (!residual->RefCountIsOne()) {  // someone still reads the old value: update a copy
       Tensor copy;
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, residual->shape(), &copy));

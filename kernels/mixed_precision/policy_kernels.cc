@@ -1,5 +1,6 @@
 // CPU kernels of the loss-aware precision policy: attributes and tensors in, the core
 // (kernels/mixed_precision/core) decides.
+#include <initializer_list>
 #include <string>
 
 #include "kernels/mixed_precision/core/loss_aware_policy.h"
@@ -46,6 +47,21 @@ Status ReadConfig(OpKernelConstruction* ctx, amp::PolicyConfig* config) {
   return ::tensorflow::OkStatus();
 }
 
+// Inputs first, first + 1, ... (named `names`) must be scalars: a graph's shape function checks
+// that only where the shapes are known; eagerly, or fed from a placeholder, only the kernel can.
+Status CheckScalars(OpKernelContext* ctx, int first, std::initializer_list<const char*> names,
+                    const char* what) {
+  int i = first;
+  for (const char* name : names) {
+    const TensorShape& shape = ctx->input(i++).shape();
+    if (!TensorShapeUtils::IsScalar(shape)) {
+      return InvalidArgument(what, ": ", name, " must be a scalar, got shape ",
+                             shape.DebugString());
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
 class PolicyInitialStateOp : public OpKernel {
  public:
   explicit PolicyInitialStateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -79,10 +95,9 @@ class PolicyStepOp : public OpKernel {
             state_in.NumElements() == amp::PolicyState::kSize,
         InvalidArgument("loss-aware precision policy: state must have shape [",
                         amp::PolicyState::kSize, "], got ", state_in.shape().DebugString()));
-    for (int i = 1; i < 4; ++i) {
-      OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(ctx->input(i).shape()),
-                  InvalidArgument("loss-aware precision policy: input ", i, " must be a scalar"));
-    }
+    OP_REQUIRES_OK(ctx,
+                   CheckScalars(ctx, 1, {"loss", "gradients_finite", "probe_error", "ran_half"},
+                                "loss-aware precision policy"));
     amp::PolicyState state = amp::PolicyState::FromArray(state_in.flat<double>().data());
     amp::Observation seen;
     seen.loss = ctx->input(1).scalar<float>()();
@@ -116,6 +131,7 @@ class ProbeOp : public OpKernel {
  public:
   explicit ProbeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
   void Compute(OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, CheckScalars(ctx, 0, {"loss", "reference", "probed"}, "precision probe"));
     Tensor* error = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &error));
     const bool probed = ctx->input(2).scalar<bool>()();
