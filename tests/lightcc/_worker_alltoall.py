@@ -1,0 +1,194 @@
+"""Rank program: dynamic embedding tables split across ranks (distribution="alltoall").
+
+Each rank trains on its part of every global batch; on every rank, the result must equal a plain
+table and the same dense weights trained in this one process on the whole global batch (the
+reference, computed here too), for SGD, Adagrad, Adam and FTRL:
+  - each rank holds exactly the reference's rows of the ids it owns (values to float tolerance),
+  - a lookup of every id, through the exchange, gives the reference's rows,
+  - the dense weights equal the reference's.
+
+MODE=tape: tf.function + tf_ext.lightcc.DistributedGradientTape (Horovod's, LIGHT_* off), int64
+and string keys, ragged ids with a combiner, and Horovod's own tape (which allgathers the table
+gradients: slower, same result). MODE=keras: Keras fit with tf_ext.lightcc.keras's
+DistributedOptimizer. MODE=lightcc: the tape with LIGHT_FUSION on (LightCC's reduce stage).
+MODE=mismatch: the ranks create the table with different dims: a ValueError on every rank.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.environ["TF_EXT_ROOT"])
+import horovod.tensorflow as horovod  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from _rank_checks import finish  # noqa: E402
+
+import tf_ext  # noqa: E402
+import tf_ext.lightcc as hvd  # noqa: E402
+import tf_ext.lightcc.keras as hvd_keras  # noqa: E402
+
+MODE = os.environ["MODE"]
+hvd.init(light_fusion=1 if MODE == "lightcc" else 0)
+rank, size = hvd.rank(), hvd.size()
+ROWS, STEPS, DIM, IDS_PER_ROW = 6, 3, 4, 3
+rng = np.random.default_rng(11)
+# [steps, global batch, ids]: few distinct ids, so ranks share ids and rows repeat in a batch.
+GLOBAL_IDS = rng.integers(0, 20, size=(STEPS, ROWS * size, IDS_PER_ROW)).astype(np.int64)
+GLOBAL_LABELS = rng.normal(size=(STEPS, ROWS * size, 1)).astype(np.float32)
+MINE = slice(rank * ROWS, (rank + 1) * ROWS)
+OPTIMIZERS = {
+  "sgd": lambda: tf.keras.optimizers.SGD(0.5),
+  "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3),
+  "adam": lambda: tf.keras.optimizers.Adam(0.05),
+  "ftrl": lambda: tf.keras.optimizers.Ftrl(0.3, l1_regularization_strength=0.001),
+}
+failures, cases = [], 0
+
+
+def check(label, ok, detail=""):
+  global cases
+  cases += 1
+  if not ok:
+    failures.append(f"rank {rank}: {label} {detail}")
+
+
+def as_keys(ids, key_dtype):
+  if key_dtype == tf.int64:
+    return ids
+  # Bytes that are not text, an empty key and a shared prefix: keys travel whole.
+  return np.vectorize(lambda i: b"" if i == 0 else b"k\x00\xff" + bytes([i]) * (i % 4))(ids)
+
+
+def check_tables(label, table, reference, key_dtype):
+  keys, values = (t.numpy() for t in table.export())
+  ref_keys, ref_values = (t.numpy() for t in reference.export())
+  owned = table.owner_of(ref_keys).numpy() == rank
+  check(f"{label}: owned ids", sorted(keys.tolist()) == sorted(ref_keys[owned].tolist()))
+  check(
+    f"{label}: owned rows",
+    np.allclose(values, reference.lookup(keys).numpy(), atol=1e-5),
+    np.abs(values - reference.lookup(keys).numpy()).max() if len(keys) else "",
+  )
+  every_id = as_keys(GLOBAL_IDS[0], key_dtype)
+  check(
+    f"{label}: lookup through the exchange",
+    np.allclose(table.lookup(every_id).numpy(), reference.lookup(every_id).numpy(), atol=1e-5),
+  )
+  del ref_values
+
+
+def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tape_of=None):
+  """Trains an all-to-all table and a reference; compares them."""
+  tape_of = tape_of or hvd.DistributedGradientTape
+  tables = {
+    which: tf_ext.get_dynamic_embedding_variable(
+      f"{label}_{which}",
+      DIM,
+      key_dtype=key_dtype,
+      distribution="alltoall" if which == "split" else None,
+    )
+    for which in ("split", "reference")
+  }
+  start = np.linspace(-0.5, 0.5, DIM, dtype=np.float32)[:, None]
+  weights = {which: tf.Variable(start) for which in tables}
+  optimizers = {
+    which: tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]()) for which in tables
+  }
+
+  def loss_of(which, ids, labels):
+    if ragged:
+      ids = tf.RaggedTensor.from_tensor(ids, lengths=tf.fill([tf.shape(ids)[0]], 2))
+    embedded = tf_ext.embedding_lookup(tables[which], ids, combiner="mean")
+    return tf.reduce_mean(tf.square(embedded @ weights[which] - labels))
+
+  @tf.function
+  def split_step(ids, labels):
+    with tf.GradientTape() as tape:
+      loss = loss_of("split", ids, labels)
+    tape = tape_of(tape)
+    variables = [tables["split"].gradient_anchor, weights["split"]]
+    optimizers["split"].apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+  @tf.function
+  def reference_step(ids, labels):
+    with tf.GradientTape() as tape:
+      loss = loss_of("reference", ids, labels)
+    variables = [tables["reference"].gradient_anchor, weights["reference"]]
+    optimizers["reference"].apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+  for step in range(STEPS):
+    ids = as_keys(GLOBAL_IDS[step], key_dtype)
+    split_step(ids[MINE], GLOBAL_LABELS[step][MINE])
+    reference_step(ids, GLOBAL_LABELS[step])
+  graph = split_step.get_concrete_function(ids[MINE], GLOBAL_LABELS[0][MINE]).graph
+  allgathers = sum(op.type == "HorovodAllgather" for op in graph.get_operations())
+  # Horovod's own tape allgathers the table's gradients (each owner keeps its part); tf_ext's
+  # wrappers leave them to the all-to-all.
+  check(
+    f"{label}: allgathers", allgathers == (2 if tape_of is not hvd.DistributedGradientTape else 0)
+  )
+  check_tables(label, tables["split"], tables["reference"], key_dtype)
+  check(
+    f"{label}: dense weights",
+    np.allclose(weights["split"].numpy(), weights["reference"].numpy(), atol=1e-5),
+  )
+
+
+def train_with_fit(label, optimizer_name):
+  """Keras fit: every rank fits its part of each global batch; the reference fits them all."""
+
+  def model_of(distribution):
+    ids = tf.keras.Input(shape=(IDS_PER_ROW,), dtype=tf.int64)
+    embedded = tf_ext.keras.layers.DynamicEmbedding(
+      DIM, combiner="sum", distribution=distribution, name=f"{label}_{distribution}"
+    )(ids)
+    out = tf.keras.layers.Dense(1, kernel_initializer="ones", name=f"{label}_dense")(embedded)
+    return tf.keras.Model(ids, out)
+
+  split, reference = model_of("alltoall"), model_of(None)
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]())
+  split.compile(hvd_keras.DistributedOptimizer(optimizer), "mse")
+  reference.compile(tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]()), "mse")
+  split.fit(
+    np.concatenate([GLOBAL_IDS[s][MINE] for s in range(STEPS)]),
+    np.concatenate([GLOBAL_LABELS[s][MINE] for s in range(STEPS)]),
+    batch_size=ROWS,
+    shuffle=False,
+    verbose=0,
+  )
+  reference.fit(
+    np.concatenate(list(GLOBAL_IDS)),
+    np.concatenate(list(GLOBAL_LABELS)),
+    batch_size=ROWS * size,
+    shuffle=False,
+    verbose=0,
+  )
+  check_tables(label, split.layers[1].table, reference.layers[1].table, tf.int64)
+  check(
+    f"{label}: dense weights",
+    all(
+      np.allclose(a, b, atol=1e-5)
+      for a, b in zip(split.layers[2].get_weights(), reference.layers[2].get_weights())
+    ),
+  )
+
+
+if MODE == "tape":
+  for name in OPTIMIZERS:
+    train_with_tape(f"tape_{name}", name)
+  train_with_tape("strings", "adam", key_dtype=tf.string)
+  train_with_tape("ragged", "adagrad", ragged=True)
+  train_with_tape("horovod_tape", "ftrl", tape_of=horovod.DistributedGradientTape)
+elif MODE == "lightcc":
+  train_with_tape("lightcc_adam", "adam")
+elif MODE == "keras":
+  for name in OPTIMIZERS:
+    train_with_fit(f"fit_{name}", name)
+elif MODE == "mismatch":
+  try:
+    tf_ext.get_dynamic_embedding_variable("mismatched", 4 + 4 * rank, distribution="alltoall")
+    check("mismatched dims", False, "no error")
+  except ValueError as error:
+    print(f"rank {rank}: {error}", flush=True)
+    check("mismatched dims", "ranks [1]" in str(error) and "'mismatched'" in str(error))
+finish(rank, cases, failures)
