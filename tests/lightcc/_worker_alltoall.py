@@ -7,11 +7,13 @@ reference, computed here too), for SGD, Adagrad, Adam and FTRL:
   - a lookup of every id, through the exchange, gives the reference's rows,
   - the dense weights equal the reference's.
 
-MODE=tape: tf.function + tf_ext.lightcc.DistributedGradientTape (Horovod's, LIGHT_* off), int64
-and string keys, ragged ids with a combiner, and Horovod's own tape (which allgathers the table
-gradients: slower, same result). MODE=keras: Keras fit with tf_ext.lightcc.keras's
-DistributedOptimizer. MODE=lightcc: the tape with LIGHT_FUSION on (LightCC's reduce stage).
-MODE=mismatch: the ranks create the table with different dims: a ValueError on every rank.
+MODE=tape (tape4: fewer cases, for 4 ranks): tf.function + tf_ext.lightcc.DistributedGradientTape
+(Horovod's, LIGHT_* off), int64 and string keys, ragged ids with a combiner, and Horovod's own tape
+(which allgathers the table gradients: slower, same result). MODE=keras: Keras fit with
+tf_ext.lightcc.keras's DistributedOptimizer. MODE=lightcc: the tape with LIGHT_FUSION on
+(LightCC's reduce stage). MODE=tf1: a TF1 Session with Horovod's v1 DistributedOptimizer, outside
+and inside the tables' wrapper. MODE=mismatch: the ranks create the table with different dims: a
+ValueError on every rank.
 """
 
 import os
@@ -28,6 +30,8 @@ import tf_ext.lightcc as hvd  # noqa: E402
 import tf_ext.lightcc.keras as hvd_keras  # noqa: E402
 
 MODE = os.environ["MODE"]
+if MODE == "tf1":
+  tf.compat.v1.disable_eager_execution()
 hvd.init(light_fusion=1 if MODE == "lightcc" else 0)
 rank, size = hvd.rank(), hvd.size()
 ROWS, STEPS, DIM, IDS_PER_ROW = 6, 3, 4, 3
@@ -75,6 +79,9 @@ def check_tables(label, table, reference, key_dtype):
     np.allclose(table.lookup(every_id).numpy(), reference.lookup(every_id).numpy(), atol=1e-5),
   )
   del ref_values
+  whole = table.statistics(aggregate=True)
+  check(f"{label}: aggregated size", whole["size"].numpy() == len(ref_keys), whole["size"])
+  check(f"{label}: this rank's size", table.statistics()["size"].numpy() == len(keys))
 
 
 def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tape_of=None):
@@ -121,12 +128,15 @@ def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tap
     split_step(ids[MINE], GLOBAL_LABELS[step][MINE])
     reference_step(ids, GLOBAL_LABELS[step])
   graph = split_step.get_concrete_function(ids[MINE], GLOBAL_LABELS[0][MINE]).graph
-  allgathers = sum(op.type == "HorovodAllgather" for op in graph.get_operations())
-  # Horovod's own tape allgathers the table's gradients (each owner keeps its part); tf_ext's
-  # wrappers leave them to the all-to-all.
-  check(
-    f"{label}: allgathers", allgathers == (2 if tape_of is not hvd.DistributedGradientTape else 0)
-  )
+  # (Horovod reduces in functions of its own, nested in the step's graph.)
+  graph_def = graph.as_graph_def()
+  op_types = [n.op for n in graph_def.node]
+  op_types += [n.op for f in graph_def.library.function for n in f.node_def]
+  allgathers = sum("Allgather" in op_type for op_type in op_types)
+  # Horovod's own tape allgathers the table's gradients (each owner keeps its part: the result
+  # is the same); tf_ext's wrappers leave them to the all-to-all.
+  horovods_own = tape_of is not hvd.DistributedGradientTape
+  check(f"{label}: allgathers", (allgathers > 0) == horovods_own, allgathers)
   check_tables(label, tables["split"], tables["reference"], key_dtype)
   check(
     f"{label}: dense weights",
@@ -173,12 +183,64 @@ def train_with_fit(label, optimizer_name):
   )
 
 
-if MODE == "tape":
+def train_in_a_session(label, make_optimizer, distributed_outside):
+  """TF1 graph mode: Saver-era optimizers, hvd.DistributedOptimizer outside or inside the
+  tables' wrapper; rows and weights compared after training, in the session."""
+  ids = tf.compat.v1.placeholder(tf.int64, [None, IDS_PER_ROW])
+  labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
+  train_ops, tables, weights = {}, {}, {}
+  for which in ("split", "reference"):
+    tables[which] = tf_ext.get_dynamic_embedding_variable(
+      f"{label}_{which}", DIM, distribution="alltoall" if which == "split" else None
+    )
+    weights[which] = tf.compat.v1.get_variable(
+      f"{label}_{which}_w", initializer=np.linspace(-0.5, 0.5, DIM, dtype=np.float32)[:, None]
+    )
+    embedded = tf_ext.embedding_lookup(tables[which], ids, combiner="sqrtn")
+    loss = tf.reduce_mean(tf.square(embedded @ weights[which] - labels))
+    optimizer = make_optimizer()
+    if which == "split":
+      if distributed_outside:
+        optimizer = hvd.DistributedOptimizer(tf_ext.DynamicEmbeddingOptimizer(optimizer))
+      else:
+        optimizer = tf_ext.DynamicEmbeddingOptimizer(hvd.DistributedOptimizer(optimizer))
+    else:
+      optimizer = tf_ext.DynamicEmbeddingOptimizer(optimizer)
+    train_ops[which] = optimizer.minimize(loss)
+  probe = tf.constant(GLOBAL_IDS[0])
+  found = {which: tables[which].lookup(probe) for which in tables}
+  exported = tables["split"].export()
+  with tf.compat.v1.Session() as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    for step in range(STEPS):
+      session.run(
+        train_ops["split"], {ids: GLOBAL_IDS[step][MINE], labels: GLOBAL_LABELS[step][MINE]}
+      )
+      session.run(train_ops["reference"], {ids: GLOBAL_IDS[step], labels: GLOBAL_LABELS[step]})
+    keys, values = session.run(exported)
+    mine = session.run(tables["reference"].lookup(keys))
+    check(f"{label}: owned rows", len(keys) > 0 and np.allclose(values, mine, atol=1e-5))
+    split_rows, reference_rows = session.run([found["split"], found["reference"]])
+    check(
+      f"{label}: lookup through the exchange", np.allclose(split_rows, reference_rows, atol=1e-5)
+    )
+    w_split, w_reference = session.run([weights["split"], weights["reference"]])
+    check(f"{label}: dense weights", np.allclose(w_split, w_reference, atol=1e-5))
+
+
+if MODE == "tf1":
+  train_in_a_session("tf1_adagrad", lambda: tf.compat.v1.train.AdagradOptimizer(0.3), True)
+  train_in_a_session("tf1_adam", lambda: tf.compat.v1.train.AdamOptimizer(0.05), False)
+  train_in_a_session("tf1_ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.3), True)
+elif MODE == "tape":
   for name in OPTIMIZERS:
     train_with_tape(f"tape_{name}", name)
   train_with_tape("strings", "adam", key_dtype=tf.string)
   train_with_tape("ragged", "adagrad", ragged=True)
   train_with_tape("horovod_tape", "ftrl", tape_of=horovod.DistributedGradientTape)
+elif MODE == "tape4":  # four ranks: fewer cases
+  train_with_tape("tape4_adam", "adam")
+  train_with_tape("tape4_strings", "ftrl", key_dtype=tf.string)
 elif MODE == "lightcc":
   train_with_tape("lightcc_adam", "adam")
 elif MODE == "keras":

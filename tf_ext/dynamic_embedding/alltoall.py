@@ -21,7 +21,7 @@ import sys
 import tensorflow as tf
 
 from tf_ext import rank_local_gradients
-from tf_ext.dynamic_embedding import sharded
+from tf_ext.dynamic_embedding import lifecycle, sharded
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 ALLTOALL = "alltoall"
@@ -199,6 +199,18 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     with tf.name_scope(name or f"{self._name}_remove"):
       received, _, _, _ = self._send(tf.reshape(keys, [-1]))
       return super().remove(received)
+
+  def statistics(self, name=None, *, aggregate=False):
+    """This rank's part's statistics (see DynamicEmbeddingVariable.statistics); with
+    aggregate=True the whole table's, summed over the ranks (a collective). Lookups count the ids
+    each owner was sent: every rank's distinct ids of a lookup."""
+    stats = super().statistics(name)
+    if not aggregate:
+      return stats
+    with tf.name_scope(name or f"{self._name}_statistics"):
+      counts = tf.stack([stats[key] for key in lifecycle.STATISTICS])
+      summed = self._hvd.allreduce(counts, op=self._hvd.Sum)
+      return lifecycle.statistics_dict(tf.unstack(summed, num=len(lifecycle.STATISTICS)))
 
   def owned_gradient(self, gradient):
     """The part of the IndexedSlices `gradient` of this table's anchor that this rank owns: all
