@@ -12,8 +12,9 @@ MODE=tape (tape4: fewer cases, for 4 ranks): tf.function + tf_ext.lightcc.Distri
 (which allgathers the table gradients: slower, same result). MODE=keras: Keras fit with
 tf_ext.lightcc.keras's DistributedOptimizer. MODE=lightcc: the tape with LIGHT_FUSION on
 (LightCC's reduce stage). MODE=tf1: a TF1 Session with Horovod's v1 DistributedOptimizer, outside
-and inside the tables' wrapper. MODE=mismatch: the ranks create the table with different dims: a
-ValueError on every rank.
+and inside the tables' wrapper, and a dynamic_embedding_column. MODE=checkpoint: each rank's
+checkpoint, and the one process's, restored into split tables. MODE=mismatch: the ranks create
+the table with different dims: a ValueError on every rank.
 """
 
 import os
@@ -28,6 +29,7 @@ from _rank_checks import finish  # noqa: E402
 import tf_ext  # noqa: E402
 import tf_ext.lightcc as hvd  # noqa: E402
 import tf_ext.lightcc.keras as hvd_keras  # noqa: E402
+from tf_ext.dynamic_embedding.live_tables import tables as live_tables  # noqa: E402
 
 MODE = os.environ["MODE"]
 if MODE == "tf1":
@@ -85,7 +87,7 @@ def check_tables(label, table, reference, key_dtype):
 
 
 def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tape_of=None):
-  """Trains an all-to-all table and a reference; compares them."""
+  """Trains an all-to-all table and a reference; compares them; returns the two tables."""
   tape_of = tape_of or hvd.DistributedGradientTape
   tables = {
     which: tf_ext.get_dynamic_embedding_variable(
@@ -142,6 +144,37 @@ def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tap
     f"{label}: dense weights",
     np.allclose(weights["split"].numpy(), weights["reference"].numpy(), atol=1e-5),
   )
+  return tables["split"], tables["reference"]
+
+
+def restore_checkpoints(directory):
+  """Each rank saves its part and restores it into a new table; every rank restores the one
+  process's (reference) table into a new split table, which keeps the rank's ids. tf.train.
+  Checkpoint and a .keras-style import both."""
+  split, reference = train_with_tape("saved", "adam")
+  rank_prefix = tf.train.Checkpoint(table=split).write(f"{directory}/rank_{rank}/ckpt")
+  reference_prefix = f"{directory}/reference/ckpt"
+  if rank == 0:
+    tf.train.Checkpoint(table=reference).write(reference_prefix)
+  hvd.allreduce(tf.constant(0.0))  # (rank 0 has written the reference's checkpoint)
+  ref_keys, ref_values = (t.numpy() for t in reference.export())
+  owned = split.owner_of(ref_keys).numpy() == rank
+  for source, prefix in (("own part", rank_prefix), ("one process", reference_prefix)):
+    restored = tf_ext.get_dynamic_embedding_variable(
+      f"restored_{source.replace(' ', '_')}", DIM, distribution="alltoall"
+    )
+    tf.train.Checkpoint(table=restored).read(prefix).assert_consumed()
+    keys, values = (t.numpy() for t in restored.export())
+    order = np.argsort(keys)
+    check(f"restored from {source}: ids", sorted(keys) == sorted(ref_keys[owned]))
+    check(
+      f"restored from {source}: rows",
+      np.allclose(values[order], reference.lookup(keys[order]).numpy(), atol=1e-5),
+    )
+  imported = tf_ext.get_dynamic_embedding_variable("imported", DIM, distribution="alltoall")
+  imported.import_with_slots(*reference.export_with_slots())
+  check("imported: ids", sorted(imported.export()[0].numpy()) == sorted(ref_keys[owned]))
+  del ref_values
 
 
 def train_with_fit(label, optimizer_name):
@@ -183,20 +216,33 @@ def train_with_fit(label, optimizer_name):
   )
 
 
-def train_in_a_session(label, make_optimizer, distributed_outside):
+def train_in_a_session(label, make_optimizer, distributed_outside, column=False):
   """TF1 graph mode: Saver-era optimizers, hvd.DistributedOptimizer outside or inside the
-  tables' wrapper; rows and weights compared after training, in the session."""
+  tables' wrapper; rows and weights compared after training, in the session. column=True: the
+  table is a dynamic_embedding_column's, looked up by input_layer."""
   ids = tf.compat.v1.placeholder(tf.int64, [None, IDS_PER_ROW])
   labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
   train_ops, tables, weights = {}, {}, {}
   for which in ("split", "reference"):
-    tables[which] = tf_ext.get_dynamic_embedding_variable(
-      f"{label}_{which}", DIM, distribution="alltoall" if which == "split" else None
-    )
+    distribution = "alltoall" if which == "split" else None
     weights[which] = tf.compat.v1.get_variable(
       f"{label}_{which}_w", initializer=np.linspace(-0.5, 0.5, DIM, dtype=np.float32)[:, None]
     )
-    embedded = tf_ext.embedding_lookup(tables[which], ids, combiner="sqrtn")
+    if column:
+      embedding_column = tf_ext.feature_column.dynamic_embedding_column(
+        tf.feature_column.categorical_column_with_identity("id", 20),
+        DIM,
+        combiner="sqrtn",
+        distribution=distribution,
+      )
+      with tf.compat.v1.variable_scope(f"{label}_{which}"):
+        embedded = tf.compat.v1.feature_column.input_layer({"id": ids}, [embedding_column])
+      (tables[which],) = [t for t in live_tables() if t.name.startswith(f"{label}_{which}/")]
+    else:
+      tables[which] = tf_ext.get_dynamic_embedding_variable(
+        f"{label}_{which}", DIM, distribution=distribution
+      )
+      embedded = tf_ext.embedding_lookup(tables[which], ids, combiner="sqrtn")
     loss = tf.reduce_mean(tf.square(embedded @ weights[which] - labels))
     optimizer = make_optimizer()
     if which == "split":
@@ -232,6 +278,9 @@ if MODE == "tf1":
   train_in_a_session("tf1_adagrad", lambda: tf.compat.v1.train.AdagradOptimizer(0.3), True)
   train_in_a_session("tf1_adam", lambda: tf.compat.v1.train.AdamOptimizer(0.05), False)
   train_in_a_session("tf1_ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.3), True)
+  train_in_a_session(
+    "tf1_column", lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5), False, column=True
+  )
 elif MODE == "tape":
   for name in OPTIMIZERS:
     train_with_tape(f"tape_{name}", name)
@@ -246,6 +295,8 @@ elif MODE == "lightcc":
 elif MODE == "keras":
   for name in OPTIMIZERS:
     train_with_fit(f"fit_{name}", name)
+elif MODE == "checkpoint":
+  restore_checkpoints(os.environ["CHECKPOINT_DIR"])
 elif MODE == "mismatch":
   try:
     tf_ext.get_dynamic_embedding_variable("mismatched", 4 + 4 * rank, distribution="alltoall")

@@ -10,8 +10,8 @@ from _launch import assert_ok, horovodrun
 import tf_ext
 
 
-def _run(mode, ranks=2):
-  proc = horovodrun("_worker_alltoall.py", ranks=ranks, timeout=300, MODE=mode)
+def _run(mode, ranks=2, **env):
+  proc = horovodrun("_worker_alltoall.py", ranks=ranks, timeout=300, MODE=mode, **env)
   assert_ok(proc)
   summaries = re.findall(r"rank \d+: (\d+) cases, 0 failures", proc.stdout)
   assert len(summaries) == ranks and all(int(n) > 0 for n in summaries), proc.stdout
@@ -36,6 +36,10 @@ def test_tf1_session_training_with_horovods_v1_optimizer_in_either_order_equals_
 
 def test_lightcc_reduce_stage_leaves_the_table_gradients_to_the_all_to_all():
   _run("lightcc")
+
+
+def test_each_rank_restores_its_own_checkpoint_or_its_part_of_a_one_process_checkpoint(tmp_path):
+  _run("checkpoint", CHECKPOINT_DIR=tmp_path)
 
 
 def test_ranks_that_create_the_table_with_different_dims_get_an_error_naming_them():

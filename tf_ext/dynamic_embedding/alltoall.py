@@ -13,7 +13,9 @@ Each rank holds the rows of the ids it owns: rank `TfExtShardOf(id, size)` (the 
   anchor is rank-local (tf_ext/rank_local_gradients.py): Horovod's and LightCC's reductions leave
   it out and divide it by the number of ranks as they average dense gradients, so N ranks, each
   on its part of a global batch, train as one process on the whole batch.
-- Everything else (size, export, statistics, eviction, checkpoints) is this rank's part.
+- Everything else (size, export, statistics, eviction, checkpoints) is this rank's part: each
+  rank saves its own checkpoint; a restore keeps the ids the rank owns, so a table restores its
+  own rank's checkpoint, or a plain table's (one process's) on every rank.
 """
 
 import sys
@@ -211,6 +213,29 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
       counts = tf.stack([stats[key] for key in lifecycle.STATISTICS])
       summed = self._hvd.allreduce(counts, op=self._hvd.Sum)
       return lifecycle.statistics_dict(tf.unstack(summed, num=len(lifecycle.STATISTICS)))
+
+  def kept_part(self):
+    """(ranks, rank): a checkpoint restore keeps this rank's ids (checkpoint.py)."""
+    return self._ranks, self._rank
+
+  def import_with_slots(
+    self, keys, values, slots, update_counts, last_steps, slot_initial_values, name=None
+  ):
+    """Replaces this rank's part with the ids it owns of the given snapshot (of any part, or of
+    the whole table, e.g. from a .keras file); not a collective."""
+    keys = self._check_keys(keys, "keys")
+    owned = tf.equal(self.owner_of(keys), self._rank)
+    kept = [
+      tf.boolean_mask(tf.convert_to_tensor(t, dtype), owned)
+      for t, dtype in (
+        (keys, self._key_dtype),
+        (values, tf.float32),
+        (slots, tf.float32),
+        (update_counts, tf.int64),
+        (last_steps, tf.int64),
+      )
+    ]
+    return super().import_with_slots(*kept, slot_initial_values, name=name)
 
   def owned_gradient(self, gradient):
     """The part of the IndexedSlices `gradient` of this table's anchor that this rank owns: all

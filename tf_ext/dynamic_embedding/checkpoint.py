@@ -189,7 +189,9 @@ class TableSaveable(saveable_object.SaveableObject):
     return _restore_beside(
       restored_tensors,
       self._suffix,
-      lambda path, prefix: _restore(self._table.resource_handle, path, prefix, self._legacy_prefix),
+      lambda path, prefix: _restore(
+        self._table.resource_handle, path, prefix, self._legacy_prefix, *_kept_part(self._table)
+      ),
     )
 
 
@@ -284,7 +286,16 @@ def _restore_table(object_name, table, merged_prefix, verify_only):
   path = tf.strings.join([merged_prefix, snapshot_suffix(object_name)])
   if _shards_of(table):
     return _restore_sharded(_shards_of(table), path, merged_prefix, legacy, verify_only)
-  return _restore(_handle(table), path, merged_prefix, legacy, verify_only=verify_only)
+  return _restore(
+    _handle(table), path, merged_prefix, legacy, *_kept_part(table), verify_only=verify_only
+  )
+
+
+def _kept_part(table):
+  """(num_shards, shard_index): the ids a restore of `table` keeps (a table split across ranks
+  keeps its own, so it restores from a plain table's checkpoint too); (1, 0), all, by default."""
+  kept_part = getattr(table, "kept_part", None)
+  return kept_part() if kept_part else (1, 0)
 
 
 def _restored_table(obj):
