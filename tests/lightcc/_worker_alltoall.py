@@ -12,9 +12,9 @@ MODE=tape (tape4: fewer cases, for 4 ranks): tf.function + tf_ext.lightcc.Distri
 (which allgathers the table gradients: slower, same result). MODE=keras: Keras fit with
 tf_ext.lightcc.keras's DistributedOptimizer. MODE=lightcc: the tape with LIGHT_FUSION on
 (LightCC's reduce stage). MODE=tf1: a TF1 Session with Horovod's v1 DistributedOptimizer, outside
-and inside the tables' wrapper, and a dynamic_embedding_column. MODE=checkpoint: each rank's
-checkpoint, and the one process's, restored into split tables. MODE=mismatch: the ranks create
-the table with different dims: a ValueError on every rank.
+and inside the tables' wrapper, and a dynamic_embedding_column. MODE=checkpoint: each rank saves;
+split tables and a plain one restore. MODE=reshard: those checkpoints restored on other ranks.
+MODE=mismatch: the ranks create the table with different dims: a ValueError on every rank.
 """
 
 import os
@@ -148,33 +148,53 @@ def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tap
 
 
 def restore_checkpoints(directory):
-  """Each rank saves its part and restores it into a new table; every rank restores the one
-  process's (reference) table into a new split table, which keeps the rank's ids. tf.train.
-  Checkpoint and a .keras-style import both."""
+  """Each rank saves its part (a checkpoint of its own); split tables restore their rank's ids
+  from their own rank's checkpoint, from rank 0's (whose manifest names every rank's part) and from
+  one process's (the reference's); one process's table restores every part from rank 0's; and a
+  .keras-style import keeps the rank's ids."""
   split, reference = train_with_tape("saved", "adam")
-  rank_prefix = tf.train.Checkpoint(table=split).write(f"{directory}/rank_{rank}/ckpt")
-  reference_prefix = f"{directory}/reference/ckpt"
+  tf.train.Checkpoint(table=split).write(f"{directory}/rank_{rank}/ckpt")
   if rank == 0:
-    tf.train.Checkpoint(table=reference).write(reference_prefix)
-  hvd.allreduce(tf.constant(0.0))  # (rank 0 has written the reference's checkpoint)
-  ref_keys, ref_values = (t.numpy() for t in reference.export())
-  owned = split.owner_of(ref_keys).numpy() == rank
-  for source, prefix in (("own part", rank_prefix), ("one process", reference_prefix)):
+    tf.train.Checkpoint(table=reference).write(f"{directory}/reference/ckpt")
+  hvd.allreduce(tf.constant(0.0))  # (every checkpoint is written)
+  check_restored(directory, "own rank's", f"{directory}/rank_{rank}/ckpt")
+  imported = tf_ext.get_dynamic_embedding_variable("imported", DIM, distribution="alltoall")
+  imported.import_with_slots(*reference.export_with_slots())
+  ref_keys = reference.export()[0].numpy()
+  owned = imported.owner_of(ref_keys).numpy() == rank
+  check("imported: ids", sorted(imported.export()[0].numpy()) == sorted(ref_keys[owned]))
+
+
+def check_restored(directory, label, *extra_prefixes):
+  """Split tables restored from rank 0's checkpoint, the one process's and `extra_prefixes` hold
+  this rank's ids of the reference with its rows; a plain table restored from rank 0's holds them
+  all."""
+  reference = tf_ext.get_dynamic_embedding_variable("reference_restored", DIM)
+  tf.train.Checkpoint(table=reference).read(f"{directory}/reference/ckpt").assert_consumed()
+  ref_keys = reference.export()[0].numpy()
+  sources = [("rank 0's", f"{directory}/rank_0/ckpt")]
+  sources += [("one process's", f"{directory}/reference/ckpt")]
+  sources += [(label, prefix) for prefix in extra_prefixes]
+  for index, (source, prefix) in enumerate(sources):
     restored = tf_ext.get_dynamic_embedding_variable(
-      f"restored_{source.replace(' ', '_')}", DIM, distribution="alltoall"
+      f"restored_{index}", DIM, distribution="alltoall"
     )
     tf.train.Checkpoint(table=restored).read(prefix).assert_consumed()
+    owned = restored.owner_of(ref_keys).numpy() == rank
     keys, values = (t.numpy() for t in restored.export())
-    order = np.argsort(keys)
     check(f"restored from {source}: ids", sorted(keys) == sorted(ref_keys[owned]))
     check(
       f"restored from {source}: rows",
-      np.allclose(values[order], reference.lookup(keys[order]).numpy(), atol=1e-5),
+      np.allclose(values, reference.lookup(keys).numpy(), atol=1e-5),
     )
-  imported = tf_ext.get_dynamic_embedding_variable("imported", DIM, distribution="alltoall")
-  imported.import_with_slots(*reference.export_with_slots())
-  check("imported: ids", sorted(imported.export()[0].numpy()) == sorted(ref_keys[owned]))
-  del ref_values
+  whole = tf_ext.get_dynamic_embedding_variable("one_process", DIM)
+  tf.train.Checkpoint(table=whole).read(f"{directory}/rank_0/ckpt").assert_consumed()
+  keys, values = (t.numpy() for t in whole.export())
+  check("one process restored every rank's part: ids", sorted(keys) == sorted(ref_keys))
+  check(
+    "one process restored every rank's part: rows",
+    np.allclose(values, reference.lookup(keys).numpy(), atol=1e-5),
+  )
 
 
 def train_with_fit(label, optimizer_name):
@@ -297,6 +317,8 @@ elif MODE == "keras":
     train_with_fit(f"fit_{name}", name)
 elif MODE == "checkpoint":
   restore_checkpoints(os.environ["CHECKPOINT_DIR"])
+elif MODE == "reshard":  # restores the checkpoints that MODE=checkpoint wrote with other ranks
+  check_restored(os.environ["CHECKPOINT_DIR"], "")
 elif MODE == "mismatch":
   try:
     tf_ext.get_dynamic_embedding_variable("mismatched", 4 + 4 * rank, distribution="alltoall")

@@ -38,8 +38,9 @@ def test_lightcc_reduce_stage_leaves_the_table_gradients_to_the_all_to_all():
   _run("lightcc")
 
 
-def test_each_rank_restores_its_own_checkpoint_or_its_part_of_a_one_process_checkpoint(tmp_path):
+def test_checkpoints_of_two_ranks_restore_into_two_four_and_one_process(tmp_path):
   _run("checkpoint", CHECKPOINT_DIR=tmp_path)
+  _run("reshard", ranks=4, CHECKPOINT_DIR=tmp_path)
 
 
 def test_ranks_that_create_the_table_with_different_dims_get_an_error_naming_them():

@@ -13,17 +13,20 @@ Each rank holds the rows of the ids it owns: rank `TfExtShardOf(id, size)` (the 
   anchor is rank-local (tf_ext/rank_local_gradients.py): Horovod's and LightCC's reductions leave
   it out and divide it by the number of ranks as they average dense gradients, so N ranks, each
   on its part of a global batch, train as one process on the whole batch.
-- Everything else (size, export, statistics, eviction, checkpoints) is this rank's part: each
-  rank saves its own checkpoint; a restore keeps the ids the rank owns, so a table restores its
-  own rank's checkpoint, or a plain table's (one process's) on every rank.
+- Everything else (size, export, statistics, eviction) is this rank's part.
+- Checkpoints: every rank saves (each at a prefix of its own, or the same on a shared disk): its
+  part's file, and a manifest listing every rank's file by its whole path (checkpoint_files). A
+  restore keeps the ids the rank owns (kept_part): from any rank's checkpoint into any number of
+  ranks, from one process's table, or into one process's table (which reads every part).
 """
 
+import os
 import sys
 
 import tensorflow as tf
 
 from tf_ext import rank_local_gradients
-from tf_ext.dynamic_embedding import lifecycle, sharded
+from tf_ext.dynamic_embedding import checkpoint, lifecycle, sharded
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 ALLTOALL = "alltoall"
@@ -213,6 +216,23 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
       counts = tf.stack([stats[key] for key in lifecycle.STATISTICS])
       summed = self._hvd.allreduce(counts, op=self._hvd.Sum)
       return lifecycle.statistics_dict(tf.unstack(summed, num=len(lifecycle.STATISTICS)))
+
+  def checkpoint_files(self, prefix, name):
+    """(this rank's part file, the manifest) of the table saved as `name` in a checkpoint at
+    `prefix` (a string tensor), which every rank writes, each at its own prefix: a collective
+    (an allgather of the prefixes). The manifest lists every rank's part by its whole path, so
+    any rank's checkpoint restores into any number of ranks, or into one process's table."""
+    whole = tf.strings.regex_full_match(prefix, r"/.*|[A-Za-z][A-Za-z0-9+.-]*://.*")
+    prefix = tf.where(whole, prefix, tf.strings.join([os.getcwd(), "/", prefix]))
+    prefix_bytes = tf.io.decode_raw(prefix, tf.uint8)
+    lengths = self._hvd.allgather(tf.reshape(tf.size(prefix_bytes), [1]))
+    prefixes = _bytes_to_strings(self._hvd.allgather(prefix_bytes), lengths)
+    suffixes = [checkpoint.snapshot_suffix(f"{name}/part_{r}") for r in range(self._ranks)]
+    files = tf.strings.join([prefixes, suffixes])
+    manifest = tf.strings.join(
+      [f"{checkpoint.MANIFEST_HEADER}{self._ranks}\n", tf.strings.reduce_join(files + "\n")]
+    )
+    return files[self._rank], manifest
 
   def kept_part(self):
     """(ranks, rank): a checkpoint restore keeps this rank's ids (checkpoint.py)."""
