@@ -10,11 +10,12 @@ reference, computed here too), for SGD, Adagrad, Adam and FTRL:
 MODE=tape (tape4: fewer cases, for 4 ranks): tf.function + tf_ext.lightcc.DistributedGradientTape
 (Horovod's, LIGHT_* off), int64 and string keys, ragged ids with a combiner, and Horovod's own tape
 (which allgathers the table gradients: slower, same result). MODE=keras: Keras fit with
-tf_ext.lightcc.keras's DistributedOptimizer. MODE=lightcc: the tape with LIGHT_FUSION on
-(LightCC's reduce stage). MODE=tf1: a TF1 Session with Horovod's v1 DistributedOptimizer, outside
-and inside the tables' wrapper, and a dynamic_embedding_column. MODE=checkpoint: each rank saves;
-split tables and a plain one restore. MODE=reshard: those checkpoints restored on other ranks.
-MODE=mismatch: the ranks create the table with different dims: a ValueError on every rank.
+tf_ext.lightcc.keras's DistributedOptimizer, and Horovod's own. MODE=lightcc: the tape with
+LIGHT_FUSION on (LightCC's reduce stage). MODE=tf1: a TF1 Session with Horovod's v1
+DistributedOptimizer, outside and inside the tables' wrapper, a Saver's checkpoint, and a
+dynamic_embedding_column. MODE=checkpoint: each rank saves; split tables and a plain one restore.
+MODE=reshard: those checkpoints restored on other ranks. MODE=mismatch: the ranks create the table
+with different dims: a ValueError on every rank.
 """
 
 import os
@@ -22,6 +23,7 @@ import sys
 
 sys.path.insert(0, os.environ["TF_EXT_ROOT"])
 import horovod.tensorflow as horovod  # noqa: E402
+import horovod.tensorflow.keras as horovod_keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from _rank_checks import finish  # noqa: E402
@@ -81,6 +83,11 @@ def check_tables(label, table, reference, key_dtype):
     np.allclose(table.lookup(every_id).numpy(), reference.lookup(every_id).numpy(), atol=1e-5),
   )
   del ref_values
+  fewer = every_id[: 2 * rank]  # rank 0 looks up no id
+  check(
+    f"{label}: a lookup in which a rank has no ids",
+    np.allclose(table.lookup(fewer).numpy(), reference.lookup(fewer).numpy(), atol=1e-5),
+  )
   whole = table.statistics(aggregate=True)
   check(f"{label}: aggregated size", whole["size"].numpy() == len(ref_keys), whole["size"])
   check(f"{label}: this rank's size", table.statistics()["size"].numpy() == len(keys))
@@ -197,8 +204,9 @@ def check_restored(directory, label, *extra_prefixes):
   )
 
 
-def train_with_fit(label, optimizer_name):
-  """Keras fit: every rank fits its part of each global batch; the reference fits them all."""
+def train_with_fit(label, optimizer_name, wrapper=hvd_keras.DistributedOptimizer):
+  """Keras fit: every rank fits its part of each global batch; the reference fits them all.
+  `wrapper`: LightCC's Keras DistributedOptimizer, or Horovod's own."""
 
   def model_of(distribution):
     ids = tf.keras.Input(shape=(IDS_PER_ROW,), dtype=tf.int64)
@@ -210,7 +218,7 @@ def train_with_fit(label, optimizer_name):
 
   split, reference = model_of("alltoall"), model_of(None)
   optimizer = tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]())
-  split.compile(hvd_keras.DistributedOptimizer(optimizer), "mse")
+  split.compile(wrapper(optimizer), "mse")
   reference.compile(tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]()), "mse")
   split.fit(
     np.concatenate([GLOBAL_IDS[s][MINE] for s in range(STEPS)]),
@@ -227,6 +235,8 @@ def train_with_fit(label, optimizer_name):
     verbose=0,
   )
   check_tables(label, split.layers[1].table, reference.layers[1].table, tf.int64)
+  anchor = split.layers[1].table.gradient_anchor
+  check(f"{label}: the anchor is local to Horovod", anchor.ref() in split.optimizer._local_vars)
   check(
     f"{label}: dense weights",
     all(
@@ -236,10 +246,11 @@ def train_with_fit(label, optimizer_name):
   )
 
 
-def train_in_a_session(label, make_optimizer, distributed_outside, column=False):
+def train_in_a_session(label, make_optimizer, distributed_outside, column=False, saved_in=None):
   """TF1 graph mode: Saver-era optimizers, hvd.DistributedOptimizer outside or inside the
   tables' wrapper; rows and weights compared after training, in the session. column=True: the
-  table is a dynamic_embedding_column's, looked up by input_layer."""
+  table is a dynamic_embedding_column's, looked up by input_layer. saved_in: a directory where
+  every rank saves with a Saver, then restores rank 0's checkpoint (which names every part)."""
   ids = tf.compat.v1.placeholder(tf.int64, [None, IDS_PER_ROW])
   labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
   train_ops, tables, weights = {}, {}, {}
@@ -276,6 +287,9 @@ def train_in_a_session(label, make_optimizer, distributed_outside, column=False)
   probe = tf.constant(GLOBAL_IDS[0])
   found = {which: tables[which].lookup(probe) for which in tables}
   exported = tables["split"].export()
+  saver = tf.compat.v1.train.Saver() if saved_in else None
+  cleared = tables["split"].clear()
+  barrier = hvd.allreduce(tf.constant(0.0), name=f"{label}_saved")
   with tf.compat.v1.Session() as session:
     session.run(tf.compat.v1.global_variables_initializer())
     for step in range(STEPS):
@@ -292,10 +306,27 @@ def train_in_a_session(label, make_optimizer, distributed_outside, column=False)
     )
     w_split, w_reference = session.run([weights["split"], weights["reference"]])
     check(f"{label}: dense weights", np.allclose(w_split, w_reference, atol=1e-5))
+    if saver:
+      saver.save(session, f"{saved_in}/rank_{rank}/model")
+      session.run(barrier)  # (every rank has saved)
+      session.run(cleared)
+      saver.restore(session, f"{saved_in}/rank_0/model")
+      restored_keys, restored_values = session.run(exported)
+      order, restored_order = np.argsort(keys), np.argsort(restored_keys)
+      check(
+        f"{label}: restored by a Saver",
+        np.array_equal(keys[order], restored_keys[restored_order])
+        and np.allclose(values[order], restored_values[restored_order]),
+      )
 
 
 if MODE == "tf1":
-  train_in_a_session("tf1_adagrad", lambda: tf.compat.v1.train.AdagradOptimizer(0.3), True)
+  train_in_a_session(
+    "tf1_adagrad",
+    lambda: tf.compat.v1.train.AdagradOptimizer(0.3),
+    True,
+    saved_in=os.environ["CHECKPOINT_DIR"],
+  )
   train_in_a_session("tf1_adam", lambda: tf.compat.v1.train.AdamOptimizer(0.05), False)
   train_in_a_session("tf1_ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.3), True)
   train_in_a_session(
@@ -315,6 +346,7 @@ elif MODE == "lightcc":
 elif MODE == "keras":
   for name in OPTIMIZERS:
     train_with_fit(f"fit_{name}", name)
+  train_with_fit("fit_horovods_own", "adam", wrapper=horovod_keras.DistributedOptimizer)
 elif MODE == "checkpoint":
   restore_checkpoints(os.environ["CHECKPOINT_DIR"])
 elif MODE == "reshard":  # restores the checkpoints that MODE=checkpoint wrote with other ranks

@@ -30,8 +30,10 @@ def test_keras_fit_on_two_ranks_equals_one_process_for_every_optimizer():
   _run("keras")
 
 
-def test_tf1_session_training_with_horovods_v1_optimizer_in_either_order_equals_one_process():
-  _run("tf1")
+def test_tf1_session_training_with_horovods_v1_optimizer_in_either_order_equals_one_process(
+  tmp_path,
+):
+  _run("tf1", CHECKPOINT_DIR=tmp_path)
 
 
 def test_lightcc_reduce_stage_leaves_the_table_gradients_to_the_all_to_all():
