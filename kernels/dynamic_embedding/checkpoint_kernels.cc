@@ -376,11 +376,11 @@ Status SnapshotFiles(const DynamicTable& table, const std::string& path, const s
                             "': ", problem);
   }
   if (static_cast<int>(suffixes.size()) == num_shards) {
-    *files = {prefix + suffixes[shard_index]};
+    *files = {de::ShardFilePath(prefix, suffixes[shard_index])};
     return ::tensorflow::OkStatus();
   }
   files->clear();
-  for (const std::string& suffix : suffixes) files->push_back(prefix + suffix);
+  for (const std::string& suffix : suffixes) files->push_back(de::ShardFilePath(prefix, suffix));
   return ::tensorflow::OkStatus();
 }
 

@@ -14,7 +14,9 @@ checkpoint): TensorFlow deletes a checkpoint's `<prefix>.data-?????-of-?????` fi
 copies it. Checkpoints of tf_ext 0.1 (the table as six tensors in the checkpoint) still restore.
 
 A sharded table (sharded.py) writes one such file per shard, named after the shard, and at the
-path of its own name a manifest that lists them (MANIFEST_HEADER). Restoring reads the manifest
+path of its own name a manifest that lists them (MANIFEST_HEADER). A table split across ranks
+(alltoall.py) writes its rank's part beside each rank's checkpoint, and a manifest that lists
+every rank's part by its whole path. Restoring reads the manifest
 and keeps each shard's ids (TfExtTableRestoreCheckpoint's num_shards and shard_index), so a
 checkpoint restores into any number of shards, and a plain table and a sharded one of the same
 name restore from each other's checkpoints (their tensors in the index are named alike).
@@ -98,6 +100,18 @@ def _save_sharded(shards, name, prefix):
     return [(tf.identity(out[1]), tf.identity(out[4])) for out in saved]
 
 
+def _save_split(table, name, prefix):
+  """Streams this rank's part of a table split across ranks (alltoall.py) beside the checkpoint
+  at `prefix`, then writes the manifest of every rank's part; returns (rows,
+  slot_initial_values) after the manifest is written."""
+  part_path, manifest = table.checkpoint_files(prefix, name)
+  saved = _save(_handle(table), part_path)
+  with tf.control_dependencies([saved[1]]):
+    written = tf.io.write_file(tf.strings.join([prefix, snapshot_suffix(name)]), manifest)
+  with tf.control_dependencies([written]):
+    return tf.identity(saved[1]), tf.identity(saved[4])
+
+
 def _restore_sharded(shards, path, prefix, legacy_tensor_prefix, verify_only=False):
   return tf.group(
     *(
@@ -176,6 +190,8 @@ class TableSaveable(saveable_object.SaveableObject):
     self._legacy_prefix = f"{name}-"
 
     def save_table():
+      if hasattr(table, "checkpoint_files"):  # split across ranks
+        return _save_split(table, name, _saver_prefix())[1]
       path = tf.strings.join([_saver_prefix(), self._suffix])
       return _save(table.resource_handle, path)[4]  # slot_initial_values
 
@@ -189,7 +205,9 @@ class TableSaveable(saveable_object.SaveableObject):
     return _restore_beside(
       restored_tensors,
       self._suffix,
-      lambda path, prefix: _restore(self._table.resource_handle, path, prefix, self._legacy_prefix),
+      lambda path, prefix: _restore(
+        self._table.resource_handle, path, prefix, self._legacy_prefix, *_kept_part(self._table)
+      ),
     )
 
 
@@ -250,6 +268,9 @@ def _save_tables(trackables, file_prefix):
       saved = _save_sharded(_shards_of(table), object_name, final_prefix)
       rows.append(tf.add_n([shard_rows for shard_rows, _ in saved]))
       continue
+    if hasattr(table, "checkpoint_files"):  # split across ranks
+      rows.append(_save_split(table, object_name, final_prefix)[0])
+      continue
     path = tf.strings.join([final_prefix, snapshot_suffix(object_name)])
     rows.append(_save(_handle(table), path)[1])
   with ops.device("CPU"):
@@ -284,7 +305,16 @@ def _restore_table(object_name, table, merged_prefix, verify_only):
   path = tf.strings.join([merged_prefix, snapshot_suffix(object_name)])
   if _shards_of(table):
     return _restore_sharded(_shards_of(table), path, merged_prefix, legacy, verify_only)
-  return _restore(_handle(table), path, merged_prefix, legacy, verify_only=verify_only)
+  return _restore(
+    _handle(table), path, merged_prefix, legacy, *_kept_part(table), verify_only=verify_only
+  )
+
+
+def _kept_part(table):
+  """(num_shards, shard_index): the ids a restore of `table` keeps (a table split across ranks
+  keeps its own, so it restores from a plain table's checkpoint too); (1, 0), all, by default."""
+  kept_part = getattr(table, "kept_part", None)
+  return kept_part() if kept_part else (1, 0)
 
 
 def _restored_table(obj):

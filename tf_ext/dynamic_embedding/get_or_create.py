@@ -6,7 +6,7 @@ import weakref
 
 import tensorflow as tf
 
-from tf_ext.dynamic_embedding import live_tables, sharded
+from tf_ext.dynamic_embedding import alltoall, live_tables, sharded
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 _registry_lock = threading.Lock()
@@ -25,6 +25,7 @@ def get_dynamic_embedding_variable(
   admission=None,
   eviction=None,
   num_shards=None,
+  distribution=None,
 ):
   """Returns the table named `name` in the current variable scope, creating it if needed.
 
@@ -45,13 +46,18 @@ def get_dynamic_embedding_variable(
       of N shards split by id (tf_ext/dynamic_embedding/sharded.py), each placed by the active
       device function (e.g. replica_device_setter: round robin over the PS tasks); 1 gives a
       sharded table of one shard. gradient_anchor must then be None.
+    distribution: None (the table lives in this process, or in its num_shards shards), or
+      "alltoall": split across the Horovod ranks, each holding the ids it owns, looked up and
+      trained through all-to-all exchanges (tf_ext/dynamic_embedding/alltoall.py). Needs
+      hvd.init() (horovod.tensorflow or tf_ext.lightcc) first; not with num_shards (ValueError).
 
-  An existing table is returned when its dim, dtypes and num_shards match; otherwise
-  InvalidArgumentError.
+  An existing table is returned when its dim, dtypes, num_shards and distribution match;
+  otherwise InvalidArgumentError.
   """
   scope = tf.compat.v1.get_variable_scope().name
   full_name = f"{scope}/{name}" if scope else name
   key = (live_tables.scope_key(), full_name)
+  alltoall.check_distribution(full_name, distribution, num_shards)
   if num_shards is not None:
     sharded.check_num_shards(full_name, num_shards)
     if gradient_anchor is not None:
@@ -65,6 +71,12 @@ def get_dynamic_embedding_variable(
         raise variable_lib.invalid_argument(
           full_name,
           f"exists with num_shards {getattr(table, 'num_shards', None)}; asked for {num_shards}",
+        )
+      if getattr(table, "distribution", None) != distribution:
+        raise variable_lib.invalid_argument(
+          full_name,
+          f"exists with distribution {getattr(table, 'distribution', None)!r}; asked for "
+          f"{distribution!r}",
         )
       if table.dim != dim or table.key_dtype != tf.as_dtype(key_dtype):
         raise variable_lib.invalid_argument(
@@ -87,7 +99,10 @@ def get_dynamic_embedding_variable(
       )
       _registry[key] = table
       return table
-    table = variable_lib.DynamicEmbeddingVariable(
+    table_class = variable_lib.DynamicEmbeddingVariable
+    if distribution == alltoall.ALLTOALL:
+      table_class = alltoall.AllToAllDynamicEmbeddingVariable
+    table = table_class(
       full_name,
       dim,
       key_dtype,

@@ -136,11 +136,13 @@ def dynamic_embedding(
   admission=None,
   eviction=None,
   num_shards=None,
+  distribution=None,
 ):
   """Functional form: gets or creates the table `name` and looks `ids` up in it.
 
   key_dtype defaults to tf.string for string ids and tf.int64 otherwise. admission and eviction
-  are the table's policies, num_shards its sharding (see get_dynamic_embedding_variable).
+  are the table's policies, num_shards its sharding and distribution ("alltoall": split across
+  Horovod ranks) its placement (see get_dynamic_embedding_variable).
   """
   if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
     ids = tf.convert_to_tensor(ids)
@@ -153,5 +155,6 @@ def dynamic_embedding(
     admission=admission,
     eviction=eviction,
     num_shards=num_shards,
+    distribution=distribution,
   )
   return embedding_lookup(table, ids, combiner=combiner)

@@ -31,7 +31,8 @@ import collections
 
 import tensorflow as tf
 
-from tf_ext import _ops_loader, optimizer_pipeline
+from tf_ext import _ops_loader, optimizer_pipeline, rank_local_gradients
+from tf_ext.dynamic_embedding import alltoall
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 # learning_rate is a callable so that validating an optimizer creates no tensors or variables;
@@ -347,6 +348,10 @@ def _split(grads_and_vars):
     if table is None:
       dense.append((grad, var))
     elif grad is not None:
+      if isinstance(table, alltoall.AllToAllDynamicEmbeddingVariable) and isinstance(
+        grad, tf.IndexedSlices
+      ):
+        grad = table.owned_gradient(grad)
       tables.append((table, grad))
   return tables, dense
 
@@ -360,6 +365,10 @@ class TablesStage(optimizer_pipeline.Stage):
 
   def owns(self, variable):
     return table_of(variable) is not None
+
+  def added_to(self, target):
+    # Horovod's Keras DistributedOptimizer is the target itself (the pipeline goes below it).
+    rank_local_gradients.keep_local(target)
 
   def apply(self, optimizer, grads_and_vars, step):
     if _clips(optimizer):
@@ -389,6 +398,8 @@ def DynamicEmbeddingOptimizer(optimizer):  # noqa: N802 (a wrapper, named like a
   """
   # Fail now, not at the first step, for unsupported optimizers.
   _hyperparameters(optimizer_pipeline.wrapped_optimizer(optimizer))
+  # All-to-all tables' gradients are exchanged already: a Horovod wrapper leaves them out.
+  rank_local_gradients.keep_local(optimizer)
   return optimizer_pipeline.add_stage(optimizer, TablesStage())
 
 

@@ -10,7 +10,7 @@ import horovod.tensorflow.keras as _hvd_keras
 import tensorflow as tf
 from horovod.tensorflow import Average, Compression, global_process_set
 
-from tf_ext import optimizer_pipeline
+from tf_ext import optimizer_pipeline, rank_local_gradients
 from tf_ext.lightcc import reduction, state
 
 
@@ -23,15 +23,34 @@ class ReduceStage(optimizer_pipeline.Stage):
     self.op, self.compression, self.sparse_as_dense = op, compression, sparse_as_dense
 
   def transform(self, grads_and_vars):
-    variables = [v for _, v in grads_and_vars]
+    grads_and_vars = list(grads_and_vars)
+    # Rank-local gradients (all-to-all tables) are exchanged already: scaled as Horovod scales
+    # its local variables' gradients, not reduced.
+    local = [i for i, (_, v) in enumerate(grads_and_vars) if rank_local_gradients.is_rank_local(v)]
+    reduced = [p for i, p in enumerate(grads_and_vars) if i not in local]
+    variables = [v for _, v in reduced]
     grads = reduction.reduce_gradients(
-      [g for g, _ in grads_and_vars],
+      [g for g, _ in reduced],
       variables,
       op=self.op,
       compression=self.compression,
       sparse_as_dense=self.sparse_as_dense,
     )
-    return list(zip(grads, variables))
+    out = iter(zip(grads, variables))
+    return [
+      (_scaled_local(g, self.op), v) if i in local else next(out)
+      for i, (g, v) in enumerate(grads_and_vars)
+    ]
+
+
+def _scaled_local(gradient, op):
+  """A rank-local gradient divided by the number of ranks when the reduction averages."""
+  if gradient is None or op != Average:
+    return gradient
+  size = float(_hvd.size())
+  if isinstance(gradient, tf.IndexedSlices):
+    return tf.IndexedSlices(gradient.values / size, gradient.indices, gradient.dense_shape)
+  return gradient / size
 
 
 def _with_reduce_stage(
@@ -87,7 +106,7 @@ def DistributedGradientTape(  # noqa: N802 (Horovod's name)
   tape itself is returned, its gradient() extended)."""
   arguments = _arguments(DistributedGradientTape, locals())
   if not state.process.config.enabled:
-    return _hvd.DistributedGradientTape(**arguments)
+    return rank_local_gradients.keep_local(_hvd.DistributedGradientTape(**arguments))
   return _with_reduce_stage(arguments.pop("gradtape"), **arguments)
 
 
@@ -112,7 +131,7 @@ def DistributedOptimizer(  # noqa: N802 (Horovod's name)
   optimizer itself is returned, with the pipeline's reduce stage: see optimizer_pipeline)."""
   arguments = _arguments(DistributedOptimizer, locals())
   if not state.process.config.enabled:
-    return _hvd.DistributedOptimizer(**arguments)
+    return rank_local_gradients.keep_local(_hvd.DistributedOptimizer(**arguments))
   return _with_reduce_stage(arguments.pop("optimizer"), **arguments)
 
 
@@ -140,7 +159,7 @@ def KerasDistributedOptimizer(  # noqa: N802 (Horovod's name, as tf_ext.lightcc.
   """
   arguments = _arguments(KerasDistributedOptimizer, locals())
   if not state.process.config.enabled:
-    return _hvd_keras.DistributedOptimizer(**arguments)
+    return rank_local_gradients.keep_local(_hvd_keras.DistributedOptimizer(**arguments))
   return _with_reduce_stage(arguments.pop("optimizer"), **arguments)
 
 

@@ -38,7 +38,9 @@ inline int ShardOf(std::string_view key, int num_shards) {
 // The manifest a sharded table writes where a plain table writes its snapshot file, so that a
 // restore finds either kind at the same path:
 //   "tf_ext sharded table 1\n" <number of shards> "\n" then one line per shard: its file's name,
-//   relative to the checkpoint prefix (a suffix), in shard order.
+//   relative to the checkpoint prefix (a suffix), in shard order; or its whole path (absolute or
+//   a URL), where each shard was saved beside a checkpoint of its own (a table split across
+//   ranks: tf_ext/dynamic_embedding/alltoall.py).
 // Written by tf_ext/dynamic_embedding/checkpoint.py (MANIFEST_HEADER).
 constexpr std::string_view kShardManifestHeader = "tf_ext sharded table 1\n";
 
@@ -73,6 +75,13 @@ inline std::string ParseShardManifest(std::string_view bytes, std::vector<std::s
   }
   suffixes->assign(lines.begin() + 1, lines.end());
   return "";
+}
+
+// The file a manifest line names, for a checkpoint at `prefix` (see above).
+inline std::string ShardFilePath(std::string_view prefix, std::string_view line) {
+  const bool whole_path =
+      (!line.empty() && line[0] == '/') || line.find("://") != std::string_view::npos;
+  return whole_path ? std::string(line) : std::string(prefix) + std::string(line);
 }
 
 }  // namespace de

@@ -74,6 +74,18 @@ TEST(ShardManifest, ParsesWhatPythonWrites) {
   EXPECT_EQ(suffixes, (std::vector<std::string>{".data-tabcd-of-01234", ".data-t0000-of-fffff"}));
 }
 
+TEST(ShardManifest, LinesAreSuffixesOrWholePaths) {
+  EXPECT_EQ(ShardFilePath("/ckpt/model-5", ".data-tabcd-of-01234"),
+            "/ckpt/model-5.data-tabcd-of-01234");
+  EXPECT_EQ(ShardFilePath("ckpt/model-5", ".data-tabcd-of-01234"),
+            "ckpt/model-5.data-tabcd-of-01234");
+  // A table split across ranks lists each rank's file beside that rank's own checkpoint.
+  EXPECT_EQ(ShardFilePath("/ckpt/rank_0/model-5", "/ckpt/rank_1/model-5.data-tabcd-of-01234"),
+            "/ckpt/rank_1/model-5.data-tabcd-of-01234");
+  EXPECT_EQ(ShardFilePath("gs://b/rank_0/m", "gs://b/rank_1/m.data-t0000-of-fffff"),
+            "gs://b/rank_1/m.data-t0000-of-fffff");
+}
+
 TEST(ShardManifest, RejectsMalformed) {
   std::vector<std::string> suffixes;
   const std::string head(kShardManifestHeader);

@@ -13,7 +13,7 @@ from tensorflow.python.feature_column import feature_column as fc_old
 from tensorflow.python.feature_column import feature_column_v2 as fc
 from tensorflow.python.feature_column import serialization
 
-from tf_ext.dynamic_embedding import get_or_create, initializers, lifecycle
+from tf_ext.dynamic_embedding import alltoall, get_or_create, initializers, lifecycle
 from tf_ext.dynamic_embedding import lookup as lookup_lib
 from tf_ext.dynamic_embedding import sharded as sharded_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
@@ -130,8 +130,9 @@ class DynamicEmbeddingColumn(
       "admission",
       "eviction",
       "num_shards",
+      "distribution",
     ),
-    defaults=(None,),
+    defaults=(None, None),
   ),
 ):
   """See `dynamic_embedding_column`."""
@@ -194,7 +195,9 @@ class DynamicEmbeddingColumn(
       )
       for name in names
     ]
-    if self.num_shards is None:
+    if self.distribution == alltoall.ALLTOALL:
+      table = self._table(alltoall.AllToAllDynamicEmbeddingVariable, gradient_anchor=anchors[0])
+    elif self.num_shards is None:
       table = self._table(variable_lib.DynamicEmbeddingVariable, gradient_anchor=anchors[0])
     else:
       table = self._table(
@@ -226,7 +229,11 @@ class DynamicEmbeddingColumn(
     del weight_collections, trainable
     sparse_tensors = self.categorical_column._get_sparse_tensors(inputs)  # pylint: disable=protected-access
     # input_layer: get-or-create by name in the enclosing variable scope, as for variables.
-    table = self._table(get_or_create.get_dynamic_embedding_variable, num_shards=self.num_shards)
+    table = self._table(
+      get_or_create.get_dynamic_embedding_variable,
+      num_shards=self.num_shards,
+      distribution=self.distribution,
+    )
     return self._embed(table, sparse_tensors)
 
   @property
@@ -243,6 +250,7 @@ class DynamicEmbeddingColumn(
       "admission": dataclasses.asdict(self.admission) if self.admission else None,
       "eviction": dataclasses.asdict(self.eviction) if self.eviction else None,
       "num_shards": self.num_shards,
+      "distribution": self.distribution,
     }
 
   @classmethod
@@ -258,6 +266,7 @@ class DynamicEmbeddingColumn(
       lifecycle.FrequencyAdmission(**admission) if admission else None,
       lifecycle.EvictionPolicy(**eviction) if eviction else None,
       config.get("num_shards"),
+      config.get("distribution"),
     )
 
 
@@ -269,6 +278,7 @@ def dynamic_embedding_column(
   admission=None,
   eviction=None,
   num_shards=None,
+  distribution=None,
 ):
   """The embedding of a categorical column in a dynamic embedding table.
 
@@ -282,7 +292,9 @@ def dynamic_embedding_column(
   combines an example's ids. `initializer`, `admission`, `eviction`: as for
   `tf_ext.get_dynamic_embedding_variable`. `num_shards`: None for one table, else the table is
   split by id into that many shards (tf_ext.ShardedDynamicEmbeddingVariable), each placed by the
-  active device function (e.g. replica_device_setter). Train with tf_ext.DynamicEmbeddingOptimizer.
+  active device function (e.g. replica_device_setter). `distribution="alltoall"`: the table is
+  split across the Horovod ranks instead (see get_dynamic_embedding_variable). Train with
+  tf_ext.DynamicEmbeddingOptimizer.
   """
   owner = "dynamic_embedding_column"
   if not isinstance(categorical_column, (fc.CategoricalColumn, fc_old._CategoricalColumn)):  # pylint: disable=protected-access
@@ -301,8 +313,11 @@ def dynamic_embedding_column(
     )
   name = f"{categorical_column.name}_dynamic_embedding"
   spec = initializers.spec_from(initializer, dimension, name)  # checked now, and serializable
+  alltoall.check_distribution(name, distribution, num_shards)
   if num_shards is not None:
     sharded_lib.check_num_shards(name, num_shards)
+  if distribution is not None:
+    alltoall.horovod_of(name)  # fail now, not when the column's table is created
   return DynamicEmbeddingColumn(
-    categorical_column, dimension, combiner, spec, admission, eviction, num_shards
+    categorical_column, dimension, combiner, spec, admission, eviction, num_shards, distribution
   )

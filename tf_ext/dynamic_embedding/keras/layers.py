@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tf_ext.dynamic_embedding import initializers, lifecycle
+from tf_ext.dynamic_embedding import alltoall, initializers, lifecycle
 from tf_ext.dynamic_embedding import lookup as lookup_lib
 from tf_ext.dynamic_embedding import sharded as sharded_lib
 from tf_ext.dynamic_embedding import variable as variable_lib
@@ -24,6 +24,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
   the eviction during `fit`. `num_shards` splits the table by id into that many shards
   (tf_ext.ShardedDynamicEmbeddingVariable), each placed with its gradient anchor weight by the
   active device function (e.g. replica_device_setter over parameter servers).
+  `distribution="alltoall"` splits the table across the Horovod ranks instead
+  (tf_ext/dynamic_embedding/alltoall.py; after hvd.init()).
   """
 
   def __init__(
@@ -35,6 +37,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     admission=None,
     eviction=None,
     num_shards=None,
+    distribution=None,
     **kwargs,
   ):
     # Rows and gradient anchors are float32 under any Keras mixed-precision policy (the layers
@@ -46,9 +49,13 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         f"DynamicEmbedding {self.name!r}: dtype must be float32 (tables hold float32 rows), got "
         f"{self.dtype_policy.name!r}"
       )
+    alltoall.check_distribution(self.name, distribution, num_shards)
     if num_shards is not None:
       sharded_lib.check_num_shards(self.name, num_shards)
+    if distribution is not None:
+      alltoall.horovod_of(self.name)  # fail now, not when the layer is built
     self.num_shards = num_shards
+    self.distribution = distribution
     self.dim = dim
     self.key_dtype = tf.as_dtype(key_dtype)
     self._initializer_spec = initializers.spec_from(initializer, dim, self.name)
@@ -74,7 +81,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       "admission": self.admission,
       "eviction": self.eviction,
     }
-    if self.num_shards is None:
+    if self.distribution == alltoall.ALLTOALL:
+      self.table = alltoall.AllToAllDynamicEmbeddingVariable(
+        self.name, self.dim, gradient_anchor=anchors[0], **options
+      )
+    elif self.num_shards is None:
       self.table = variable_lib.DynamicEmbeddingVariable(
         self.name, self.dim, gradient_anchor=anchors[0], **options
       )
@@ -135,4 +146,5 @@ class DynamicEmbedding(tf.keras.layers.Layer):
       "admission": self.admission.get_config() if self.admission else None,
       "eviction": self.eviction.get_config() if self.eviction else None,
       "num_shards": self.num_shards,
+      "distribution": self.distribution,
     }

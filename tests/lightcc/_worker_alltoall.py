@@ -1,0 +1,361 @@
+"""Rank program: dynamic embedding tables split across ranks (distribution="alltoall").
+
+Each rank trains on its part of every global batch; on every rank, the result must equal a plain
+table and the same dense weights trained in this one process on the whole global batch (the
+reference, computed here too), for SGD, Adagrad, Adam and FTRL:
+  - each rank holds exactly the reference's rows of the ids it owns (values to float tolerance),
+  - a lookup of every id, through the exchange, gives the reference's rows,
+  - the dense weights equal the reference's.
+
+MODE=tape (tape4: fewer cases, for 4 ranks): tf.function + tf_ext.lightcc.DistributedGradientTape
+(Horovod's, LIGHT_* off), int64 and string keys, ragged ids with a combiner, and Horovod's own tape
+(which allgathers the table gradients: slower, same result). MODE=keras: Keras fit with
+tf_ext.lightcc.keras's DistributedOptimizer, and Horovod's own. MODE=lightcc: the tape with
+LIGHT_FUSION on (LightCC's reduce stage). MODE=tf1: a TF1 Session with Horovod's v1
+DistributedOptimizer, outside and inside the tables' wrapper, a Saver's checkpoint, and a
+dynamic_embedding_column. MODE=checkpoint: each rank saves; split tables and a plain one restore.
+MODE=reshard: those checkpoints restored on other ranks. MODE=mismatch: the ranks create the table
+with different dims: a ValueError on every rank.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.environ["TF_EXT_ROOT"])
+import horovod.tensorflow as horovod  # noqa: E402
+import horovod.tensorflow.keras as horovod_keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from _rank_checks import finish  # noqa: E402
+
+import tf_ext  # noqa: E402
+import tf_ext.lightcc as hvd  # noqa: E402
+import tf_ext.lightcc.keras as hvd_keras  # noqa: E402
+from tf_ext.dynamic_embedding.live_tables import tables as live_tables  # noqa: E402
+
+MODE = os.environ["MODE"]
+if MODE == "tf1":
+  tf.compat.v1.disable_eager_execution()
+hvd.init(light_fusion=1 if MODE == "lightcc" else 0)
+rank, size = hvd.rank(), hvd.size()
+ROWS, STEPS, DIM, IDS_PER_ROW = 6, 3, 4, 3
+rng = np.random.default_rng(11)
+# [steps, global batch, ids]: few distinct ids, so ranks share ids and rows repeat in a batch.
+GLOBAL_IDS = rng.integers(0, 20, size=(STEPS, ROWS * size, IDS_PER_ROW)).astype(np.int64)
+GLOBAL_LABELS = rng.normal(size=(STEPS, ROWS * size, 1)).astype(np.float32)
+MINE = slice(rank * ROWS, (rank + 1) * ROWS)
+OPTIMIZERS = {
+  "sgd": lambda: tf.keras.optimizers.SGD(0.5),
+  "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3),
+  "adam": lambda: tf.keras.optimizers.Adam(0.05),
+  "ftrl": lambda: tf.keras.optimizers.Ftrl(0.3, l1_regularization_strength=0.001),
+}
+failures, cases = [], 0
+
+
+def check(label, ok, detail=""):
+  global cases
+  cases += 1
+  if not ok:
+    failures.append(f"rank {rank}: {label} {detail}")
+
+
+def as_keys(ids, key_dtype):
+  if key_dtype == tf.int64:
+    return ids
+  # Bytes that are not text, an empty key and a shared prefix: keys travel whole.
+  return np.vectorize(lambda i: b"" if i == 0 else b"k\x00\xff" + bytes([i]) * (i % 4))(ids)
+
+
+def check_tables(label, table, reference, key_dtype):
+  keys, values = (t.numpy() for t in table.export())
+  ref_keys, ref_values = (t.numpy() for t in reference.export())
+  owned = table.owner_of(ref_keys).numpy() == rank
+  check(f"{label}: owned ids", sorted(keys.tolist()) == sorted(ref_keys[owned].tolist()))
+  check(
+    f"{label}: owned rows",
+    np.allclose(values, reference.lookup(keys).numpy(), atol=1e-5),
+    np.abs(values - reference.lookup(keys).numpy()).max() if len(keys) else "",
+  )
+  every_id = as_keys(GLOBAL_IDS[0], key_dtype)
+  check(
+    f"{label}: lookup through the exchange",
+    np.allclose(table.lookup(every_id).numpy(), reference.lookup(every_id).numpy(), atol=1e-5),
+  )
+  del ref_values
+  fewer = every_id[: 2 * rank]  # rank 0 looks up no id
+  check(
+    f"{label}: a lookup in which a rank has no ids",
+    np.allclose(table.lookup(fewer).numpy(), reference.lookup(fewer).numpy(), atol=1e-5),
+  )
+  whole = table.statistics(aggregate=True)
+  check(f"{label}: aggregated size", whole["size"].numpy() == len(ref_keys), whole["size"])
+  check(f"{label}: this rank's size", table.statistics()["size"].numpy() == len(keys))
+
+
+def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tape_of=None):
+  """Trains an all-to-all table and a reference; compares them; returns the two tables."""
+  tape_of = tape_of or hvd.DistributedGradientTape
+  tables = {
+    which: tf_ext.get_dynamic_embedding_variable(
+      f"{label}_{which}",
+      DIM,
+      key_dtype=key_dtype,
+      distribution="alltoall" if which == "split" else None,
+    )
+    for which in ("split", "reference")
+  }
+  start = np.linspace(-0.5, 0.5, DIM, dtype=np.float32)[:, None]
+  weights = {which: tf.Variable(start) for which in tables}
+  optimizers = {
+    which: tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]()) for which in tables
+  }
+
+  def loss_of(which, ids, labels):
+    if ragged:
+      ids = tf.RaggedTensor.from_tensor(ids, lengths=tf.fill([tf.shape(ids)[0]], 2))
+    embedded = tf_ext.embedding_lookup(tables[which], ids, combiner="mean")
+    return tf.reduce_mean(tf.square(embedded @ weights[which] - labels))
+
+  @tf.function
+  def split_step(ids, labels):
+    with tf.GradientTape() as tape:
+      loss = loss_of("split", ids, labels)
+    tape = tape_of(tape)
+    variables = [tables["split"].gradient_anchor, weights["split"]]
+    optimizers["split"].apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+  @tf.function
+  def reference_step(ids, labels):
+    with tf.GradientTape() as tape:
+      loss = loss_of("reference", ids, labels)
+    variables = [tables["reference"].gradient_anchor, weights["reference"]]
+    optimizers["reference"].apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+  for step in range(STEPS):
+    ids = as_keys(GLOBAL_IDS[step], key_dtype)
+    split_step(ids[MINE], GLOBAL_LABELS[step][MINE])
+    reference_step(ids, GLOBAL_LABELS[step])
+  graph = split_step.get_concrete_function(ids[MINE], GLOBAL_LABELS[0][MINE]).graph
+  # (Horovod reduces in functions of its own, nested in the step's graph.)
+  graph_def = graph.as_graph_def()
+  op_types = [n.op for n in graph_def.node]
+  op_types += [n.op for f in graph_def.library.function for n in f.node_def]
+  allgathers = sum("Allgather" in op_type for op_type in op_types)
+  # Horovod's own tape allgathers the table's gradients (each owner keeps its part: the result
+  # is the same); tf_ext's wrappers leave them to the all-to-all.
+  horovods_own = tape_of is not hvd.DistributedGradientTape
+  check(f"{label}: allgathers", (allgathers > 0) == horovods_own, allgathers)
+  check_tables(label, tables["split"], tables["reference"], key_dtype)
+  check(
+    f"{label}: dense weights",
+    np.allclose(weights["split"].numpy(), weights["reference"].numpy(), atol=1e-5),
+  )
+  return tables["split"], tables["reference"]
+
+
+def restore_checkpoints(directory):
+  """Each rank saves its part (a checkpoint of its own); split tables restore their rank's ids
+  from their own rank's checkpoint, from rank 0's (whose manifest names every rank's part) and from
+  one process's (the reference's); one process's table restores every part from rank 0's; and a
+  .keras-style import keeps the rank's ids."""
+  split, reference = train_with_tape("saved", "adam")
+  tf.train.Checkpoint(table=split).write(f"{directory}/rank_{rank}/ckpt")
+  if rank == 0:
+    tf.train.Checkpoint(table=reference).write(f"{directory}/reference/ckpt")
+  hvd.allreduce(tf.constant(0.0))  # (every checkpoint is written)
+  check_restored(directory, "own rank's", f"{directory}/rank_{rank}/ckpt")
+  imported = tf_ext.get_dynamic_embedding_variable("imported", DIM, distribution="alltoall")
+  imported.import_with_slots(*reference.export_with_slots())
+  ref_keys = reference.export()[0].numpy()
+  owned = imported.owner_of(ref_keys).numpy() == rank
+  check("imported: ids", sorted(imported.export()[0].numpy()) == sorted(ref_keys[owned]))
+
+
+def check_restored(directory, label, *extra_prefixes):
+  """Split tables restored from rank 0's checkpoint, the one process's and `extra_prefixes` hold
+  this rank's ids of the reference with its rows; a plain table restored from rank 0's holds them
+  all."""
+  reference = tf_ext.get_dynamic_embedding_variable("reference_restored", DIM)
+  tf.train.Checkpoint(table=reference).read(f"{directory}/reference/ckpt").assert_consumed()
+  ref_keys = reference.export()[0].numpy()
+  sources = [("rank 0's", f"{directory}/rank_0/ckpt")]
+  sources += [("one process's", f"{directory}/reference/ckpt")]
+  sources += [(label, prefix) for prefix in extra_prefixes]
+  for index, (source, prefix) in enumerate(sources):
+    restored = tf_ext.get_dynamic_embedding_variable(
+      f"restored_{index}", DIM, distribution="alltoall"
+    )
+    tf.train.Checkpoint(table=restored).read(prefix).assert_consumed()
+    owned = restored.owner_of(ref_keys).numpy() == rank
+    keys, values = (t.numpy() for t in restored.export())
+    check(f"restored from {source}: ids", sorted(keys) == sorted(ref_keys[owned]))
+    check(
+      f"restored from {source}: rows",
+      np.allclose(values, reference.lookup(keys).numpy(), atol=1e-5),
+    )
+  whole = tf_ext.get_dynamic_embedding_variable("one_process", DIM)
+  tf.train.Checkpoint(table=whole).read(f"{directory}/rank_0/ckpt").assert_consumed()
+  keys, values = (t.numpy() for t in whole.export())
+  check("one process restored every rank's part: ids", sorted(keys) == sorted(ref_keys))
+  check(
+    "one process restored every rank's part: rows",
+    np.allclose(values, reference.lookup(keys).numpy(), atol=1e-5),
+  )
+
+
+def train_with_fit(label, optimizer_name, wrapper=hvd_keras.DistributedOptimizer):
+  """Keras fit: every rank fits its part of each global batch; the reference fits them all.
+  `wrapper`: LightCC's Keras DistributedOptimizer, or Horovod's own."""
+
+  def model_of(distribution):
+    ids = tf.keras.Input(shape=(IDS_PER_ROW,), dtype=tf.int64)
+    embedded = tf_ext.keras.layers.DynamicEmbedding(
+      DIM, combiner="sum", distribution=distribution, name=f"{label}_{distribution}"
+    )(ids)
+    out = tf.keras.layers.Dense(1, kernel_initializer="ones", name=f"{label}_dense")(embedded)
+    return tf.keras.Model(ids, out)
+
+  split, reference = model_of("alltoall"), model_of(None)
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]())
+  split.compile(wrapper(optimizer), "mse")
+  reference.compile(tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]()), "mse")
+  split.fit(
+    np.concatenate([GLOBAL_IDS[s][MINE] for s in range(STEPS)]),
+    np.concatenate([GLOBAL_LABELS[s][MINE] for s in range(STEPS)]),
+    batch_size=ROWS,
+    shuffle=False,
+    verbose=0,
+  )
+  reference.fit(
+    np.concatenate(list(GLOBAL_IDS)),
+    np.concatenate(list(GLOBAL_LABELS)),
+    batch_size=ROWS * size,
+    shuffle=False,
+    verbose=0,
+  )
+  check_tables(label, split.layers[1].table, reference.layers[1].table, tf.int64)
+  anchor = split.layers[1].table.gradient_anchor
+  check(f"{label}: the anchor is local to Horovod", anchor.ref() in split.optimizer._local_vars)
+  check(
+    f"{label}: dense weights",
+    all(
+      np.allclose(a, b, atol=1e-5)
+      for a, b in zip(split.layers[2].get_weights(), reference.layers[2].get_weights())
+    ),
+  )
+
+
+def train_in_a_session(label, make_optimizer, distributed_outside, column=False, saved_in=None):
+  """TF1 graph mode: Saver-era optimizers, hvd.DistributedOptimizer outside or inside the
+  tables' wrapper; rows and weights compared after training, in the session. column=True: the
+  table is a dynamic_embedding_column's, looked up by input_layer. saved_in: a directory where
+  every rank saves with a Saver, then restores rank 0's checkpoint (which names every part)."""
+  ids = tf.compat.v1.placeholder(tf.int64, [None, IDS_PER_ROW])
+  labels = tf.compat.v1.placeholder(tf.float32, [None, 1])
+  train_ops, tables, weights = {}, {}, {}
+  for which in ("split", "reference"):
+    distribution = "alltoall" if which == "split" else None
+    weights[which] = tf.compat.v1.get_variable(
+      f"{label}_{which}_w", initializer=np.linspace(-0.5, 0.5, DIM, dtype=np.float32)[:, None]
+    )
+    if column:
+      embedding_column = tf_ext.feature_column.dynamic_embedding_column(
+        tf.feature_column.categorical_column_with_identity("id", 20),
+        DIM,
+        combiner="sqrtn",
+        distribution=distribution,
+      )
+      with tf.compat.v1.variable_scope(f"{label}_{which}"):
+        embedded = tf.compat.v1.feature_column.input_layer({"id": ids}, [embedding_column])
+      (tables[which],) = [t for t in live_tables() if t.name.startswith(f"{label}_{which}/")]
+    else:
+      tables[which] = tf_ext.get_dynamic_embedding_variable(
+        f"{label}_{which}", DIM, distribution=distribution
+      )
+      embedded = tf_ext.embedding_lookup(tables[which], ids, combiner="sqrtn")
+    loss = tf.reduce_mean(tf.square(embedded @ weights[which] - labels))
+    optimizer = make_optimizer()
+    if which == "split":
+      if distributed_outside:
+        optimizer = hvd.DistributedOptimizer(tf_ext.DynamicEmbeddingOptimizer(optimizer))
+      else:
+        optimizer = tf_ext.DynamicEmbeddingOptimizer(hvd.DistributedOptimizer(optimizer))
+    else:
+      optimizer = tf_ext.DynamicEmbeddingOptimizer(optimizer)
+    train_ops[which] = optimizer.minimize(loss)
+  probe = tf.constant(GLOBAL_IDS[0])
+  found = {which: tables[which].lookup(probe) for which in tables}
+  exported = tables["split"].export()
+  saver = tf.compat.v1.train.Saver() if saved_in else None
+  cleared = tables["split"].clear()
+  barrier = hvd.allreduce(tf.constant(0.0), name=f"{label}_saved")
+  with tf.compat.v1.Session() as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    for step in range(STEPS):
+      session.run(
+        train_ops["split"], {ids: GLOBAL_IDS[step][MINE], labels: GLOBAL_LABELS[step][MINE]}
+      )
+      session.run(train_ops["reference"], {ids: GLOBAL_IDS[step], labels: GLOBAL_LABELS[step]})
+    keys, values = session.run(exported)
+    mine = session.run(tables["reference"].lookup(keys))
+    check(f"{label}: owned rows", len(keys) > 0 and np.allclose(values, mine, atol=1e-5))
+    split_rows, reference_rows = session.run([found["split"], found["reference"]])
+    check(
+      f"{label}: lookup through the exchange", np.allclose(split_rows, reference_rows, atol=1e-5)
+    )
+    w_split, w_reference = session.run([weights["split"], weights["reference"]])
+    check(f"{label}: dense weights", np.allclose(w_split, w_reference, atol=1e-5))
+    if saver:
+      saver.save(session, f"{saved_in}/rank_{rank}/model")
+      session.run(barrier)  # (every rank has saved)
+      session.run(cleared)
+      saver.restore(session, f"{saved_in}/rank_0/model")
+      restored_keys, restored_values = session.run(exported)
+      order, restored_order = np.argsort(keys), np.argsort(restored_keys)
+      check(
+        f"{label}: restored by a Saver",
+        np.array_equal(keys[order], restored_keys[restored_order])
+        and np.allclose(values[order], restored_values[restored_order]),
+      )
+
+
+if MODE == "tf1":
+  train_in_a_session(
+    "tf1_adagrad",
+    lambda: tf.compat.v1.train.AdagradOptimizer(0.3),
+    True,
+    saved_in=os.environ["CHECKPOINT_DIR"],
+  )
+  train_in_a_session("tf1_adam", lambda: tf.compat.v1.train.AdamOptimizer(0.05), False)
+  train_in_a_session("tf1_ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.3), True)
+  train_in_a_session(
+    "tf1_column", lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5), False, column=True
+  )
+elif MODE == "tape":
+  for name in OPTIMIZERS:
+    train_with_tape(f"tape_{name}", name)
+  train_with_tape("strings", "adam", key_dtype=tf.string)
+  train_with_tape("ragged", "adagrad", ragged=True)
+  train_with_tape("horovod_tape", "ftrl", tape_of=horovod.DistributedGradientTape)
+elif MODE == "tape4":  # four ranks: fewer cases
+  train_with_tape("tape4_adam", "adam")
+  train_with_tape("tape4_strings", "ftrl", key_dtype=tf.string)
+elif MODE == "lightcc":
+  train_with_tape("lightcc_adam", "adam")
+elif MODE == "keras":
+  for name in OPTIMIZERS:
+    train_with_fit(f"fit_{name}", name)
+  train_with_fit("fit_horovods_own", "adam", wrapper=horovod_keras.DistributedOptimizer)
+elif MODE == "checkpoint":
+  restore_checkpoints(os.environ["CHECKPOINT_DIR"])
+elif MODE == "reshard":  # restores the checkpoints that MODE=checkpoint wrote with other ranks
+  check_restored(os.environ["CHECKPOINT_DIR"], "")
+elif MODE == "mismatch":
+  try:
+    tf_ext.get_dynamic_embedding_variable("mismatched", 4 + 4 * rank, distribution="alltoall")
+    check("mismatched dims", False, "no error")
+  except ValueError as error:
+    print(f"rank {rank}: {error}", flush=True)
+    check("mismatched dims", "ranks [1]" in str(error) and "'mismatched'" in str(error))
+finish(rank, cases, failures)

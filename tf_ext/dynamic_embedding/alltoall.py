@@ -1,0 +1,269 @@
+"""AllToAllDynamicEmbeddingVariable: one table split across Horovod (or tf_ext.lightcc) ranks.
+
+Each rank holds the rows of the ids it owns: rank `TfExtShardOf(id, size)` (the frozen hash of
+`num_shards`). It is created with `distribution="alltoall"` after `hvd.init()`.
+
+- Lookup (a collective: every rank looks the table up in the same order): the ids are
+  deduplicated, sent to their owners (Horovod's alltoall with splits), looked up there in the
+  owner's local table, and the rows sent back (alltoall) and put back in the ids' order. String
+  keys travel as their bytes (a byte buffer and each key's length), so keys are compared whole.
+- Backward: the gradient of the rows goes back to the owners through the alltoall's gradient; the
+  owner's lookup turns it into an IndexedSlices gradient of its anchor (every rank's gradients of
+  its ids), which tf_ext.DynamicEmbeddingOptimizer applies with the table's fused update. The
+  anchor is rank-local (tf_ext/rank_local_gradients.py): Horovod's and LightCC's reductions leave
+  it out and divide it by the number of ranks as they average dense gradients, so N ranks, each
+  on its part of a global batch, train as one process on the whole batch.
+- Everything else (size, export, statistics, eviction) is this rank's part.
+- Checkpoints: every rank saves (each at a prefix of its own, or the same on a shared disk): its
+  part's file, and a manifest listing every rank's file by its whole path (checkpoint_files). A
+  restore keeps the ids the rank owns (kept_part): from any rank's checkpoint into any number of
+  ranks, from one process's table, or into one process's table (which reads every part).
+"""
+
+import os
+import sys
+
+import tensorflow as tf
+
+from tf_ext import rank_local_gradients
+from tf_ext.dynamic_embedding import checkpoint, lifecycle, sharded
+from tf_ext.dynamic_embedding import variable as variable_lib
+
+ALLTOALL = "alltoall"
+DISTRIBUTIONS = (None, ALLTOALL)
+# The Horovod name of the build-time check, the same for every table so that ranks that create
+# different tables meet in it (and get an error) instead of waiting for each other.
+_CHECK_NAME = "tf_ext_alltoall_table_check"
+
+
+def check_distribution(name, distribution, num_shards=None):
+  """ValueError naming the table for an unknown distribution, or alltoall with num_shards."""
+  if distribution not in DISTRIBUTIONS:
+    raise ValueError(
+      f"dynamic embedding table '{name}': distribution must be None or {ALLTOALL!r}, "
+      f"got {distribution!r}"
+    )
+  if distribution == ALLTOALL and num_shards is not None:
+    raise ValueError(
+      f"dynamic embedding table '{name}': distribution='alltoall' splits the table across the "
+      f"Horovod ranks; it cannot be combined with num_shards={num_shards!r} (parameter-server "
+      "shards): pass one of them"
+    )
+  return distribution
+
+
+def horovod_of(name):
+  """horovod.tensorflow, once the user initialized it (directly or through tf_ext.lightcc)."""
+  hvd = sys.modules.get("horovod.tensorflow")
+  if hvd is None or not hvd.is_initialized():
+    raise RuntimeError(
+      f"dynamic embedding table '{name}': distribution='alltoall' splits the table across "
+      "Horovod ranks: call hvd.init() (horovod.tensorflow or tf_ext.lightcc) before creating it"
+    )
+  return hvd
+
+
+def _check_same_on_every_rank(hvd, name, dim, key_dtype):
+  """Every rank must create the same table at the same point: compares name, dim and key dtype
+  over all ranks (an allgather at build time) and raises naming the ranks that differ."""
+  mine = (name, dim, key_dtype.name)
+  with tf.init_scope():
+    if tf.executing_eagerly():
+      everyone = hvd.allgather_object(mine, name=_CHECK_NAME)
+    else:
+      with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        everyone = hvd.allgather_object(mine, session=session, name=_CHECK_NAME)
+  if any(other != mine for other in everyone):
+    ranks = {}
+    for rank, facts in enumerate(everyone):
+      ranks.setdefault(facts, []).append(rank)
+    described = "; ".join(
+      f"ranks {r}: table '{n}' dim {d} key_dtype {k}" for (n, d, k), r in ranks.items()
+    )
+    raise ValueError(
+      f"dynamic embedding table '{name}' (distribution='alltoall'): every rank must create the "
+      f"same table with the same dim and key_dtype, in the same order; got {described}"
+    )
+
+
+@tf.custom_gradient
+def _gather_rows(rows, positions):
+  """tf.gather(rows, positions) whose gradient is dense (it goes through an alltoall)."""
+
+  def gradient(upstream):
+    return tf.math.unsorted_segment_sum(upstream, positions, tf.shape(rows)[0]), None
+
+  return tf.gather(rows, positions), gradient
+
+
+def _bytes_to_strings(flat_bytes, lengths):
+  """The strings whose bytes are `flat_bytes` (uint8), one of each length in `lengths`."""
+  one_byte_strings = tf.constant([bytes([b]) for b in range(256)])
+  characters = tf.gather(one_byte_strings, tf.cast(flat_bytes, tf.int32))
+  return tf.strings.reduce_join(tf.RaggedTensor.from_row_lengths(characters, lengths), axis=1)
+
+
+class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
+  """A dynamic embedding table whose rows are split by id across the Horovod ranks.
+
+  Create it with `tf_ext.get_dynamic_embedding_variable(..., distribution="alltoall")` (or the
+  same argument of tf_ext.dynamic_embedding, the Keras layer and the feature column) after
+  `hvd.init()`. lookup, insert and remove are collectives: every rank calls them in the same
+  order (with its own ids). size, export, statistics and checkpoints are this rank's part.
+  """
+
+  def __init__(self, name, dim, key_dtype=tf.int64, *args, **kwargs):
+    self._hvd = horovod_of(name)
+    self._rank, self._ranks = self._hvd.rank(), self._hvd.size()
+    super().__init__(name, dim, key_dtype, *args, **kwargs)
+    rank_local_gradients.mark(self.gradient_anchor)
+    _check_same_on_every_rank(self._hvd, self._name, self._dim, self._key_dtype)
+
+  @property
+  def distribution(self):
+    return ALLTOALL
+
+  @property
+  def rank(self):
+    """This rank: it holds the ids `TfExtShardOf(id, ranks) == rank`."""
+    return self._rank
+
+  @property
+  def ranks(self):
+    return self._ranks
+
+  def __repr__(self):
+    return (
+      f"<tf_ext.DynamicEmbeddingVariable '{self._name}' dim={self._dim} "
+      f"key_dtype={self._key_dtype.name} distribution='alltoall' rank={self._rank}/{self._ranks}>"
+    )
+
+  # ---- the exchange -------------------------------------------------------------------------
+
+  def owner_of(self, ids):
+    """Each id's rank (int32, the shape of ids)."""
+    return sharded.shard_of(ids, self._ranks)
+
+  def _send(self, keys, *others):
+    """Sends each of the flat `keys` (with the rows of `others` along) to its owner.
+
+    Returns (keys received, [others received], splits received, order), where `order` sorted the
+    keys by owner: what comes back in the received order, sent back with the received splits,
+    arrives in the order gather(keys, order).
+    """
+    owners = self.owner_of(keys)
+    order = tf.argsort(owners, stable=True)
+    keys = tf.gather(keys, order)
+    splits = tf.math.bincount(owners, minlength=self._ranks, maxlength=self._ranks, dtype=tf.int32)
+    received_others = [self._hvd.alltoall(tf.gather(o, order), splits=splits)[0] for o in others]
+    if self._key_dtype != tf.string:
+      received, received_splits = self._hvd.alltoall(keys, splits=splits)
+      return received, received_others, received_splits, order
+    lengths = tf.strings.length(keys)
+    received_lengths, received_splits = self._hvd.alltoall(lengths, splits=splits)
+    byte_splits = tf.math.unsorted_segment_sum(lengths, tf.gather(owners, order), self._ranks)
+    flat_bytes = tf.io.decode_raw(tf.strings.reduce_join(keys), tf.uint8)
+    received_bytes, _ = self._hvd.alltoall(flat_bytes, splits=byte_splits)
+    received = _bytes_to_strings(received_bytes, received_lengths)
+    return received, received_others, received_splits, order
+
+  # ---- table operations -------------------------------------------------------------------
+
+  def lookup(self, ids, name=None):
+    """Rows for `ids` (any shape): float32 of shape ids.shape + [dim]; never inserts.
+
+    A collective: every rank must look this table up, in the same order as the others."""
+    served = variable_lib.serving_replacement(self)
+    if served is not None:  # tf_ext.saved_model.export_for_serving is tracing
+      return served.lookup(ids, name)
+    ids = self._check_keys(ids)
+    with tf.name_scope(name or f"{self._name}_lookup"):
+      distinct, positions = tf.unique(tf.reshape(ids, [-1]))
+      received, _, received_splits, order = self._send(distinct)
+      owned_rows = super().lookup(received)
+      rows, _ = self._hvd.alltoall(owned_rows, splits=received_splits)
+      # rows[i] is the row of distinct[order[i]].
+      flat = _gather_rows(rows, tf.gather(tf.math.invert_permutation(order), positions))
+      out = tf.reshape(flat, tf.concat([tf.shape(ids), [self._dim]], 0))
+      out.set_shape(ids.shape.concatenate([self._dim]))
+      return out
+
+  def insert(self, keys, values, name=None):
+    """Sets the rows of `keys` (any shape) to `values` (keys.shape + [dim]), on their owners."""
+    keys = self._check_keys(keys, "keys")
+    values = self._check_rows(keys, values)
+    with tf.name_scope(name or f"{self._name}_insert"):
+      received, (rows,), _, _ = self._send(
+        tf.reshape(keys, [-1]), tf.reshape(values, [-1, self._dim])
+      )
+      return super().insert(received, rows)
+
+  def remove(self, keys, name=None):
+    """Removes `keys` from their owners; missing keys are ignored."""
+    keys = self._check_keys(keys, "keys")
+    with tf.name_scope(name or f"{self._name}_remove"):
+      received, _, _, _ = self._send(tf.reshape(keys, [-1]))
+      return super().remove(received)
+
+  def statistics(self, name=None, *, aggregate=False):
+    """This rank's part's statistics (see DynamicEmbeddingVariable.statistics); with
+    aggregate=True the whole table's, summed over the ranks (a collective). Lookups count the ids
+    each owner was sent: every rank's distinct ids of a lookup."""
+    stats = super().statistics(name)
+    if not aggregate:
+      return stats
+    with tf.name_scope(name or f"{self._name}_statistics"):
+      counts = tf.stack([stats[key] for key in lifecycle.STATISTICS])
+      summed = self._hvd.allreduce(counts, op=self._hvd.Sum)
+      return lifecycle.statistics_dict(tf.unstack(summed, num=len(lifecycle.STATISTICS)))
+
+  def checkpoint_files(self, prefix, name):
+    """(this rank's part file, the manifest) of the table saved as `name` in a checkpoint at
+    `prefix` (a string tensor), which every rank writes, each at its own prefix: a collective
+    (an allgather of the prefixes). The manifest lists every rank's part by its whole path, so
+    any rank's checkpoint restores into any number of ranks, or into one process's table."""
+    whole = tf.strings.regex_full_match(prefix, r"/.*|[A-Za-z][A-Za-z0-9+.-]*://.*")
+    prefix = tf.where(whole, prefix, tf.strings.join([os.getcwd(), "/", prefix]))
+    prefix_bytes = tf.io.decode_raw(prefix, tf.uint8)
+    lengths = self._hvd.allgather(tf.reshape(tf.size(prefix_bytes), [1]))
+    prefixes = _bytes_to_strings(self._hvd.allgather(prefix_bytes), lengths)
+    suffixes = [checkpoint.snapshot_suffix(f"{name}/part_{r}") for r in range(self._ranks)]
+    files = tf.strings.join([prefixes, suffixes])
+    manifest = tf.strings.join(
+      [f"{checkpoint.MANIFEST_HEADER}{self._ranks}\n", tf.strings.reduce_join(files + "\n")]
+    )
+    return files[self._rank], manifest
+
+  def kept_part(self):
+    """(ranks, rank): a checkpoint restore keeps this rank's ids (checkpoint.py)."""
+    return self._ranks, self._rank
+
+  def import_with_slots(
+    self, keys, values, slots, update_counts, last_steps, slot_initial_values, name=None
+  ):
+    """Replaces this rank's part with the ids it owns of the given snapshot (of any part, or of
+    the whole table, e.g. from a .keras file); not a collective."""
+    keys = self._check_keys(keys, "keys")
+    owned = tf.equal(self.owner_of(keys), self._rank)
+    kept = [
+      tf.boolean_mask(tf.convert_to_tensor(t, dtype), owned)
+      for t, dtype in (
+        (keys, self._key_dtype),
+        (values, tf.float32),
+        (slots, tf.float32),
+        (update_counts, tf.int64),
+        (last_steps, tf.int64),
+      )
+    ]
+    return super().import_with_slots(*kept, slot_initial_values, name=name)
+
+  def owned_gradient(self, gradient):
+    """The part of the IndexedSlices `gradient` of this table's anchor that this rank owns: all
+    of it, unless a reduction that does not know rank-local gradients (Horovod's own tape, or
+    its v1 DistributedOptimizer wrapped around the table's optimizer) allgathered every rank's."""
+    owned = tf.equal(self.owner_of(gradient.indices), self._rank)
+    return tf.IndexedSlices(
+      tf.boolean_mask(gradient.values, owned),
+      tf.boolean_mask(gradient.indices, owned),
+      gradient.dense_shape,
+    )
