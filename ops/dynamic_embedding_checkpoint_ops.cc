@@ -48,7 +48,9 @@ Writes a table snapshot file, streaming: a full snapshot, or a delta since an ea
 
 The table is walked under its shards' read locks (lookups go on, updates wait) and written in
 chunks of about 1 MiB with checksums, to `path` + a temporary suffix that is renamed to `path`
-once complete: a failed or killed save never leaves a partial file under `path`.
+once complete: a failed or killed save never leaves a partial file under `path`. The file also
+holds the table's admission state (the counts of ids waiting for admission), whole, also in a
+delta.
 
 path: The file to write (any file system TensorFlow writes).
 since_version: -1 for a full snapshot; else the version an earlier snapshot of this table returned:
@@ -83,7 +85,7 @@ paths[0] must be a full snapshot and each later path the next delta of the same 
 are read in chunks into a new table that replaces the content only once every file was read and
 its checksums held. A missing, corrupt or out-of-order file is an error naming it, and leaves the
 table as it was. Slots the table already has beyond the snapshot's are kept, at their initial
-values.
+values. The admission counts become the last file's that holds any (0 without).
 
 paths: The chain's files, in order.
 version: With track, the version to pass as since_version of the next delta (continuing the

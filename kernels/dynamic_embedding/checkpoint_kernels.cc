@@ -144,6 +144,7 @@ class SaveSnapshotOp : public TableKernel {
     header.sequence = static_cast<uint64_t>(ScalarInput(ctx, 4));
     header.step = ScalarInput(ctx, 5);
     header.table_name = table->name();
+    de::DescribeAdmission(core->admission(), &header);
     int num_slots = 0;
     bool written = false;
     const int64_t version = core->Snapshot(
@@ -159,7 +160,9 @@ class SaveSnapshotOp : public TableKernel {
         [&](const Key& key, const de::RowRef& row) {
           return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
         },
-        [&](const Key& key) { return writer.Tombstone(key); }, track_);
+        [&](const Key& key) { return writer.Tombstone(key); }, track_,
+        [&](const Key& key, uint32_t count) { return writer.Pending(key, count); },
+        [&](const de::CountMinSketch& sketch) { return writer.SketchCounters(sketch); });
     if (version >= 0) written = writer.Finish();
     Status status = sink.status();
     if (status.ok() && written) status = file->Close();
@@ -193,13 +196,18 @@ class SaveSnapshotOp : public TableKernel {
 // As shard `shard_index` of `num_shards`, it keeps only the rows of its own ids (TfExtShardOf);
 // `merge` reads several full snapshots (the shards of a sharded checkpoint) into one table.
 // With `verify_only` it reads and checks every file the same way but keeps no row.
+// Admission state: a file of a chain that holds some replaces the earlier files' (it is the whole
+// state at its save); merged files add up: exact counts of this shard's ids, sketch counters by
+// element-wise max (admission.h says why). A sketch of another width or depth than the table's
+// cannot be re-hashed and is dropped; exact counts restored into a sketch raise the ids'
+// estimates; files without admission state (format version 1) leave the counts at 0.
 template <typename Key>
 class ChainLoader {
  public:
   explicit ChainLoader(DynamicTable* table, int num_shards = 1, int shard_index = 0,
                        bool merge = false, bool verify_only = false)
       : table_(table),
-        fresh_(table->dim(), table->initializer()),
+        fresh_(EmptyTableLike<Key>(table)),
         num_shards_(num_shards),
         shard_index_(shard_index),
         merge_(merge),
@@ -251,10 +259,29 @@ class ChainLoader {
       fresh_.Remove(key);
       return true;
     };
+    if (header.admission != de::SnapshotAdmission::kNone && !merge_ && !verify_only_) {
+      fresh_.ClearAdmission();
+    }
+    de::SnapshotReader::AdmissionRecords admission;
+    auto pending = [&](auto key, uint32_t count) {
+      if (verify_only_) return true;
+      if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
+      fresh_.RestorePending(key, count);
+      return true;
+    };
+    admission.sketch = [&](uint64_t first, const uint32_t* counters, size_t n) {
+      if (!verify_only_) {
+        fresh_.RestoreSketch(static_cast<int64_t>(header.sketch_width),
+                             static_cast<int>(header.sketch_depth), first, n, counters);
+      }
+      return true;
+    };
     if constexpr (std::is_same_v<Key, int64_t>) {
-      problem = reader.ReadRecords(remove, put_row, nullptr, nullptr);
+      admission.int64_pending = pending;
+      problem = reader.ReadRecords(remove, put_row, nullptr, nullptr, &admission);
     } else {
-      problem = reader.ReadRecords(nullptr, nullptr, remove, put_row);
+      admission.string_pending = pending;
+      problem = reader.ReadRecords(nullptr, nullptr, remove, put_row, &admission);
     }
     if (!problem.empty()) return DataLoss(path, problem, source.status());
     step_ = header.step;

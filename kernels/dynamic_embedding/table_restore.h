@@ -15,6 +15,15 @@
 
 namespace tf_ext {
 
+// An empty core table like the table's (dim, initializer, shards, admission), to build a
+// restore in: SwapContents moves everything, admission counts included.
+template <typename Key>
+de::EmbeddingTable<Key> EmptyTableLike(DynamicTable* table) {
+  const de::EmbeddingTable<Key>& live = *table->template table<Key>();
+  return de::EmbeddingTable<Key>(live.dim(), live.initializer(), live.shard_bits(),
+                                 live.admission());
+}
+
 // Swaps `fresh` in as the table's content. Slots the table already has beyond fresh's are kept
 // at their initial values (an optimizer may have widened the table before the restore).
 template <typename Key>
@@ -56,7 +65,8 @@ Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& ke
   if (counts.shape() != keys.shape() || steps.shape() != keys.shape()) {
     return table->Invalid("import: update_counts and last_steps must have shape [", n, "]");
   }
-  de::EmbeddingTable<Key> fresh(dim, table->initializer());
+  // The tensors hold no admission state: the counts of ids waiting start at 0.
+  de::EmbeddingTable<Key> fresh = EmptyTableLike<Key>(table);
   const auto init = slot_init.flat<float>();
   fresh.EnsureSlots(num_slots, std::vector<float>(init.data(), init.data() + num_slots));
   const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();

@@ -7,6 +7,13 @@
 // through an atomic max, so an estimate is never below the true count, also under concurrent
 // updates: the sketch can admit an id early (a "false admission"), never late. Ids evicted from
 // the table keep their counts, so they are re-admitted at their next update.
+//
+// Snapshots save the counters with the table (snapshot_file.h). Restoring a sharded table into
+// another number of shards merges the old shards' sketches (of one width and depth) by an
+// element-wise max: an id was counted in one old shard's sketch only, where its counters are at
+// least its count, so the max keeps every estimate at least the true count (never late). A sum,
+// the plain sketch's merge of two streams, would add the other shards' unrelated counts to every
+// estimate: more false admissions, for no gain.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_ADMISSION_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_ADMISSION_H_
 
@@ -15,6 +22,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <utility>
 
 #include "kernels/dynamic_embedding/core/host_device.h"
 
@@ -60,13 +68,7 @@ class CountMinSketch {
     }
     if (estimate == std::numeric_limits<uint32_t>::max()) return estimate;  // saturated
     const uint32_t raised = estimate + 1;
-    for (int row = 0; row < depth_; ++row) {
-      std::atomic<uint32_t>& counter = Counter(row, hash);
-      uint32_t value = counter.load(std::memory_order_relaxed);
-      while (value < raised &&
-             !counter.compare_exchange_weak(value, raised, std::memory_order_relaxed)) {
-      }
-    }
+    for (int row = 0; row < depth_; ++row) RaiseCounter(&Counter(row, hash), raised);
     return raised;
   }
 
@@ -78,13 +80,41 @@ class CountMinSketch {
     return estimate;
   }
 
+  // Raises the id's counters to at least `count`: its estimate becomes at least `count` (an
+  // exactly counted id restored into a sketch).
+  void Raise(uint64_t hash, uint32_t count) {
+    for (int row = 0; row < depth_; ++row) RaiseCounter(&Counter(row, hash), count);
+  }
+
   int64_t width() const { return static_cast<int64_t>(width_mask_ + 1); }
   int depth() const { return depth_; }
   size_t Bytes() const { return sizeof(uint32_t) * (width_mask_ + 1) * depth_; }
 
+  // The counters, row after row (width() * depth() of them), as snapshots save and restore them.
+  size_t NumCounters() const { return static_cast<size_t>(width_mask_ + 1) * depth_; }
+  void CopyCounters(size_t first, size_t n, uint32_t* out) const {
+    for (size_t i = 0; i < n; ++i) out[i] = counters_[first + i].load(std::memory_order_relaxed);
+  }
+  // Counters [first, first + n) become the larger of theirs and `values`: into a zeroed sketch
+  // this loads them; across sketches of one width and depth it merges them (see MergeMax below).
+  void MaxCounters(size_t first, size_t n, const uint32_t* values) {
+    for (size_t i = 0; i < n; ++i) RaiseCounter(&counters_[first + i], values[i]);
+  }
+  // Exchanges the counts with a sketch of the same width and depth. Not atomic: no update of
+  // either may run meanwhile.
+  void SwapCounters(CountMinSketch& other) { std::swap(counters_, other.counters_); }
+  void Clear() {
+    for (size_t i = 0; i < NumCounters(); ++i) counters_[i].store(0, std::memory_order_relaxed);
+  }
+
  private:
   std::atomic<uint32_t>& Counter(int row, uint64_t hash) const {
     return counters_[SketchCounterIndex(row, hash, width_mask_)];
+  }
+  static void RaiseCounter(std::atomic<uint32_t>* counter, uint32_t to) {
+    uint32_t value = counter->load(std::memory_order_relaxed);
+    while (value < to && !counter->compare_exchange_weak(value, to, std::memory_order_relaxed)) {
+    }
   }
 
   const int depth_;

@@ -113,6 +113,7 @@ class EmbeddingTable {
   EmbeddingTable& operator=(const EmbeddingTable&) = delete;
 
   int dim() const { return dim_; }
+  int shard_bits() const { return shard_bits_; }
   int num_slots() const { return num_slots_.load(std::memory_order_acquire); }
   const InitializerSpec& initializer() const { return init_; }
   const AdmissionSpec& admission() const { return admission_; }
@@ -230,14 +231,31 @@ class EmbeddingTable {
   template <typename Begin, typename Row, typename TombstoneFn>
   int64_t Snapshot(int64_t since_version, Begin&& begin, Row&& row, TombstoneFn&& tombstone,
                    bool track = true);
+  // Snapshot with the admission state of the same instant, after the rows (whole, also in a
+  // delta: it is bounded by the sketch, or by the table's memory): with exact admission
+  // pending(const Key&, uint32_t count) for each id waiting, with a sketch sketch(const
+  // CountMinSketch&) once; each returns bool, as the other callbacks.
+  template <typename Begin, typename Row, typename TombstoneFn, typename PendingFn,
+            typename SketchFn>
+  int64_t Snapshot(int64_t since_version, Begin&& begin, Row&& row, TombstoneFn&& tombstone,
+                   bool track, PendingFn&& pending, SketchFn&& sketch);
+  // Restoring the admission state into a table being built (before SwapContents), as a snapshot
+  // holds it. ClearAdmission forgets every count (a later file of a chain replaces the state).
+  // RestorePending sets an id's exact count, or raises its sketch estimate to it. RestoreSketch
+  // raises counters [first, first + n) to `values` (loading into a cleared sketch, merging by
+  // max across shards' sketches) and returns false, changing nothing, when the table has no
+  // sketch of this width and depth: those counters cannot be re-hashed, so they are dropped.
+  void ClearAdmission();
+  void RestorePending(KeyView key, uint32_t count);
+  bool RestoreSketch(int64_t width, int depth, size_t first, size_t n, const uint32_t* values);
   // Declares the current content the base of later deltas, without walking it: for a table just
   // restored from a snapshot chain, whose next delta continues that chain. Returns the version
   // to pass as since_version.
   int64_t MarkSnapshotBase();
   // Forgets the changes and removals a durable snapshot of `version` holds.
   void CommitSnapshot(int64_t version);
-  // Replaces the whole content with `other`'s (same dim). Either all of it or nothing:
-  // the caller builds and validates `other` first.
+  // Replaces the whole content with `other`'s (same dim, shards and admission spec), admission
+  // counts included. Either all of it or nothing: the caller builds and validates `other` first.
   void SwapContents(EmbeddingTable& other);
 
  private:
@@ -387,6 +405,12 @@ class EmbeddingTable {
   void ForEachLastStep(Fn&& fn) const;
 
   // Change tracking for delta snapshots (embedding_table_snapshot.h).
+  struct SkipAdmission {  // the admission callbacks of a Snapshot that saves no admission state
+    template <typename... Args>
+    bool operator()(Args&&...) const {
+      return true;
+    }
+  };
   void StartTrackingAt(uint32_t version);
   void MarkChanged(Shard& shard, uint32_t id);
 

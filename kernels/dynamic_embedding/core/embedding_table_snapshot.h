@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
+#include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -38,6 +41,14 @@ template <typename Key>
 template <typename Begin, typename Row, typename TombstoneFn>
 inline int64_t EmbeddingTable<Key>::Snapshot(int64_t since_version, Begin&& begin, Row&& row,
                                              TombstoneFn&& tombstone, bool track) {
+  return Snapshot(since_version, begin, row, tombstone, track, SkipAdmission(), SkipAdmission());
+}
+
+template <typename Key>
+template <typename Begin, typename Row, typename TombstoneFn, typename PendingFn, typename SketchFn>
+inline int64_t EmbeddingTable<Key>::Snapshot(int64_t since_version, Begin&& begin, Row&& row,
+                                             TombstoneFn&& tombstone, bool track,
+                                             PendingFn&& pending, SketchFn&& sketch) {
   std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);
   const bool full = since_version == kFullSnapshot;
   if (!full && (!tracking_.load(std::memory_order_relaxed) ||
@@ -90,6 +101,19 @@ inline int64_t EmbeddingTable<Key>::Snapshot(int64_t since_version, Begin&& begi
       if (!(ok = row(static_cast<const Key&>(KeyOf(entry)), RowOf(entry)))) break;
     }
   }
+  // Admit runs under a shard's exclusive lock: with every shard read-locked the counts are those
+  // of the rows' instant.
+  if constexpr (!std::is_same_v<std::decay_t<PendingFn>, SkipAdmission>) {
+    for (size_t s = 0; ok && s < shards_.size(); ++s) {
+      if (!shards_[s].pending) continue;
+      for (const auto& [key, count] : *shards_[s].pending) {
+        if (!(ok = pending(key, count))) break;
+      }
+    }
+  }
+  if constexpr (!std::is_same_v<std::decay_t<SketchFn>, SkipAdmission>) {
+    if (ok && sketch_) ok = sketch(static_cast<const CountMinSketch&>(*sketch_));
+  }
   if (ok) {
     // Later changes get later versions.
     version_.store(version + 1, std::memory_order_relaxed);
@@ -134,8 +158,46 @@ inline void EmbeddingTable<Key>::CommitSnapshot(int64_t version) {
 }
 
 template <typename Key>
+inline void EmbeddingTable<Key>::ClearAdmission() {
+  if (sketch_) sketch_->Clear();
+  for (auto& shard : shards_) {
+    ExclusiveGuard guard(shard.lock);
+    shard.pending.reset();
+  }
+}
+
+template <typename Key>
+inline void EmbeddingTable<Key>::RestorePending(KeyView key, uint32_t count) {
+  if (admission_.min_count <= 1 || count == 0) return;
+  const uint64_t hash = StorageHash(key);
+  if (sketch_) {
+    sketch_->Raise(hash, count);
+    return;
+  }
+  Shard& shard = ShardFor(hash);
+  ExclusiveGuard guard(shard.lock);
+  if (!shard.pending) shard.pending = std::make_unique<std::unordered_map<Key, uint32_t>>();
+  (*shard.pending)[Key(key)] = count;
+}
+
+template <typename Key>
+inline bool EmbeddingTable<Key>::RestoreSketch(int64_t width, int depth, size_t first, size_t n,
+                                               const uint32_t* values) {
+  if (!sketch_ || sketch_->width() != width || sketch_->depth() != depth ||
+      first + n > sketch_->NumCounters()) {
+    return false;
+  }
+  sketch_->MaxCounters(first, n, values);
+  return true;
+}
+
+template <typename Key>
 inline void EmbeddingTable<Key>::SwapContents(EmbeddingTable& other) {
-  if (other.shards_.size() != shards_.size() || other.dim_ != dim_) std::abort();
+  if (other.shards_.size() != shards_.size() || other.dim_ != dim_ ||
+      (sketch_ == nullptr) != (other.sketch_ == nullptr) ||
+      (sketch_ && sketch_->NumCounters() != other.sketch_->NumCounters())) {
+    std::abort();
+  }
   LockAll();
   other.LockAll();
   // Swap what the shards hold, never the shards themselves: a reader waiting on a
@@ -146,6 +208,8 @@ inline void EmbeddingTable<Key>::SwapContents(EmbeddingTable& other) {
     other.shards_[i] = std::move(held);
   }
   std::swap(arena_, other.arena_);
+  // Same width and depth: only the counts differ. Admit uses them under a shard's lock.
+  if (sketch_) sketch_->SwapCounters(*other.sketch_);
   const int64_t other_size = other.size_.load();
   other.size_.store(size_.load());
   size_.store(other_size);

@@ -108,8 +108,13 @@ bool SnapshotWriter::Begin(const SnapshotHeader& header) {
   num_slots_ = header.num_slots;
   expected_rows_ = header.rows;
   expected_tombstones_ = header.tombstones;
+  admission_ = header.admission;
+  expected_counters_ =
+      admission_ == SnapshotAdmission::kSketch ? header.sketch_width * header.sketch_depth : 0;
+  const bool with_admission = admission_ != SnapshotAdmission::kNone;
   std::string bytes(kMagic, sizeof(kMagic));
-  PutField(&bytes, kSnapshotFormatVersion);
+  PutField(&bytes,
+           with_admission ? kSnapshotFormatVersion : kSnapshotFormatVersionWithoutAdmission);
   PutField(&bytes, static_cast<uint32_t>(header.kind));
   PutField(&bytes, static_cast<uint32_t>(header.key_type));
   PutField(&bytes, header.dim);
@@ -119,6 +124,11 @@ bool SnapshotWriter::Begin(const SnapshotHeader& header) {
   PutField(&bytes, header.step);
   PutField(&bytes, header.rows);
   PutField(&bytes, header.tombstones);
+  if (with_admission) {
+    PutField(&bytes, static_cast<uint32_t>(header.admission));
+    PutField(&bytes, header.sketch_depth);
+    PutField(&bytes, header.sketch_width);
+  }
   for (uint32_t s = 0; s < header.num_slots; ++s) PutField(&bytes, header.slot_initial_values[s]);
   PutField(&bytes, static_cast<uint32_t>(header.table_name.size()));
   bytes += header.table_name;
@@ -128,7 +138,8 @@ bool SnapshotWriter::Begin(const SnapshotHeader& header) {
 }
 
 bool SnapshotWriter::StartRecord(BlockType type) {
-  if (type < chunk_type_) return false;  // tombstones after rows could not be replayed in a pass
+  // Tombstones after rows could not be replayed in a pass.
+  if (BlockOrder(type) < BlockOrder(chunk_type_)) return false;
   if (type != chunk_type_) {
     if (!FlushChunk()) return false;
     chunk_type_ = type;
@@ -138,8 +149,26 @@ bool SnapshotWriter::StartRecord(BlockType type) {
 
 bool SnapshotWriter::EndRecord() {
   ++chunk_records_;
-  (chunk_type_ == kRows ? rows_ : tombstones_) += 1;
+  ++records_[chunk_type_];
   return chunk_.size() < kSnapshotChunkBytes || FlushChunk();
+}
+
+bool SnapshotWriter::SketchCounters(const uint32_t* counters, size_t n) {
+  if (admission_ != SnapshotAdmission::kSketch || records_[kSketch] + n > expected_counters_) {
+    return false;
+  }
+  while (n > 0) {
+    if (!StartRecord(kSketch)) return false;
+    const size_t room = (kSnapshotChunkBytes - chunk_.size()) / sizeof(uint32_t);
+    const size_t take = std::min(n, std::max<size_t>(room, 1));
+    Append(reinterpret_cast<const char*>(counters), sizeof(uint32_t) * take);
+    chunk_records_ += static_cast<uint32_t>(take);
+    records_[kSketch] += take;
+    counters += take;
+    n -= take;
+    if (chunk_.size() >= kSnapshotChunkBytes && !FlushChunk()) return false;
+  }
+  return true;
 }
 
 bool SnapshotWriter::FlushChunk() {
@@ -157,11 +186,18 @@ bool SnapshotWriter::FlushChunk() {
 }
 
 bool SnapshotWriter::Finish() {
-  if (rows_ != expected_rows_ || tombstones_ != expected_tombstones_) return false;
+  if (records_[kRows] != expected_rows_ || records_[kTombstones] != expected_tombstones_ ||
+      records_[kSketch] != expected_counters_) {
+    return false;
+  }
   if (!FlushChunk()) return false;
   chunk_type_ = kEnd;
-  PutField(&chunk_, rows_);
-  PutField(&chunk_, tombstones_);
+  PutField(&chunk_, records_[kRows]);
+  PutField(&chunk_, records_[kTombstones]);
+  if (admission_ != SnapshotAdmission::kNone) {
+    PutField(&chunk_, records_[kPending]);
+    PutField(&chunk_, records_[kSketch]);
+  }
   return FlushChunk();
 }
 
@@ -188,8 +224,9 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
   cursor.Get(&h.step);
   cursor.Get(&h.rows);
   cursor.Get(&h.tombstones);
-  if (version != kSnapshotFormatVersion) {
-    return "snapshot format version " + std::to_string(version) + ", this build reads " +
+  if (version < kSnapshotFormatVersionWithoutAdmission || version > kSnapshotFormatVersion) {
+    return "snapshot format version " + std::to_string(version) + ", this build reads versions " +
+           std::to_string(kSnapshotFormatVersionWithoutAdmission) + " to " +
            std::to_string(kSnapshotFormatVersion);
   }
   if (kind > 1 || key_type > 1 || h.dim == 0 || h.dim > kMaxHeaderDim ||
@@ -198,6 +235,30 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
   }
   h.kind = static_cast<SnapshotKind>(kind);
   h.key_type = static_cast<SnapshotKeyType>(key_type);
+  if (version >= 2) {
+    std::string admission_fields(16, '\0');
+    if (!ReadExact(admission_fields.data(), admission_fields.size())) {
+      return "truncated snapshot header";
+    }
+    bytes += admission_fields;  // checksummed with the rest
+    Cursor fields(admission_fields.data(), admission_fields.size());
+    uint32_t admission;
+    fields.Get(&admission);
+    fields.Get(&h.sketch_depth);
+    fields.Get(&h.sketch_width);
+    // A sketch as the table builds one (admission.h): 1 to 16 rows of a power of two counters,
+    // from 1024 to 2^32; anything else is corruption.
+    const bool sketch_ok = h.sketch_depth >= 1 && h.sketch_depth <= 16 && h.sketch_width >= 1024 &&
+                           h.sketch_width <= (uint64_t{1} << 32) &&
+                           (h.sketch_width & (h.sketch_width - 1)) == 0;
+    const bool no_sketch = h.sketch_depth == 0 && h.sketch_width == 0;
+    // Version 1 is written when there is no admission state: version 2 always has some.
+    const bool valid =
+        (admission == static_cast<uint32_t>(SnapshotAdmission::kSketch) && sketch_ok) ||
+        (admission == static_cast<uint32_t>(SnapshotAdmission::kExact) && no_sketch);
+    if (!valid) return "corrupt snapshot header";
+    h.admission = static_cast<SnapshotAdmission>(admission);
+  }
   std::string rest(4 * h.num_slots + 4, '\0');
   if (!ReadExact(rest.data(), rest.size())) return "truncated snapshot header";
   uint32_t name_bytes;
@@ -222,24 +283,39 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
 
 std::string SnapshotReader::ReadRecords(
     const std::function<bool(int64_t)>& int64_tombstone, const Int64Row& int64_row,
-    const std::function<bool(std::string_view)>& string_tombstone, const StringRow& string_row) {
+    const std::function<bool(std::string_view)>& string_tombstone, const StringRow& string_row,
+    const AdmissionRecords* admission) {
   const bool string_keys = header_.key_type == SnapshotKeyType::kString;
   const size_t value_bytes = sizeof(float) * header_.dim * (1 + header_.num_slots);
   std::vector<float> values(header_.dim * (1 + header_.num_slots));
+  std::vector<uint32_t> counters;
   std::string payload;
-  uint64_t rows = 0, tombstones = 0;
-  uint32_t last_type = SnapshotWriter::kTombstones;
+  uint64_t rows = 0, tombstones = 0, pending = 0, sketch_counters = 0;
+  const uint64_t expected_counters = header_.admission == SnapshotAdmission::kSketch
+                                         ? header_.sketch_width * header_.sketch_depth
+                                         : 0;
+  // The block types this file may hold: its admission state's only.
+  auto allowed = [&](uint32_t type) {
+    switch (type) {
+      case SnapshotWriter::kPending:
+        return header_.admission == SnapshotAdmission::kExact;
+      case SnapshotWriter::kSketch:
+        return header_.admission == SnapshotAdmission::kSketch;
+      default:
+        return SnapshotWriter::BlockOrder(type) >= 0;
+    }
+  };
+  int last_order = 0;
   for (;;) {
     uint32_t head[4];
     if (!ReadExact(reinterpret_cast<char*>(head), sizeof(head))) {
       return "truncated: the file ends before its end block";
     }
     const uint32_t type = head[0], count = head[1], bytes = head[2];
-    if (type < SnapshotWriter::kTombstones || type > SnapshotWriter::kEnd || type < last_type ||
-        bytes > kMaxPayload) {
+    if (!allowed(type) || SnapshotWriter::BlockOrder(type) < last_order || bytes > kMaxPayload) {
       return "corrupt block header";
     }
-    last_type = type;
+    last_order = SnapshotWriter::BlockOrder(type);
     payload.resize(bytes);
     if (!ReadExact(payload.data(), bytes)) return "truncated block";
     const uint32_t crc =
@@ -247,15 +323,32 @@ std::string SnapshotReader::ReadRecords(
     if (crc != head[3]) return "block checksum mismatch";
     Cursor cursor(payload.data(), payload.size());
     if (type == SnapshotWriter::kEnd) {
-      uint64_t end_rows, end_tombstones;
-      if (!cursor.Get(&end_rows) || !cursor.Get(&end_tombstones) || !cursor.AtEnd()) {
+      uint64_t end_rows, end_tombstones, end_pending = 0, end_counters = 0;
+      const bool with_admission = header_.admission != SnapshotAdmission::kNone;
+      if (!cursor.Get(&end_rows) || !cursor.Get(&end_tombstones) ||
+          (with_admission && (!cursor.Get(&end_pending) || !cursor.Get(&end_counters))) ||
+          !cursor.AtEnd()) {
         return "corrupt end block";
       }
       if (end_rows != rows || end_tombstones != tombstones || rows != header_.rows ||
-          tombstones != header_.tombstones) {
+          tombstones != header_.tombstones || end_pending != pending ||
+          end_counters != sketch_counters || sketch_counters != expected_counters) {
         return "record counts disagree with the header";
       }
       return "";
+    }
+    if (type == SnapshotWriter::kSketch) {
+      if (bytes != sizeof(uint32_t) * uint64_t{count} ||
+          sketch_counters + count > expected_counters) {
+        return "corrupt sketch block";
+      }
+      if (admission != nullptr && admission->sketch) {
+        counters.resize(count);
+        std::memcpy(counters.data(), payload.data(), bytes);
+        if (!admission->sketch(sketch_counters, counters.data(), count)) return "stopped";
+      }
+      sketch_counters += count;
+      continue;
     }
     for (uint32_t r = 0; r < count; ++r) {
       int64_t int_key = 0;
@@ -275,6 +368,18 @@ std::string SnapshotReader::ReadRecords(
         if (!(string_keys ? string_tombstone(string_key) : int64_tombstone(int_key))) {
           return "stopped";
         }
+        continue;
+      }
+      if (type == SnapshotWriter::kPending) {
+        uint32_t pending_count;
+        if (!cursor.Get(&pending_count)) return "corrupt record";
+        ++pending;
+        if (admission == nullptr) continue;
+        const bool go =
+            string_keys
+                ? !admission->string_pending || admission->string_pending(string_key, pending_count)
+                : !admission->int64_pending || admission->int64_pending(int_key, pending_count);
+        if (!go) return "stopped";
         continue;
       }
       uint32_t update_count;

@@ -5,18 +5,27 @@
 //
 // Layout (little-endian):
 //   header   "TFEXTSNP", format version, kind, key type, dim, num_slots, chain id, sequence,
-//            step, row and tombstone counts, slot initial values, table name; then its CRC32C
-//   blocks   type (tombstones, then rows), record count, payload bytes, CRC32C of the block's
-//            first three fields and payload; then the payload. Tombstones come first so one pass
-//            over a delta replays it: an id removed and added again since the base is a
-//            tombstone and a row, and the row must win.
-//   end      a block of type kEnd whose payload repeats the row and tombstone counts, so a
-//            truncated file is detected.
+//            step, row and tombstone counts, [version 2: admission kind, sketch depth (u32),
+//            sketch width (u64)], slot initial values, table name; then its CRC32C
+//   blocks   type (tombstones, rows, then version 2's admission state: pending counts or sketch
+//            counters), record count, payload bytes, CRC32C of the block's first three fields
+//            and payload; then the payload. Tombstones come first so one pass over a delta
+//            replays it: an id removed and added again since the base is a tombstone and a row,
+//            and the row must win.
+//   end      a block of type kEnd whose payload repeats the row and tombstone counts (version
+//            2: and the pending and sketch counter counts), so a truncated file is detected.
 // A row record is its key (int64: 8 bytes; string: u32 length + bytes), its update count (u32),
-// last step (i64) and dim * (1 + num_slots) floats: the embedding, then each slot.
+// last step (i64) and dim * (1 + num_slots) floats: the embedding, then each slot. A pending
+// record is a key and its count (u32); a sketch block's records are counters (u32), in order.
+//
+// Versions. 1 holds no admission state; 2 adds it, the whole state of the table at the save
+// (also in a delta: it is bounded). A file without admission state is written as version 1, as
+// before version 2, so that earlier builds still read it; they refuse a version 2 file by its
+// version. This build reads both.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SNAPSHOT_FILE_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SNAPSHOT_FILE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,6 +33,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "kernels/dynamic_embedding/core/admission.h"
 
 namespace tf_ext {
 namespace de {
@@ -46,6 +57,9 @@ class ByteSource {
 uint32_t Crc32c(uint32_t crc, const char* data, size_t n);
 
 enum class SnapshotKind : uint32_t { kFull = 0, kDelta = 1 };
+// The admission state a snapshot holds (admission.h): none, a count-min sketch's counters, or
+// the exact counts of the ids waiting.
+enum class SnapshotAdmission : uint32_t { kNone = 0, kSketch = 1, kExact = 2 };
 enum class SnapshotKeyType : uint32_t { kInt64 = 0, kString = 1 };
 
 struct SnapshotHeader {
@@ -60,12 +74,28 @@ struct SnapshotHeader {
   uint64_t tombstones = 0;
   std::vector<float> slot_initial_values;  // num_slots values
   std::string table_name;
+  SnapshotAdmission admission = SnapshotAdmission::kNone;
+  uint64_t sketch_width = 0;  // with kSketch: counters per row (a power of two), and rows
+  uint32_t sketch_depth = 0;
 };
 
-constexpr uint32_t kSnapshotFormatVersion = 1;
+// The version written when a snapshot holds admission state, and the newest this build reads.
+constexpr uint32_t kSnapshotFormatVersion = 2;
+constexpr uint32_t kSnapshotFormatVersionWithoutAdmission = 1;
 constexpr size_t kSnapshotChunkBytes = size_t{1} << 20;
 
-// Writes one snapshot: Begin, then every Tombstone, then every Row, then Finish. Records are
+// The admission state a snapshot of a table with this admission spec holds.
+inline void DescribeAdmission(const AdmissionSpec& spec, SnapshotHeader* header) {
+  header->admission = spec.min_count <= 1 ? SnapshotAdmission::kNone
+                      : spec.exact        ? SnapshotAdmission::kExact
+                                          : SnapshotAdmission::kSketch;
+  const bool sketch = header->admission == SnapshotAdmission::kSketch;
+  header->sketch_width = sketch ? static_cast<uint64_t>(SketchWidth(spec.sketch_width)) : 0;
+  header->sketch_depth = sketch ? static_cast<uint32_t>(spec.sketch_depth) : 0;
+}
+
+// Writes one snapshot: Begin, then every Tombstone, then every Row, then the admission state
+// the header announces (every Pending count, or SketchCounters), then Finish. Records are
 // gathered into chunks of about kSnapshotChunkBytes, each written with its checksum.
 class SnapshotWriter {
  public:
@@ -89,10 +119,49 @@ class SnapshotWriter {
     Append(reinterpret_cast<const char*>(slots), sizeof(float) * dim_ * num_slots_);
     return EndRecord();
   }
+  // An id waiting for admission and its exact count (header.admission kExact).
+  template <typename Key>
+  bool Pending(const Key& key, uint32_t count) {
+    if (admission_ != SnapshotAdmission::kExact || !StartRecord(kPending)) return false;
+    PutKey(key);
+    Put(count);
+    return EndRecord();
+  }
+  // The sketch's counters (header.admission kSketch), in order: width * depth of them, over one
+  // or more calls.
+  bool SketchCounters(const uint32_t* counters, size_t n);
+  // Every counter of a CountMinSketch (admission.h).
+  template <typename Sketch>
+  bool SketchCounters(const Sketch& sketch) {
+    std::vector<uint32_t> buffer(kSnapshotChunkBytes / sizeof(uint32_t));
+    for (size_t first = 0; first < sketch.NumCounters(); first += buffer.size()) {
+      const size_t n = std::min(buffer.size(), sketch.NumCounters() - first);
+      sketch.CopyCounters(first, n, buffer.data());
+      if (!SketchCounters(buffer.data(), n)) return false;
+    }
+    return true;
+  }
   bool Finish();
   uint64_t bytes_written() const { return bytes_written_; }
 
-  enum BlockType : uint32_t { kTombstones = 1, kRows = 2, kEnd = 3 };
+  // In file order: a type's blocks may follow only those of the types before it.
+  enum BlockType : uint32_t { kTombstones = 1, kRows = 2, kEnd = 3, kPending = 4, kSketch = 5 };
+  static int BlockOrder(uint32_t type) {
+    switch (type) {
+      case kTombstones:
+        return 0;
+      case kRows:
+        return 1;
+      case kPending:
+        return 2;
+      case kSketch:
+        return 3;
+      case kEnd:
+        return 4;
+      default:
+        return -1;
+    }
+  }
 
  private:
   void PutKey(int64_t key) { Put(key); }
@@ -114,8 +183,10 @@ class SnapshotWriter {
   std::string chunk_;
   BlockType chunk_type_ = kTombstones;
   uint32_t chunk_records_ = 0;
-  uint64_t rows_ = 0, tombstones_ = 0, expected_rows_ = 0, expected_tombstones_ = 0;
+  uint64_t records_[6] = {};  // by block type
+  uint64_t expected_rows_ = 0, expected_tombstones_ = 0, expected_counters_ = 0;
   uint32_t dim_ = 0, num_slots_ = 0;
+  SnapshotAdmission admission_ = SnapshotAdmission::kNone;
   uint64_t bytes_written_ = 0;
 };
 
@@ -125,15 +196,22 @@ class SnapshotReader {
   explicit SnapshotReader(ByteSource* source) : source_(source) {}
   std::string ReadHeader(SnapshotHeader* header);
   // Calls tombstone(key) for each removed id, then row(key, update_count, last_step, values)
-  // for each row (values: dim * (1 + num_slots) floats), then checks the end block. Keys are
-  // int64_t or std::string_view, as the header's key type says. Stops at the first callback
-  // that returns false (returning "stopped").
+  // for each row (values: dim * (1 + num_slots) floats), then the admission callbacks, then
+  // checks the end block. Keys are int64_t or std::string_view, as the header's key type says.
+  // Stops at the first callback that returns false (returning "stopped"). Admission state
+  // without a callback (or without `admission`) is checked and skipped.
   using Int64Row = std::function<bool(int64_t, uint32_t, int64_t, const float*)>;
   using StringRow = std::function<bool(std::string_view, uint32_t, int64_t, const float*)>;
+  struct AdmissionRecords {
+    std::function<bool(int64_t, uint32_t)> int64_pending;  // (key, count)
+    std::function<bool(std::string_view, uint32_t)> string_pending;
+    // Counters [first, first + n) of the sketch of the header's width and depth, in order.
+    std::function<bool(uint64_t first, const uint32_t* counters, size_t n)> sketch;
+  };
   std::string ReadRecords(const std::function<bool(int64_t)>& int64_tombstone,
                           const Int64Row& int64_row,
                           const std::function<bool(std::string_view)>& string_tombstone,
-                          const StringRow& string_row);
+                          const StringRow& string_row, const AdmissionRecords* admission = nullptr);
 
  private:
   bool ReadExact(char* out, size_t n) { return source_->Read(out, n); }

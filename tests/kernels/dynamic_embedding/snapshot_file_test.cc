@@ -56,6 +56,7 @@ int64_t Write(EmbeddingTable<Key>& table, int64_t since, uint64_t sequence, std:
   header.sequence = sequence;
   header.step = 100 + sequence;
   header.table_name = "t";
+  DescribeAdmission(table.admission(), &header);
   const int64_t version = table.Snapshot(
       since,
       [&](int64_t rows, int64_t tombstones) {
@@ -68,7 +69,9 @@ int64_t Write(EmbeddingTable<Key>& table, int64_t since, uint64_t sequence, std:
       [&](const Key& key, const RowRef& row) {
         return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
       },
-      [&](const Key& key) { return writer.Tombstone(key); });
+      [&](const Key& key) { return writer.Tombstone(key); }, /*track=*/true,
+      [&](const Key& key, uint32_t count) { return writer.Pending(key, count); },
+      [&](const CountMinSketch& sketch) { return writer.SketchCounters(sketch); });
   EXPECT_GE(version, 1);
   EXPECT_TRUE(writer.Finish());
   EXPECT_EQ(writer.bytes_written(), sink.bytes.size());
@@ -77,7 +80,8 @@ int64_t Write(EmbeddingTable<Key>& table, int64_t since, uint64_t sequence, std:
   return version;
 }
 
-// Replays file images into `table` (tombstones remove, rows upsert); returns "" or the error.
+// Replays file images into `table` (tombstones remove, rows upsert, admission state replaces the
+// table's, as the restore kernel does); returns "" or the error.
 template <typename Key>
 std::string Replay(const std::string& image, EmbeddingTable<Key>* table, SnapshotHeader* header) {
   StringSource source(image);
@@ -100,10 +104,21 @@ std::string Replay(const std::string& image, EmbeddingTable<Key>* table, Snapsho
     table->Remove(key);
     return true;
   };
+  if (header->admission != SnapshotAdmission::kNone) table->ClearAdmission();
+  SnapshotReader::AdmissionRecords admission;
+  auto pending = [&](auto key, uint32_t count) {
+    table->RestorePending(key, count);
+    return true;
+  };
+  admission.sketch = [&](uint64_t first, const uint32_t* counters, size_t n) {
+    return table->RestoreSketch(header->sketch_width, header->sketch_depth, first, n, counters);
+  };
   if constexpr (std::is_same_v<Key, int64_t>) {
-    return reader.ReadRecords(tombstone, row, {}, {});
+    admission.int64_pending = pending;
+    return reader.ReadRecords(tombstone, row, {}, {}, &admission);
   } else {
-    return reader.ReadRecords({}, {}, tombstone, row);
+    admission.string_pending = pending;
+    return reader.ReadRecords({}, {}, tombstone, row, &admission);
   }
 }
 
@@ -259,6 +274,199 @@ TEST(SnapshotTrackingTest, ARestoredTableContinuesItsChainFromMarkSnapshotBase) 
   EXPECT_EQ(header.rows, 2u);  // only what changed since the restore
   EXPECT_EQ(header.tombstones, 1u);
   EXPECT_EQ(Contents(replayed), Contents(live));
+}
+
+// Sketches wide enough that the tests' ids never share all their counters (estimates are exact).
+AdmissionSpec Admission(bool exact, int64_t sketch_width = 1 << 16, int sketch_depth = 4) {
+  AdmissionSpec spec;
+  spec.min_count = 5;
+  spec.exact = exact;
+  spec.sketch_width = sketch_width;
+  spec.sketch_depth = sketch_depth;
+  return spec;
+}
+
+// Updates ids 0..n-1, id i (1 + i % 4) times: every id waits for admission (min_count 5).
+template <typename Key>
+void CountWaitingIds(EmbeddingTable<Key>& table, int64_t n) {
+  for (int round = 0; round < 4; ++round) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (1 + i % 4 > round) Train(table, i, 1, 1.0f);
+    }
+  }
+  ASSERT_EQ(table.Size(), 0);
+}
+
+// Each id i must get its row at its (5 - counts(i))-th further update, not earlier or later.
+template <typename Key, typename Counts>
+void ExpectAdmittedOnTime(EmbeddingTable<Key>& table, int64_t n, Counts&& counts) {
+  for (int further = 1; further <= 5; ++further) {
+    for (int64_t i = 0; i < n; ++i) Train(table, i, 2, 1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(table.Contains(MakeKey<Key>(i)), counts(i) + further >= 5)
+          << "id " << i << " counted " << counts(i) << " times, then " << further << " more";
+    }
+  }
+}
+
+TYPED_TEST(SnapshotFileTest, AdmissionCountsOfFullAndDeltaSnapshotsRestoreExactly) {
+  using Key = TypeParam;
+  for (const bool exact : {false, true}) {
+    SCOPED_TRACE(exact ? "exact" : "sketch");
+    EmbeddingTable<Key> table(2, InitializerSpec(), 6, Admission(exact));
+    CountWaitingIds(table, 50);
+    std::vector<std::string> images(2);
+    const int64_t v0 = Write(table, -1, 0, &images[0]);
+    SnapshotHeader header;
+    {
+      EmbeddingTable<Key> restored(2, InitializerSpec(), 6, Admission(exact));
+      ASSERT_EQ(Replay(images[0], &restored, &header), "");
+      EXPECT_EQ(header.admission, exact ? SnapshotAdmission::kExact : SnapshotAdmission::kSketch);
+      ExpectAdmittedOnTime(restored, 50, [](int64_t i) { return 1 + i % 4; });
+    }
+    // One more update of every id: those counted 4 times get rows, the others wait. The delta
+    // holds the whole admission state: it replaces the full snapshot's.
+    for (int64_t i = 0; i < 50; ++i) Train(table, i, 2, 1.0f);
+    Write(table, v0, 1, &images[1]);
+    EmbeddingTable<Key> restored(2, InitializerSpec(), 6, Admission(exact));
+    for (const std::string& image : images) ASSERT_EQ(Replay(image, &restored, &header), "");
+    EXPECT_EQ(Contents(restored), Contents(table));
+    ExpectAdmittedOnTime(restored, 50, [](int64_t i) { return 2 + i % 4; });
+  }
+}
+
+TEST(SnapshotAdmissionTest, ShardsSketchesMergeByMaxAndExactCountsRaiseASketch) {
+  // Two tables standing for two shards: ids 0..49 counted in one, 50..99 in the other.
+  EmbeddingTable<int64_t> first(2, InitializerSpec(), 6, Admission(false));
+  EmbeddingTable<int64_t> second(2, InitializerSpec(), 6, Admission(false));
+  CountWaitingIds(first, 50);
+  for (int round = 0; round < 4; ++round) {
+    for (int64_t i = 50; i < 100; ++i) {
+      if (1 + i % 4 > round) Train(second, i, 1, 1.0f);
+    }
+  }
+  std::string images[2];
+  Write(first, -1, 0, &images[0]);
+  Write(second, -1, 0, &images[1]);
+  EmbeddingTable<int64_t> merged(2, InitializerSpec(), 6, Admission(false));
+  SnapshotHeader header;
+  for (const std::string& image : images) {
+    StringSource source(image);
+    SnapshotReader reader(&source);
+    ASSERT_EQ(reader.ReadHeader(&header), "");
+    SnapshotReader::AdmissionRecords admission;
+    admission.sketch = [&](uint64_t at, const uint32_t* counters, size_t n) {
+      return merged.RestoreSketch(header.sketch_width, header.sketch_depth, at, n, counters);
+    };
+    ASSERT_EQ(reader.ReadRecords({}, {}, {}, {}, &admission), "");
+  }
+  ExpectAdmittedOnTime(merged, 100, [](int64_t i) { return 1 + i % 4; });
+
+  // Exact counts restored into a sketch; a sketch of another width is dropped.
+  EmbeddingTable<int64_t> exact(2, InitializerSpec(), 6, Admission(true));
+  CountWaitingIds(exact, 50);
+  std::string exact_image, narrow_image;
+  Write(exact, -1, 0, &exact_image);
+  EmbeddingTable<int64_t> sketch(2, InitializerSpec(), 6, Admission(false));
+  ASSERT_EQ(Replay(exact_image, &sketch, &header), "");
+  ExpectAdmittedOnTime(sketch, 50, [](int64_t i) { return 1 + i % 4; });
+  EmbeddingTable<int64_t> narrow(2, InitializerSpec(), 6, Admission(false, 2048));
+  CountWaitingIds(narrow, 50);
+  Write(narrow, -1, 0, &narrow_image);
+  EmbeddingTable<int64_t> other_width(2, InitializerSpec(), 6, Admission(false));
+  StringSource source(narrow_image);
+  SnapshotReader reader(&source);
+  ASSERT_EQ(reader.ReadHeader(&header), "");
+  EXPECT_FALSE(other_width.RestoreSketch(header.sketch_width, header.sketch_depth, 0, 1,
+                                         std::vector<uint32_t>(1, 3).data()));
+  ExpectAdmittedOnTime(other_width, 50, [](int64_t) { return 0; });
+}
+
+TEST(SnapshotAdmissionTest, AFlippedByteOrACutInTheAdmissionStateIsDetected) {
+  for (const bool exact : {false, true}) {
+    // A small sketch (4 KiB): some ids may be admitted early, which this test does not mind.
+    EmbeddingTable<int64_t> table(1, InitializerSpec(), 6, Admission(exact, 1024, 1));
+    for (int round = 0; round < 5; ++round) {
+      for (int64_t i = 0; i < 30; ++i) {
+        if (i % 5 >= round) Train(table, i, 1, 1.0f);
+      }
+    }
+    ASSERT_GT(table.Size(), 0);
+    std::string image;
+    Write(table, -1, 0, &image);
+    // The header (93 bytes: no slots, the name "t"), one block of rows, the admission blocks,
+    // the end block (16-byte head, 32-byte payload).
+    uint32_t rows_bytes;
+    std::memcpy(&rows_bytes, image.data() + 93 + 8, 4);
+    const size_t rows_end = 93 + 16 + rows_bytes;
+    ASSERT_LT(rows_end + 16, image.size() - 48);
+    for (size_t at = rows_end; at < image.size(); ++at) {
+      std::string bad = image;
+      bad[at] ^= 0x01;
+      EmbeddingTable<int64_t> target(1, InitializerSpec(), 6, Admission(exact, 1024, 1));
+      SnapshotHeader header;
+      const std::string problem = Replay(bad, &target, &header);
+      EXPECT_NE(problem, "") << "byte " << at << " flipped";
+      if (at >= rows_end + 16 && at < image.size() - 48) {  // an admission block's payload
+        EXPECT_EQ(problem, "block checksum mismatch") << "byte " << at << " flipped";
+      }
+    }
+    for (size_t length = rows_end; length < image.size(); ++length) {
+      EmbeddingTable<int64_t> target(1, InitializerSpec(), 6, Admission(exact, 1024, 1));
+      SnapshotHeader header;
+      EXPECT_NE(Replay(image.substr(0, length), &target, &header), "") << "cut at " << length;
+    }
+  }
+}
+
+// A snapshot written by tf_ext before format version 2 (dim 2, one slot of initial value 0.5,
+// rows 5 and -9): it still reads, and a table without admission still writes exactly this.
+const char kVersion1File[] =
+    "\x54\x46\x45\x58\x54\x53\x4e\x50\x01\x00\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x00\x00\x02\x00\x00\x00\x01\x00\x00\x00\x07\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x0b\x00\x00\x00"
+    "\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00\x00\x3f\x03\x00\x00\x00\x6f\x6c\x64\xdf"
+    "\xad\x30\xac\x02\x00\x00\x00\x02\x00\x00\x00\x48\x00\x00\x00\xbd"
+    "\x79\xce\xce\x05\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x0a"
+    "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x80\x3f\x00\x00\x00\x40\x00"
+    "\x00\x40\x40\x00\x00\x80\x40\xf7\xff\xff\xff\xff\xff\xff\xff\x01"
+    "\x00\x00\x00\x0b\x00\x00\x00\x00\x00\x00\x00\x00\x00\x80\xbf\x00"
+    "\x00\x00\xc0\x00\x00\x80\x3e\x00\x00\x00\x41\x03\x00\x00\x00\x00"
+    "\x00\x00\x00\x10\x00\x00\x00\x0a\xa1\xe4\x8f\x02\x00\x00\x00\x00"
+    "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00";
+
+TEST(SnapshotReaderTest, AVersion1FileStillReadsIntoATableWithAdmission) {
+  const std::string image(kVersion1File, sizeof(kVersion1File) - 1);
+  EmbeddingTable<int64_t> table(2, InitializerSpec(), 6, Admission(false));
+  SnapshotHeader header;
+  ASSERT_EQ(Replay(image, &table, &header), "");
+  EXPECT_EQ(header.admission, SnapshotAdmission::kNone);
+  EXPECT_EQ((std::vector<float>{0.5f}), header.slot_initial_values);
+  const std::map<int64_t, Entry> expected = {{5, Entry{{1, 2, 3, 4}, 3, 10}},
+                                             {-9, Entry{{-1, -2, 0.25f, 8}, 1, 11}}};
+  EXPECT_EQ(Contents(table), expected);
+  ExpectAdmittedOnTime(table, 20, [](int64_t) { return 0; });  // no counts: they start at 0
+
+  // Without admission state the writer still writes version 1, byte for byte.
+  StringSink sink;
+  SnapshotWriter writer(&sink);
+  header.rows = 2;
+  ASSERT_TRUE(writer.Begin(header));
+  const float a[4] = {1, 2, 3, 4}, b[4] = {-1, -2, 0.25f, 8};
+  ASSERT_TRUE(writer.Row(int64_t{5}, 3, 10, a, a + 2));
+  ASSERT_TRUE(writer.Row(int64_t{-9}, 1, 11, b, b + 2));
+  ASSERT_TRUE(writer.Finish());
+  EXPECT_EQ(sink.bytes, image);
+}
+
+TEST(SnapshotReaderTest, AFutureFormatVersionIsRefusedByNumber) {
+  std::string image(kVersion1File, sizeof(kVersion1File) - 1);
+  image[8] = 3;
+  SnapshotHeader header;
+  StringSource source(image);
+  EXPECT_EQ(SnapshotReader(&source).ReadHeader(&header),
+            "snapshot format version 3, this build reads versions 1 to 2");
 }
 
 TEST(SnapshotWriterTest, RefusesTombstonesAfterRowsAndCountsThatDisagree) {
