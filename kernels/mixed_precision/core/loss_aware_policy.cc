@@ -56,11 +56,12 @@ namespace {
 
 // A counter from the state's array, which a checkpoint or a user's assign may fill with anything:
 // NaN, an infinity or a value outside int64's range would be undefined behaviour to convert, and a
-// counter near int64's top would overflow at its next increment. Clamped to [0, 2^53], where the
-// array's doubles are exact.
+// counter near int64's top would overflow at its next increment. Clamped to [0, 2^62]: far past any
+// real count, far below int64's top, and a clamped counter's next increments round to the same
+// double, so the state still round-trips through its array.
 int64_t CounterFrom(double value) {
-  constexpr double kMaxCounter = 9007199254740992.0;  // 2^53
-  if (!(value > 0.0)) return 0;                       // NaN too
+  constexpr double kMaxCounter = 4611686018427387904.0;  // 2^62
+  if (!(value > 0.0)) return 0;                          // NaN too
   return static_cast<int64_t>(std::min(value, kMaxCounter));
 }
 

@@ -224,14 +224,14 @@ TEST(LossAwarePolicy, StateRoundTripsThroughItsArray) {
 // Found by tests/kernels/mixed_precision/fuzz/loss_aware_policy_fuzzer.cc: the state variable can
 // hold anything (a checkpoint, a user's assign), and FromArray converted NaN and out-of-range
 // doubles to int64 (undefined behaviour; on x86 a NaN streak became INT64_MIN). Counters are now
-// clamped to [0, 2^53] and an unknown fallback code reads as none.
+// clamped to [0, 2^62] and an unknown fallback code reads as none.
 TEST(LossAwarePolicy, StateFromAnyArrayHasCountersInRange) {
   double values[PolicyState::kSize];
   for (int i = 0; i < PolicyState::kSize; ++i) values[i] = i % 2 ? std::nan("") : 1e300;
   values[3] = -5.0;
   values[11] = 99.0;  // no such fallback
   const PolicyState state = PolicyState::FromArray(values);
-  const int64_t kMax = int64_t{1} << 53;
+  const int64_t kMax = int64_t{1} << 62;
   EXPECT_EQ(state.finite_streak, kMax);  // 1e300
   EXPECT_EQ(state.nonfinite_streak, 0);  // -5
   EXPECT_EQ(state.full_streak, kMax);
