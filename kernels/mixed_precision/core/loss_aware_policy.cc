@@ -124,10 +124,12 @@ void TrackLoss(const PolicyConfig& config, double loss, PolicyState* state) {
 }
 
 void FallBack(const PolicyConfig& config, Fallback why, PolicyState* state) {
-  // A half stretch that failed soon after its return doubles the wait before the next one.
-  state->return_after = state->half_run < config.stable_half_steps
-                            ? std::min(state->return_after * 2, config.max_return_after_steps)
-                            : config.return_after_steps;
+  // A half stretch that failed soon after its return doubles the wait before the next one, up to
+  // its cap (compared before doubling: a restored wait may be near int64's top).
+  const int64_t cap = config.max_return_after_steps;
+  state->return_after = state->half_run >= config.stable_half_steps ? config.return_after_steps
+                        : state->return_after > cap / 2             ? cap
+                                                                    : state->return_after * 2;
   state->precision = Precision::kFull;
   state->last_fallback = why;
   state->full_streak = 0;

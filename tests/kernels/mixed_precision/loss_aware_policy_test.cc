@@ -244,6 +244,17 @@ TEST(LossAwarePolicy, StateFromAnyArrayHasCountersInRange) {
   EXPECT_EQ(stepped.steps, 1);
 }
 
+// Found by the same fuzzer: a fallback doubled a restored wait of 2^62 steps before capping it, a
+// signed overflow. The doubling is capped before it happens now.
+TEST(LossAwarePolicy, AFallbackCapsAHugeRestoredWaitWithoutOverflow) {
+  const PolicyConfig config = Bf16();
+  PolicyState state = InitialState(config, Precision::kHalf);
+  state.return_after = int64_t{1} << 62;
+  Step(config, Loss(kNaN), &state);
+  EXPECT_EQ(state.last_fallback, Fallback::kNonFinite);
+  EXPECT_EQ(state.return_after, config.max_return_after_steps);
+}
+
 }  // namespace
 }  // namespace amp
 }  // namespace tf_ext
