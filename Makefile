@@ -15,6 +15,8 @@
 #   make fuzz-ops  every op of the library fuzzed from Python (tests/fuzz), EXAMPLES calls per op
 #                and mode (default 1000; `make test` runs 100), a new seed per run (SEED=N repeats
 #                one), a failure shrunk to a small call
+#   make fuzz    the C++ parsers and cores under libFuzzer with ASan and UBSan (tests/kernels/*/fuzz/,
+#                tests/fuzz/native_fuzz.sh): FUZZ_SECONDS each (default 300; `make test` runs 20)
 #   make demo    examples/train_ctr.py
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
 #                columns: train_and_evaluate, export_saved_model, serving in a fresh process)
@@ -73,7 +75,7 @@ TESTS       ?= //...
 DEMO_ARGS   ?=
 BENCH_ARGS  ?=
 APT_PKGS    := bazel-bootstrap bazel-bootstrap-source libgtest-dev build-essential \
-               cmake libopenmpi-dev openmpi-bin clang-format
+               cmake libopenmpi-dev openmpi-bin clang-format clang
 STAMP       := $(ROOT)/.setup-stamp
 BENCH_STAMP := $(ROOT)/.bench-stamp
 DOCS_STAMP  := $(ROOT)/.docs-stamp
@@ -126,7 +128,7 @@ endif
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
-        gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops demo bench bench-lifecycle \
+        gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops fuzz demo bench bench-lifecycle \
         bench-quality bench-amp bench-fusion bench-jit \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-harp \
         bench-harp-nccl demo-estimator clean distclean
@@ -297,6 +299,13 @@ fuzz-ops: build
 	  $(call quiet,FUZZ_OPS_EXAMPLES=$(EXAMPLES) FUZZ_OPS_SEED=$(FUZZ_SEED) FUZZ_OPS_SHRINK=1 PYTHONPATH=$(ROOT) \
 	    $(VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests/fuzz/test_ops_fuzz.py) && \
 	  echo "[fuzz-ops] no crash, hang or allocation past the bound ($$(( $$(date +%s) - start ))s)"
+
+# Issue 37's native fuzzers, longer than `make test`'s 20 s each: every libFuzzer harness under
+# tests/kernels/*/fuzz/ for FUZZ_SECONDS (clang from `make setup`). New inputs go to build/fuzz/;
+# a crashing input is printed and left in build/fuzz/artifacts/.
+FUZZ_SECONDS ?= 300
+fuzz: apt
+	@cd $(ROOT) && tests/fuzz/native_fuzz.sh --seconds $(FUZZ_SECONDS)
 
 # tests/build/test_quiet_output.py runs `make -o build demo DEMO_ARGS=--quick` and checks its output.
 demo: build

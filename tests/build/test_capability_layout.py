@@ -16,7 +16,7 @@ HOUSE_TESTS = {
   "compat": "restoring what earlier versions of tf_ext wrote",
   "docs": "the README and docs/",
   "examples": "examples/",
-  "fuzz": "every op of the library fuzzed from Python, and the crashes it found",
+  "fuzz": "every op fuzzed from Python, the native fuzzers' runner, and the crashes they found",
   "kernels": "googletest of the C++ cores, one folder per capability",
 }
 # The settings of the package itself (loading, set-up) carry this tag.

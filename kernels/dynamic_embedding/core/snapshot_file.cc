@@ -1,5 +1,6 @@
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
 
+#include <algorithm>
 #include <array>
 #include <limits>
 
@@ -274,11 +275,29 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
   crc = Crc32c(crc, name.data(), name.size());
   if (crc != stored_crc) return "snapshot header checksum mismatch";
   h.slot_initial_values.resize(h.num_slots);
-  std::memcpy(h.slot_initial_values.data(), rest.data(), 4 * h.num_slots);
+  // Not memcpy: with no slots, data() may be null, and memcpy from or to null is undefined even
+  // for 0 bytes.
+  for (uint32_t s = 0; s < h.num_slots; ++s) {
+    std::memcpy(&h.slot_initial_values[s], rest.data() + 4 * s, 4);
+  }
   h.table_name = std::move(name);
   header_ = h;
   *header = std::move(h);
   return "";
+}
+
+bool SnapshotReader::ReadPayload(uint32_t bytes, std::string* payload) {
+  // In pieces of at most a chunk, the buffer growing only as they arrive: a corrupt or truncated
+  // file whose block header declares up to kMaxPayload bytes costs memory for what it holds, not
+  // for what it declares.
+  payload->clear();
+  while (payload->size() < bytes) {
+    const size_t start = payload->size();
+    const size_t piece = std::min<size_t>(bytes - start, kSnapshotChunkBytes);
+    payload->resize(start + piece);
+    if (!ReadExact(payload->data() + start, piece)) return false;
+  }
+  return true;
 }
 
 std::string SnapshotReader::ReadRecords(
@@ -316,8 +335,7 @@ std::string SnapshotReader::ReadRecords(
       return "corrupt block header";
     }
     last_order = SnapshotWriter::BlockOrder(type);
-    payload.resize(bytes);
-    if (!ReadExact(payload.data(), bytes)) return "truncated block";
+    if (!ReadPayload(bytes, &payload)) return "truncated block";
     const uint32_t crc =
         Crc32c(Crc32c(0, reinterpret_cast<const char*>(head), 12), payload.data(), payload.size());
     if (crc != head[3]) return "block checksum mismatch";

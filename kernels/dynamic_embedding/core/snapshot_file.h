@@ -215,6 +215,8 @@ class SnapshotReader {
 
  private:
   bool ReadExact(char* out, size_t n) { return source_->Read(out, n); }
+  // A block's payload of `bytes` (at most kMaxPayload) into *payload; false if the data ends first.
+  bool ReadPayload(uint32_t bytes, std::string* payload);
   ByteSource* source_;
   SnapshotHeader header_;
 };

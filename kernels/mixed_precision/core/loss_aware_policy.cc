@@ -52,23 +52,44 @@ void PolicyState::ToArray(double* out) const {
   std::copy(values, values + kSize, out);
 }
 
+namespace {
+
+// A counter from the state's array, which a checkpoint or a user's assign may fill with anything:
+// NaN, an infinity or a value outside int64's range would be undefined behaviour to convert, and a
+// counter near int64's top would overflow at its next increment. Clamped to [0, 2^62]: far past any
+// real count, far below int64's top, and a clamped counter's next increments round to the same
+// double, so the state still round-trips through its array.
+int64_t CounterFrom(double value) {
+  constexpr double kMaxCounter = 4611686018427387904.0;  // 2^62
+  if (!(value > 0.0)) return 0;                          // NaN too
+  return static_cast<int64_t>(std::min(value, kMaxCounter));
+}
+
+Fallback FallbackFrom(double value) {
+  const int64_t code = CounterFrom(value);
+  return code <= static_cast<int64_t>(Fallback::kLossSpike) ? static_cast<Fallback>(code)
+                                                            : Fallback::kNone;
+}
+
+}  // namespace
+
 PolicyState PolicyState::FromArray(const double* v) {
   PolicyState s;
   s.precision = v[0] != 0.0 ? Precision::kHalf : Precision::kFull;
   s.loss_scale = v[1];
-  s.finite_streak = static_cast<int64_t>(v[2]);
-  s.nonfinite_streak = static_cast<int64_t>(v[3]);
-  s.full_streak = static_cast<int64_t>(v[4]);
-  s.half_run = static_cast<int64_t>(v[5]);
-  s.return_after = static_cast<int64_t>(v[6]);
-  s.steps = static_cast<int64_t>(v[7]);
-  s.half_steps = static_cast<int64_t>(v[8]);
-  s.skipped_steps = static_cast<int64_t>(v[9]);
-  s.switches = static_cast<int64_t>(v[10]);
-  s.last_fallback = static_cast<Fallback>(static_cast<int64_t>(v[11]));
+  s.finite_streak = CounterFrom(v[2]);
+  s.nonfinite_streak = CounterFrom(v[3]);
+  s.full_streak = CounterFrom(v[4]);
+  s.half_run = CounterFrom(v[5]);
+  s.return_after = CounterFrom(v[6]);
+  s.steps = CounterFrom(v[7]);
+  s.half_steps = CounterFrom(v[8]);
+  s.skipped_steps = CounterFrom(v[9]);
+  s.switches = CounterFrom(v[10]);
+  s.last_fallback = FallbackFrom(v[11]);
   s.loss_mean = v[12];
   s.loss_variance = v[13];
-  s.losses_seen = static_cast<int64_t>(v[14]);
+  s.losses_seen = CounterFrom(v[14]);
   s.last_probe_error = v[15];
   return s;
 }
@@ -103,10 +124,12 @@ void TrackLoss(const PolicyConfig& config, double loss, PolicyState* state) {
 }
 
 void FallBack(const PolicyConfig& config, Fallback why, PolicyState* state) {
-  // A half stretch that failed soon after its return doubles the wait before the next one.
-  state->return_after = state->half_run < config.stable_half_steps
-                            ? std::min(state->return_after * 2, config.max_return_after_steps)
-                            : config.return_after_steps;
+  // A half stretch that failed soon after its return doubles the wait before the next one, up to
+  // its cap (compared before doubling: a restored wait may be near int64's top).
+  const int64_t cap = config.max_return_after_steps;
+  state->return_after = state->half_run >= config.stable_half_steps ? config.return_after_steps
+                        : state->return_after > cap / 2             ? cap
+                                                                    : state->return_after * 2;
   state->precision = Precision::kFull;
   state->last_fallback = why;
   state->full_streak = 0;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -487,6 +488,34 @@ TEST(SnapshotReaderTest, RejectsOtherFilesAndFormatVersions) {
   SnapshotHeader header;
   StringSource source(not_a_snapshot);
   EXPECT_NE(SnapshotReader(&source).ReadHeader(&header).find("bad magic"), std::string::npos);
+}
+
+// Found by tests/kernels/dynamic_embedding/fuzz/snapshot_file_fuzzer.cc: a block header declaring
+// 48 MiB in a file of a few bytes made the reader allocate the 48 MiB before finding the file
+// short. It reads a payload in pieces of at most a chunk now, so memory follows the data present.
+TEST(SnapshotReaderTest, AllocatesForTheBytesAFileHoldsNotForTheSizeItDeclares) {
+  StringSink sink;
+  SnapshotWriter writer(&sink);
+  SnapshotHeader header;
+  header.dim = 1;
+  ASSERT_TRUE(writer.Begin(header));
+  const uint32_t block_head[4] = {SnapshotWriter::kRows, 1, 48u << 20, 0};
+  std::string file = sink.bytes + std::string(reinterpret_cast<const char*>(block_head), 16);
+  file += std::string(100, 'x');  // far fewer bytes than declared
+
+  class LargestReadSource : public StringSource {
+   public:
+    using StringSource::StringSource;
+    bool Read(char* out, size_t n) override {
+      largest = std::max(largest, n);
+      return StringSource::Read(out, n);
+    }
+    size_t largest = 0;
+  } source(file);
+  SnapshotReader reader(&source);
+  ASSERT_EQ(reader.ReadHeader(&header), "");
+  EXPECT_EQ(reader.ReadRecords(nullptr, nullptr, nullptr, nullptr), "truncated block");
+  EXPECT_LE(source.largest, kSnapshotChunkBytes);
 }
 
 TEST(Crc32cTest, KnownValuesAndSplitsAgree) {

@@ -221,6 +221,40 @@ TEST(LossAwarePolicy, StateRoundTripsThroughItsArray) {
   EXPECT_EQ(a.precision, b.precision);
 }
 
+// Found by tests/kernels/mixed_precision/fuzz/loss_aware_policy_fuzzer.cc: the state variable can
+// hold anything (a checkpoint, a user's assign), and FromArray converted NaN and out-of-range
+// doubles to int64 (undefined behaviour; on x86 a NaN streak became INT64_MIN). Counters are now
+// clamped to [0, 2^62] and an unknown fallback code reads as none.
+TEST(LossAwarePolicy, StateFromAnyArrayHasCountersInRange) {
+  double values[PolicyState::kSize];
+  for (int i = 0; i < PolicyState::kSize; ++i) values[i] = i % 2 ? std::nan("") : 1e300;
+  values[3] = -5.0;
+  values[11] = 99.0;  // no such fallback
+  const PolicyState state = PolicyState::FromArray(values);
+  const int64_t kMax = int64_t{1} << 62;
+  EXPECT_EQ(state.finite_streak, kMax);  // 1e300
+  EXPECT_EQ(state.nonfinite_streak, 0);  // -5
+  EXPECT_EQ(state.full_streak, kMax);
+  EXPECT_EQ(state.half_run, 0);  // NaN
+  EXPECT_EQ(state.steps, 0);
+  EXPECT_EQ(state.losses_seen, kMax);
+  EXPECT_EQ(state.last_fallback, Fallback::kNone);
+  PolicyState stepped = state;
+  Step(Fp16(), Loss(1.0, true), &stepped);  // no overflow at the next increment
+  EXPECT_EQ(stepped.steps, 1);
+}
+
+// Found by the same fuzzer: a fallback doubled a restored wait of 2^62 steps before capping it, a
+// signed overflow. The doubling is capped before it happens now.
+TEST(LossAwarePolicy, AFallbackCapsAHugeRestoredWaitWithoutOverflow) {
+  const PolicyConfig config = Bf16();
+  PolicyState state = InitialState(config, Precision::kHalf);
+  state.return_after = int64_t{1} << 62;
+  Step(config, Loss(kNaN), &state);
+  EXPECT_EQ(state.last_fallback, Fallback::kNonFinite);
+  EXPECT_EQ(state.return_after, config.max_return_after_steps);
+}
+
 }  // namespace
 }  // namespace amp
 }  // namespace tf_ext
