@@ -47,9 +47,10 @@
 #                TORCH_PYTHON=its Python; BENCH_ARGS=--dry-run prints the commands only)
 #   make gpu-checks  builds the GPU table's test binary and benchmark into build/gpu/ (nvcc, no
 #                GPU needed; HKV_DIR=<HierarchicalKV checkout> adds HKV's own benchmark), then
-#                dry-runs tests/gpu/run_gpu_checks.sh here
-#   make test-gpu  on a GPU machine: gpu-checks' build, then tests/gpu/run_gpu_checks.sh (googletest
-#                on the GPU, compute-sanitizer, benchmarks/gpu_table.py against HKV); prints
+#                dry-runs tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh here
+#   make test-gpu  on a GPU machine: gpu-checks' build, then
+#                tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh (googletest on the GPU,
+#                compute-sanitizer, benchmarks/gpu_table.py against HKV); prints
 #                "GPU checks: passed" or "failed"
 #   make bench-gpu-table  benchmarks/gpu_table.py --chart: the report and chart of a GPU run of
 #                the GPU table against HierarchicalKV (RESULTS=its gpu_table.json; writes
@@ -376,10 +377,10 @@ bench-harp-nccl: build bench-deps
 	  $(or $(TORCH_PYTHON),$(VENV)/bin/python) benchmarks/harp_nccl_e2e.py $(BENCH_ARGS)
 
 gpu-checks:
-	@cd $(ROOT) && sh tests/gpu/build_gpu_checks.sh
+	@cd $(ROOT) && sh tests/kernels/dynamic_embedding/gpu/build_gpu_checks.sh
 
 test-gpu: gpu-checks
-	@cd $(ROOT) && sh tests/gpu/run_gpu_checks.sh
+	@cd $(ROOT) && sh tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh
 
 bench-gpu-table: bench-deps
 	@cd $(ROOT) && $(VENV)/bin/python benchmarks/gpu_table.py \

@@ -1,7 +1,8 @@
 // Runs HierarchicalKV's own benchmark (benchmark/merlin_hashtable_benchmark.cc.cu of its public
 // repository, not part of tf_ext) for the configurations benchmarks/gpu_table.py compares with the
 // GPU table: its own test_main, pure HBM mode, at one capacity, dim and load factors per run.
-// Built on demand by tests/gpu/build_gpu_checks.sh from a path to an HKV checkout.
+// Built on demand by tests/kernels/dynamic_embedding/gpu/build_gpu_checks.sh from a path to an
+// HKV checkout.
 //
 // usage: hkv_benchmark DIM CAPACITY_LOG2 LOAD_FACTOR[,LOAD_FACTOR...]
 #define main hkv_benchmark_main  // HKV's own main runs every configuration it knows

@@ -5,8 +5,8 @@
 //   host    the GPU table's algorithm on one host thread (MakeHostTable): every build;
 //   host4   the same on 4 threads, so that claims of one slot and counts race;
 //   cuda    the CUDA table, where the build has CUDA and the machine a GPU.
-// With TF_EXT_REQUIRE_GPU=1 (the GPU run: tests/gpu/run_gpu_checks.sh) a missing GPU fails the
-// run instead of leaving the cuda backend out.
+// With TF_EXT_REQUIRE_GPU=1 (the GPU run: tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh)
+// a missing GPU fails the run instead of leaving the cuda backend out.
 //
 // On the host backends the GPU table must agree with the CPU table bit for bit. On a GPU, initial
 // rows must too; updates to within kGpuTolerance (relative), which covers the device's double pow

@@ -7,10 +7,10 @@
 #   hkv_benchmark       HierarchicalKV's own benchmark (benchmarks/hkv_benchmark_driver.cu), only
 #                       when HKV_DIR names a checkout of github.com/NVIDIA-Merlin/HierarchicalKV;
 #                       HKV's code stays outside tf_ext
-# then dry-runs tests/gpu/run_gpu_checks.sh here (its host backends; the GPU parts report no
-# device). On a GPU machine, run tests/gpu/run_gpu_checks.sh.
+# then dry-runs tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh here (its host backends; the GPU parts report no
+# device). On a GPU machine, run tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh.
 set -eu
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../../.."
 out=build/gpu
 mkdir -p "$out"
 sources=$(python3 - <<'PY'
@@ -41,4 +41,4 @@ if [ -n "${HKV_DIR:-}" ]; then
 fi
 ls -la "$out"
 echo "[gpu-checks] built; dry run (no GPU here):"
-sh tests/gpu/run_gpu_checks.sh --dry-run
+sh tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh --dry-run

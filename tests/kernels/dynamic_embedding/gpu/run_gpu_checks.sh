@@ -2,14 +2,14 @@
 # The GPU checks of the GPU table core, in one short run on a GPU machine (no TensorFlow needed):
 # the googletest cases on the CUDA table (every operation, and the CPU-vs-GPU equivalence run),
 # compute-sanitizer memcheck and racecheck where the machine has it, and the benchmark side by side
-# with HierarchicalKV (benchmarks/gpu_table.py). Needs build/gpu/ from tests/gpu/build_gpu_checks.sh
+# with HierarchicalKV (benchmarks/gpu_table.py). Needs build/gpu/ from tests/kernels/dynamic_embedding/gpu/build_gpu_checks.sh
 # (make gpu-checks). Logs and results go to $OUT (default build/gpu/out). Prints
 # "GPU checks: passed" or "GPU checks: failed (...)".
 #
 # --dry-run: on a machine without a GPU, run what runs there (the host backends) and check that the
 # GPU parts fail cleanly with "no CUDA device".
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../../.."
 bin=build/gpu
 out=${OUT:-build/gpu/out}
 mkdir -p "$out"
