@@ -1,6 +1,7 @@
 """The GPU table core against HierarchicalKV, on one GPU, in one run (issue 35's benchmark).
 
-On a GPU machine (by tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh; Python's standard library only, no TensorFlow):
+On a GPU machine (run by tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh; Python's
+standard library only, no TensorFlow):
 
   python3 benchmarks/gpu_table.py --run --bin build/gpu --out build/gpu/out
 
