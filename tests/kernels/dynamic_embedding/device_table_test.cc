@@ -31,6 +31,11 @@
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/optimizers.h"
 
+// BadOptionsAndExhaustedMemory asks for more memory than exists on purpose: under the sanitizers
+// (make sanitize), a failed allocation must return null as malloc does, not abort the run.
+extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1"; }
+extern "C" const char* __tsan_default_options() { return "allocator_may_return_null=1"; }
+
 namespace tf_ext {
 namespace de {
 namespace {
