@@ -4,8 +4,8 @@
 // model (std::map of what every present key's row must hold). Keys come from a small pool so
 // operations meet the same rows; a string pool holds keys past the small-string buffer.
 //
-// Input: a flags byte (key type, dim, shard bits, admission count), then operations of an opcode
-// byte and its operands, until the input ends.
+// FuzzInput: a flags byte (key type, dim, shard bits, admission count), then operations of an
+// opcode byte and its operands, until the input ends.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "tests/fuzz/fuzz_input.h"
 
 namespace {
 
@@ -24,25 +25,6 @@ using tf_ext::de::EvictionCriteria;
 using tf_ext::de::InitializerKind;
 using tf_ext::de::InitializerSpec;
 using tf_ext::de::RowRef;
-
-#define CHECK(condition)                                                     \
-  do {                                                                       \
-    if (!(condition)) {                                                      \
-      fprintf(stderr, "check failed: %s (line %d)\n", #condition, __LINE__); \
-      abort();                                                               \
-    }                                                                        \
-  } while (0)
-
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-  bool empty() const { return pos_ >= size_; }
-
- private:
-  const uint8_t* data_;
-  size_t size_, pos_ = 0;
-};
 
 constexpr int kPool = 24;
 const int64_t kIntKeys[kPool] = {0,       1,     -1,        2,         3,
@@ -85,7 +67,7 @@ class Session {
         table_(dim, init_, shard_bits, tf_ext::de::AdmissionSpec{min_count, true, 0, 4}),
         min_count_(min_count) {}
 
-  void Run(Input* in) {
+  void Run(FuzzInput* in) {
     for (int ops = 0; !in->empty() && ops < 64; ++ops) {
       switch (in->Byte() % 10) {
         case 0:
@@ -123,7 +105,7 @@ class Session {
   }
 
  private:
-  std::vector<Key> Keys(Input* in) {
+  std::vector<Key> Keys(FuzzInput* in) {
     std::vector<Key> keys(in->Byte() % 12);
     for (Key& key : keys) key = PoolKey<Key>(in->Byte());
     return keys;
@@ -149,7 +131,7 @@ class Session {
     return row;
   }
 
-  void FindBatch(Input* in) {
+  void FindBatch(FuzzInput* in) {
     const std::vector<Key> keys = Keys(in);
     std::vector<float> out(keys.size() * dim_ + 1, -999.0f);  // one past: must stay untouched
     const int64_t found = table_.FindBatch(
@@ -166,7 +148,7 @@ class Session {
     CHECK(out.back() == -999.0f);
   }
 
-  void UpdateBatch(Input* in) {
+  void UpdateBatch(FuzzInput* in) {
     const std::vector<Key> keys = Keys(in);
     const int64_t step = in->Byte();
     const float delta = static_cast<float>(in->Byte() % 16) - 8.0f;
@@ -196,7 +178,7 @@ class Session {
     CHECK(table_.latest_step() == latest_step_);
   }
 
-  void InsertOrAssign(Input* in) {
+  void InsertOrAssign(FuzzInput* in) {
     const Key key = PoolKey<Key>(in->Byte());
     std::vector<float> values(dim_);
     for (float& v : values) v = static_cast<float>(in->Byte()) - 100.0f;
@@ -209,7 +191,7 @@ class Session {
     it->second.embedding = values;
   }
 
-  void RemoveBatch(Input* in) {
+  void RemoveBatch(FuzzInput* in) {
     const std::vector<Key> keys = Keys(in);
     const int64_t removed = table_.RemoveBatch(static_cast<int64_t>(keys.size()),
                                                [&](int64_t i) { return View(keys[i]); });
@@ -218,7 +200,7 @@ class Session {
     CHECK(removed == expected);
   }
 
-  void Evict(Input* in) {
+  void Evict(FuzzInput* in) {
     EvictionCriteria c;
     c.now_step = in->Byte() * 2;
     const uint8_t pick = in->Byte();
@@ -263,7 +245,7 @@ class Session {
     }
   }
 
-  void EnsureSlots(Input* in) {
+  void EnsureSlots(FuzzInput* in) {
     const int slots = in->Byte() % (tf_ext::de::kMaxSlots + 1);
     std::vector<float> init(slots);
     for (int s = 0; s < slots; ++s) init[s] = 0.25f * s;
@@ -288,7 +270,7 @@ class Session {
 
   // A delta since the last snapshot when there is one (and the input asks), else a full one.
   // Either must replay, onto what the base snapshot held, to exactly the model.
-  void Snapshot(Input* in) {
+  void Snapshot(FuzzInput* in) {
     const bool delta = in != nullptr && base_version_ >= 0 && (in->Byte() & 1);
     std::map<Key, ModelRow> rows = delta ? base_ : std::map<Key, ModelRow>();
     int64_t declared_rows = -1, declared_tombstones = -1, seen_rows = 0, seen_tombstones = 0;
@@ -338,7 +320,7 @@ class Session {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  Input in(data, size);
+  FuzzInput in(data, size);
   const uint8_t flags = in.Byte();
   const int dim = 1 + (flags >> 1) % 5;
   const int shard_bits = (flags >> 4) % 3;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
+#include "tests/fuzz/fuzz_input.h"
 
 namespace {
 
@@ -32,34 +33,6 @@ using tf_ext::de::SnapshotReader;
 using tf_ext::de::SnapshotWriter;
 
 constexpr uint8_t kRaw = 1, kFixChecksums = 2, kStringKeys = 4, kDelta = 8;
-
-#define CHECK(condition)                                                     \
-  do {                                                                       \
-    if (!(condition)) {                                                      \
-      fprintf(stderr, "check failed: %s (line %d)\n", #condition, __LINE__); \
-      abort();                                                               \
-    }                                                                        \
-  } while (0)
-
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-  uint32_t U16() { return Byte() | (uint32_t{Byte()} << 8); }
-  std::string Bytes(size_t n) {
-    std::string out;
-    while (n-- > 0) out.push_back(static_cast<char>(Byte()));
-    return out;
-  }
-  bool empty() const { return pos_ >= size_; }
-  std::string Rest() {
-    return std::string(reinterpret_cast<const char*>(data_ + pos_), size_ - pos_);
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_, pos_ = 0;
-};
 
 class StringSink : public ByteSink {
  public:
@@ -165,7 +138,7 @@ void FixChecksums(std::string* file) {
 }
 
 // Builds a valid file from the recipe at the start of `input`; `expected` gets its contents.
-std::string WriteRecipe(uint8_t flags, Input* input, Contents* expected) {
+std::string WriteRecipe(uint8_t flags, FuzzInput* input, Contents* expected) {
   SnapshotHeader& header = expected->header;
   const bool string_keys = flags & kStringKeys;
   header.kind = flags & kDelta ? SnapshotKind::kDelta : SnapshotKind::kFull;
@@ -176,15 +149,15 @@ std::string WriteRecipe(uint8_t flags, Input* input, Contents* expected) {
   header.sequence = header.kind == SnapshotKind::kDelta ? 1 + input->Byte() % 4 : 0;
   header.step = input->Byte();
   for (uint32_t s = 0; s < header.num_slots; ++s) header.slot_initial_values.push_back(s + 0.5f);
-  header.table_name = input->Bytes(input->Byte() % 8);
+  header.table_name = input->Text(input->Byte() % 8);
   const size_t tombstones = header.kind == SnapshotKind::kDelta ? input->Byte() % 6 : 0;
   const size_t rows = input->Byte() % 12;
   header.rows = rows;
   header.tombstones = tombstones;
-  auto key = [&] { return string_keys ? input->Bytes(input->Byte() % 12) : input->Bytes(8); };
+  auto key = [&] { return string_keys ? input->Text(input->Byte() % 12) : input->Text(8); };
   for (size_t i = 0; i < tombstones; ++i) expected->tombstones.push_back(Record{key(), 0, 0, {}});
   for (size_t i = 0; i < rows; ++i) {
-    Record r{key(), input->Byte(), static_cast<int64_t>(input->U16()) - 1000, {}};
+    Record r{key(), input->Byte(), static_cast<int64_t>(input->Unsigned(2)) - 1000, {}};
     for (uint32_t j = 0; j < header.dim * (1 + header.num_slots); ++j) {
       r.values.push_back(static_cast<float>(input->Byte()) - 128.0f);
     }
@@ -224,10 +197,10 @@ bool SameRecords(const std::vector<Record>& a, const std::vector<Record>& b) {
   return true;
 }
 
-void Edit(Input* input, std::string* file) {
+void Edit(FuzzInput* input, std::string* file) {
   for (int edits = 0; !input->empty() && edits < 8 && !file->empty(); ++edits) {
     const uint8_t op = input->Byte() % 4;
-    const size_t at = input->U16() % file->size();
+    const size_t at = input->Unsigned(2) % file->size();
     switch (op) {
       case 0:  // flip a bit
         (*file)[at] ^= static_cast<char>(1 << (input->Byte() % 8));
@@ -236,8 +209,8 @@ void Edit(Input* input, std::string* file) {
         file->resize(at);
         break;
       case 2: {  // splice: copy a range of the file over another place, or insert it there
-        const size_t from = input->U16() % file->size();
-        const size_t length = std::min<size_t>(input->U16() % 64, file->size() - from);
+        const size_t from = input->Unsigned(2) % file->size();
+        const size_t length = std::min<size_t>(input->Unsigned(2) % 64, file->size() - from);
         const std::string range = file->substr(from, length);
         if (input->Byte() & 1) {
           file->insert(at, range);
@@ -255,7 +228,7 @@ void Edit(Input* input, std::string* file) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  Input input(data, size);
+  FuzzInput input(data, size);
   const uint8_t flags = input.Byte();
   std::string file;
   if (flags & kRaw) {

@@ -6,7 +6,7 @@
 // (each is allocated at its exact size, so AddressSanitizer sees one byte past it), no undefined
 // behaviour, no size reported larger than the receive.
 //
-// Input: a mode byte; mode 0: frames to decode, back to back; else the connection's set-up
+// FuzzInput: a mode byte; mode 0: frames to decode, back to back; else the connection's set-up
 // (streams, posted receives) and a script of writes to its sockets and passes of Progress().
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,42 +22,13 @@
 
 #include "kernels/harp/core/transport.h"
 #include "kernels/harp/core/wire_format.h"
+#include "tests/fuzz/fuzz_input.h"
 
 namespace harp = tf_ext::harp;
 
 namespace {
 
-#define CHECK(condition)                                                     \
-  do {                                                                       \
-    if (!(condition)) {                                                      \
-      fprintf(stderr, "check failed: %s (line %d)\n", #condition, __LINE__); \
-      abort();                                                               \
-    }                                                                        \
-  } while (0)
-
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
-  uint64_t U64(int bytes) {
-    uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i) value |= uint64_t{Byte()} << (8 * i);
-    return value;
-  }
-  // `n` bytes (zero-padded past the end).
-  std::vector<uint8_t> Bytes(size_t n) {
-    std::vector<uint8_t> out(n);
-    for (uint8_t& b : out) b = Byte();
-    return out;
-  }
-  bool empty() const { return pos_ >= size_; }
-
- private:
-  const uint8_t* data_;
-  size_t size_, pos_ = 0;
-};
-
-void DecodeFrames(Input* in) {
+void DecodeFrames(FuzzInput* in) {
   std::string error;
   while (!in->empty()) {
     switch (in->Byte() % 5) {
@@ -82,7 +53,7 @@ void DecodeFrames(Input* in) {
         break;
       }
       case 2: {
-        const uint64_t nonce = in->U64(8);
+        const uint64_t nonce = in->Unsigned(8);
         const std::vector<uint8_t> bytes = in->Bytes(harp::kAckBytes);
         harp::DecodeAck(bytes.data(), nonce, &error);
         break;
@@ -99,8 +70,8 @@ void DecodeFrames(Input* in) {
         break;
       }
       default: {
-        const uint64_t message_size = in->U64(in->Byte() % 9);
-        const uint64_t received = in->U64(in->Byte() % 9);
+        const uint64_t message_size = in->Unsigned(in->Byte() % 9);
+        const uint64_t received = in->Unsigned(in->Byte() % 9);
         const std::vector<uint8_t> bytes = in->Bytes(harp::kChunkHeaderBytes);
         harp::ChunkHeader chunk;
         if (harp::DecodeChunkHeader(bytes.data(), &chunk, &error)) {
@@ -121,7 +92,7 @@ void WriteAll(int fd, const void* bytes, size_t n) {
   if (n > 0) CHECK(send(fd, bytes, n, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(n));
 }
 
-void DriveReceiver(Input* in) {
+void DriveReceiver(FuzzInput* in) {
   const int streams = 1 + in->Byte() % 3;
   int control[2];
   CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, control) == 0);
@@ -148,7 +119,7 @@ void DriveReceiver(Input* in) {
     void* data[3];
     int tags[3];
     for (int b = 0; b < receive.count; ++b) {
-      receive.capacity[b] = in->Byte() % 4 == 0 ? 0 : in->U64(2) % 3000;
+      receive.capacity[b] = in->Byte() % 4 == 0 ? 0 : in->Unsigned(2) % 3000;
       buffers.emplace_back(new uint8_t[receive.capacity[b]]);
       data[b] = buffers.back().get();
       tags[b] = in->Byte() % 3;
@@ -170,10 +141,10 @@ void DriveReceiver(Input* in) {
         if (!control_open) break;
         harp::MessageDescriptor descriptor;
         const uint8_t shape = in->Byte();
-        descriptor.sequence = shape & 1 ? in->U64(1) : described;
+        descriptor.sequence = shape & 1 ? in->Unsigned(1) : described;
         descriptor.inline_payload = shape & 2;
         descriptor.tag = in->Byte() % 4;
-        descriptor.size = shape & 4 ? in->U64(8) : in->U64(2) % 3200;
+        descriptor.size = shape & 4 ? in->Unsigned(8) : in->Unsigned(2) % 3200;
         uint8_t bytes[harp::kDescriptorBytes];
         harp::EncodeDescriptor(descriptor, bytes);
         WriteAll(control[1], bytes, sizeof(bytes));
@@ -197,8 +168,8 @@ void DriveReceiver(Input* in) {
         if (!stream_open[stream]) break;
         harp::ChunkHeader chunk;
         chunk.sequence = in->Byte() % 8;
-        chunk.offset = in->Byte() & 0x80 ? in->U64(8) : in->U64(2) % 3200;
-        chunk.length = in->Byte() & 0x80 ? in->U64(8) : in->U64(2) % 3200;
+        chunk.offset = in->Byte() & 0x80 ? in->Unsigned(8) : in->Unsigned(2) % 3200;
+        chunk.length = in->Byte() & 0x80 ? in->Unsigned(8) : in->Unsigned(2) % 3200;
         uint8_t header[harp::kChunkHeaderBytes];
         harp::EncodeChunkHeader(chunk, header);
         WriteAll(peer[stream], header, sizeof(header));
@@ -249,7 +220,7 @@ void DriveReceiver(Input* in) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  Input in(data, size);
+  FuzzInput in(data, size);
   if (in.Byte() % 2 == 0) {
     DecodeFrames(&in);
   } else {
