@@ -347,6 +347,17 @@ void CpuApply(EmbeddingTable<int64_t>& cpu, const OptimizerParams& p, int64_t st
       });
 }
 
+// One training step of both tables on the same batch.
+void TrainBoth(EmbeddingTable<int64_t>& cpu, DeviceTable& gpu, const Backend& backend,
+               const OptimizerParams& p, int64_t step, const std::vector<int64_t>& keys,
+               const std::vector<float>& grads) {
+  CpuApply(cpu, p, step, keys, grads);
+  Buffer<int64_t> device_keys(backend, keys);
+  Buffer<float> device_grads(backend, grads);
+  ASSERT_EQ(
+      gpu.ApplyGradients(nullptr, p, step, keys.size(), device_keys.get(), device_grads.get()), "");
+}
+
 TEST_P(DeviceTableTest, EveryOptimizerUpdatesAsTheCpuTableWithDuplicatesSummed) {
   const Backend& backend = GetParam();
   for (const OptimizerParams& p : EveryOptimizer()) {
@@ -361,12 +372,7 @@ TEST_P(DeviceTableTest, EveryOptimizerUpdatesAsTheCpuTableWithDuplicatesSummed) 
       const std::vector<int64_t> keys = Keys(rng, 400, 150);  // many duplicates
       std::vector<float> grads(keys.size() * dim);
       for (float& g : grads) g = gradient(rng);
-      CpuApply(cpu, p, step, keys, grads);
-      Buffer<int64_t> device_keys(backend, keys);
-      Buffer<float> device_grads(backend, grads);
-      ASSERT_EQ(
-          gpu->ApplyGradients(nullptr, p, step, keys.size(), device_keys.get(), device_grads.get()),
-          "");
+      TrainBoth(cpu, *gpu, backend, p, step, keys, grads);
     }
     ExpectSameContents(ContentsOf(cpu), ContentsOf(*gpu), backend);
     EXPECT_EQ(gpu->LatestStep(nullptr), cpu.latest_step());
@@ -390,12 +396,7 @@ TEST_P(DeviceTableTest, AdmissionCountsAsTheCpuSketch) {
   for (int64_t step = 1; step <= 6; ++step) {
     const std::vector<int64_t> keys = Keys(rng, 300, 400);
     const std::vector<float> grads(keys.size() * 3, 1.0f);
-    CpuApply(cpu, sgd, step, keys, grads);
-    Buffer<int64_t> device_keys(backend, keys);
-    Buffer<float> device_grads(backend, grads);
-    ASSERT_EQ(
-        gpu->ApplyGradients(nullptr, sgd, step, keys.size(), device_keys.get(), device_grads.get()),
-        "");
+    TrainBoth(cpu, *gpu, backend, sgd, step, keys, grads);
   }
   ExpectSameContents(ContentsOf(cpu), ContentsOf(*gpu), backend);
   const TableCounters c = cpu.Counters(), g = gpu->Counters(nullptr);
@@ -417,11 +418,7 @@ TEST_P(DeviceTableTest, EvictionRemovesWhatTheCpuTableRemoves) {
       const std::vector<int64_t> keys = {step % 40 == 0 ? 7 : step};
       std::vector<float> grads(3);
       for (float& g : grads) g = gradient(rng) * (step % 3 == 0 ? 0.01f : 1.0f);
-      CpuApply(cpu, sgd, step, keys, grads);
-      Buffer<int64_t> device_keys(backend, keys);
-      Buffer<float> device_grads(backend, grads);
-      ASSERT_EQ(gpu.ApplyGradients(nullptr, sgd, step, 1, device_keys.get(), device_grads.get()),
-                "");
+      TrainBoth(cpu, gpu, backend, sgd, step, keys, grads);
     }
   };
   std::vector<EvictionCriteria> cases(4);
@@ -610,12 +607,7 @@ TEST_P(DeviceTableTest, LongRandomSequenceKeepsBothTablesEqual) {
       const std::vector<int64_t> keys = Keys(rng, 1 + pick(rng) * 20, range);
       std::vector<float> grads(keys.size() * dim);
       for (float& g : grads) g = gradient(rng);
-      CpuApply(cpu, adam, step, keys, grads);
-      Buffer<int64_t> device_keys(backend, keys);
-      Buffer<float> device_grads(backend, grads);
-      ASSERT_EQ(gpu->ApplyGradients(nullptr, adam, step, keys.size(), device_keys.get(),
-                                    device_grads.get()),
-                "");
+      TrainBoth(cpu, *gpu, backend, adam, step, keys, grads);
     } else if (op < 70) {  // lookups: present and missing ids read the same rows
       ++operations[1];
       const std::vector<int64_t> keys = Keys(rng, 500, range);

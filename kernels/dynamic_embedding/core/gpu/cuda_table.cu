@@ -38,16 +38,10 @@ bool DeviceAvailable(std::string* description) {
   return true;
 }
 
-void* Alloc(size_t bytes) {
-  void* p = nullptr;
-  if (cudaMalloc(&p, bytes) != cudaSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  return p;
-}
+// As the table's own storage: not stream-ordered, a failure cleared and reported as null.
+void* Alloc(size_t bytes) { return gpu::CudaExec().AllocLasting(bytes); }
 
-void Free(void* p) { cudaFree(p); }
+void Free(void* p) { gpu::CudaExec().FreeLasting(p); }
 
 bool CopyToDevice(void* to, const void* from, size_t bytes) {
   return cudaMemcpy(to, from, bytes, cudaMemcpyHostToDevice) == cudaSuccess;
