@@ -9,7 +9,7 @@
 // best of --repeats runs (HKV: of 2).
 //
 // usage: gpu_table_bench [--dims 8,32,64,128] [--load-factors 0.5,0.9] [--capacity-log2 25]
-//                        [--batch 1048576] [--repeats 5] [--hit-rate 0.6]
+//                        [--batch 1048576] [--repeats 5] [--hit-rate 0.6] [--tile-lanes 0]
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -37,6 +37,7 @@ struct Settings {
   int64_t batch = int64_t{1} << 20;
   int repeats = 5;
   double hit_rate = 0.6;
+  int tile_lanes = 0;  // DeviceTableOptions::tile_lanes (0: the table's default)
 };
 
 template <typename T>
@@ -62,6 +63,8 @@ Settings Parse(int argc, char** argv) {
       settings.batch = std::atoll(argv[i + 1]);
     } else if (flag == "--hit-rate") {
       settings.hit_rate = std::atof(argv[i + 1]);
+    } else if (flag == "--tile-lanes") {
+      settings.tile_lanes = std::atoi(argv[i + 1]);
     } else if (flag == "--repeats") {
       settings.repeats = std::atoi(argv[i + 1]);
     } else {
@@ -142,6 +145,7 @@ int main(int argc, char** argv) {
       options.dim = dim;
       options.initial_capacity = capacity;
       options.max_load_factor = 0.97;  // the benchmark holds the load factor, not the table
+      options.tile_lanes = settings.tile_lanes;
       std::string error;
       std::unique_ptr<DeviceTable> table = tf_ext::de::MakeCudaTable(options, &error);
       Check(error);

@@ -165,9 +165,13 @@ inline float AdamStepSize(const OptimizerParams& p, int64_t prior_updates) {
 struct FtrlSqrt {
   TF_EXT_HOST_DEVICE float operator()(float accum) const { return sqrtf(accum); }
 };
+// Other powers in double, rounded once: float powf differs by an ulp between glibc and CUDA, and
+// FTRL's linear term magnifies that (its accumulators' difference divided by the learning rate).
 struct FtrlPow {
   float exponent;
-  TF_EXT_HOST_DEVICE float operator()(float accum) const { return powf(accum, exponent); }
+  TF_EXT_HOST_DEVICE float operator()(float accum) const {
+    return static_cast<float>(::pow(static_cast<double>(accum), static_cast<double>(exponent)));
+  }
 };
 
 }  // namespace internal

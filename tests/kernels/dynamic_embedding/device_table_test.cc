@@ -46,10 +46,12 @@ constexpr float kGpuTolerance = 2e-6f;
 struct Backend {
   std::string name;
   bool on_device;
-  int threads;
+  int threads;  // host threads; on the device, GPU threads per key (0: the default)
 
-  std::unique_ptr<DeviceTable> Make(const DeviceTableOptions& options, std::string* error) const {
-    return on_device ? MakeCudaTable(options, error) : MakeHostTable(options, error, threads);
+  std::unique_ptr<DeviceTable> Make(DeviceTableOptions options, std::string* error) const {
+    if (!on_device) return MakeHostTable(options, error, threads);
+    if (threads > 0 && options.tile_lanes == 0) options.tile_lanes = threads;
+    return MakeCudaTable(options, error);
   }
 };
 
@@ -58,7 +60,12 @@ void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name; }
 std::vector<Backend> Backends() {
   std::vector<Backend> backends = {{"host", false, 1}, {"host4", false, 4}};
   std::string description;
-  if (cuda::DeviceAvailable(&description)) backends.push_back({"cuda", true, 0});
+  if (cuda::DeviceAvailable(&description)) {
+    // The default tile, and the narrowest and widest: a probe window of 1 and of 32 slots.
+    backends.push_back({"cuda", true, 0});
+    backends.push_back({"cuda_lanes1", true, 1});
+    backends.push_back({"cuda_lanes32", true, 32});
+  }
   return backends;
 }
 
@@ -570,6 +577,12 @@ TEST_P(DeviceTableTest, BadOptionsAndExhaustedMemoryAreClearErrorsNamingTheTable
   options.admission.exact = true;
   EXPECT_FALSE(backend.Make(options, &error));
   EXPECT_NE(error.find("exact admission"), std::string::npos) << error;
+  options = Options(4);
+  options.tile_lanes = 3;
+  EXPECT_FALSE(backend.Make(options, &error));
+  EXPECT_NE(error.find("tile_lanes must be 0 (the default) or a power of two up to 32, got 3"),
+            std::string::npos)
+      << error;
   options = Options(kMaxDim);
   options.name = "clicks";
   options.initial_capacity = int64_t{1} << 40;  // 2^40 rows of 4096 floats: no device has that

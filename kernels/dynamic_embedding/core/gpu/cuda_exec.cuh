@@ -9,11 +9,43 @@
 #include <algorithm>
 #include <cstdint>
 #include <cub/cub.cuh>
+#include <mutex>
 #include <string>
+
+#include "kernels/dynamic_embedding/core/gpu/device_table.h"
 
 namespace tf_ext {
 namespace de {
 namespace gpu {
+
+// The current device's pool for batch scratch. The default pool returns freed memory to the
+// device at every synchronization, so the next batch would map its scratch again; this one keeps
+// up to 1 GiB mapped. Null if it cannot be made (scratch then comes from the default pool).
+inline cudaMemPool_t ScratchPool() {
+  constexpr int kMaxDevices = 64;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  static std::mutex mutex;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (pools[device] == nullptr) {
+    cudaMemPoolProps properties = {};
+    properties.allocType = cudaMemAllocationTypePinned;
+    properties.location.type = cudaMemLocationTypeDevice;
+    properties.location.id = device;
+    if (cudaMemPoolCreate(&pools[device], &properties) != cudaSuccess) {
+      cudaGetLastError();
+      pools[device] = nullptr;
+      return nullptr;
+    }
+    uint64_t kept = uint64_t{1} << 30;
+    cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &kept);
+  }
+  return pools[device];
+}
 
 template <typename Body>
 __global__ void RunBody(int64_t n, Body body) {
@@ -24,14 +56,60 @@ __global__ void RunBody(int64_t n, Body body) {
   }
 }
 
+// `size` consecutive threads of a warp that work on one key (device_slots.h's tiles).
+struct CudaTile {
+  unsigned lanes;  // the tile's threads within the warp
+  int first_lane;  // of the tile, within the warp
+  int my_lane;     // within the tile
+  int width;
+  __host__ __device__ int lane() const { return my_lane; }
+  __host__ __device__ int size() const { return width; }
+  __host__ __device__ uint32_t Ballot(bool flag) const {
+#if defined(__CUDA_ARCH__)
+    return __ballot_sync(lanes, flag) >> first_lane;
+#else
+    return flag;  // never runs on the host; declared for __host__ __device__ bodies
+#endif
+  }
+  template <typename T>
+  __host__ __device__ T Broadcast(T value, int from_lane) const {
+#if defined(__CUDA_ARCH__)
+    return __shfl_sync(lanes, value, from_lane, width);
+#else
+    return value;
+#endif
+  }
+};
+
+template <typename Body>
+__global__ void RunTiles(int64_t n, int width, Body body) {
+  const int tiles_per_block = blockDim.x / width;
+  CudaTile tile;
+  tile.width = width;
+  tile.my_lane = threadIdx.x % width;
+  tile.first_lane = (threadIdx.x & 31) - tile.my_lane;
+  tile.lanes = (width == 32 ? ~0u : (1u << width) - 1) << tile.first_lane;
+  // Every lane of a tile takes the same keys, so the tile's lanes stay together.
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * tiles_per_block + threadIdx.x / width; i < n;
+       i += static_cast<int64_t>(gridDim.x) * tiles_per_block) {
+    body(i, tile);
+  }
+}
+
 class CudaExec {
  public:
+  // tile_lanes: threads per key in ForTiles, a power of two up to 32.
+  explicit CudaExec(int tile_lanes = kDefaultTileLanes) : tile_lanes_(tile_lanes) {}
+
   void Bind(cudaStream_t stream) { stream_ = stream; }
 
   // Stream-ordered, from the device's memory pool: a batch's scratch costs no device sync.
   void* Alloc(size_t bytes) {
     void* p = nullptr;
-    if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
+    const cudaMemPool_t pool = ScratchPool();
+    const cudaError_t status = pool != nullptr ? cudaMallocFromPoolAsync(&p, bytes, pool, stream_)
+                                               : cudaMallocAsync(&p, bytes, stream_);
+    if (status != cudaSuccess) {
       cudaGetLastError();  // an allocation failure is reported by the caller, not kept
       return nullptr;
     }
@@ -86,6 +164,19 @@ class CudaExec {
     RunBody<<<static_cast<unsigned>(blocks), kThreads, 0, stream_>>>(n, body);
   }
 
+  // body(i, tile) for each key i, on a tile of tile_lanes threads: a probe reads that many slots at
+  // once, and a row moves that many 16-byte vectors at a time.
+  using Tile = CudaTile;
+  template <typename Body>
+  void ForTiles(int64_t n, Body body) {
+    if (n <= 0) return;
+    constexpr int kThreads = 256;
+    const int tiles_per_block = kThreads / tile_lanes_;
+    const int64_t blocks =
+        std::min<int64_t>((n + tiles_per_block - 1) / tiles_per_block, int64_t{1} << 20);
+    RunTiles<<<static_cast<unsigned>(blocks), kThreads, 0, stream_>>>(n, tile_lanes_, body);
+  }
+
   template <typename T>
   void Fill(T* p, T value, int64_t n) {
     For(n, [=] __device__(int64_t i) { p[i] = value; });
@@ -117,6 +208,7 @@ class CudaExec {
 
  private:
   cudaStream_t stream_ = nullptr;
+  int tile_lanes_;
 };
 
 }  // namespace gpu

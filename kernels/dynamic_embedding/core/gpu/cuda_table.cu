@@ -17,7 +17,9 @@ std::unique_ptr<DeviceTable> MakeCudaTable(const DeviceTableOptions& options, st
              "': no CUDA device: " + cudaGetErrorString(cudaGetLastError());
     return nullptr;
   }
-  return gpu::MakeTable(options, gpu::CudaExec(), error);
+  return gpu::MakeTable(
+      options, gpu::CudaExec(options.tile_lanes > 0 ? options.tile_lanes : kDefaultTileLanes),
+      error);
 }
 
 bool CudaTableBuilt() { return true; }

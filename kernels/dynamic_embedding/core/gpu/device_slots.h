@@ -39,6 +39,14 @@ enum Counter : int {
   kNumCounters
 };
 
+// Each counter is the sum of kCounterStripes stripes, a 32-byte sector apart. A warp adds to the
+// stripe its keys' index picks, so a batch's adds spread over many addresses instead of queuing
+// on one (on a GPU, a million adds to one address take longer than the lookups that make them).
+// Counters only set or raised (kLatestStep) live in stripe 0.
+constexpr int kCounterStripes = 64;
+constexpr int kCounterStride = 4;
+constexpr int kCounterWords = kNumCounters * kCounterStripes * kCounterStride;
+
 struct TableView {
   uint64_t* keys;
   float* values;
@@ -57,6 +65,20 @@ struct SketchView {
   int64_t min_count;
 };
 
+// The stripe of counter c that key index i adds to: the same for all of a warp's keys, which are
+// 32 aligned indices (one per thread) or fewer (one per tile), as AddWhere needs.
+TF_EXT_HOST_DEVICE inline int64_t* Stripe(int64_t* counters, Counter c, int64_t i = 0) {
+  return counters + (c * kCounterStripes + ((i >> 5) & (kCounterStripes - 1))) * kCounterStride;
+}
+
+TF_EXT_HOST_DEVICE inline int64_t Total(const int64_t* counters, Counter c) {
+  int64_t total = 0;
+  for (int stripe = 0; stripe < kCounterStripes; ++stripe) {
+    total += counters[(c * kCounterStripes + stripe) * kCounterStride];
+  }
+  return total;
+}
+
 TF_EXT_HOST_DEVICE inline bool IsExtraKey(uint64_t key) { return key >= kTombstoneKey; }
 
 TF_EXT_HOST_DEVICE inline int64_t ExtraSlot(const TableView& t, uint64_t key) {
@@ -69,62 +91,229 @@ TF_EXT_HOST_DEVICE inline bool Live(const TableView& t, int64_t s) {
   return s < t.capacity ? key < kTombstoneKey : key != 0;
 }
 
-// The slot of `key`, or -1.
-TF_EXT_HOST_DEVICE inline int64_t FindSlot(const TableView& t, int64_t key) {
+// The threads that work on one key together. A tile scans tile.size() consecutive slots per probe
+// (one per lane) and copies a row a vector per lane: on a GPU a slice of a warp (cuda_exec.cuh;
+// kDefaultTileLanes), which turns a long probe chain into a few sector reads. SoloTile is the
+// one-thread tile of the host executor and of bodies that handle one key per thread.
+struct SoloTile {
+  TF_EXT_HOST_DEVICE int lane() const { return 0; }
+  TF_EXT_HOST_DEVICE static constexpr int size() { return 1; }
+  TF_EXT_HOST_DEVICE uint32_t Ballot(bool flag) const { return flag ? 1u : 0u; }
+  template <typename T>
+  TF_EXT_HOST_DEVICE T Broadcast(T value, int /*from_lane*/) const {
+    return value;
+  }
+};
+
+TF_EXT_HOST_DEVICE inline int LowestBit(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(static_cast<int>(bits)) - 1;
+#else
+  return __builtin_ctz(bits);
+#endif
+}
+
+// Where a key's probe is: slots are probed a bucket of kBucketSlots at a time (64 bytes of keys),
+// in slot order within a bucket, and buckets follow one another by double hashing (an odd stride
+// over a power-of-two count of buckets visits every bucket). A full bucket sends a key on to an
+// unrelated bucket instead of into one long run of occupied slots, so probes stay short near full
+// load: at 90 %, a missing key reads about two buckets, where linear probing reads ~50 slots.
+constexpr int kBucketSlots = 8;
+
+struct Probe {
+  uint64_t bucket;
+  uint64_t stride;  // odd
+  int offset;       // of the next slot to read, within the bucket
+
+  TF_EXT_HOST_DEVICE Probe(const TableView& t, uint64_t key) : offset(0) {
+    const uint64_t hash = Mix64(key);
+    bucket = hash & BucketMask(t);
+    stride = (hash >> 32) | 1;
+  }
+  TF_EXT_HOST_DEVICE static uint64_t BucketMask(const TableView& t) {
+    return t.mask / kBucketSlots;  // the table has at least 64 slots, a power of two
+  }
+  TF_EXT_HOST_DEVICE int64_t Slot(int ahead) const {
+    return static_cast<int64_t>(bucket * kBucketSlots + offset + ahead);
+  }
+  // Moves `slots` ahead; reaching the bucket's end moves to the next bucket.
+  TF_EXT_HOST_DEVICE void Skip(const TableView& t, int slots) {
+    offset += slots;
+    if (offset >= kBucketSlots) {
+      offset = 0;
+      bucket = (bucket + stride) & BucketMask(t);
+    }
+  }
+};
+
+// Reads on from `probe` to the first slot that holds `key` or is empty, as many slots at a time as
+// the tile has lanes (up to a bucket): the slot a one-slot-at-a-time scan stops at. Returns the
+// slot, whether it holds `key` and the lane that read it; `probe` is left at that slot.
+template <typename Tile>
+TF_EXT_HOST_DEVICE inline int64_t ScanTo(const TableView& t, uint64_t k, Probe* probe,
+                                         const Tile& tile, bool* holds_key, int* reader) {
+  const int width = MinOf(tile.size(), kBucketSlots);
+  for (;;) {
+    const int span = MinOf(width, kBucketSlots - probe->offset);
+    const bool reads = tile.lane() < span;
+    const uint64_t held = reads ? atomic::Load(t.keys + probe->Slot(tile.lane())) : kTombstoneKey;
+    const uint32_t hit = tile.Ballot(reads && held == k);
+    const uint32_t stop = hit | tile.Ballot(reads && held == kEmptyKey);
+    if (stop != 0) {
+      const int first = LowestBit(stop);
+      *holds_key = (hit >> first) & 1u;
+      *reader = first;
+      probe->Skip(t, first);
+      return probe->Slot(0);
+    }
+    probe->Skip(t, span);
+  }
+}
+
+// The slot of `key`, or -1. Every lane of the tile gets the answer.
+template <typename Tile = SoloTile>
+TF_EXT_HOST_DEVICE inline int64_t FindSlot(const TableView& t, int64_t key,
+                                           const Tile& tile = Tile()) {
   const uint64_t k = static_cast<uint64_t>(key);
   if (IsExtraKey(k)) {
     const int64_t s = ExtraSlot(t, k);
     return atomic::Load(t.keys + s) == k ? s : -1;
   }
-  for (uint64_t pos = Mix64(k) & t.mask;; pos = (pos + 1) & t.mask) {
-    const uint64_t held = atomic::Load(t.keys + pos);
-    if (held == k) return static_cast<int64_t>(pos);
-    if (held == kEmptyKey) return -1;
-  }
+  Probe probe(t, k);
+  bool holds_key = false;
+  int reader = 0;
+  const int64_t s = ScanTo(t, k, &probe, tile, &holds_key, &reader);
+  return holds_key ? s : -1;
 }
 
 // The slot of `key`, claiming a free one if missing (*created; the caller counts the rows it
 // created, CountRows). The caller made room: a free slot always exists. Tombstones are never
-// reused, so a key has at most one slot.
-TF_EXT_HOST_DEVICE inline int64_t FindOrClaimSlot(const TableView& t, int64_t key, bool* created) {
+// reused, so a key has at most one slot. One lane claims; every lane gets the answer.
+template <typename Tile = SoloTile>
+TF_EXT_HOST_DEVICE inline int64_t FindOrClaimSlot(const TableView& t, int64_t key, bool* created,
+                                                  const Tile& tile = Tile()) {
   const uint64_t k = static_cast<uint64_t>(key);
-  *created = false;
   if (IsExtraKey(k)) {
     const int64_t s = ExtraSlot(t, k);
-    *created = atomic::CompareAndSwap(t.keys + s, 0, k) == 0;
+    const uint64_t prior = tile.lane() == 0 ? atomic::CompareAndSwap(t.keys + s, 0, k) : 0;
+    *created = tile.Broadcast(prior, 0) == 0;
     return s;
   }
-  for (uint64_t pos = Mix64(k) & t.mask;; pos = (pos + 1) & t.mask) {
-    uint64_t held = atomic::Load(t.keys + pos);
-    if (held == kEmptyKey) {
-      held = atomic::CompareAndSwap(t.keys + pos, kEmptyKey, k);
-      if (held == kEmptyKey) {
-        *created = true;
-        return static_cast<int64_t>(pos);
+  *created = false;
+  Probe probe(t, k);
+  for (;;) {
+    bool holds_key = false;
+    int claimer = 0;
+    const int64_t s = ScanTo(t, k, &probe, tile, &holds_key, &claimer);
+    if (holds_key) return s;
+    uint64_t prior = 0;
+    if (tile.lane() == claimer) prior = atomic::CompareAndSwap(t.keys + s, kEmptyKey, k);
+    prior = tile.Broadcast(prior, claimer);
+    if (prior == kEmptyKey) {
+      *created = true;
+      return s;
+    }
+    if (prior == k) return s;  // another thread claimed it for the same key
+    probe.Skip(t, 1);
+  }
+}
+
+// Whether n floats at `a` and `b` move as 16-byte vectors: on a GPU, when both are aligned.
+TF_EXT_HOST_DEVICE inline bool VectorsFit(const float* a, const float* b, int n) {
+#if defined(__CUDA_ARCH__)
+  return n % 4 == 0 &&
+         ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15) == 0;
+#else
+  return false;
+#endif
+}
+
+// Copies n floats, a lane's share at a time. On a GPU each lane issues up to kInFlight vector
+// loads before it stores any: a store could alias a later load, so a plain loop waits out each
+// load's latency in turn.
+template <typename Tile>
+TF_EXT_HOST_DEVICE inline void CopyFloats(const Tile& tile, const float* from, float* to, int n) {
+#if defined(__CUDA_ARCH__)
+  if (VectorsFit(from, to, n)) {
+    constexpr int kInFlight = 8;
+    const float4* from4 = reinterpret_cast<const float4*>(from);
+    float4* to4 = reinterpret_cast<float4*>(to);
+    const int vectors = n / 4, step = tile.size();
+    for (int c = tile.lane(); c < vectors; c += step * kInFlight) {
+      float4 held[kInFlight];
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        if (c + k * step < vectors) held[k] = from4[c + k * step];
+      }
+#pragma unroll
+      for (int k = 0; k < kInFlight; ++k) {
+        if (c + k * step < vectors) to4[c + k * step] = held[k];
       }
     }
-    if (held == k) return static_cast<int64_t>(pos);
+    return;
+  }
+#endif
+  for (int j = tile.lane(); j < n; j += tile.size()) to[j] = from[j];
+}
+
+// Sets n floats to `value`, a lane's share at a time (16-byte stores on a GPU where they fit).
+template <typename Tile>
+TF_EXT_HOST_DEVICE inline void FillFloats(const Tile& tile, float* to, int n, float value) {
+#if defined(__CUDA_ARCH__)
+  if (VectorsFit(to, to, n)) {
+    for (int c = tile.lane(); c < n / 4; c += tile.size()) {
+      reinterpret_cast<float4*>(to)[c] = make_float4(value, value, value, value);
+    }
+    return;
+  }
+#endif
+  for (int j = tile.lane(); j < n; j += tile.size()) to[j] = value;
+}
+
+// The row of slot s into out[0, dim), or, for s = -1, the key's initial row, which a missing key
+// reads without being stored.
+template <typename Tile>
+TF_EXT_HOST_DEVICE inline void ReadRow(const TableView& t, const InitializerSpec& init, int64_t key,
+                                       int64_t s, float* out, const Tile& tile) {
+  if (s >= 0) {
+    CopyFloats(tile, t.values + s * t.stride, out, t.dim);
+  } else if (init.kind != InitializerKind::kTruncatedNormal) {
+    const InitialRowStream stream(InitialRowKeyHash(key), init.seed);
+#if defined(__CUDA_ARCH__)
+    if (VectorsFit(out, out, t.dim)) {  // four elements per 16-byte store
+      for (int c = tile.lane(); c < t.dim / 4; c += tile.size()) {
+        reinterpret_cast<float4*>(out)[c] = make_float4(
+            InitialRowElement(init, stream, 4 * c), InitialRowElement(init, stream, 4 * c + 1),
+            InitialRowElement(init, stream, 4 * c + 2), InitialRowElement(init, stream, 4 * c + 3));
+      }
+      return;
+    }
+#endif
+    for (int j = tile.lane(); j < t.dim; j += tile.size())
+      out[j] = InitialRowElement(init, stream, j);
+  } else if (tile.lane() == 0) {  // rejection sampling runs along the row
+    TruncatedNormalRow(init, InitialRowStream(InitialRowKeyHash(key), init.seed), out, t.dim);
   }
 }
 
 // Removes the key in slot s (-1: none) if it is `key`; returns whether this call removed it.
-// Every thread of the body calls it (the counts are per warp, atomic::AddWhere); `counter`, if not
-// null, counts the removals too.
-TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t key,
-                                        int64_t* counter) {
+// Every thread of the body calls it (the counts are per warp, atomic::AddWhere), for its index i;
+// `counted`, if not kNumCounters, counts the removals too.
+TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t key, int64_t i,
+                                        Counter counted) {
   const uint64_t k = static_cast<uint64_t>(key);
   const bool extra = s >= t.capacity;
   const bool removed =
       s >= 0 && atomic::CompareAndSwap(t.keys + s, k, extra ? 0 : kTombstoneKey) == k;
-  atomic::AddWhere(t.counters + kSize, removed, -1);
-  atomic::AddWhere(t.counters + kTombstones, removed && !extra, 1);
-  if (counter != nullptr) atomic::AddWhere(counter, removed, 1);
+  atomic::AddWhere(Stripe(t.counters, kSize, i), removed, -1);
+  atomic::AddWhere(Stripe(t.counters, kTombstones, i), removed && !extra, 1);
+  if (counted != kNumCounters) atomic::AddWhere(Stripe(t.counters, counted, i), removed, 1);
   return removed;
 }
 
-// Counts rows created by FindOrClaimSlot; every thread of the body calls it.
-TF_EXT_HOST_DEVICE inline void CountRows(const TableView& t, bool created) {
-  atomic::AddWhere(t.counters + kSize, created, 1);
+// Counts rows created by FindOrClaimSlot; every thread of the body calls it, for its index i.
+TF_EXT_HOST_DEVICE inline void CountRows(const TableView& t, bool created, int64_t i) {
+  atomic::AddWhere(Stripe(t.counters, kSize, i), created, 1);
 }
 
 // Counts one more update of a missing key with this hash (conservative update, as

@@ -19,7 +19,8 @@
 //   - ties at the max_size cutoff of eviction (rows last updated at the same step) go in slot
 //     order, the CPU table's in shard order: which of those tied rows go may differ.
 //
-// Layout: open addressing with linear probing over a power-of-two number of slots. Slot i holds
+// Layout: open addressing over a power-of-two number of slots (at least 64), probed in buckets of
+// 8 slots that follow one another by double hashing (device_slots.h's Probe). Slot i holds
 // the key (keys[i]), the row (values[i * stride]: the embedding, then each optimizer slot, as a
 // snapshot row) and its metadata. A key is claimed with one 64-bit compare-and-swap, so threads
 // inserting the same key agree on one slot and never lock. Removal leaves a tombstone. Before an
@@ -62,7 +63,15 @@ struct DeviceTableOptions {
   // Keys plus tombstones per slot past which the table grows. Higher packs more rows per byte
   // and probes longer.
   double max_load_factor = 0.75;
+  // GPU threads that probe for one key and copy its row together: 1, 2, 4, 8, 16 or 32; 0 takes
+  // kDefaultTileLanes. The benchmark compares them; the host table ignores it.
+  int tile_lanes = 0;
 };
+
+// Four lanes: on an H200 (benchmarks/gpu_table.py, 2026-11-27) they beat 8, 16 and 32 at every
+// dim measured (8 and 128), in find and find-or-insert: fewer lanes per key keep more keys in
+// flight, and four 16-byte vectors per lane still move a row of 128 floats in two rounds.
+constexpr int kDefaultTileLanes = 4;
 
 // Rows in host memory, as a snapshot holds them: for each of n keys its update count, last step
 // and the embedding followed by each optimizer slot (dim * (1 + num_slots) floats).

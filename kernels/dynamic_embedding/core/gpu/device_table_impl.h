@@ -28,6 +28,7 @@ namespace gpu {
 template <typename Exec>
 class DeviceTableImpl : public DeviceTable {
  public:
+  using Tile = typename Exec::Tile;
   // Keys per chunk of the internal passes that stage host memory (Import, Export).
   static constexpr int64_t kDefaultChunkRows = int64_t{1} << 16;
 
@@ -45,6 +46,11 @@ class DeviceTableImpl : public DeviceTable {
       return Error("dim must be in [1, " + std::to_string(kMaxDim) + "], got " +
                    std::to_string(options_.dim));
     }
+    const int lanes = options_.tile_lanes;
+    if (lanes < 0 || lanes > 32 || (lanes & (lanes - 1)) != 0) {
+      return Error("tile_lanes must be 0 (the default) or a power of two up to 32, got " +
+                   std::to_string(lanes));
+    }
     if (!(options_.max_load_factor > 0.0 && options_.max_load_factor < 1.0)) {
       return Error("max_load_factor must be in (0, 1)");
     }
@@ -53,9 +59,9 @@ class DeviceTableImpl : public DeviceTable {
           "exact admission counting is CPU-only; the GPU table counts with a sketch "
           "(admission exact=False)");
     }
-    counters_ = static_cast<int64_t*>(exec_.AllocLasting(sizeof(int64_t) * kNumCounters));
+    counters_ = static_cast<int64_t*>(exec_.AllocLasting(sizeof(int64_t) * kCounterWords));
     if (counters_ == nullptr) return Error("out of device memory");
-    exec_.Fill(counters_, int64_t{0}, kNumCounters);
+    exec_.Fill(counters_, int64_t{0}, kCounterWords);
     if (options_.admission.min_count > 1) {
       const int64_t width = SketchWidth(options_.admission.sketch_width);
       sketch_width_mask_ = static_cast<uint64_t>(width) - 1;
@@ -103,45 +109,31 @@ class DeviceTableImpl : public DeviceTable {
     return failure.empty() ? "" : Error(what + ": " + failure);
   }
 
-  // Rows of the slots slots[0, n) (-1: missing, the key's initial row) into rows[n, dim].
-  void GatherRows(int64_t n, const int64_t* keys, const int64_t* slots, float* rows) {
+  // Rows of the slots slots[0, n) (-1: missing, the key's initial row) into rows[n, dim]. A row
+  // created[i] by this operation holds its initial row: computed again, it needs no read.
+  void GatherRows(int64_t n, const int64_t* keys, const int64_t* slots, const uint8_t* created,
+                  float* rows) {
     const TableView t = View();
     const InitializerSpec init = options_.initializer;
-    const int dim = t.dim;
-    exec_.For(n * dim, [=] TF_EXT_HOST_DEVICE(int64_t e) {
-      const int64_t i = e / dim;
-      const int j = static_cast<int>(e - i * dim);
-      const int64_t s = slots[i];
-      if (s >= 0) {
-        rows[e] = t.values[s * t.stride + j];
-      } else if (init.kind != InitializerKind::kTruncatedNormal) {
-        rows[e] =
-            InitialRowElement(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed), j);
-      }
+    exec_.ForTiles(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
+      ReadRow(t, init, keys[i], created[i] ? -1 : slots[i], rows + i * t.dim, tile);
     });
-    if (init.kind == InitializerKind::kTruncatedNormal) {
-      exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-        if (slots[i] >= 0) return;
-        TruncatedNormalRow(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed),
-                           rows + i * dim, dim);
-      });
-    }
   }
 
   std::string Find(cudaStream_t stream, int64_t n, const int64_t* keys, float* rows,
                    bool* found) override {
     exec_.Bind(stream);
     if (n <= 0) return "";
-    Scratch<Exec, int64_t> slots(exec_, n);
-    if (!slots.ok()) return Error("out of device memory for a lookup of " + std::to_string(n));
     const TableView t = View();
-    int64_t* slot_of = slots.get();
-    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      slot_of[i] = FindSlot(t, keys[i]);
-      if (found != nullptr) found[i] = slot_of[i] >= 0;
-      atomic::AddWhere(t.counters + kHits, slot_of[i] >= 0, 1);
+    const InitializerSpec init = options_.initializer;
+    // One pass: a tile finds the key's slot and copies its row.
+    exec_.ForTiles(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
+      const int64_t s = FindSlot(t, keys[i], tile);
+      const bool leader = tile.lane() == 0;
+      if (leader && found != nullptr) found[i] = s >= 0;
+      atomic::AddWhere(Stripe(t.counters, kHits, i), leader && s >= 0, 1);
+      ReadRow(t, init, keys[i], s, rows + i * t.dim, tile);
     });
-    GatherRows(n, keys, slot_of, rows);
     lookups_ += n;
     return Checked("find");
   }
@@ -153,26 +145,15 @@ class DeviceTableImpl : public DeviceTable {
     const TableView t = View();
     const InitializerSpec init = options_.initializer;
     const float* slot_init = storage_.slot_init;
-    exec_.For(n * t.stride, [=] TF_EXT_HOST_DEVICE(int64_t e) {
-      const int64_t i = e / t.stride;
+    exec_.ForTiles(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
       if (!created[i]) return;
-      const int j = static_cast<int>(e - i * t.stride);
       float* row = t.values + slots[i] * t.stride;
-      if (j >= t.dim) {
-        row[j] = slot_init[j / t.dim - 1];
-      } else if (init.kind != InitializerKind::kTruncatedNormal) {
-        row[j] =
-            InitialRowElement(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed), j);
+      ReadRow(t, init, keys[i], -1, row, tile);
+      for (int slot = 1; slot * t.dim < t.stride; ++slot) {
+        FillFloats(tile, row + slot * t.dim, t.dim, slot_init[slot - 1]);
       }
-      if (j == 0) t.meta[slots[i]] = EntryMeta{t.counters[kLatestStep], 0, 0};
+      if (tile.lane() == 0) t.meta[slots[i]] = EntryMeta{*Stripe(t.counters, kLatestStep), 0, 0};
     });
-    if (init.kind == InitializerKind::kTruncatedNormal) {
-      exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-        if (!created[i]) return;
-        TruncatedNormalRow(init, InitialRowStream(InitialRowKeyHash(keys[i]), init.seed),
-                           t.values + slots[i] * t.stride, t.dim);
-      });
-    }
   }
 
   std::string FindOrInsert(cudaStream_t stream, int64_t n, const int64_t* keys,
@@ -188,19 +169,29 @@ class DeviceTableImpl : public DeviceTable {
     const SketchView sketch = Sketch();
     int64_t* slot_of = slots.get();
     uint8_t* created_at = created.get();
-    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      int64_t s = FindSlot(t, keys[i]);
-      const bool hit = s >= 0;
-      bool claimed = false;
-      if (!hit && Admit(sketch, InitialRowKeyHash(keys[i])))
-        s = FindOrClaimSlot(t, keys[i], &claimed);
-      atomic::AddWhere(t.counters + kHits, hit, 1);
-      CountRows(t, claimed);
-      slot_of[i] = s;
-      created_at[i] = claimed;
+    exec_.ForTiles(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
+      const bool leader = tile.lane() == 0;
+      bool claimed = false, hit = false;
+      int64_t s = -1;
+      if (sketch.min_count <= 1) {  // every key is admitted: one scan finds or claims
+        s = FindOrClaimSlot(t, keys[i], &claimed, tile);
+        hit = !claimed;  // of a key repeated in the batch, the one that claims it misses
+      } else {
+        s = FindSlot(t, keys[i], tile);
+        hit = s >= 0;
+        // Admission counts the key once, so one lane asks.
+        const int admitted = !hit && leader ? Admit(sketch, InitialRowKeyHash(keys[i])) : 0;
+        if (tile.Broadcast(admitted, 0)) s = FindOrClaimSlot(t, keys[i], &claimed, tile);
+      }
+      atomic::AddWhere(Stripe(t.counters, kHits, i), leader && hit, 1);
+      CountRows(t, leader && claimed, i);
+      if (leader) {
+        slot_of[i] = s;
+        created_at[i] = claimed;
+      }
     });
     InitializeRows(n, keys, slot_of, created_at);
-    GatherRows(n, keys, slot_of, rows);
+    GatherRows(n, keys, slot_of, created_at, rows);
     lookups_ += n;
     return Checked("find_or_insert");
   }
@@ -290,9 +281,9 @@ class DeviceTableImpl : public DeviceTable {
       const bool admitted = missing && Admit(sketch, InitialRowKeyHash(key));
       bool claimed = false;
       if (admitted) s = FindOrClaimSlot(t, key, &claimed);
-      atomic::AddWhere(t.counters + kAdmitted, admitted, 1);
-      atomic::AddWhere(t.counters + kRejected, missing && !admitted, 1);
-      CountRows(t, claimed);
+      atomic::AddWhere(Stripe(t.counters, kAdmitted, d), admitted, 1);
+      atomic::AddWhere(Stripe(t.counters, kRejected, d), missing && !admitted, 1);
+      CountRows(t, claimed, d);
       slot_of[d] = s;
       created_at[d] = claimed;
     });
@@ -319,10 +310,10 @@ class DeviceTableImpl : public DeviceTable {
       ApplyGradientToElement(p, step_size[d], sum[e], dim, static_cast<int>(e - d * dim), row,
                              row + dim);
     });
-    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    ZeroCounter(kScratch);
     exec_.For(m, [=] TF_EXT_HOST_DEVICE(int64_t d) {
       const bool updated = slot_of[d] >= 0;
-      atomic::AddWhere(t.counters + kScratch, updated, 1);
+      atomic::AddWhere(Stripe(t.counters, kScratch, d), updated, 1);
       if (!updated) return;
       EntryMeta& meta = t.meta[slot_of[d]];
       if (meta.update_count != ~uint32_t{0}) ++meta.update_count;
@@ -361,7 +352,7 @@ class DeviceTableImpl : public DeviceTable {
       source_of[d] = position[first[d + 1] - 1];  // the last occurrence
       bool claimed = false;
       slot_of[d] = FindOrClaimSlot(t, key_of[d], &claimed);
-      CountRows(t, claimed);
+      CountRows(t, claimed, d);
       created_at[d] = claimed;
     });
     if (!full_rows) InitializeRows(m, key_of, slot_of, created_at);
@@ -389,9 +380,9 @@ class DeviceTableImpl : public DeviceTable {
     if (removed != nullptr) *removed = 0;
     if (n <= 0) return "";
     const TableView t = View();
-    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    ZeroCounter(kScratch);
     exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      RemoveAt(t, FindSlot(t, keys[i]), keys[i], t.counters + kScratch);
+      RemoveAt(t, FindSlot(t, keys[i]), keys[i], i, kScratch);
     });
     if (removed != nullptr) *removed = ReadCounter(kScratch);
     return Checked("remove");
@@ -414,12 +405,12 @@ class DeviceTableImpl : public DeviceTable {
     exec_.Bind(stream);
     const TableView t = View();
     const EvictionCriteria c = criteria;
-    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    ZeroCounter(kScratch);
     exec_.For(t.capacity + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
       const EntryMeta meta = t.meta[s];
       const bool condemned = Live(t, s) && Condemned(c, meta.last_step, meta.update_count,
                                                      t.values + s * t.stride, t.dim);
-      RemoveAt(t, condemned ? s : -1, static_cast<int64_t>(t.keys[s]), t.counters + kScratch);
+      RemoveAt(t, condemned ? s : -1, static_cast<int64_t>(t.keys[s]), s, kScratch);
     });
     int64_t removed = ReadCounter(kScratch);
     std::string error;
@@ -461,10 +452,10 @@ class DeviceTableImpl : public DeviceTable {
       return Error("out of device memory sorting for eviction");
     }
     const int64_t* victims = sorted_slots.get();
-    exec_.Fill(t.counters + kScratch, int64_t{0}, 1);
+    ZeroCounter(kScratch);
     exec_.For(std::min(excess, rows), [=] TF_EXT_HOST_DEVICE(int64_t i) {
       const int64_t s = victims[i];
-      RemoveAt(t, s, static_cast<int64_t>(t.keys[s]), t.counters + kScratch);
+      RemoveAt(t, s, static_cast<int64_t>(t.keys[s]), i, kScratch);
     });
     *removed += ReadCounter(kScratch);
     return "";
@@ -480,15 +471,13 @@ class DeviceTableImpl : public DeviceTable {
   }
   TableCounters Counters(cudaStream_t stream) override {
     exec_.Bind(stream);
-    int64_t values[kNumCounters];
-    exec_.ToHost(values, counters_, sizeof(values));
-    exec_.Sync();
+    const std::vector<int64_t> values = ReadCounters();
     TableCounters counters;
-    counters.admitted = values[kAdmitted];
-    counters.rejected = values[kRejected];
+    counters.admitted = Total(values.data(), kAdmitted);
+    counters.rejected = Total(values.data(), kRejected);
     counters.evicted = evicted_;
     counters.lookups = lookups_;
-    counters.lookup_hits = values[kHits];
+    counters.lookup_hits = Total(values.data(), kHits);
     return counters;
   }
 
@@ -598,7 +587,8 @@ class DeviceTableImpl : public DeviceTable {
     const TableView t = View();
     exec_.For(t.capacity + kExtraSlots,
               [=] TF_EXT_HOST_DEVICE(int64_t s) { t.keys[s] = s < t.capacity ? kEmptyKey : 0; });
-    exec_.Fill(t.counters + kSize, int64_t{0}, 2);  // size and tombstones
+    ZeroCounter(kSize);
+    ZeroCounter(kTombstones);
     return Checked("clear");
   }
 
@@ -629,15 +619,25 @@ class DeviceTableImpl : public DeviceTable {
   void RecordStep(int64_t step, bool if_updated) {
     int64_t* counters = counters_;
     exec_.For(1, [=] TF_EXT_HOST_DEVICE(int64_t) {
-      if (!if_updated || counters[kScratch] > 0) atomic::Max(counters + kLatestStep, step);
+      if (!if_updated || Total(counters, kScratch) > 0) {
+        atomic::Max(Stripe(counters, kLatestStep), step);
+      }
     });
   }
 
-  int64_t ReadCounter(Counter counter) {
-    int64_t value = 0;
-    exec_.ToHost(&value, counters_ + counter, sizeof(value));
+  std::vector<int64_t> ReadCounters() {
+    std::vector<int64_t> values(kCounterWords);
+    exec_.ToHost(values.data(), counters_, sizeof(int64_t) * kCounterWords);
     exec_.Sync();
-    return value;
+    return values;
+  }
+  int64_t ReadCounter(Counter counter) { return Total(ReadCounters().data(), counter); }
+  void ZeroCounter(Counter counter) {
+    exec_.Fill(Stripe(counters_, counter), int64_t{0}, kCounterStripes * kCounterStride);
+  }
+  void SetCounter(Counter counter, int64_t value) {
+    ZeroCounter(counter);
+    exec_.Fill(Stripe(counters_, counter), value, 1);
   }
 
   // Makes room for `incoming` new keys: keeps (rows + tombstones + incoming) within the load
@@ -706,12 +706,13 @@ class DeviceTableImpl : public DeviceTable {
       const int64_t size = ReadCounter(kSize), tombstones = ReadCounter(kTombstones);
       // The keys move first (every new slot claimed, counted afresh), then the rows, one element
       // per thread.
-      exec_.Fill(counters_ + kSize, int64_t{0}, 2);
+      ZeroCounter(kSize);
+      ZeroCounter(kTombstones);
       exec_.For(from.capacity + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
         bool created = false;
         new_slot[s] =
             Live(from, s) ? FindOrClaimSlot(to, static_cast<int64_t>(from.keys[s]), &created) : -1;
-        CountRows(to, created);
+        CountRows(to, created, s);
       });
       const float* init = fresh.slot_init;
       exec_.For((from.capacity + kExtraSlots) * to.stride, [=] TF_EXT_HOST_DEVICE(int64_t e) {
@@ -725,8 +726,8 @@ class DeviceTableImpl : public DeviceTable {
       exec_.Sync();
       const std::string failure = Checked("rebuild");
       if (!failure.empty()) {  // keep the old storage, and its counts
-        const int64_t counts[2] = {size, tombstones};
-        exec_.ToDevice(counters_ + kSize, counts, sizeof(counts));
+        SetCounter(kSize, size);
+        SetCounter(kTombstones, tombstones);
         exec_.Sync();
         fresh.Release(exec_);
         return failure;

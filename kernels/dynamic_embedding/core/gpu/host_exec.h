@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/dynamic_embedding/core/gpu/device_slots.h"
 #include "kernels/dynamic_embedding/core/gpu/device_table.h"
 
 namespace tf_ext {
@@ -51,6 +52,13 @@ class HostExec {
       });
     }
     for (auto& worker : workers) worker.join();
+  }
+
+  // body(i, tile) for each key i; a host thread is a tile of one.
+  using Tile = SoloTile;
+  template <typename Body>
+  void ForTiles(int64_t n, Body body) {
+    For(n, [=](int64_t i) { body(i, Tile()); });
   }
 
   template <typename T>
