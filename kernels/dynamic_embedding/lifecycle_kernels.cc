@@ -1,5 +1,5 @@
 // Kernels of a table's lifecycle ops: eviction and statistics
-// (ops/dynamic_embedding_lifecycle_ops.cc).
+// (ops/dynamic_embedding_lifecycle_ops.cc), for tables in host and in GPU memory.
 #include <cstdint>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
@@ -33,10 +33,13 @@ class EvictOp : public TableKernel {
         table->Invalid("evict: now_step must be a scalar, got shape ", now.shape().DebugString()));
     de::EvictionCriteria criteria = criteria_;
     criteria.now_step = now.flat<int64_t>()(0);
-    if (criteria.now_step < 0) criteria.now_step = table->LatestStep();
+    const cudaStream_t stream = StreamOf(ctx);
+    if (criteria.now_step < 0) criteria.now_step = table->LatestStep(stream);
+    int64_t evicted = 0;
+    OP_REQUIRES_OK(ctx, table->Evict(criteria, &evicted, stream));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = table->Evict(criteria);
+    out->scalar<int64_t>()() = evicted;
   }
 
  private:
@@ -48,8 +51,9 @@ class StatisticsOp : public TableKernel {
   using TableKernel::TableKernel;
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
-    const de::TableCounters counters = table->Counters();
-    const int64_t values[] = {table->Size(),       static_cast<int64_t>(table->BytesInUse()),
+    const cudaStream_t stream = StreamOf(ctx);
+    const de::TableCounters counters = table->Counters(stream);
+    const int64_t values[] = {table->Size(stream), static_cast<int64_t>(table->BytesInUse()),
                               counters.admitted,   counters.rejected,
                               counters.evicted,    counters.lookups,
                               counters.lookup_hits};
@@ -61,6 +65,13 @@ class StatisticsOp : public TableKernel {
 
 REGISTER_KERNEL_BUILDER(Name("TfExtTableEvict").Device(DEVICE_CPU), EvictOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableStatistics").Device(DEVICE_CPU), StatisticsOp);
+
+// The GPU kernels (RegisterGpuKernel: table_kernel.h): scalars and statistics in host memory.
+using ::tensorflow::KernelDefBuilder;
+TF_EXT_REGISTER_GPU_KERNEL(
+    KernelDefBuilder("TfExtTableEvict").HostMemory("now_step").HostMemory("evicted"), EvictOp)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableStatistics").HostMemory("statistics"),
+                           StatisticsOp)
 
 }  // namespace
 }  // namespace tf_ext

@@ -64,8 +64,8 @@ inline Status CheckPlacement(const OpKernel& kernel, bool kernel_on_gpu,
   if (table.on_gpu() && !kernel_on_gpu) {
     return table.Invalid(
         "the table lives in GPU memory, and this op (", kernel.type_string(),
-        ") has no GPU kernel yet: GPU tables serve find, insert, remove, size, clear and the "
-        "optimizer step (docs/dynamic_embedding.md, GPU tables)");
+        ") has no GPU kernel yet: GPU tables serve find, insert, remove, size, clear, the "
+        "optimizer step, eviction and statistics (docs/dynamic_embedding.md, GPU tables)");
   }
   if (!table.on_gpu() && kernel_on_gpu) {
     return table.Invalid("the table lives in host memory: run its ops on the CPU");

@@ -76,15 +76,20 @@ class DynamicTable : public ::tensorflow::ResourceBase {
     string_table_ ? string_table_->Clear() : int64_table_->Clear();
     return ::tensorflow::OkStatus();
   }
-  // CPU tables only (their kernels refuse GPU tables, TableKernel::GetTable).
-  de::TableCounters Counters() const {
+  de::TableCounters Counters(cudaStream_t stream = nullptr) const {
+    if (device_table_) return device_table_->Counters(stream);
     return string_table_ ? string_table_->Counters() : int64_table_->Counters();
   }
-  int64_t LatestStep() const {
+  int64_t LatestStep(cudaStream_t stream = nullptr) const {
+    if (device_table_) return device_table_->LatestStep(stream);
     return string_table_ ? string_table_->latest_step() : int64_table_->latest_step();
   }
-  int64_t Evict(const de::EvictionCriteria& criteria) {
-    return string_table_ ? string_table_->Evict(criteria) : int64_table_->Evict(criteria);
+  // Removes the rows `criteria` condemns; *evicted: how many.
+  ::tensorflow::Status Evict(const de::EvictionCriteria& criteria, int64_t* evicted,
+                             cudaStream_t stream = nullptr) {
+    if (device_table_) return FromCore(device_table_->Evict(stream, criteria, evicted));
+    *evicted = string_table_ ? string_table_->Evict(criteria) : int64_table_->Evict(criteria);
+    return ::tensorflow::OkStatus();
   }
 
   // A GPU table core's error (which names the table), or OK.

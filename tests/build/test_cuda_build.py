@@ -87,7 +87,8 @@ def test_the_op_library_keeps_any_cuda_runtime_private():
 REGISTERED = """
 import tf_ext  # loads the op library
 from tensorflow.python.framework import kernels
-for op in ("TfExtTableFind", "TfExtDynamicTable", "TfExtTableApplyGradient", "TfExtTableSaveSnapshot"):
+for op in ("TfExtTableFind", "TfExtDynamicTable", "TfExtTableApplyGradient", "TfExtTableEvict",
+           "TfExtTableStatistics", "TfExtTableSaveSnapshot"):
   print(op, sorted({k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel}))
 """
 
@@ -103,5 +104,7 @@ def test_gpu_kernels_are_registered_only_when_asked(enabled):
   assert devices["TfExtTableFind"] == gpu
   assert devices["TfExtDynamicTable"] == gpu
   assert devices["TfExtTableApplyGradient"] == gpu
+  assert devices["TfExtTableEvict"] == gpu
+  assert devices["TfExtTableStatistics"] == gpu
   # Ops without a GPU path stay CPU-only: a GPU table refuses them with a clear error.
   assert devices["TfExtTableSaveSnapshot"] == "['CPU']"
