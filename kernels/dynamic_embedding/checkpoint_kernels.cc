@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h"
 #include "kernels/dynamic_embedding/core/sharding.h"
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
 #include "kernels/dynamic_embedding/table_kernel.h"
@@ -42,6 +43,21 @@ class FileSink : public de::ByteSink {
  private:
   WritableFile* file_;
   Status status_;
+};
+
+// Counts the bytes that pass through to `sink`.
+class CountingSink : public de::ByteSink {
+ public:
+  explicit CountingSink(de::ByteSink* sink) : sink_(sink) {}
+  bool Append(const char* data, size_t n) override {
+    bytes_ += static_cast<int64_t>(n);
+    return sink_->Append(data, n);
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  de::ByteSink* sink_;
+  int64_t bytes_ = 0;
 };
 
 // Reads are whole records blocks (about 1 MiB) or their 16-byte heads: no buffer of its own.
@@ -102,6 +118,32 @@ Status SetScalarOutputs(OpKernelContext* ctx, std::initializer_list<int64_t> val
   return ::tensorflow::OkStatus();
 }
 
+// Writes `path` through a uniquely named temporary file that is renamed into place once write()
+// returns true, so concurrent saves to one path never share a file and a failed save leaves none.
+// write(sink) returns whether it wrote the whole file; the status is the file system's.
+template <typename Write>
+Status WriteFileInPlace(const std::string& path, Write&& write) {
+  Env* env = Env::Default();
+  const std::string dir(::tensorflow::io::Dirname(path));
+  if (!dir.empty() && !env->FileExists(dir).ok()) {
+    TF_RETURN_IF_ERROR(env->RecursivelyCreateDir(dir));
+  }
+  const std::string temporary =
+      path + ".tmp-" + std::to_string(std::random_device()() ^ env->NowMicros());
+  std::unique_ptr<WritableFile> file;
+  TF_RETURN_IF_ERROR(env->NewWritableFile(temporary, &file));
+  FileSink sink(file.get());
+  const bool written = write(&sink);
+  Status status = sink.status();
+  if (status.ok() && written) status = file->Close();
+  if (status.ok() && written) status = env->RenameFile(temporary, path);
+  if (!status.ok() || !written) {
+    file.reset();
+    env->DeleteFile(temporary).IgnoreError();
+  }
+  return status;
+}
+
 class SaveSnapshotOp : public TableKernel {
  public:
   explicit SaveSnapshotOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
@@ -111,7 +153,9 @@ class SaveSnapshotOp : public TableKernel {
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
     OP_REQUIRES_OK(ctx, CheckScalars(ctx, *table, {1, 2, 3, 4, 5}));
-    if (table->key_dtype() == ::tensorflow::DT_STRING) {
+    if (table->on_gpu()) {
+      SaveFromDevice(ctx, table.get());
+    } else if (table->key_dtype() == ::tensorflow::DT_STRING) {
       Save<std::string>(ctx, table.get());
     } else {
       Save<int64_t>(ctx, table.get());
@@ -119,58 +163,60 @@ class SaveSnapshotOp : public TableKernel {
   }
 
  private:
+  static de::SnapshotHeader HeaderOf(OpKernelContext* ctx, const DynamicTable& table) {
+    de::SnapshotHeader header;
+    header.dim = static_cast<uint32_t>(table.dim());
+    header.chain_id = static_cast<uint64_t>(ScalarInput(ctx, 3));
+    header.sequence = static_cast<uint64_t>(ScalarInput(ctx, 4));
+    header.step = ScalarInput(ctx, 5);
+    header.table_name = table.name();
+    return header;
+  }
+
+  // The outputs: version, rows, tombstones, bytes and the slots' initial values.
+  static void SetOutputs(OpKernelContext* ctx, int64_t version, const de::SnapshotHeader& header,
+                         int64_t bytes) {
+    OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {version, static_cast<int64_t>(header.rows),
+                                               static_cast<int64_t>(header.tombstones), bytes}));
+    const int num_slots = static_cast<int>(header.slot_initial_values.size());
+    Tensor* slot_init;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({num_slots}), &slot_init));
+    for (int s = 0; s < num_slots; ++s) slot_init->flat<float>()(s) = header.slot_initial_values[s];
+  }
+
   template <typename Key>
   void Save(OpKernelContext* ctx, DynamicTable* table) {
     const std::string path(ctx->input(1).scalar<tstring>()());
     const int64_t since = ScalarInput(ctx, 2);
-    Env* env = Env::Default();
-    const std::string dir(::tensorflow::io::Dirname(path));
-    if (!dir.empty() && !env->FileExists(dir).ok()) {
-      OP_REQUIRES_OK(ctx, env->RecursivelyCreateDir(dir));
-    }
-    // A unique temporary name: concurrent saves to one path never write one file.
-    const std::string temporary =
-        path + ".tmp-" + std::to_string(std::random_device()() ^ env->NowMicros());
-    std::unique_ptr<WritableFile> file;
-    OP_REQUIRES_OK(ctx, env->NewWritableFile(temporary, &file));
-    FileSink sink(file.get());
-    de::SnapshotWriter writer(&sink);
     de::EmbeddingTable<Key>* core = table->template table<Key>();
-    de::SnapshotHeader header;
+    de::SnapshotHeader header = HeaderOf(ctx, *table);
     header.kind = since < 0 ? de::SnapshotKind::kFull : de::SnapshotKind::kDelta;
     header.key_type = KeyTypeOf<Key>();
-    header.dim = static_cast<uint32_t>(table->dim());
-    header.chain_id = static_cast<uint64_t>(ScalarInput(ctx, 3));
-    header.sequence = static_cast<uint64_t>(ScalarInput(ctx, 4));
-    header.step = ScalarInput(ctx, 5);
-    header.table_name = table->name();
     de::DescribeAdmission(core->admission(), &header);
-    int num_slots = 0;
     bool written = false;
-    const int64_t version = core->Snapshot(
-        since < 0 ? de::EmbeddingTable<Key>::kFullSnapshot : since,
-        [&](int64_t rows, int64_t tombstones) {
-          num_slots = core->num_slots();  // stable: every shard is read-locked
-          header.num_slots = static_cast<uint32_t>(num_slots);
-          header.slot_initial_values = core->slot_initial_values();
-          header.rows = static_cast<uint64_t>(rows);
-          header.tombstones = static_cast<uint64_t>(tombstones);
-          return writer.Begin(header);
-        },
-        [&](const Key& key, const de::RowRef& row) {
-          return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
-        },
-        [&](const Key& key) { return writer.Tombstone(key); }, track_,
-        [&](const Key& key, uint32_t count) { return writer.Pending(key, count); },
-        [&](const de::CountMinSketch& sketch) { return writer.SketchCounters(sketch); });
-    if (version >= 0) written = writer.Finish();
-    Status status = sink.status();
-    if (status.ok() && written) status = file->Close();
-    if (status.ok() && written) status = env->RenameFile(temporary, path);
-    if (!status.ok() || !written) {
-      file.reset();
-      env->DeleteFile(temporary).IgnoreError();
-    }
+    int64_t version = -1, bytes = 0;
+    const Status status = WriteFileInPlace(path, [&](FileSink* sink) {
+      de::SnapshotWriter writer(sink);
+      version = core->Snapshot(
+          since < 0 ? de::EmbeddingTable<Key>::kFullSnapshot : since,
+          [&](int64_t rows, int64_t tombstones) {
+            // stable: every shard is read-locked
+            header.num_slots = static_cast<uint32_t>(core->num_slots());
+            header.slot_initial_values = core->slot_initial_values();
+            header.rows = static_cast<uint64_t>(rows);
+            header.tombstones = static_cast<uint64_t>(tombstones);
+            return writer.Begin(header);
+          },
+          [&](const Key& key, const de::RowRef& row) {
+            return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
+          },
+          [&](const Key& key) { return writer.Tombstone(key); }, track_,
+          [&](const Key& key, uint32_t count) { return writer.Pending(key, count); },
+          [&](const de::CountMinSketch& sketch) { return writer.SketchCounters(sketch); });
+      if (version >= 0) written = writer.Finish();
+      bytes = writer.bytes_written();
+      return written;
+    });
     OP_REQUIRES(ctx, version != de::EmbeddingTable<Key>::kSnapshotNoBase,
                 errors::FailedPrecondition(
                     "dynamic embedding table '", table->name(), "': no delta since version ", since,
@@ -181,12 +227,33 @@ class SaveSnapshotOp : public TableKernel {
                 errors::Internal("dynamic embedding table '", table->name(),
                                  "': the snapshot walk stopped while writing ", path));
     if (track_) core->CommitSnapshot(version);
-    OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {version, static_cast<int64_t>(header.rows),
-                                               static_cast<int64_t>(header.tombstones),
-                                               static_cast<int64_t>(writer.bytes_written())}));
-    Tensor* slot_init;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({num_slots}), &slot_init));
-    for (int s = 0; s < num_slots; ++s) slot_init->flat<float>()(s) = header.slot_initial_values[s];
+    SetOutputs(ctx, version, header, bytes);
+  }
+
+  // A GPU table writes full snapshots, in the same file format (device_table_snapshot.h); it
+  // keeps no versions, so its version output is -1.
+  void SaveFromDevice(OpKernelContext* ctx, DynamicTable* table) {
+    const std::string path(ctx->input(1).scalar<tstring>()());
+    OP_REQUIRES(ctx, ScalarInput(ctx, 2) < 0,
+                errors::FailedPrecondition(
+                    "dynamic embedding table '", table->name(),
+                    "': the table lives in GPU memory, which writes full snapshots only (delta "
+                    "snapshots from the GPU are not built yet): write a full snapshot"));
+    const cudaStream_t stream = StreamOf(ctx);
+    de::SnapshotHeader header = HeaderOf(ctx, *table);
+    std::string problem;
+    int64_t bytes = 0;
+    const Status status = WriteFileInPlace(path, [&](FileSink* sink) {
+      CountingSink counting(sink);
+      problem = de::WriteDeviceSnapshot(*table->device_table(), stream, header, &counting);
+      bytes = counting.bytes();
+      return problem.empty();
+    });
+    OP_REQUIRES_OK(ctx, status);
+    OP_REQUIRES_OK(ctx, DynamicTable::FromCore(problem));
+    header.rows = static_cast<uint64_t>(table->Size(stream));
+    header.slot_initial_values = table->device_table()->slot_initial_values();
+    SetOutputs(ctx, -1, header, bytes);
   }
 
   bool track_;
@@ -411,6 +478,33 @@ Status SnapshotFiles(const DynamicTable& table, const std::string& path, const s
   return ::tensorflow::OkStatus();
 }
 
+// Reads snapshot files in order (a full snapshot, then deltas, or the full snapshots of a
+// table's shards) into a new GPU table of the table's options, and swaps it in only once every
+// file read cleanly (with verify_only, never). *step: the last file's step.
+Status LoadIntoDevice(OpKernelContext* ctx, DynamicTable* table,
+                      const std::vector<std::string>& paths, bool verify_only, int64_t* step) {
+  std::string error;
+  std::unique_ptr<de::DeviceTable> fresh =
+      de::MakeCudaTable(table->device_table()->options(), &error);
+  if (fresh == nullptr) return DynamicTable::FromCore(error);
+  const cudaStream_t stream = StreamOf(ctx);
+  for (const std::string& path : paths) {
+    std::unique_ptr<RandomAccessFile> file;
+    TF_RETURN_IF_ERROR(Env::Default()->NewRandomAccessFile(path, &file));
+    FileSource source(file.get());
+    de::SnapshotHeader header;
+    const std::string problem = de::ReadDeviceSnapshot(&source, *fresh, stream, &header);
+    TF_RETURN_IF_ERROR(source.status());
+    if (!problem.empty()) {
+      return errors::DataLoss("dynamic embedding table '", table->name(), "': '", path,
+                              "': ", problem);
+    }
+    *step = header.step;
+  }
+  if (verify_only) return ::tensorflow::OkStatus();
+  return DynamicTable::FromCore(table->device_table()->SwapContents(*fresh));
+}
+
 class RestoreSnapshotsOp : public TableKernel {
  public:
   explicit RestoreSnapshotsOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
@@ -424,6 +518,11 @@ class RestoreSnapshotsOp : public TableKernel {
     OP_REQUIRES(ctx, flat.size() > 0, table->Invalid("restore: paths is empty"));
     std::vector<std::string> paths(flat.data(), flat.data() + flat.size());
     int64_t step = 0;
+    if (table->on_gpu()) {  // keeps no versions: -1
+      OP_REQUIRES_OK(ctx, LoadIntoDevice(ctx, table.get(), paths, verify_only_, &step));
+      OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {-1, step}));
+      return;
+    }
     OP_REQUIRES_OK(ctx, LoadChain(table.get(), paths, verify_only_, &step));
     int64_t version = -1;
     if (track_ && !verify_only_) {
@@ -460,6 +559,15 @@ class RestoreCheckpointOp : public TableKernel {
     if (Env::Default()->FileExists(path).ok()) {
       std::vector<std::string> files;
       OP_REQUIRES_OK(ctx, SnapshotFiles(*table, path, prefix, num_shards_, shard_index_, &files));
+      if (table->on_gpu()) {
+        OP_REQUIRES(ctx, num_shards_ == 1,
+                    table->Invalid("a table in GPU memory restores whole (num_shards=1), not as "
+                                   "shard ",
+                                   shard_index_, " of ", num_shards_));
+        int64_t step = 0;
+        OP_REQUIRES_OK(ctx, LoadIntoDevice(ctx, table.get(), files, verify_only_, &step));
+        return;
+      }
       OP_REQUIRES_OK(ctx, LoadShards(table.get(), files, num_shards_, shard_index_, verify_only_));
       return;
     }
@@ -468,6 +576,10 @@ class RestoreCheckpointOp : public TableKernel {
                 errors::NotFound("dynamic embedding table '", table->name(), "': checkpoint '",
                                  prefix, "' has no snapshot file '", path,
                                  "' (copy every file of the checkpoint: <prefix>.*)"));
+    OP_REQUIRES(ctx, !table->on_gpu(),
+                table->Invalid("checkpoint '", prefix,
+                               "' is a tf_ext 0.1 checkpoint, which restores into a table in host "
+                               "memory only"));
     // 0.1 checkpoints predate sharding: their tensors are imported whole, unfiltered.
     OP_REQUIRES(ctx, num_shards_ == 1,
                 table->Invalid("checkpoint '", prefix,
@@ -510,6 +622,32 @@ REGISTER_KERNEL_BUILDER(Name("TfExtTableSaveSnapshot").Device(DEVICE_CPU), SaveS
 REGISTER_KERNEL_BUILDER(Name("TfExtTableRestoreSnapshots").Device(DEVICE_CPU), RestoreSnapshotsOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableRestoreCheckpoint").Device(DEVICE_CPU),
                         RestoreCheckpointOp);
+
+// The GPU kernels (RegisterGpuKernel: table_kernel.h): paths, scalars and outputs in host memory;
+// the rows stream through pinned memory (device_table_snapshot.h).
+using ::tensorflow::KernelDefBuilder;
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableSaveSnapshot")
+                               .HostMemory("path")
+                               .HostMemory("since_version")
+                               .HostMemory("chain_id")
+                               .HostMemory("sequence")
+                               .HostMemory("step")
+                               .HostMemory("version")
+                               .HostMemory("rows")
+                               .HostMemory("tombstones")
+                               .HostMemory("bytes")
+                               .HostMemory("slot_initial_values"),
+                           SaveSnapshotOp)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableRestoreSnapshots")
+                               .HostMemory("paths")
+                               .HostMemory("version")
+                               .HostMemory("step"),
+                           RestoreSnapshotsOp)
+TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableRestoreCheckpoint")
+                               .HostMemory("snapshot_path")
+                               .HostMemory("checkpoint_prefix")
+                               .HostMemory("legacy_tensor_prefix"),
+                           RestoreCheckpointOp)
 
 }  // namespace
 }  // namespace tf_ext

@@ -65,7 +65,8 @@ inline Status CheckPlacement(const OpKernel& kernel, bool kernel_on_gpu,
     return table.Invalid(
         "the table lives in GPU memory, and this op (", kernel.type_string(),
         ") has no GPU kernel yet: GPU tables serve find, insert, remove, size, clear, the "
-        "optimizer step, eviction and statistics (docs/dynamic_embedding.md, GPU tables)");
+        "optimizer step, eviction, statistics and full checkpoints (docs/dynamic_embedding.md, "
+        "GPU tables)");
   }
   if (!table.on_gpu() && kernel_on_gpu) {
     return table.Invalid("the table lives in host memory: run its ops on the CPU");

@@ -88,7 +88,8 @@ REGISTERED = """
 import tf_ext  # loads the op library
 from tensorflow.python.framework import kernels
 for op in ("TfExtTableFind", "TfExtDynamicTable", "TfExtTableApplyGradient", "TfExtTableEvict",
-           "TfExtTableStatistics", "TfExtTableSaveSnapshot"):
+           "TfExtTableStatistics", "TfExtTableSaveSnapshot", "TfExtTableRestoreCheckpoint",
+           "TfExtFusedEmbeddingLookup"):
   print(op, sorted({k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel}))
 """
 
@@ -106,5 +107,7 @@ def test_gpu_kernels_are_registered_only_when_asked(enabled):
   assert devices["TfExtTableApplyGradient"] == gpu
   assert devices["TfExtTableEvict"] == gpu
   assert devices["TfExtTableStatistics"] == gpu
+  assert devices["TfExtTableSaveSnapshot"] == gpu
+  assert devices["TfExtTableRestoreCheckpoint"] == gpu
   # Ops without a GPU path stay CPU-only: a GPU table refuses them with a clear error.
-  assert devices["TfExtTableSaveSnapshot"] == "['CPU']"
+  assert devices["TfExtFusedEmbeddingLookup"] == "['CPU']"

@@ -591,6 +591,35 @@ TEST_P(DeviceTableTest, BadOptionsAndExhaustedMemoryAreClearErrorsNamingTheTable
   EXPECT_NE(error.find("out of device memory"), std::string::npos) << error;
 }
 
+// A restore fills a new table and swaps it in: the rows trade places, and a table of another dim
+// is refused with both tables unchanged.
+TEST_P(DeviceTableTest, SwapContentsTradesRowsAndRefusesAnotherDim) {
+  const Backend& backend = GetParam();
+  auto live = MakeOrDie(backend, Options(2));
+  auto restored = MakeOrDie(backend, Options(2));
+  const std::vector<int64_t> live_keys = {1, 2, 3}, restored_keys = {7};
+  Buffer<int64_t> live_device_keys(backend, live_keys);
+  Buffer<float> live_rows(backend, std::vector<float>{1, 1, 2, 2, 3, 3});
+  ASSERT_EQ(live->InsertOrAssign(nullptr, 3, live_device_keys.get(), live_rows.get()), "");
+  Buffer<int64_t> restored_device_keys(backend, restored_keys);
+  Buffer<float> restored_rows(backend, std::vector<float>{7, -7});
+  ASSERT_EQ(restored->InsertOrAssign(nullptr, 1, restored_device_keys.get(), restored_rows.get()),
+            "");
+  ASSERT_EQ(live->SwapContents(*restored), "");
+  EXPECT_EQ(live->Size(nullptr), 1);
+  EXPECT_EQ(restored->Size(nullptr), 3);
+  const Contents now_live = ContentsOf(*live);
+  ASSERT_EQ(now_live.size(), 1u);
+  EXPECT_EQ(now_live.at(7)[2], 7.0);
+  EXPECT_EQ(now_live.at(7)[3], -7.0);
+  EXPECT_EQ(ContentsOf(*restored).at(3)[2], 3.0);
+  auto wider = MakeOrDie(backend, Options(4));
+  const std::string error = live->SwapContents(*wider);
+  EXPECT_NE(error.find("dim or admission differs"), std::string::npos) << error;
+  EXPECT_EQ(live->Size(nullptr), 1);
+  EXPECT_EQ(wider->Size(nullptr), 0);
+}
+
 // The CPU-vs-GPU equivalence run: one long random sequence of every operation, driven into both
 // tables, whose contents must stay equal throughout.
 TEST_P(DeviceTableTest, LongRandomSequenceKeepsBothTablesEqual) {

@@ -147,6 +147,10 @@ class DeviceTable {
   virtual std::string RemoveHostKeys(cudaStream_t stream, int64_t n, const int64_t* keys) = 0;
   // Removes every row.
   virtual std::string Clear(cudaStream_t stream) = 0;
+  // Exchanges the rows, slots, metadata and admission counts of this table and `other`, a table
+  // of the same options made by the same factory: a restore fills a new table and swaps it in
+  // only once every file read cleanly. "" or why not (then neither table changed).
+  virtual std::string SwapContents(DeviceTable& other) = 0;
 };
 
 // The table on the current CUDA device. Without CUDA in the build (TF_EXT_CUDA=0, or no nvcc),

@@ -582,6 +582,29 @@ class DeviceTableImpl : public DeviceTable {
     return "";
   }
 
+  std::string SwapContents(DeviceTable& other_table) override {
+    auto* other = dynamic_cast<DeviceTableImpl*>(&other_table);
+    if (other == nullptr) return Error("cannot swap contents with a table of another backend");
+    const DeviceTableOptions& theirs = other->options_;
+    if (theirs.dim != options_.dim || theirs.admission.min_count != options_.admission.min_count ||
+        (sketch_ == nullptr) != (other->sketch_ == nullptr) ||
+        sketch_width_mask_ != other->sketch_width_mask_ ||
+        theirs.admission.sketch_depth != options_.admission.sketch_depth) {
+      return Error("cannot swap contents with table '" + theirs.name +
+                   "': its dim or admission differs");
+    }
+    exec_.Sync();  // work queued on either storage finishes first
+    other->exec_.Sync();
+    std::swap(storage_, other->storage_);
+    std::swap(counters_, other->counters_);
+    std::swap(sketch_, other->sketch_);
+    std::swap(capacity_, other->capacity_);
+    std::swap(num_slots_, other->num_slots_);
+    std::swap(slot_init_, other->slot_init_);
+    std::swap(occupied_bound_, other->occupied_bound_);
+    return "";
+  }
+
   std::string Clear(cudaStream_t stream) override {
     exec_.Bind(stream);
     const TableView t = View();
