@@ -478,11 +478,13 @@ Status SnapshotFiles(const DynamicTable& table, const std::string& path, const s
   return ::tensorflow::OkStatus();
 }
 
-// Reads snapshot files in order (a full snapshot, then deltas, or the full snapshots of a
-// table's shards) into a new GPU table of the table's options, and swaps it in only once every
-// file read cleanly (with verify_only, never). *step: the last file's step.
+// Reads snapshot files in order into a new GPU table of the table's options, and swaps it in only
+// once every file read cleanly (with verify_only, never): a chain (a full snapshot, then deltas),
+// or with `merge` the full snapshots of a table's shards, whose admission sketches merge. *step:
+// the last file's step.
 Status LoadIntoDevice(OpKernelContext* ctx, DynamicTable* table,
-                      const std::vector<std::string>& paths, bool verify_only, int64_t* step) {
+                      const std::vector<std::string>& paths, bool merge, bool verify_only,
+                      int64_t* step) {
   std::string error;
   std::unique_ptr<de::DeviceTable> fresh =
       de::MakeCudaTable(table->device_table()->options(), &error);
@@ -493,7 +495,7 @@ Status LoadIntoDevice(OpKernelContext* ctx, DynamicTable* table,
     TF_RETURN_IF_ERROR(Env::Default()->NewRandomAccessFile(path, &file));
     FileSource source(file.get());
     de::SnapshotHeader header;
-    const std::string problem = de::ReadDeviceSnapshot(&source, *fresh, stream, &header);
+    const std::string problem = de::ReadDeviceSnapshot(&source, *fresh, stream, &header, merge);
     TF_RETURN_IF_ERROR(source.status());
     if (!problem.empty()) {
       return errors::DataLoss("dynamic embedding table '", table->name(), "': '", path,
@@ -519,7 +521,8 @@ class RestoreSnapshotsOp : public TableKernel {
     std::vector<std::string> paths(flat.data(), flat.data() + flat.size());
     int64_t step = 0;
     if (table->on_gpu()) {  // keeps no versions: -1
-      OP_REQUIRES_OK(ctx, LoadIntoDevice(ctx, table.get(), paths, verify_only_, &step));
+      OP_REQUIRES_OK(ctx,
+                     LoadIntoDevice(ctx, table.get(), paths, /*merge=*/false, verify_only_, &step));
       OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {-1, step}));
       return;
     }
@@ -565,7 +568,8 @@ class RestoreCheckpointOp : public TableKernel {
                                    "shard ",
                                    shard_index_, " of ", num_shards_));
         int64_t step = 0;
-        OP_REQUIRES_OK(ctx, LoadIntoDevice(ctx, table.get(), files, verify_only_, &step));
+        OP_REQUIRES_OK(
+            ctx, LoadIntoDevice(ctx, table.get(), files, /*merge=*/true, verify_only_, &step));
         return;
       }
       OP_REQUIRES_OK(ctx, LoadShards(table.get(), files, num_shards_, shard_index_, verify_only_));

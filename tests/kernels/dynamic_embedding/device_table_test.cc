@@ -563,6 +563,57 @@ TEST_P(DeviceTableTest, SnapshotsMoveBetweenTheGpuAndTheCpuTableExactly) {
   EXPECT_NE(ReadDeviceSnapshot(&wrong_dim, *narrow, nullptr).find("dim"), std::string::npos);
 }
 
+// Ids waiting for admission keep their counts across a save and restore: seen once before the
+// save, once after, they are admitted (min_count 2), as on the CPU table.
+TEST_P(DeviceTableTest, AdmissionSketchTravelsWithSnapshots) {
+  const Backend& backend = GetParam();
+  DeviceTableOptions options = Options(2);
+  options.admission.min_count = 2;
+  options.admission.sketch_width = 1 << 12;
+  options.admission.sketch_depth = 3;
+  OptimizerParams sgd;
+  sgd.learning_rate = 0.1f;
+  std::vector<int64_t> keys;
+  for (int64_t k = 1; k <= 100; ++k) keys.push_back(k * 7919);
+  const std::vector<float> grads(keys.size() * 2, 1.0f);
+  Buffer<int64_t> device_keys(backend, keys);
+  Buffer<float> device_grads(backend, grads);
+  auto train_once = [&](DeviceTable& table, int64_t step) {
+    ASSERT_EQ(table.ApplyGradients(nullptr, sgd, step, keys.size(), device_keys.get(),
+                                   device_grads.get()),
+              "");
+  };
+  auto saved = MakeOrDie(backend, options);
+  train_once(*saved, 1);
+  ASSERT_EQ(saved->Size(nullptr), 0);  // every id waits
+  StringSink sink;
+  SnapshotHeader header;
+  header.table_name = "t";
+  ASSERT_EQ(WriteDeviceSnapshot(*saved, nullptr, header, &sink), "");
+  auto restored = MakeOrDie(backend, options);
+  StringSource source(sink.bytes);
+  ASSERT_EQ(ReadDeviceSnapshot(&source, *restored, nullptr), "");
+  train_once(*restored, 2);
+  EXPECT_EQ(restored->Size(nullptr), 100);
+  // A sketch of another width cannot be re-hashed: dropped, so the ids wait again.
+  DeviceTableOptions narrower = options;
+  narrower.admission.sketch_width = 1 << 11;
+  auto other_width = MakeOrDie(backend, narrower);
+  StringSource again(sink.bytes);
+  ASSERT_EQ(ReadDeviceSnapshot(&again, *other_width, nullptr), "");
+  train_once(*other_width, 2);
+  EXPECT_EQ(other_width->Size(nullptr), 0);
+  // Writes set the counters, or merge them keeping the larger.
+  const uint32_t first[] = {5, 0}, second[] = {3, 9};
+  uint32_t read[2];
+  ASSERT_EQ(restored->WriteSketch(nullptr, 10, 2, first, /*keep_larger=*/false), "");
+  ASSERT_EQ(restored->WriteSketch(nullptr, 10, 2, second, /*keep_larger=*/true), "");
+  ASSERT_EQ(restored->ReadSketch(nullptr, 10, 2, read), "");
+  EXPECT_EQ(read[0], 5u);
+  EXPECT_EQ(read[1], 9u);
+  EXPECT_NE(restored->ReadSketch(nullptr, restored->SketchCounters() - 1, 2, read), "");
+}
+
 TEST_P(DeviceTableTest, BadOptionsAndExhaustedMemoryAreClearErrorsNamingTheTable) {
   const Backend& backend = GetParam();
   std::string error;

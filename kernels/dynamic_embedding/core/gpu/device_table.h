@@ -147,6 +147,15 @@ class DeviceTable {
   virtual std::string RemoveHostKeys(cudaStream_t stream, int64_t n, const int64_t* keys) = 0;
   // Removes every row.
   virtual std::string Clear(cudaStream_t stream) = 0;
+  // The admission sketch's counters (admission.h; 0 without sketch admission): width * depth of
+  // them, in the CPU table's CountMinSketch order, read or written [first, first + n) at a time
+  // through host memory. With keep_larger, a write keeps the larger of each counter and the given
+  // value (merging sketches); else it sets them.
+  virtual uint64_t SketchCounters() const = 0;
+  virtual std::string ReadSketch(cudaStream_t stream, uint64_t first, size_t n,
+                                 uint32_t* counters) = 0;
+  virtual std::string WriteSketch(cudaStream_t stream, uint64_t first, size_t n,
+                                  const uint32_t* counters, bool keep_larger) = 0;
   // Exchanges the rows, slots, metadata and admission counts of this table and `other`, a table
   // of the same options made by the same factory: a restore fills a new table and swaps it in
   // only once every file read cleanly. "" or why not (then neither table changed).

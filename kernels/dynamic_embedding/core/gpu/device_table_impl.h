@@ -582,6 +582,37 @@ class DeviceTableImpl : public DeviceTable {
     return "";
   }
 
+  uint64_t SketchCounters() const override {
+    return sketch_ == nullptr
+               ? 0
+               : (sketch_width_mask_ + 1) * static_cast<uint64_t>(options_.admission.sketch_depth);
+  }
+  std::string ReadSketch(cudaStream_t stream, uint64_t first, size_t n,
+                         uint32_t* counters) override {
+    exec_.Bind(stream);
+    if (first + n > SketchCounters()) return Error("sketch counters out of range");
+    if (n == 0) return "";
+    exec_.ToHost(counters, sketch_ + first, sizeof(uint32_t) * n);
+    exec_.Sync();
+    return Checked("read the admission sketch");
+  }
+  std::string WriteSketch(cudaStream_t stream, uint64_t first, size_t n, const uint32_t* counters,
+                          bool keep_larger) override {
+    exec_.Bind(stream);
+    if (first + n > SketchCounters()) return Error("sketch counters out of range");
+    if (n == 0) return "";
+    Scratch<Exec, uint32_t> staged(exec_, static_cast<int64_t>(n));
+    if (!staged.ok()) return Error("out of device memory for the admission sketch");
+    exec_.ToDevice(staged.get(), counters, sizeof(uint32_t) * n);
+    uint32_t* target = sketch_ + first;
+    const uint32_t* given = staged.get();
+    exec_.For(static_cast<int64_t>(n), [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      target[i] = keep_larger ? MaxOf(target[i], given[i]) : given[i];
+    });
+    exec_.Sync();  // `counters` is the caller's again on return
+    return Checked("write the admission sketch");
+  }
+
   std::string SwapContents(DeviceTable& other_table) override {
     auto* other = dynamic_cast<DeviceTableImpl*>(&other_table);
     if (other == nullptr) return Error("cannot swap contents with a table of another backend");

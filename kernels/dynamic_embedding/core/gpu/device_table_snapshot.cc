@@ -17,6 +17,7 @@ std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, Snapsho
   header.sequence = 0;
   header.rows = static_cast<uint64_t>(table.Size(stream));
   header.tombstones = 0;
+  DescribeAdmission(table.options().admission, &header);
   SnapshotWriter writer(sink);
   if (!writer.Begin(header)) return "writing the snapshot header failed";
   const int stride = dim * (1 + table.num_slots());
@@ -31,11 +32,21 @@ std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, Snapsho
   });
   if (!written) return "writing a snapshot row failed";
   if (!error.empty()) return error;
+  if (header.admission == SnapshotAdmission::kSketch) {
+    std::vector<uint32_t> counters(kSnapshotChunkBytes / sizeof(uint32_t));
+    const uint64_t total = table.SketchCounters();
+    for (uint64_t first = 0; first < total; first += counters.size()) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(counters.size(), total - first));
+      const std::string problem = table.ReadSketch(stream, first, n, counters.data());
+      if (!problem.empty()) return problem;
+      if (!writer.SketchCounters(counters.data(), n)) return "writing the admission sketch failed";
+    }
+  }
   return writer.Finish() ? "" : "finishing the snapshot failed (row count changed?)";
 }
 
 std::string ReadDeviceSnapshot(ByteSource* source, DeviceTable& table, cudaStream_t stream,
-                               SnapshotHeader* header_out) {
+                               SnapshotHeader* header_out, bool merge_admission) {
   SnapshotReader reader(source);
   SnapshotHeader header;
   std::string problem = reader.ReadHeader(&header);
@@ -100,7 +111,20 @@ std::string ReadDeviceSnapshot(ByteSource* source, DeviceTable& table, cudaStrea
     for (int j = file_stride; j < stride; ++j) values.push_back(slot_init[j / dim - 1]);
     return keys.size() < kChunkRows || flush_rows();
   };
-  problem = reader.ReadRecords(tombstone, row, nullptr, nullptr);
+  // The file's sketch, if the table's has its width and depth (else it cannot be re-hashed).
+  const AdmissionSpec& spec = table.options().admission;
+  SnapshotReader::AdmissionRecords admission;
+  admission.sketch = [&](uint64_t first, const uint32_t* counters, size_t n) {
+    if (!flush_removed() || !flush_rows()) return false;
+    failure = table.WriteSketch(stream, first, n, counters, merge_admission);
+    return failure.empty();
+  };
+  const bool same_sketch =
+      header.admission == SnapshotAdmission::kSketch && table.SketchCounters() > 0 &&
+      header.sketch_width == static_cast<uint64_t>(SketchWidth(spec.sketch_width)) &&
+      header.sketch_depth == static_cast<uint32_t>(spec.sketch_depth);
+  problem =
+      reader.ReadRecords(tombstone, row, nullptr, nullptr, same_sketch ? &admission : nullptr);
   if (problem.empty() && !(flush_removed() && flush_rows())) return failure;
   if (!failure.empty()) return failure;
   if (!problem.empty()) return problem;

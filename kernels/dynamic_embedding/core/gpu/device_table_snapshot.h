@@ -13,8 +13,8 @@
 namespace tf_ext {
 namespace de {
 
-// Writes a full snapshot of `table`. From `header` it keeps chain_id, step and table_name and
-// fills in the rest. "" or what went wrong.
+// Writes a full snapshot of `table`, with its admission sketch. From `header` it keeps chain_id,
+// step and table_name and fills in the rest. "" or what went wrong.
 std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, SnapshotHeader header,
                                 ByteSink* sink, int64_t chunk_rows = 0);
 
@@ -23,8 +23,12 @@ std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, Snapsho
 // the table's initial slot values; a file with more gives the table its slots first. *header
 // (optional) receives the file's header. "" or what is wrong with the file; then the table holds
 // part of it: restore into a new table and keep it only on success, as the CPU kernels do.
+// Admission state, as the CPU table restores it: a file's sketch replaces the table's (with
+// merge_admission, as when the shards of a checkpoint merge into one table, each counter keeps
+// the larger value); a sketch of another width or depth than the table's is dropped, and so are
+// a CPU table's exact pending counts, which a GPU table cannot hold.
 std::string ReadDeviceSnapshot(ByteSource* source, DeviceTable& table, cudaStream_t stream,
-                               SnapshotHeader* header = nullptr);
+                               SnapshotHeader* header = nullptr, bool merge_admission = false);
 
 }  // namespace de
 }  // namespace tf_ext
