@@ -223,6 +223,11 @@ class SaveSnapshotOp : public TableKernel {
                     " can be taken (the table was restored, or never snapshotted with tracking, or "
                     "a later delta was committed since): write a full snapshot"));
     OP_REQUIRES_OK(ctx, status);
+    // Nothing of it is kept: the temporary file is deleted, and the path keeps what it held.
+    OP_REQUIRES(ctx, !writer.over_limit(),
+                errors::ResourceExhausted(
+                    de::CheckSnapshotFileBytes(table->name(), writer.over_limit_bytes()), " ('",
+                    path, "' not written)"));
     OP_REQUIRES(ctx, written,
                 errors::Internal("dynamic embedding table '", table->name(),
                                  "': the snapshot walk stopped while writing ", path));
@@ -294,6 +299,13 @@ class ChainLoader {
     std::string problem = reader.ReadHeader(&header);
     if (!problem.empty()) return DataLoss(path, problem, source.status());
     TF_RETURN_IF_ERROR(CheckHeader(path, header, position));
+    // A file's rows are distinct ids: unless a shard keeps only some, so many rows would pass
+    // the table's limit, and are refused before any is read.
+    if (num_shards_ == 1 && header.rows > static_cast<uint64_t>(de::kMaxTableRows)) {
+      return errors::ResourceExhausted(
+          de::CheckTableRows(table_->name(), 0, static_cast<int64_t>(header.rows)), " ('", path,
+          "' holds them)");
+    }
     // Merged shards may differ in slots (a shard that no optimizer updated has none): rows of a
     // file with fewer keep the initial values of the others.
     if (header.num_slots > de::kMaxSlots ||
@@ -310,9 +322,14 @@ class ChainLoader {
     }
     const int dim = table_->dim();
     const int num_slots = static_cast<int>(header.num_slots);
+    std::string too_many_rows;
     auto put_row = [&](auto key, uint32_t count, int64_t step, const float* values) {
       if (verify_only_) return true;
       if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
+      if (fresh_.Size() >= de::kMaxTableRows && !fresh_.Contains(key)) {
+        too_many_rows = de::CheckTableRows(table_->name(), fresh_.Size(), 1);
+        return false;
+      }
       fresh_.Upsert(key, [&](de::RowRef& row, bool) {
         std::memcpy(row.embedding, values, sizeof(float) * dim);
         std::memcpy(row.slots, values + dim, sizeof(float) * dim * num_slots);
@@ -349,6 +366,9 @@ class ChainLoader {
     } else {
       admission.string_pending = pending;
       problem = reader.ReadRecords(nullptr, nullptr, remove, put_row, &admission);
+    }
+    if (!too_many_rows.empty()) {
+      return errors::ResourceExhausted(too_many_rows, " (restoring '", path, "')");
     }
     if (!problem.empty()) return DataLoss(path, problem, source.status());
     step_ = header.step;

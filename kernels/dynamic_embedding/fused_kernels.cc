@@ -20,6 +20,7 @@ namespace tf_ext {
 namespace {
 
 using ::tensorflow::DT_INT64;
+using ::tensorflow::DT_STRING;
 using ::tensorflow::OpInputList;
 
 class ForwardFirstInputOp : public OpKernel {
@@ -80,6 +81,7 @@ class FusedFieldsKernel : public OpKernel {
       }
       field.keys = &ctx->input(n_ + i);
       field.num_keys = field.keys->NumElements();
+      TF_RETURN_IF_ERROR(CheckCallIds(table, *field.keys));
       field.dim = dims_[i];
       field.combiner = combiners_[i];
       if (field.combiner == de::Combiner::kNone) continue;
@@ -478,6 +480,11 @@ class FusedApplyOp : public FusedFieldsKernel {
     std::vector<Field> fields;
     OP_REQUIRES_OK(ctx, ReadFields(ctx, &fields));
     OP_REQUIRES_OK(ctx, CheckUpdates(fields));
+    for (Field& field : fields) {
+      OP_REQUIRES_OK(ctx, field.table->key_dtype() == DT_STRING
+                              ? CheckRowsFit<std::string>(*field.table, *field.keys)
+                              : CheckRowsFit<int64_t>(*field.table, *field.keys));
+    }
     std::vector<SplitGradient> splits;
     OP_REQUIRES_OK(ctx, ReadSplits(ctx, fields, &splits));
     de::OptimizerParams params;

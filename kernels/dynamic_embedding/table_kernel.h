@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "kernels/dynamic_embedding/core/limits.h"
 #include "kernels/dynamic_embedding/table_resource.h"
 #include "tensorflow/core/framework/kernel_def_builder.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -86,6 +87,43 @@ inline Status ScalarHandle(OpKernelContext* ctx, int input,
   }
   *handle = &tensor.scalar<::tensorflow::ResourceHandle>()();
   return ::tensorflow::OkStatus();
+}
+
+// String keys against kMaxKeyBytes (core/limits.h). A longer key could be stored, but then no
+// checkpoint of the table would restore, so every call that takes keys refuses it.
+inline Status CheckKeyLengths(const DynamicTable& table, const Tensor& keys) {
+  if (keys.dtype() != ::tensorflow::DT_STRING) return ::tensorflow::OkStatus();
+  const auto flat = keys.flat<tstring>();
+  for (int64_t i = 0; i < flat.size(); ++i) {
+    const int64_t bytes = static_cast<int64_t>(flat(i).size());
+    if (bytes > de::kMaxKeyBytes) {
+      return ::tensorflow::errors::InvalidArgument(de::CheckKeyBytes(table.name(), i, bytes));
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// The ids of one lookup or update call against the limits: how many, and their lengths.
+inline Status CheckCallIds(const DynamicTable& table, const Tensor& keys) {
+  const std::string problem = de::CheckIdsPerCall(table.name(), keys.NumElements());
+  if (!problem.empty()) return ::tensorflow::errors::InvalidArgument(problem);
+  return CheckKeyLengths(table, keys);
+}
+
+// Whether the table has room for the rows a call of these keys may add (de::CheckRowsFit). CPU
+// tables: the GPU table keeps its own capacity, and asking its size would wait for its stream on
+// every call.
+template <typename Key>
+Status CheckRowsFit(DynamicTable& table, const Tensor& keys) {
+  const de::EmbeddingTable<Key>* core = table.template table<Key>();
+  if (core == nullptr) return ::tensorflow::OkStatus();
+  const auto flat = keys.flat<typename KeyTensor<Key>::Element>();
+  const std::string problem = de::CheckRowsFit(
+      table.name(), core->Size(), flat.size(),
+      [core](typename KeyTensor<Key>::KeyView key) { return core->Contains(key); },
+      [&flat](int64_t i) { return KeyTensor<Key>::View(flat(i)); });
+  if (problem.empty()) return ::tensorflow::OkStatus();
+  return ::tensorflow::errors::ResourceExhausted(problem);
 }
 
 // Base of the kernels that take a table as input 0: looks it up and checks key dtype and dim.

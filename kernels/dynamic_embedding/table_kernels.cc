@@ -44,9 +44,8 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_sketch_width", &sketch_width));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_sketch_depth", &sketch_depth));
     const std::string prefix = "dynamic embedding table '" + table_name_ + "': ";
-    OP_REQUIRES(ctx, dim_ >= 1 && dim_ <= de::kMaxDim,
-                ::tensorflow::errors::InvalidArgument(prefix, "dim must be in [1, ", de::kMaxDim,
-                                                      "], got ", dim_));
+    const std::string dim_problem = de::CheckDim(table_name_, dim_);
+    OP_REQUIRES(ctx, dim_problem.empty(), ::tensorflow::errors::InvalidArgument(dim_problem));
     OP_REQUIRES(ctx, de::ParseInitializerKind(initializer, &init_.kind),
                 ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '", initializer,
                                                       "'; known: ", de::InitializerKindNames()));
@@ -140,6 +139,7 @@ class FindOp : public TableKernel {
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
     const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckCallIds(*table, keys));
     TensorShape out_shape = keys.shape();
     out_shape.AddDim(dim_);
     Tensor* out;
@@ -161,6 +161,8 @@ class InsertOp : public TableKernel {
     OP_REQUIRES(ctx, values.shape() == expected,
                 table->Invalid("insert: values must have shape keys.shape + [dim] = ",
                                expected.DebugString(), ", got ", values.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckCallIds(*table, keys));
+    OP_REQUIRES_OK(ctx, CheckRowsFit<Key>(*table, keys));
     OP_REQUIRES_OK(ctx,
                    table->template backend<Key>()->Insert(ctx, keys, values.flat<float>().data()));
   }
@@ -172,6 +174,7 @@ class RemoveOp : public TableKernel {
   using TableKernel::TableKernel;
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
+    OP_REQUIRES_OK(ctx, CheckCallIds(*table, ctx->input(1)));
     OP_REQUIRES_OK(ctx, table->template backend<Key>()->Remove(ctx, ctx->input(1)));
   }
 };

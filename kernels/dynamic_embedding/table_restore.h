@@ -45,6 +45,10 @@ Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& ke
     return table->Invalid("import: keys must be 1-D, got shape ", keys.shape().DebugString());
   }
   const int64_t n = keys.dim_size(0);
+  // The import replaces the content: its keys become the rows (refused past the limit).
+  const std::string too_many_rows = de::CheckTableRows(table->name(), 0, n);
+  if (!too_many_rows.empty()) return ::tensorflow::errors::ResourceExhausted(too_many_rows);
+  TF_RETURN_IF_ERROR(CheckKeyLengths(*table, keys));
   if (values.dims() != 2 || values.dim_size(0) != n) {
     return table->Invalid("import: values must have shape [", n, ", ", dim, "], got ",
                           values.shape().DebugString());

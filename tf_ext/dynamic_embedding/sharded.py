@@ -24,10 +24,10 @@ from tensorflow.python.framework import ops
 from tensorflow.python.trackable import base as trackable
 
 from tf_ext import _ops_loader
-from tf_ext.dynamic_embedding import checkpoint, fusion_markers, lifecycle
+from tf_ext.dynamic_embedding import checkpoint, fusion_markers, lifecycle, limits
 from tf_ext.dynamic_embedding import variable as variable_lib
 
-MAX_SHARDS = 65536  # kMaxShards in kernels/dynamic_embedding/core/sharding.h
+MAX_SHARDS = limits.MAX_SHARDS
 
 
 def shard_name(name, index):

@@ -20,17 +20,18 @@ from tf_ext.dynamic_embedding import (
   fusion_markers,
   initializers,
   lifecycle,
+  limits,
   live_tables,
 )
 
 # The live tables, as tf_ext.dynamic_embedding.variable.tables (their home is live_tables.py).
 from tf_ext.dynamic_embedding.live_tables import tables  # noqa: F401
 
-# Copies of facts of the op library, checked against it by tests/dynamic_embedding/
-# test_op_facts.py: the kernel's kMaxDim, and the outputs of TfExtTableExport (inputs of
+# The largest dim (limits.py). Copies of facts of the op library, checked against it by
+# tests/dynamic_embedding/test_op_facts.py: the outputs of TfExtTableExport (inputs of
 # TfExtTableImport). The suffixes named a table's tensors in tf_ext 0.1 checkpoints (which
 # TfExtTableRestoreCheckpoint still reads), so they are spelled out rather than read from the ops.
-MAX_DIM = 4096
+MAX_DIM = limits.MAX_DIM
 _SAVE_SUFFIXES = ("keys", "values", "slots", "update_counts", "last_steps", "slot_initial_values")
 _KEY_DTYPES = (tf.int64, tf.string)
 # Attribute set on a table's gradient anchor variable, pointing back at the table.

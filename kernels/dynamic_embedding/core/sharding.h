@@ -10,11 +10,10 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/initializers.h"
+#include "kernels/dynamic_embedding/core/limits.h"  // kMaxShards
 
 namespace tf_ext {
 namespace de {
-
-constexpr int kMaxShards = 65536;
 
 // The shard of a key whose InitialRowKeyHash is `key_hash`, in [0, num_shards). FROZEN: a
 // checkpoint saved with N shards is restored into N shards by reading only file i for shard i,

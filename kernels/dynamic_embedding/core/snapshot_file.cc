@@ -10,7 +10,6 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'F', 'E', 'X', 'T', 'S', 'N', 'P'};
 constexpr uint32_t kMaxNameBytes = 1 << 16;
-constexpr uint32_t kMaxKeyBytes = 1 << 20;
 // The largest dim and slot count a header may declare; more is corruption. They bound what the
 // reader allocates (a row: dim * (1 + num_slots) floats, about 4 MiB at most, under a block's
 // kMaxPayload), and are on purpose looser than the table's kMaxDim and kMaxSlots
@@ -96,15 +95,41 @@ uint32_t Crc32c(uint32_t crc, const char* data, size_t n) {
   return ~crc;
 }
 
+uint64_t MinimumSnapshotBytes(const SnapshotHeader& header) {
+  using Wide = unsigned __int128;  // no product of 64-bit counts overflows it
+  const bool with_admission = header.admission != SnapshotAdmission::kNone;
+  const Wide key = header.key_type == SnapshotKeyType::kString ? 4 : 8;  // a string's length
+  const Wide row = key + 4 + 8 + Wide{4} * header.dim * (1 + Wide{header.num_slots});
+  const Wide counters = header.admission == SnapshotAdmission::kSketch
+                            ? Wide{header.sketch_width} * header.sketch_depth
+                            : 0;
+  const Wide head = sizeof(kMagic) + 5 * 4 + 5 * 8 + (with_admission ? 16 : 0) +
+                    Wide{4} * header.num_slots + 4 + header.table_name.size() + 4;
+  const Wide end = 16 + (with_admission ? 32 : 16);
+  const Wide total =
+      head + Wide{header.rows} * row + Wide{header.tombstones} * key + counters * 4 + end;
+  return total > std::numeric_limits<uint64_t>::max() ? std::numeric_limits<uint64_t>::max()
+                                                      : static_cast<uint64_t>(total);
+}
+
 // ---- writer ----------------------------------------------------------------------------------
 
 bool SnapshotWriter::Write(const char* data, size_t n) {
+  if (n > max_bytes_ - bytes_written_) {
+    over_limit_bytes_ = bytes_written_ + n;
+    return false;
+  }
   if (!sink_->Append(data, n)) return false;
   bytes_written_ += n;
   return true;
 }
 
 bool SnapshotWriter::Begin(const SnapshotHeader& header) {
+  const uint64_t claimed = MinimumSnapshotBytes(header);
+  if (claimed > max_bytes_) {
+    over_limit_bytes_ = claimed;
+    return false;
+  }
   dim_ = header.dim;
   num_slots_ = header.num_slots;
   expected_rows_ = header.rows;
@@ -281,9 +306,18 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
     std::memcpy(&h.slot_initial_values[s], rest.data() + 4 * s, 4);
   }
   h.table_name = std::move(name);
+  const uint64_t claimed = MinimumSnapshotBytes(h);
+  if (claimed > max_bytes_) return OverLimit("its header claims at least", claimed);
+  bytes_read_ = kFixed + (version >= 2 ? 16 : 0) + rest.size() + name_bytes + 4;
   header_ = h;
   *header = std::move(h);
   return "";
+}
+
+std::string SnapshotReader::OverLimit(const char* what, uint64_t bytes) const {
+  return std::string(what) + " " + std::to_string(bytes) + " bytes, over the limit of " +
+         std::to_string(max_bytes_) +
+         " bytes per snapshot file (docs/dynamic_embedding.md, Limits)";
 }
 
 bool SnapshotReader::ReadPayload(uint32_t bytes, std::string* payload) {
@@ -335,6 +369,8 @@ std::string SnapshotReader::ReadRecords(
       return "corrupt block header";
     }
     last_order = SnapshotWriter::BlockOrder(type);
+    bytes_read_ += sizeof(head) + uint64_t{bytes};
+    if (bytes_read_ > max_bytes_) return OverLimit("its blocks so far take", bytes_read_);
     if (!ReadPayload(bytes, &payload)) return "truncated block";
     const uint32_t crc =
         Crc32c(Crc32c(0, reinterpret_cast<const char*>(head), 12), payload.data(), payload.size());

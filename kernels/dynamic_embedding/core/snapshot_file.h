@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/admission.h"
+#include "kernels/dynamic_embedding/core/limits.h"
 
 namespace tf_ext {
 namespace de {
@@ -84,6 +85,10 @@ constexpr uint32_t kSnapshotFormatVersion = 2;
 constexpr uint32_t kSnapshotFormatVersionWithoutAdmission = 1;
 constexpr size_t kSnapshotChunkBytes = size_t{1} << 20;
 
+// The fewest bytes a file with this header takes (its header, records and end block, not
+// counting block heads or string keys' bytes), saturating at UINT64_MAX: what the header claims.
+uint64_t MinimumSnapshotBytes(const SnapshotHeader& header);
+
 // The admission state a snapshot of a table with this admission spec holds.
 inline void DescribeAdmission(const AdmissionSpec& spec, SnapshotHeader* header) {
   header->admission = spec.min_count <= 1 ? SnapshotAdmission::kNone
@@ -96,10 +101,13 @@ inline void DescribeAdmission(const AdmissionSpec& spec, SnapshotHeader* header)
 
 // Writes one snapshot: Begin, then every Tombstone, then every Row, then the admission state
 // the header announces (every Pending count, or SketchCounters), then Finish. Records are
-// gathered into chunks of about kSnapshotChunkBytes, each written with its checksum.
+// gathered into chunks of about kSnapshotChunkBytes, each written with its checksum. A file is
+// at most `max_bytes` (kMaxSnapshotFileBytes; less in tests): Begin refuses a header that claims
+// more (MinimumSnapshotBytes), and a write past it fails; then over_limit() is true.
 class SnapshotWriter {
  public:
-  explicit SnapshotWriter(ByteSink* sink) : sink_(sink) {}
+  explicit SnapshotWriter(ByteSink* sink, uint64_t max_bytes = kMaxSnapshotFileBytes)
+      : sink_(sink), max_bytes_(max_bytes) {}
   bool Begin(const SnapshotHeader& header);
   template <typename Key>
   bool Tombstone(const Key& key) {
@@ -143,6 +151,10 @@ class SnapshotWriter {
   }
   bool Finish();
   uint64_t bytes_written() const { return bytes_written_; }
+  // Whether the last failure was the file reaching max_bytes (then bytes_written() plus the
+  // bytes refused, or the header's claim, is more than max_bytes: over_limit_bytes()).
+  bool over_limit() const { return over_limit_bytes_ > 0; }
+  uint64_t over_limit_bytes() const { return over_limit_bytes_; }
 
   // In file order: a type's blocks may follow only those of the types before it.
   enum BlockType : uint32_t { kTombstones = 1, kRows = 2, kEnd = 3, kPending = 4, kSketch = 5 };
@@ -180,6 +192,8 @@ class SnapshotWriter {
   bool Write(const char* data, size_t n);
 
   ByteSink* sink_;
+  const uint64_t max_bytes_;
+  uint64_t over_limit_bytes_ = 0;
   std::string chunk_;
   BlockType chunk_type_ = kTombstones;
   uint32_t chunk_records_ = 0;
@@ -190,10 +204,13 @@ class SnapshotWriter {
   uint64_t bytes_written_ = 0;
 };
 
-// Reads one snapshot in chunks. Every method returns "" or what is wrong with the data.
+// Reads one snapshot in chunks. Every method returns "" or what is wrong with the data. A file
+// over `max_bytes` (kMaxSnapshotFileBytes; less in tests) is refused: by its header's claim
+// (MinimumSnapshotBytes) before any record is read, or when the blocks read pass it.
 class SnapshotReader {
  public:
-  explicit SnapshotReader(ByteSource* source) : source_(source) {}
+  explicit SnapshotReader(ByteSource* source, uint64_t max_bytes = kMaxSnapshotFileBytes)
+      : source_(source), max_bytes_(max_bytes) {}
   std::string ReadHeader(SnapshotHeader* header);
   // Calls tombstone(key) for each removed id, then row(key, update_count, last_step, values)
   // for each row (values: dim * (1 + num_slots) floats), then the admission callbacks, then
@@ -217,7 +234,10 @@ class SnapshotReader {
   bool ReadExact(char* out, size_t n) { return source_->Read(out, n); }
   // A block's payload of `bytes` (at most kMaxPayload) into *payload; false if the data ends first.
   bool ReadPayload(uint32_t bytes, std::string* payload);
+  std::string OverLimit(const char* what, uint64_t bytes) const;
   ByteSource* source_;
+  const uint64_t max_bytes_;
+  uint64_t bytes_read_ = 0;
   SnapshotHeader header_;
 };
 

@@ -7,11 +7,11 @@
 #include <cstdint>
 
 #include "kernels/dynamic_embedding/core/host_device.h"
+#include "kernels/dynamic_embedding/core/limits.h"  // kMaxDim
 
 namespace tf_ext {
 namespace de {
 
-constexpr int kMaxDim = 4096;
 constexpr int kMaxSlots = 4;
 
 // When Evict removes a row; a criterion is off when its value is 0. The step is the global step
