@@ -195,6 +195,7 @@ class SaveSnapshotOp : public TableKernel {
     de::DescribeAdmission(core->admission(), &header);
     bool written = false;
     int64_t version = -1, bytes = 0;
+    uint64_t over_limit_bytes = 0;
     const Status status = WriteFileInPlace(path, [&](FileSink* sink) {
       de::SnapshotWriter writer(sink);
       version = core->Snapshot(
@@ -215,6 +216,7 @@ class SaveSnapshotOp : public TableKernel {
           [&](const de::CountMinSketch& sketch) { return writer.SketchCounters(sketch); });
       if (version >= 0) written = writer.Finish();
       bytes = writer.bytes_written();
+      over_limit_bytes = writer.over_limit_bytes();
       return written;
     });
     OP_REQUIRES(ctx, version != de::EmbeddingTable<Key>::kSnapshotNoBase,
@@ -224,10 +226,10 @@ class SaveSnapshotOp : public TableKernel {
                     "a later delta was committed since): write a full snapshot"));
     OP_REQUIRES_OK(ctx, status);
     // Nothing of it is kept: the temporary file is deleted, and the path keeps what it held.
-    OP_REQUIRES(ctx, !writer.over_limit(),
-                errors::ResourceExhausted(
-                    de::CheckSnapshotFileBytes(table->name(), writer.over_limit_bytes()), " ('",
-                    path, "' not written)"));
+    OP_REQUIRES(
+        ctx, over_limit_bytes == 0,
+        errors::ResourceExhausted(de::CheckSnapshotFileBytes(table->name(), over_limit_bytes),
+                                  " ('", path, "' not written)"));
     OP_REQUIRES(ctx, written,
                 errors::Internal("dynamic embedding table '", table->name(),
                                  "': the snapshot walk stopped while writing ", path));
