@@ -23,6 +23,10 @@
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
 #   make bench-lifecycle  benchmarks/eviction.py, admission.py, small_tables.py and checkpoint.py
 #                (installs requirements-bench.txt: TFRA, for eviction's comparison)
+#   make soak    benchmarks/soak.py: a model with a table trains on the Criteo-like stream for
+#                SOAK_MINUTES (default 30) with admission, TTL eviction, delta and full links and
+#                lookups from a second thread, killed with SIGKILL at random moments and restarted
+#                from the last link; checks memory, lost rows, restores and AUC (writes soak.png)
 #   make bench-quality  benchmarks/quality.py: DeepFM on a drifting Criteo-like stream, tf_ext
 #                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt)
 #   make bench-amp  benchmarks/amp.py: loss-aware mixed precision against float32 and TensorFlow's
@@ -60,7 +64,8 @@
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
 #        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra"
 #        (make bench) or "--configs horovod,2d" (make bench-cluster), EXAMPLES=N and SEED=N
-#        (make fuzz-ops),
+#        (make fuzz-ops), SOAK_MINUTES=N and SOAK_KILL_INTERVAL=S (make soak: mean seconds
+#        between kills, default 150),
 #        VERBOSE=1 (TensorFlow's full C++ log; see "Quiet by default" below).
 
 SHELL := /bin/bash
@@ -130,7 +135,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
         gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops fuzz demo bench bench-lifecycle \
-        bench-quality bench-amp bench-fusion bench-jit \
+        bench-quality bench-amp bench-fusion bench-jit soak \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-harp \
         bench-harp-nccl demo-estimator clean distclean
 
@@ -324,6 +329,15 @@ bench-lifecycle: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/admission.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/small_tables.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/checkpoint.py $(BENCH_ARGS))
+
+# Issue 37's soak run (not part of `make test`): SOAK_MINUTES of training killed and restarted;
+# exits 1 on a lost row, a restore that differs from its save or a child that fails.
+SOAK_MINUTES       ?= 30
+SOAK_KILL_INTERVAL ?= 150
+soak: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/soak.py \
+	  --minutes $(SOAK_MINUTES) --kill-interval $(SOAK_KILL_INTERVAL) --json build/soak/soak.json \
+	  --png benchmarks/soak.png $(BENCH_ARGS))
 
 # Issue 9's quality and speed benchmark; BENCH_ARGS=--quick for a short run, --no-tfra without TFRA.
 bench-quality: build bench-deps
