@@ -3,11 +3,16 @@
 load("//third_party:sources.bzl", "CAPABILITIES")
 
 def cc_tests(pattern = "kernels/**/*_test.cc", deps = [], **kwargs):
-    """A cc_test per file matching `pattern`, named after its path without `.cc`."""
+    """A cc_test per file matching `pattern`, named after its path without `.cc`.
+
+    The headers beside the tests (test helpers, e.g. kernels/<capability>/string_bytes.h) come
+    with each test.
+    """
+    helpers = native.glob(["kernels/**/*.h"], exclude = ["kernels/*/fuzz/**"])
     for src in native.glob([pattern]):
         native.cc_test(
             name = src[:-len(".cc")],
-            srcs = [src],
+            srcs = [src] + helpers,
             deps = deps,
             **kwargs
         )

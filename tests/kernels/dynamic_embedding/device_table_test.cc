@@ -30,6 +30,7 @@
 #include "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h"
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/optimizers.h"
+#include "tests/kernels/dynamic_embedding/string_bytes.h"
 
 // BadOptionsAndExhaustedMemory asks for more memory than exists on purpose: under the sanitizers
 // (make sanitize), a failed allocation must return null as malloc does, not abort the run.
@@ -448,26 +449,6 @@ TEST_P(DeviceTableTest, EvictionRemovesWhatTheCpuTableRemoves) {
     EXPECT_EQ(gpu->Counters(nullptr).evicted, expected);
   }
 }
-
-// A ByteSink and ByteSource over a string.
-struct StringSink : ByteSink {
-  bool Append(const char* data, size_t n) override {
-    bytes.append(data, n);
-    return true;
-  }
-  std::string bytes;
-};
-struct StringSource : ByteSource {
-  explicit StringSource(const std::string& bytes) : bytes(bytes) {}
-  bool Read(char* out, size_t n) override {
-    if (bytes.size() - offset < n) return false;
-    std::memcpy(out, bytes.data() + offset, n);
-    offset += n;
-    return true;
-  }
-  const std::string& bytes;
-  size_t offset = 0;
-};
 
 // The CPU table's own full snapshot and restore (as checkpoint_kernels.cc does them).
 std::string CpuSnapshot(EmbeddingTable<int64_t>& cpu) {

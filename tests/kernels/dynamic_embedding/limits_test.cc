@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
+#include "tests/kernels/dynamic_embedding/string_bytes.h"
 
 namespace tf_ext {
 namespace de {
@@ -87,30 +88,6 @@ TEST(LimitsTest, SnapshotFileBytes) {
   ExpectOver(CheckSnapshotFileBytes("clicks", kMaxSnapshotFileBytes + 1), "1099511627777 bytes",
              "limit of 1099511627776 bytes");
 }
-
-class StringSink : public ByteSink {
- public:
-  bool Append(const char* data, size_t n) override {
-    bytes.append(data, n);
-    return true;
-  }
-  std::string bytes;
-};
-
-class StringSource : public ByteSource {
- public:
-  explicit StringSource(const std::string& bytes) : bytes_(bytes) {}
-  bool Read(char* out, size_t n) override {
-    if (bytes_.size() - offset_ < n) return false;
-    std::memcpy(out, bytes_.data() + offset_, n);
-    offset_ += n;
-    return true;
-  }
-
- private:
-  const std::string& bytes_;
-  size_t offset_ = 0;
-};
 
 SnapshotHeader Header(SnapshotKeyType key_type, uint64_t rows) {
   SnapshotHeader header;

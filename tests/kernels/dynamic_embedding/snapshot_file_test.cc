@@ -10,34 +10,11 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "tests/kernels/dynamic_embedding/string_bytes.h"
 
 namespace tf_ext {
 namespace de {
 namespace {
-
-class StringSink : public ByteSink {
- public:
-  bool Append(const char* data, size_t n) override {
-    bytes.append(data, n);
-    return true;
-  }
-  std::string bytes;
-};
-
-class StringSource : public ByteSource {
- public:
-  explicit StringSource(const std::string& bytes) : bytes_(bytes) {}
-  bool Read(char* out, size_t n) override {
-    if (bytes_.size() - offset_ < n) return false;
-    std::memcpy(out, bytes_.data() + offset_, n);
-    offset_ += n;
-    return true;
-  }
-
- private:
-  const std::string& bytes_;
-  size_t offset_ = 0;
-};
 
 template <typename Key>
 SnapshotKeyType KeyType() {
