@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
 
@@ -23,7 +24,7 @@ class StringSink : public ByteSink {
 // Reads `bytes`, which must outlive it.
 class StringSource : public ByteSource {
  public:
-  explicit StringSource(const std::string& bytes) : bytes_(bytes) {}
+  explicit StringSource(std::string_view bytes) : bytes_(bytes) {}
   bool Read(char* out, size_t n) override {
     if (bytes_.size() - offset_ < n) return false;
     std::memcpy(out, bytes_.data() + offset_, n);
@@ -32,7 +33,7 @@ class StringSource : public ByteSource {
   }
 
  private:
-  const std::string& bytes_;
+  std::string_view bytes_;
   size_t offset_ = 0;
 };
 

@@ -20,43 +20,20 @@
 
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/kernels/dynamic_embedding/string_bytes.h"
 
 namespace {
 
-using tf_ext::de::ByteSink;
-using tf_ext::de::ByteSource;
 using tf_ext::de::Crc32c;
 using tf_ext::de::SnapshotHeader;
 using tf_ext::de::SnapshotKeyType;
 using tf_ext::de::SnapshotKind;
 using tf_ext::de::SnapshotReader;
 using tf_ext::de::SnapshotWriter;
+using tf_ext::de::StringSink;
+using tf_ext::de::StringSource;
 
 constexpr uint8_t kRaw = 1, kFixChecksums = 2, kStringKeys = 4, kDelta = 8;
-
-class StringSink : public ByteSink {
- public:
-  bool Append(const char* data, size_t n) override {
-    bytes.append(data, n);
-    return true;
-  }
-  std::string bytes;
-};
-
-class StringSource : public ByteSource {
- public:
-  explicit StringSource(std::string_view bytes) : bytes_(bytes) {}
-  bool Read(char* out, size_t n) override {
-    if (bytes_.size() - pos_ < n) return false;
-    memcpy(out, bytes_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-
- private:
-  std::string_view bytes_;
-  size_t pos_ = 0;
-};
 
 struct Record {
   std::string key;  // an int64 key's 8 bytes, or a string key
