@@ -298,16 +298,15 @@ TF_EXT_HOST_DEVICE inline void ReadRow(const TableView& t, const InitializerSpec
 
 // Removes the key in slot s (-1: none) if it is `key`; returns whether this call removed it.
 // Every thread of the body calls it (the counts are per warp, atomic::AddWhere), for its index i;
-// `counted`, if not kNumCounters, counts the removals too.
-TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t key, int64_t i,
-                                        Counter counted) {
+// the operation's removals are counted in kScratch too.
+TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t key, int64_t i) {
   const uint64_t k = static_cast<uint64_t>(key);
   const bool extra = s >= t.capacity;
   const bool removed =
       s >= 0 && atomic::CompareAndSwap(t.keys + s, k, extra ? 0 : kTombstoneKey) == k;
   atomic::AddWhere(Stripe(t.counters, kSize, i), removed, -1);
   atomic::AddWhere(Stripe(t.counters, kTombstones, i), removed && !extra, 1);
-  if (counted != kNumCounters) atomic::AddWhere(Stripe(t.counters, counted, i), removed, 1);
+  atomic::AddWhere(Stripe(t.counters, kScratch, i), removed, 1);
   return removed;
 }
 

@@ -381,9 +381,8 @@ class DeviceTableImpl : public DeviceTable {
     if (n <= 0) return "";
     const TableView t = View();
     ZeroCounter(kScratch);
-    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      RemoveAt(t, FindSlot(t, keys[i]), keys[i], i, kScratch);
-    });
+    exec_.For(n,
+              [=] TF_EXT_HOST_DEVICE(int64_t i) { RemoveAt(t, FindSlot(t, keys[i]), keys[i], i); });
     if (removed != nullptr) *removed = ReadCounter(kScratch);
     return Checked("remove");
   }
@@ -410,7 +409,7 @@ class DeviceTableImpl : public DeviceTable {
       const EntryMeta meta = t.meta[s];
       const bool condemned = Live(t, s) && Condemned(c, meta.last_step, meta.update_count,
                                                      t.values + s * t.stride, t.dim);
-      RemoveAt(t, condemned ? s : -1, static_cast<int64_t>(t.keys[s]), s, kScratch);
+      RemoveAt(t, condemned ? s : -1, static_cast<int64_t>(t.keys[s]), s);
     });
     int64_t removed = ReadCounter(kScratch);
     std::string error;
@@ -455,7 +454,7 @@ class DeviceTableImpl : public DeviceTable {
     ZeroCounter(kScratch);
     exec_.For(std::min(excess, rows), [=] TF_EXT_HOST_DEVICE(int64_t i) {
       const int64_t s = victims[i];
-      RemoveAt(t, s, static_cast<int64_t>(t.keys[s]), i, kScratch);
+      RemoveAt(t, s, static_cast<int64_t>(t.keys[s]), i);
     });
     *removed += ReadCounter(kScratch);
     return "";
