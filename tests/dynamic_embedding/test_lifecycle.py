@@ -301,11 +301,12 @@ class _IncrementAfterRun(tf.compat.v1.train.SessionRunHook):
 class _RecordingEvictionHook(tf_ext.train.EvictionHook):
   def __init__(self, every_n_steps):
     super().__init__(every_n_steps)
-    self.steps = []
+    self.steps, self.evicted = [], []
 
   def _handle(self, step, results):
     self.steps.append(step)
     super()._handle(step, results)
+    self.evicted.append(sum(self.last_evicted.values()))
 
 
 def test_table_hooks_run_at_the_global_step_the_run_left_not_the_one_fetched_with_it(tmp_path):
@@ -322,11 +323,83 @@ def test_table_hooks_run_at_the_global_step_the_run_left_not_the_one_fetched_wit
     with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
       for _ in range(6):
         sess.run(lookup)  # the global step after the runs: 1, 2, ..., 6
-  # The first run, then every 2 global steps: 1, 3, 5 (not 0, 2, 4, fetched before the moves).
-  assert eviction.steps == [1, 3, 5]
+  # Every 2 global steps from the session's start, each read after its run: 2, 4, 6 (the steps
+  # fetched with the runs are one behind).
+  assert eviction.steps == [2, 4, 6]
   (events,) = glob.glob(os.path.join(str(tmp_path), "events.out.tfevents.*"))
   written = {e.step for e in tf.compat.v1.train.summary_iterator(events) if e.summary.value}
-  assert written == {1, 3, 5}
+  assert written == {2, 4, 6}
+
+
+class _DeltaCheckpointAt(tf_ext.train.DeltaCheckpointHook):
+  """Records the steps the delta-checkpoint hook saves at, without the extra save at the end."""
+
+  def __init__(self, directory, every_n_steps):
+    super().__init__(directory, every_n_steps=every_n_steps, dense=False)
+    self.steps = []
+
+  def end(self, session):
+    self.steps = [s["step"] for s in self.saved]
+    super().end(session)
+
+
+def test_table_hooks_run_where_the_delta_checkpoint_hook_saves_at_the_step_they_read(tmp_path):
+  with tf.Graph().as_default():
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    table = tf_ext.get_dynamic_embedding_variable(
+      "scheduled_table", 2, eviction=tf_ext.EvictionPolicy(ttl_steps=3)
+    )
+    # The session starts at global step 5 (as after a restore): periods count from there.
+    step = tf.compat.v1.get_variable(
+      "global_step",
+      [],
+      tf.int64,
+      tf.compat.v1.constant_initializer(5),
+      trainable=False,
+      collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.GLOBAL_STEP],
+    )
+    train = tf_ext.DynamicEmbeddingOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    ).minimize(tf.reduce_sum(table.lookup(ids)), global_step=step)
+    checkpoints = _DeltaCheckpointAt(tmp_path / "chain", every_n_steps=3)
+    eviction = _RecordingEvictionHook(every_n_steps=3)
+    statistics = tf_ext.train.TableStatisticsHook(str(tmp_path), every_n_steps=3)
+    hooks = [checkpoints, eviction, statistics]
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+      sess.run(train, {ids: [1, 2]})  # rows 1 and 2 record step 5; the global step becomes 6
+      for _ in range(6):
+        sess.run(train, {ids: [2]})  # steps 6..11: the global step becomes 7..12
+  assert checkpoints.steps == [8, 11]
+  # Row 1, last updated at step 5, is exactly ttl_steps old at step 8: evicted then. (The table's
+  # latest update, step 7, would keep it one period longer.)
+  assert list(zip(eviction.steps, eviction.evicted)) == [(8, 1), (11, 0)]
+  (events,) = glob.glob(os.path.join(str(tmp_path), "events.out.tfevents.*"))
+  lookups = {
+    e.step: v.simple_value
+    for e in tf.compat.v1.train.summary_iterator(events)
+    for v in e.summary.value
+    if v.tag == "scheduled_table/lookups"
+  }
+  assert lookups == {8: 4, 11: 7}  # ids looked up by the steps before: 2, then 1 a step
+
+
+def test_eviction_hook_ages_the_rows_of_a_table_that_steps_do_not_train():
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable(
+      "idle_table", 2, eviction=tf_ext.EvictionPolicy(ttl_steps=2)
+    )
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train = tf_ext.DynamicEmbeddingOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    ).minimize(tf.reduce_sum(table.lookup(tf.constant([1], tf.int64))), global_step=step)
+    other_step = tf.compat.v1.assign_add(step, 1)  # a step that trains other variables only
+    hook = tf_ext.train.EvictionHook(every_n_steps=2)
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+      sess.run(train)  # row 1 records step 0
+      for _ in range(3):
+        sess.run(other_step)
+  # At global step 2 row 1 is 2 steps old, although the table's latest update is still step 0.
+  assert hook.total_evicted == {"idle_table": 1}
 
 
 # ---- bad input --------------------------------------------------------------------------------

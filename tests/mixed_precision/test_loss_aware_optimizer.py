@@ -307,6 +307,21 @@ def test_switching_in_monitored_training_session_and_summary_hook(tmp_path):
   assert {"amp/half", "amp/loss_scale", "amp/switches", "amp/last_probe_error"} <= tags
 
 
+def test_summary_hook_writes_every_n_global_steps_from_the_session_start(tmp_path):
+  with tf.Graph().as_default():
+    optimizer = amp.LossAwareOptimizer(tf.compat.v1.train.AdamOptimizer(1e-3), "bfloat16")
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train = optimizer.minimize(v1_tower(tf.constant(X), Y), global_step=step)
+    hooks = [amp.SummaryHook(str(tmp_path), every_n_steps=3)]
+    with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+      for _ in range(7):
+        sess.run(train)
+  written = set()
+  for path in glob.glob(str(tmp_path / "events.*")):
+    written.update(e.step for e in tf.compat.v1.train.summary_iterator(path) if e.summary.value)
+  assert written == {3, 6}  # the steps tf_ext.train.DeltaCheckpointHook(every_n_steps=3) saves at
+
+
 def estimator_model_fn(features, labels, mode):
   loss = v1_tower(features["x"], labels)
   optimizer = amp.LossAwareOptimizer(

@@ -38,7 +38,6 @@ class SummaryHook(EveryNStepsHook):
       [tf.compat.v1.summary.scalar(f"amp/{k}", v, collections=[]) for k, v in scalars.items()]
     )
     super().begin()
-    self._last_step = None  # each session writes its first step
     self._writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)
 
   def _run(self, session, step):

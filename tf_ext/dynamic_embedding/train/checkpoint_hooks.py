@@ -5,11 +5,12 @@ import logging
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding import delta_checkpoint, live_tables
+from tf_ext.every_n_steps import GlobalStepSchedule
 
 _log = logging.getLogger("tf_ext.delta_checkpoint")
 
 
-class DeltaCheckpointHook(delta_checkpoint.SavesPeriodically, tf.compat.v1.train.SessionRunHook):
+class DeltaCheckpointHook(delta_checkpoint.SavesPeriodically, GlobalStepSchedule):
   """Writes a chain of full and delta table checkpoints (tf_ext.DeltaCheckpointManager) into
   `directory`, every `every_n_steps` global steps and/or `every_n_secs` seconds, and once more
   at the end; a new chain starts with a full snapshot every `full_every_n_deltas` deltas.
@@ -22,18 +23,19 @@ class DeltaCheckpointHook(delta_checkpoint.SavesPeriodically, tf.compat.v1.train
   Estimator; `manager` is the hook's DeltaCheckpointManager once the graph is built.
   """
 
+  def _global_step(self):
+    return tf.compat.v1.train.get_or_create_global_step()
+
   def begin(self):
-    self._global_step = tf.compat.v1.train.get_or_create_global_step()
+    super().begin()
     dense = None
     if self._dense:
       dense = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(), sharded=True)
     self._saves.start(live_tables.tables(), dense).build()
 
-  def after_create_session(self, session, coord):
-    del coord
-    # The schedule counts from the session's first step (read here: the step fetched with a
-    # training op may be read before or after its increment).
-    current = int(session.run(self._global_step))
+  def _start(self, session, current):
+    # The schedule counts from the session's first step (GlobalStepSchedule's, which the table
+    # hooks share), or from the link restored.
     self._saves.mark(current)
     latest = self.manager.latest_step()
     if not self._restore or latest is None:
@@ -47,19 +49,13 @@ class DeltaCheckpointHook(delta_checkpoint.SavesPeriodically, tf.compat.v1.train
     _log.info("tf_ext: restored tables from the delta checkpoint of step %d", restored)
     self._saves.mark(restored)
 
-  def before_run(self, run_context):
-    del run_context
-    return tf.compat.v1.train.SessionRunArgs(self._global_step)
+  def _due(self, step):
+    return self._saves.due(step)
 
-  def after_run(self, run_context, run_values):
-    # The step fetched with the training op may be read before its increment: check the step
-    # it is about to be, and read the real one for a save (as TensorFlow's CheckpointSaverHook).
-    if self._saves.due(int(run_values.results) + 1):
-      step = int(run_context.session.run(self._global_step))
-      if self._saves.due(step):
-        self._saves.save(step, run_context.session)
+  def _run_due(self, session, step):
+    self._saves.save(step, session)
 
   def end(self, session):
-    step = int(session.run(self._global_step))
+    step = self._read_step(session)
     if step != self._saves.last_step:
       self._saves.save(step, session)

@@ -42,7 +42,8 @@ class EvictionHook(_TableHook):
   """Every `every_n_steps` steps, evicts the rows each table's EvictionPolicy condemns.
 
   Tables: the given ones, or every table of the graph created with an eviction policy. The
-  eviction runs inside each table, shard by shard, while the next steps' lookups go on.
+  eviction runs inside each table, shard by shard, while the next steps' lookups go on, with the
+  global step it runs at as "now" (`table.evict(step)`).
   `last_evicted` holds {table name: rows removed} of the latest run, `total_evicted` the sums.
   """
 
@@ -54,7 +55,17 @@ class EvictionHook(_TableHook):
   def _build(self):
     tables = _pick("EvictionHook", self._tables, lambda t: t.eviction is not None)
     lifecycle.check_evictable("EvictionHook", tables)
-    return {t.name: t.evict() for t in tables}
+    # "Now" is the global step the hook runs at, fed by `_run`. The default (-1: each table's
+    # latest update) is a step behind, and stands still while the steps do not train the table.
+    self._now_step = tf.compat.v1.placeholder_with_default(
+      tf.constant(-1, tf.int64), [], name="eviction_now_step"
+    )
+    return {t.name: t.evict(self._now_step) for t in tables}
+
+  def _run(self, session, step):
+    # Without a global step, `step` counts the hook's runs: not a step the table's rows record.
+    feed = {self._now_step: step} if self._global_step_tensor is not None else None
+    self._handle(step, session.run(self._fetches, feed))
 
   def _handle(self, step, results):
     del step
