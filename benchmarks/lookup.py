@@ -24,6 +24,7 @@ noisy machine; absolute times are context.
 
   python benchmarks/lookup.py                 # 1M keys, dim 64, batches of 65536, Zipf 1.2
   python benchmarks/lookup.py --no-tfra --json /tmp/lookup.json
+  python benchmarks/lookup.py --dedup --zipf 1.1 --no-tfra   # dedup of the unfused lookup
   make bench                                  # installs requirements-bench.txt (TFRA) first
 
 TFRA is optional: `pip install -r requirements-bench.txt` (or `pip install .[bench]`).
@@ -43,6 +44,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   cpus_available,
   finish,
   import_tfra,
+  int_list,
   log,
   machine_report,
   mib,
@@ -103,6 +105,15 @@ def parse_args(argv=None):
   )
   p.add_argument("--seed", type=int, default=0, help="numpy seed for keys, rows and ids")
   p.add_argument("--no-tfra", action="store_true", help="skip the TFRA baselines")
+  p.add_argument(
+    "--dedup",
+    action="store_true",
+    help="instead: the unfused lookup with and without deduplicated ids, forward and training "
+    "step, against the fused lookup (benchmarks/_lookup_dedup.py)",
+  )
+  p.add_argument(
+    "--dedup-dims", type=int_list, default=[8, 64], help="--dedup: the dims, comma-separated"
+  )
   p.add_argument(
     "--no-adam", action="store_true", help="skip the memory measurement with Adam slots"
   )
@@ -257,7 +268,7 @@ def main(argv=None):
   results["threads"] = threads
 
   print("== tf_ext lookup benchmark ==")
-  machine_report(tf, tf_ext, np, cpu_features=False)
+  machine_report(tf, tf_ext, np, cpu_features=args.dedup)
   print(f"TFRA         : {tfra_status}")
   intra_default = "" if intra_cfg else f" (TensorFlow default: one per available CPU -> {cpus})"
   print(
@@ -291,6 +302,12 @@ def main(argv=None):
     "distinct_per_batch": statistics.mean(uniques),
     "top_0.1pct_share": float(hot_share),
   }
+
+  if args.dedup:
+    import _lookup_dedup  # pylint: disable=import-outside-toplevel
+
+    _lookup_dedup.run(args, tf, tf_ext, key_batches, keys, rng, results)
+    return finish(results, args.json, wall_start)
 
   tf_row_batches = [tf.constant(b) for b in row_batches]
   tf_key_batches = [tf.constant(b) for b in key_batches]
