@@ -36,27 +36,15 @@ class FileSink : public de::ByteSink {
   explicit FileSink(WritableFile* file) : file_(file) {}
   bool Append(const char* data, size_t n) override {
     status_ = file_->Append(::tensorflow::StringPiece(data, n));
+    if (status_.ok()) bytes_ += static_cast<int64_t>(n);
     return status_.ok();
   }
   const Status& status() const { return status_; }
+  int64_t bytes() const { return bytes_; }
 
  private:
   WritableFile* file_;
   Status status_;
-};
-
-// Counts the bytes that pass through to `sink`.
-class CountingSink : public de::ByteSink {
- public:
-  explicit CountingSink(de::ByteSink* sink) : sink_(sink) {}
-  bool Append(const char* data, size_t n) override {
-    bytes_ += static_cast<int64_t>(n);
-    return sink_->Append(data, n);
-  }
-  int64_t bytes() const { return bytes_; }
-
- private:
-  de::ByteSink* sink_;
   int64_t bytes_ = 0;
 };
 
@@ -120,9 +108,10 @@ Status SetScalarOutputs(OpKernelContext* ctx, std::initializer_list<int64_t> val
 
 // Writes `path` through a uniquely named temporary file that is renamed into place once write()
 // returns true, so concurrent saves to one path never share a file and a failed save leaves none.
-// write(sink) returns whether it wrote the whole file; the status is the file system's.
+// write(sink) returns whether it wrote the whole file, *bytes what it wrote; the status is the
+// file system's.
 template <typename Write>
-Status WriteFileInPlace(const std::string& path, Write&& write) {
+Status WriteFileInPlace(const std::string& path, int64_t* bytes, Write&& write) {
   Env* env = Env::Default();
   const std::string dir(::tensorflow::io::Dirname(path));
   if (!dir.empty() && !env->FileExists(dir).ok()) {
@@ -134,6 +123,7 @@ Status WriteFileInPlace(const std::string& path, Write&& write) {
   TF_RETURN_IF_ERROR(env->NewWritableFile(temporary, &file));
   FileSink sink(file.get());
   const bool written = write(&sink);
+  *bytes = sink.bytes();
   Status status = sink.status();
   if (status.ok() && written) status = file->Close();
   if (status.ok() && written) status = env->RenameFile(temporary, path);
@@ -196,7 +186,7 @@ class SaveSnapshotOp : public TableKernel {
     bool written = false;
     int64_t version = -1, bytes = 0;
     uint64_t over_limit_bytes = 0;
-    const Status status = WriteFileInPlace(path, [&](FileSink* sink) {
+    const Status status = WriteFileInPlace(path, &bytes, [&](FileSink* sink) {
       de::SnapshotWriter writer(sink);
       version = core->Snapshot(
           since < 0 ? de::EmbeddingTable<Key>::kFullSnapshot : since,
@@ -215,7 +205,6 @@ class SaveSnapshotOp : public TableKernel {
           [&](const Key& key, uint32_t count) { return writer.Pending(key, count); },
           [&](const de::CountMinSketch& sketch) { return writer.SketchCounters(sketch); });
       if (version >= 0) written = writer.Finish();
-      bytes = writer.bytes_written();
       over_limit_bytes = writer.over_limit_bytes();
       return written;
     });
@@ -246,20 +235,15 @@ class SaveSnapshotOp : public TableKernel {
                     "dynamic embedding table '", table->name(),
                     "': the table lives in GPU memory, which writes full snapshots only (delta "
                     "snapshots from the GPU are not built yet): write a full snapshot"));
-    const cudaStream_t stream = StreamOf(ctx);
     de::SnapshotHeader header = HeaderOf(ctx, *table);
     std::string problem;
     int64_t bytes = 0;
-    const Status status = WriteFileInPlace(path, [&](FileSink* sink) {
-      CountingSink counting(sink);
-      problem = de::WriteDeviceSnapshot(*table->device_table(), stream, header, &counting);
-      bytes = counting.bytes();
+    const Status status = WriteFileInPlace(path, &bytes, [&](FileSink* sink) {
+      problem = de::WriteDeviceSnapshot(*table->device_table(), StreamOf(ctx), &header, sink);
       return problem.empty();
     });
     OP_REQUIRES_OK(ctx, status);
     OP_REQUIRES_OK(ctx, DynamicTable::FromCore(problem));
-    header.rows = static_cast<uint64_t>(table->Size(stream));
-    header.slot_initial_values = table->device_table()->slot_initial_values();
     SetOutputs(ctx, -1, header, bytes);
   }
 

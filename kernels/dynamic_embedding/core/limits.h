@@ -41,20 +41,23 @@ inline std::string Over(std::string_view table, std::string_view what, const std
   return "dynamic embedding table '" + std::string(table) + "': " + std::string(what) + " " +
          value + " is over the limit of " + limit + " (docs/dynamic_embedding.md, Limits)";
 }
+
+// `what` (a setting in [1, max]) of value `value`.
+inline std::string InRange(std::string_view table, std::string_view what, int64_t value,
+                           int64_t max) {
+  if (value >= 1 && value <= max) return "";
+  return "dynamic embedding table '" + std::string(table) + "': " + std::string(what) +
+         " must be in [1, " + std::to_string(max) + "], got " + std::to_string(value) +
+         (value > max ? " (docs/dynamic_embedding.md, Limits)" : "");
+}
 }  // namespace limits_internal
 
 inline std::string CheckDim(std::string_view table, int64_t dim) {
-  if (dim >= 1 && dim <= kMaxDim) return "";
-  return "dynamic embedding table '" + std::string(table) + "': dim must be in [1, " +
-         std::to_string(kMaxDim) + "], got " + std::to_string(dim) +
-         (dim > kMaxDim ? " (docs/dynamic_embedding.md, Limits)" : "");
+  return limits_internal::InRange(table, "dim", dim, kMaxDim);
 }
 
 inline std::string CheckShards(std::string_view table, int64_t num_shards) {
-  if (num_shards >= 1 && num_shards <= kMaxShards) return "";
-  return "dynamic embedding table '" + std::string(table) + "': num_shards must be in [1, " +
-         std::to_string(kMaxShards) + "], got " + std::to_string(num_shards) +
-         (num_shards > kMaxShards ? " (docs/dynamic_embedding.md, Limits)" : "");
+  return limits_internal::InRange(table, "num_shards", num_shards, kMaxShards);
 }
 
 // Key `index` of a call, of `bytes` bytes.

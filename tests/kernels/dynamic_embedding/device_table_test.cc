@@ -519,7 +519,7 @@ TEST_P(DeviceTableTest, SnapshotsMoveBetweenTheGpuAndTheCpuTableExactly) {
   SnapshotHeader header;
   header.table_name = "t";
   header.step = 5;
-  ASSERT_EQ(WriteDeviceSnapshot(*gpu, nullptr, header, &sink, /*chunk_rows=*/512), "");
+  ASSERT_EQ(WriteDeviceSnapshot(*gpu, nullptr, &header, &sink, /*chunk_rows=*/512), "");
   EmbeddingTable<int64_t> cpu(6, init);
   CpuRestore(sink.bytes, &cpu);
   const Contents from_gpu = ContentsOf(*gpu);
@@ -570,7 +570,7 @@ TEST_P(DeviceTableTest, AdmissionSketchTravelsWithSnapshots) {
   StringSink sink;
   SnapshotHeader header;
   header.table_name = "t";
-  ASSERT_EQ(WriteDeviceSnapshot(*saved, nullptr, header, &sink), "");
+  ASSERT_EQ(WriteDeviceSnapshot(*saved, nullptr, &header, &sink), "");
   auto restored = MakeOrDie(backend, options);
   StringSource source(sink.bytes);
   ASSERT_EQ(ReadDeviceSnapshot(&source, *restored, nullptr), "");
@@ -752,7 +752,7 @@ TEST_P(DeviceTableTest, LongRandomSequenceKeepsBothTablesEqual) {
       StringSink sink;
       SnapshotHeader header;
       header.table_name = "t";
-      ASSERT_EQ(WriteDeviceSnapshot(*gpu, nullptr, header, &sink, 700), "");
+      ASSERT_EQ(WriteDeviceSnapshot(*gpu, nullptr, &header, &sink, 700), "");
       auto restored = MakeOrDie(backend, options);
       StringSource source(sink.bytes);
       ASSERT_EQ(ReadDeviceSnapshot(&source, *restored, nullptr), "");

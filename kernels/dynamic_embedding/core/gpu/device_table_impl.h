@@ -42,10 +42,8 @@ class DeviceTableImpl : public DeviceTable {
 
   // Allocates the first slots; "" or the error.
   std::string Init() {
-    if (options_.dim < 1 || options_.dim > kMaxDim) {
-      return Error("dim must be in [1, " + std::to_string(kMaxDim) + "], got " +
-                   std::to_string(options_.dim));
-    }
+    const std::string bad_dim = CheckDim(options_.name, options_.dim);
+    if (!bad_dim.empty()) return bad_dim;
     const int lanes = options_.tile_lanes;
     if (lanes < 0 || lanes > 32 || (lanes & (lanes - 1)) != 0) {
       return Error("tile_lanes must be 0 (the default) or a power of two up to 32, got " +
@@ -616,8 +614,8 @@ class DeviceTableImpl : public DeviceTable {
     auto* other = dynamic_cast<DeviceTableImpl*>(&other_table);
     if (other == nullptr) return Error("cannot swap contents with a table of another backend");
     const DeviceTableOptions& theirs = other->options_;
+    // Equal min_counts mean both or neither have a sketch.
     if (theirs.dim != options_.dim || theirs.admission.min_count != options_.admission.min_count ||
-        (sketch_ == nullptr) != (other->sketch_ == nullptr) ||
         sketch_width_mask_ != other->sketch_width_mask_ ||
         theirs.admission.sketch_depth != options_.admission.sketch_depth) {
       return Error("cannot swap contents with table '" + theirs.name +
@@ -704,7 +702,9 @@ class DeviceTableImpl : public DeviceTable {
       occupied_bound_ += incoming;
       return "";
     }
-    const int64_t size = ReadCounter(kSize), tombstones = ReadCounter(kTombstones);
+    const std::vector<int64_t> counts = ReadCounters();  // one read for both
+    const int64_t size = Total(counts.data(), kSize),
+                  tombstones = Total(counts.data(), kTombstones);
     if (static_cast<double>(size + tombstones + incoming) <= limit) {
       occupied_bound_ = size + tombstones + incoming;
       return "";
@@ -756,7 +756,9 @@ class DeviceTableImpl : public DeviceTable {
         return Error("out of device memory rebuilding");
       }
       int64_t* new_slot = moved.get();
-      const int64_t size = ReadCounter(kSize), tombstones = ReadCounter(kTombstones);
+      const std::vector<int64_t> counts = ReadCounters();  // one read for both
+      const int64_t size = Total(counts.data(), kSize);
+      const int64_t tombstones = Total(counts.data(), kTombstones);
       // The keys move first (every new slot claimed, counted afresh), then the rows, one element
       // per thread.
       ZeroCounter(kSize);

@@ -6,20 +6,20 @@
 namespace tf_ext {
 namespace de {
 
-std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, SnapshotHeader header,
+std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, SnapshotHeader* header,
                                 ByteSink* sink, int64_t chunk_rows) {
   const int dim = table.dim();
-  header.kind = SnapshotKind::kFull;
-  header.key_type = SnapshotKeyType::kInt64;
-  header.dim = static_cast<uint32_t>(dim);
-  header.num_slots = static_cast<uint32_t>(table.num_slots());
-  header.slot_initial_values = table.slot_initial_values();
-  header.sequence = 0;
-  header.rows = static_cast<uint64_t>(table.Size(stream));
-  header.tombstones = 0;
-  DescribeAdmission(table.options().admission, &header);
+  header->kind = SnapshotKind::kFull;
+  header->key_type = SnapshotKeyType::kInt64;
+  header->dim = static_cast<uint32_t>(dim);
+  header->num_slots = static_cast<uint32_t>(table.num_slots());
+  header->slot_initial_values = table.slot_initial_values();
+  header->sequence = 0;
+  header->rows = static_cast<uint64_t>(table.Size(stream));
+  header->tombstones = 0;
+  DescribeAdmission(table.options().admission, header);
   SnapshotWriter writer(sink);
-  if (!writer.Begin(header)) return "writing the snapshot header failed";
+  if (!writer.Begin(*header)) return "writing the snapshot header failed";
   const int stride = dim * (1 + table.num_slots());
   bool written = true;
   const std::string error = table.Export(stream, chunk_rows, [&](const HostRows& rows) {
@@ -32,7 +32,7 @@ std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, Snapsho
   });
   if (!written) return "writing a snapshot row failed";
   if (!error.empty()) return error;
-  if (header.admission == SnapshotAdmission::kSketch) {
+  if (header->admission == SnapshotAdmission::kSketch) {
     std::vector<uint32_t> counters(kSnapshotChunkBytes / sizeof(uint32_t));
     const uint64_t total = table.SketchCounters();
     for (uint64_t first = 0; first < total; first += counters.size()) {

@@ -13,9 +13,10 @@
 namespace tf_ext {
 namespace de {
 
-// Writes a full snapshot of `table`, with its admission sketch. From `header` it keeps chain_id,
-// step and table_name and fills in the rest. "" or what went wrong.
-std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, SnapshotHeader header,
+// Writes a full snapshot of `table`, with its admission sketch. Of *header it keeps chain_id,
+// step and table_name and fills in the rest, as written (rows, slots, admission). "" or what
+// went wrong.
+std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, SnapshotHeader* header,
                                 ByteSink* sink, int64_t chunk_rows = 0);
 
 // Applies a full or delta snapshot of int64 keys to `table` (a full one onto an empty table
