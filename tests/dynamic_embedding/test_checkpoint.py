@@ -198,6 +198,41 @@ def test_a_corrupt_table_file_leaves_every_table_of_the_checkpoint_untouched(tmp
     np.testing.assert_array_equal(table.lookup([3]).numpy(), [[2.0] * 4])
 
 
+@pytest.mark.parametrize("sharded", [False, True], ids=["saver", "sharded_saver"])
+@pytest.mark.parametrize("corrupt", ["a_first", "b_second"])
+def test_a_corrupt_table_file_leaves_every_table_a_saver_restores_untouched(
+  tmp_path, corrupt, sharded
+):
+  names = ("a_first", "b_second")
+
+  def build():
+    tables = {n: tf_ext.get_dynamic_embedding_variable(f"saver_atomic_{n}", 4) for n in names}
+    return tables, tf.compat.v1.train.Saver(sharded=sharded)
+
+  with tf.Graph().as_default():
+    tables, saver = build()
+    inserts = [t.insert(np.arange(100), np.ones([100, 4], np.float32)) for t in tables.values()]
+    with tf.compat.v1.Session() as sess:
+      sess.run([tf.compat.v1.global_variables_initializer(), *inserts])
+      path = saver.save(sess, str(tmp_path / "model.ckpt"))
+  damaged = path + _suffix(f"saver_atomic_{corrupt}")
+  raw = bytearray(open(damaged, "rb").read())
+  raw[-10] ^= 0xFF
+  open(damaged, "wb").write(bytes(raw))
+  with tf.Graph().as_default():
+    tables, saver = build()
+    inserts = [t.insert([3], [[2.0] * 4]) for t in tables.values()]
+    sizes = [t.size() for t in tables.values()]
+    rows = [t.lookup([3]) for t in tables.values()]
+    with tf.compat.v1.Session() as sess:
+      sess.run([tf.compat.v1.global_variables_initializer(), *inserts])
+      with pytest.raises(tf.errors.DataLossError, match=f"'saver_atomic_{corrupt}'.*checksum"):
+        saver.restore(sess, path)
+      assert sess.run(sizes) == [1, 1]  # neither table changed, whichever the Saver did first
+      for row in sess.run(rows):
+        np.testing.assert_array_equal(row, [[2.0] * 4])
+
+
 def test_missing_table_file_is_a_clear_error(tmp_path):
   src = tf_ext.DynamicEmbeddingVariable("missing_src", 4, initializer="zeros")
   src.insert([1], [[1.0] * 4])

@@ -24,6 +24,7 @@ name restore from each other's checkpoints (their tensors in the index are named
 
 import contextlib
 import hashlib
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.framework import ops
@@ -165,13 +166,39 @@ def _saver_prefix():
 
 
 def _restore_beside(restored_tensors, suffix, load):
-  """A Saver restore of a table from its file beside the checkpoint: load(path, prefix), run once
-  RestoreV2 has read the table's first tensor (`<name>-slot_initial_values`), whose prefix input
-  is the checkpoint's."""
+  """A Saver restore of a table from its file beside the checkpoint: load(path, prefix,
+  verify_only), run once RestoreV2 has read the table's first tensor
+  (`<name>-slot_initial_values`), whose prefix input is the checkpoint's.
+
+  The restore is atomic across the Saver's tables: every table's files are checked in full
+  (load(..., verify_only=True)) before the first table changes."""
   slot_initial_values = restored_tensors[0]
   prefix = slot_initial_values.op.inputs[0]  # RestoreV2's prefix
   with tf.control_dependencies([slot_initial_values]):
-    return load(tf.strings.join([prefix, suffix]), prefix)
+    path = tf.strings.join([prefix, suffix])
+    check = tf.group(load(path, prefix, True))
+  checks, gates = _saver_restore_group(prefix)
+  # The Saver builds its tables' restores one after another: each restore waits on a gate, and
+  # the gates built so far get this table's check too (a control edge added to an existing op,
+  # as TensorFlow's own graph building does).
+  for gate in gates:
+    gate._add_control_input(check)  # pylint: disable=protected-access
+  checks.append(check)
+  with tf.control_dependencies(checks):
+    gate = tf.no_op(name="after_every_table_check")
+  gates.append(gate)
+  with tf.control_dependencies([gate]):
+    return tf.group(load(path, prefix, False))
+
+
+_SAVER_RESTORE_GROUPS = weakref.WeakKeyDictionary()  # graph -> {prefix tensor name: group}
+
+
+def _saver_restore_group(prefix):
+  """(checks, gates) of the tables one Saver restores: those whose RestoreV2 reads the same
+  prefix tensor (one per Saver, shared by a sharded Saver's per-device restores)."""
+  groups = _SAVER_RESTORE_GROUPS.setdefault(prefix.graph, {})
+  return groups.setdefault(prefix.name, ([], []))
 
 
 class TableSaveable(saveable_object.SaveableObject):
@@ -205,8 +232,13 @@ class TableSaveable(saveable_object.SaveableObject):
     return _restore_beside(
       restored_tensors,
       self._suffix,
-      lambda path, prefix: _restore(
-        self._table.resource_handle, path, prefix, self._legacy_prefix, *_kept_part(self._table)
+      lambda path, prefix, verify_only: _restore(
+        self._table.resource_handle,
+        path,
+        prefix,
+        self._legacy_prefix,
+        *_kept_part(self._table),
+        verify_only=verify_only,
       ),
     )
 
@@ -239,7 +271,9 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
     return _restore_beside(
       restored_tensors,
       self._suffix,
-      lambda path, prefix: _restore_sharded(self._shards, path, prefix, self._legacy_prefix),
+      lambda path, prefix, verify_only: _restore_sharded(
+        self._shards, path, prefix, self._legacy_prefix, verify_only
+      ),
     )
 
 
