@@ -45,6 +45,7 @@ REGISTER_OP("TfExtDynamicTable")
     .Attr("admission_exact: bool = false")
     .Attr("admission_sketch_width: int = 0")
     .Attr("admission_sketch_depth: int = 4")
+    .Attr("max_rows: int = 2147483648")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(

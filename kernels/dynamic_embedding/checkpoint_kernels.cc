@@ -287,10 +287,11 @@ class ChainLoader {
     TF_RETURN_IF_ERROR(CheckHeader(path, header, position));
     // A file's rows are distinct ids: unless a shard keeps only some, so many rows would pass
     // the table's limit, and are refused before any is read.
-    if (num_shards_ == 1 && header.rows > static_cast<uint64_t>(de::kMaxTableRows)) {
+    if (num_shards_ == 1 && header.rows > static_cast<uint64_t>(table_->max_rows())) {
       return errors::ResourceExhausted(
-          de::CheckTableRows(table_->name(), 0, static_cast<int64_t>(header.rows)), " ('", path,
-          "' holds them)");
+          de::CheckTableRows(table_->name(), 0, static_cast<int64_t>(header.rows),
+                             table_->max_rows()),
+          " ('", path, "' holds them)");
     }
     // Merged shards may differ in slots (a shard that no optimizer updated has none): rows of a
     // file with fewer keep the initial values of the others.
@@ -312,8 +313,8 @@ class ChainLoader {
     auto put_row = [&](auto key, uint32_t count, int64_t step, const float* values) {
       if (verify_only_) return true;
       if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
-      if (fresh_.Size() >= de::kMaxTableRows && !fresh_.Contains(key)) {
-        too_many_rows = de::CheckTableRows(table_->name(), fresh_.Size(), 1);
+      if (fresh_.Size() >= table_->max_rows() && !fresh_.Contains(key)) {
+        too_many_rows = de::CheckTableRows(table_->name(), fresh_.Size(), 1, table_->max_rows());
         return false;
       }
       fresh_.Upsert(key, [&](de::RowRef& row, bool) {

@@ -521,11 +521,9 @@ class FusedApplyOp : public FusedFieldsKernel {
         ctx, ForEachTask(ctx, weights, [&](int64_t u) {
           const auto [begin, end] = updates_[u];
           if (fields[begin].keys->dtype() == DT_INT64) {
-            SumAndUpdate<int64_t>(ctx, fields, splits, indexes, begin, end, params, step);
-          } else {
-            SumAndUpdate<std::string>(ctx, fields, splits, indexes, begin, end, params, step);
+            return SumAndUpdate<int64_t>(ctx, fields, splits, indexes, begin, end, params, step);
           }
-          return ::tensorflow::OkStatus();
+          return SumAndUpdate<std::string>(ctx, fields, splits, indexes, begin, end, params, step);
         }));
   }
 
@@ -567,10 +565,10 @@ class FusedApplyOp : public FusedFieldsKernel {
   // field order, as the unfused update sums TensorFlow's concatenation of them, then applied.
   // TableKey: the table's key type.
   template <typename TableKey>
-  void SumAndUpdate(OpKernelContext* ctx, const std::vector<Field>& fields,
-                    const std::vector<SplitGradient>& splits,
-                    const std::vector<DistinctIndex>& indexes, int begin, int end,
-                    const de::OptimizerParams& params, int64_t step) const {
+  Status SumAndUpdate(OpKernelContext* ctx, const std::vector<Field>& fields,
+                      const std::vector<SplitGradient>& splits,
+                      const std::vector<DistinctIndex>& indexes, int begin, int end,
+                      const de::OptimizerParams& params, int64_t step) const {
     using Key = typename KeyTensor<TableKey>::KeyView;
     const std::vector<Key>* distinct = &indexes[begin].template distinct<TableKey>();
     std::vector<Key> merged;
@@ -583,6 +581,8 @@ class FusedApplyOp : public FusedFieldsKernel {
     }
     const Field& first = fields[begin];
     const int64_t num_distinct = static_cast<int64_t>(distinct->size());
+    TF_RETURN_IF_ERROR(first.table->template CheckRowsFit<TableKey>(
+        num_distinct, [&](int64_t k) { return (*distinct)[k]; }));
     std::vector<float> sums(num_distinct * first.dim, 0.0f);
     for (int i = begin; i < end; ++i) {
       const Field& field = fields[i];
@@ -606,6 +606,7 @@ class FusedApplyOp : public FusedFieldsKernel {
     UpdateRows<TableKey>(
         first.table.get(), params, step, num_distinct, [&](int64_t k) { return (*distinct)[k]; },
         sums.data());
+    return ::tensorflow::OkStatus();
   }
 
   // Checks each field's output gradient: [rows, dim] elements, in its own tensor or in the piece

@@ -38,6 +38,8 @@ class CpuTableBackend : public TableBackend<Key> {
     const auto flat_keys = keys.flat<Element>();
     de::EmbeddingTable<Key>* core = table_->template table<Key>();
     const int dim = table_->dim();
+    TF_RETURN_IF_ERROR(table_->template CheckRowsFit<Key>(
+        flat_keys.size(), [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); }));
     auto insert_range = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
@@ -65,6 +67,8 @@ class CpuTableBackend : public TableBackend<Key> {
   Status Apply(OpKernelContext* ctx, const de::OptimizerParams& params, int64_t step,
                const Tensor& keys, const float* gradients) override {
     const auto flat_keys = keys.flat<Element>();
+    TF_RETURN_IF_ERROR(table_->template CheckRowsFit<Key>(
+        flat_keys.size(), [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); }));
     ApplyRows<Key>(
         ctx, table_, params, step, flat_keys.size(),
         [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); }, gradients);

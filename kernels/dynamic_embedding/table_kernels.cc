@@ -43,6 +43,10 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_exact", &admission_.exact));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_sketch_width", &sketch_width));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_sketch_depth", &sketch_depth));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_rows", &max_rows_));
+    const std::string max_rows_problem = de::CheckMaxRows(table_name_, max_rows_);
+    OP_REQUIRES(ctx, max_rows_problem.empty(),
+                ::tensorflow::errors::InvalidArgument(max_rows_problem));
     const std::string prefix = "dynamic embedding table '" + table_name_ + "': ";
     const std::string dim_problem = de::CheckDim(table_name_, dim_);
     OP_REQUIRES(ctx, dim_problem.empty(), ::tensorflow::errors::InvalidArgument(dim_problem));
@@ -101,7 +105,7 @@ class DynamicTableOp : public OpKernel {
   // A table in host memory, or under a GPU placement in GPU memory.
   Status Create(bool on_gpu, DynamicTable** out) const {
     if (!on_gpu) {
-      *out = new DynamicTable(table_name_, key_dtype_, dim_, init_, admission_);
+      *out = new DynamicTable(table_name_, key_dtype_, dim_, init_, admission_, max_rows_);
       return ::tensorflow::OkStatus();
     }
     const std::string prefix = "dynamic embedding table '" + table_name_ + "': ";
@@ -119,7 +123,7 @@ class DynamicTableOp : public OpKernel {
     std::string error;
     std::unique_ptr<de::DeviceTable> device_table = de::MakeCudaTable(options, &error);
     if (!device_table) return ::tensorflow::errors::FailedPrecondition(error);
-    *out = new DynamicTable(table_name_, std::move(device_table));
+    *out = new DynamicTable(table_name_, std::move(device_table), max_rows_);
     return ::tensorflow::OkStatus();
   }
 
@@ -130,6 +134,7 @@ class DynamicTableOp : public OpKernel {
   int dim_;
   de::InitializerSpec init_;
   de::AdmissionSpec admission_;
+  int64_t max_rows_;
 };
 
 template <typename Key>

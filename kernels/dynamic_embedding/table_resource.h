@@ -9,6 +9,7 @@
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
 #include "kernels/dynamic_embedding/core/gpu/device_table.h"
+#include "kernels/dynamic_embedding/core/limits.h"
 #include "kernels/dynamic_embedding/table_backend.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/types.h"
@@ -19,8 +20,9 @@ namespace tf_ext {
 class DynamicTable : public ::tensorflow::ResourceBase {
  public:
   DynamicTable(std::string name, ::tensorflow::DataType key_dtype, int dim,
-               const de::InitializerSpec& init, const de::AdmissionSpec& admission)
-      : name_(std::move(name)), key_dtype_(key_dtype), dim_(dim), init_(init) {
+               const de::InitializerSpec& init, const de::AdmissionSpec& admission,
+               int64_t max_rows = de::kMaxTableRows)
+      : name_(std::move(name)), key_dtype_(key_dtype), dim_(dim), init_(init), max_rows_(max_rows) {
     if (key_dtype == ::tensorflow::DT_STRING) {
       string_table_ =
           std::make_unique<de::EmbeddingTable<std::string>>(dim, init, kShardBits, admission);
@@ -31,11 +33,13 @@ class DynamicTable : public ::tensorflow::ResourceBase {
     MakeBackends();
   }
   // A table in GPU memory.
-  DynamicTable(std::string name, std::unique_ptr<de::DeviceTable> device_table)
+  DynamicTable(std::string name, std::unique_ptr<de::DeviceTable> device_table,
+               int64_t max_rows = de::kMaxTableRows)
       : name_(std::move(name)),
         key_dtype_(::tensorflow::DT_INT64),
         dim_(device_table->dim()),
         init_(device_table->options().initializer),
+        max_rows_(max_rows),
         device_table_(std::move(device_table)) {
     MakeBackends();
   }
@@ -47,6 +51,20 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   ::tensorflow::DataType key_dtype() const { return key_dtype_; }
   int dim() const { return dim_; }
   const de::InitializerSpec& initializer() const { return init_; }
+  // The rows the table may hold (TfExtDynamicTable's max_rows; at most de::kMaxTableRows).
+  int64_t max_rows() const { return max_rows_; }
+  // Before a call of keys key_at(0..n-1) that may add rows to the CPU table: a ResourceExhausted
+  // error naming the table when they could take it past max_rows (near the limit only the
+  // distinct keys it lacks count; calls running at once are each checked alone).
+  template <typename Key, typename KeyAt>
+  ::tensorflow::Status CheckRowsFit(int64_t n, KeyAt&& key_at) {
+    const de::EmbeddingTable<Key>& core = *table<Key>();
+    const std::string problem = de::CheckRowsFit(
+        name_, core.Size(), n, [&](const auto& key) { return core.Contains(key); }, key_at,
+        max_rows_);
+    if (problem.empty()) return ::tensorflow::OkStatus();
+    return ::tensorflow::errors::ResourceExhausted(problem);
+  }
   const de::AdmissionSpec& admission() const {
     if (device_table_) return device_table_->options().admission;
     return string_table_ ? string_table_->admission() : int64_table_->admission();
@@ -111,6 +129,7 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   const ::tensorflow::DataType key_dtype_;
   const int dim_;
   const de::InitializerSpec init_;
+  const int64_t max_rows_;
   std::unique_ptr<de::EmbeddingTable<int64_t>> int64_table_;
   std::unique_ptr<de::EmbeddingTable<std::string>> string_table_;
   std::unique_ptr<de::DeviceTable> device_table_;

@@ -46,7 +46,7 @@ Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& ke
   }
   const int64_t n = keys.dim_size(0);
   // The import replaces the content: its keys become the rows (refused past the limit).
-  const std::string too_many_rows = de::CheckTableRows(table->name(), 0, n);
+  const std::string too_many_rows = de::CheckTableRows(table->name(), 0, n, table->max_rows());
   if (!too_many_rows.empty()) return ::tensorflow::errors::ResourceExhausted(too_many_rows);
   TF_RETURN_IF_ERROR(CheckKeyLengths(*table, keys));
   if (values.dims() != 2 || values.dim_size(0) != n) {

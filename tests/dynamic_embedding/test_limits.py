@@ -8,6 +8,7 @@ import os
 import re
 import struct
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -38,6 +39,57 @@ def test_python_limits_are_the_headers():
     "kMaxIdsPerCall": limits.MAX_IDS_PER_CALL,
     "kMaxSnapshotFileBytes": limits.MAX_SNAPSHOT_FILE_BYTES,
   }
+
+
+def _capped_table(name, max_rows, key_dtype=tf.int64):
+  """A table whose row limit is lowered through the op's max_rows (the library's own limit,
+  2^31 rows, does not fit this machine's memory), used through the raw ops."""
+  return _ops_loader.load().tf_ext_dynamic_table(
+    table_name=name, shared_name=name, key_dtype=key_dtype, dim=2, max_rows=max_rows
+  )
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.string])
+def test_rows_at_the_limit_work_and_one_past_is_refused_by_every_path(key_dtype):
+  ops = _ops_loader.load()
+  name = f"capped_{key_dtype.name}"
+  table = _capped_table(name, 10, key_dtype)
+
+  def keys(*values):
+    return tf.constant([str(v) if key_dtype == tf.string else v for v in values], key_dtype)
+
+  def size():
+    return int(ops.tf_ext_table_size(table))
+
+  ops.tf_ext_table_insert(table, keys(*range(8)), tf.ones([8, 2]), dim=2)
+  zero = tf.constant(0.0)
+
+  def train(*values):
+    ops.tf_ext_table_apply_gradient(
+      table, keys(*values), tf.ones([len(values), 2]), 0.1, zero, zero, zero,
+      tf.constant(1, tf.int64), [], dim=2, optimizer="sgd",
+    )  # fmt: skip
+
+  train(0, 8, 8)  # one new row (twice): 9
+  ops.tf_ext_table_insert(table, keys(1, 9, 2), tf.ones([3, 2]), dim=2)  # at the limit: 10
+  assert size() == 10
+  train(*range(10))  # existing rows only, at the limit
+  past = f"dynamic embedding table '{name}'.*would hold 11 rows.*limit of 10 rows"
+  with pytest.raises(tf.errors.ResourceExhaustedError, match=past):
+    ops.tf_ext_table_insert(table, keys(3, 10), tf.ones([2, 2]), dim=2)
+  with pytest.raises(tf.errors.ResourceExhaustedError, match=past):
+    train(4, 10)
+  assert size() == 10  # nothing of a refused call was applied
+  # Rows 3 and 4 as the last accepted update left them (an insert would have set 3 to ones).
+  np.testing.assert_allclose(
+    ops.tf_ext_table_find(table, keys(3, 4), 0.0, dim=2).numpy(), np.full([2, 2], 0.9)
+  )
+
+
+@pytest.mark.parametrize("max_rows", [0, limits.MAX_TABLE_ROWS + 1])
+def test_a_row_limit_out_of_range_is_refused(max_rows):
+  with pytest.raises(tf.errors.InvalidArgumentError, match="'capped_bad': max_rows must be in"):
+    _capped_table("capped_bad", max_rows)
 
 
 def _table(name, dim=2, key_dtype=tf.int64, **kwargs):

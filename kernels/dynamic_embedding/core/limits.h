@@ -56,6 +56,11 @@ inline std::string CheckDim(std::string_view table, int64_t dim) {
   return limits_internal::InRange(table, "dim", dim, kMaxDim);
 }
 
+// A table's own row limit (TfExtDynamicTable's max_rows), at most kMaxTableRows.
+inline std::string CheckMaxRows(std::string_view table, int64_t max_rows) {
+  return limits_internal::InRange(table, "max_rows", max_rows, kMaxTableRows);
+}
+
 inline std::string CheckShards(std::string_view table, int64_t num_shards) {
   return limits_internal::InRange(table, "num_shards", num_shards, kMaxShards);
 }
