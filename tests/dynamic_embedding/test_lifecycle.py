@@ -261,6 +261,20 @@ def test_keras_callbacks_evict_and_write_statistics(tmp_path):
   assert rebuilt.eviction == tf_ext.EvictionPolicy(ttl_steps=4)
 
 
+def test_keras_eviction_takes_the_step_after_the_batch_as_now_as_the_session_hook_does():
+  model = _keras_model("keras_evict_now", eviction=tf_ext.EvictionPolicy(ttl_steps=2))
+  table = model.get_layer("keras_evict_now").table
+  eviction = tf_ext.keras.callbacks.TableEviction(every_n_steps=2, tables=[table])
+  # Ids 1 and 2 are updated at step 0, id 3 at step 1; after the second batch the step is 2, so
+  # 1 and 2 have been idle for 2 steps (EvictionHook's "now" is that global step too).
+  model.fit(
+    np.array([1, 2, 3, 3], np.int64), np.zeros(4), batch_size=2, shuffle=False, verbose=0,
+    callbacks=[eviction],
+  )  # fmt: skip
+  assert eviction.last_evicted == {"keras_evict_now": 2}
+  assert _keys(table) == [3]
+
+
 def test_statistics_hook_writes_summaries_in_a_session(tmp_path):
   with tf.Graph().as_default():
     table = tf_ext.get_dynamic_embedding_variable("stats_graph", 2)

@@ -43,10 +43,11 @@ class TableEviction(_TableCallback):
     self.last_evicted, self.total_evicted = {}, {}
 
   def _run(self, step):
-    del step
     tables = self._chosen_tables(lambda t: t.eviction is not None)
     lifecycle.check_evictable("TableEviction", tables)
-    self.last_evicted = {t.name: int(t.evict()) for t in tables}
+    # "Now" is the optimizer's step after the batch, as EvictionHook's is the global step after
+    # the run (a table's latest step, that of the batch's update, is one behind).
+    self.last_evicted = {t.name: int(t.evict(step)) for t in tables}
     for name, n in self.last_evicted.items():
       self.total_evicted[name] = self.total_evicted.get(name, 0) + n
 
