@@ -37,6 +37,7 @@ driver's SIGKILL, or nothing was restored; the memory and AUC lines are reported
   python benchmarks/soak.py --json build/soak/soak.json --png benchmarks/soak.png
 """
 
+import ctypes
 import hashlib
 import json
 import os
@@ -172,6 +173,31 @@ def table_digest(table, dense_variables):
     digest.update(variable.name.encode())
     digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
   return digest.hexdigest(), exported[0][order]
+
+
+class _MallInfo2(ctypes.Structure):
+  _fields_ = [
+    (name, ctypes.c_size_t)
+    for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+    + ("uordblks", "fordblks", "keepcost")
+  ]
+
+
+def heap_stats():
+  """This process's RSS and glibc's heap: bytes in use, free inside the heap (resident until
+  the allocator gives them back), and mapped on their own; {} where glibc has no mallinfo2."""
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+  except (OSError, AttributeError):
+    return {}
+  info = libc.mallinfo2()
+  return {
+    "rss": child_rss(os.getpid()),
+    "heap_in_use": info.uordblks,
+    "heap_free": info.fordblks,
+    "mmapped": info.hblkhd,
+  }
 
 
 class Events:
@@ -334,7 +360,15 @@ def run_child(args):
     if step % args.delta_every == 0:
       digest, keys = table_digest(table, state)
       must, lost, waiting = reference.lost(keys, args.min_count)
-      events("check", step=step, must=must, lost=len(lost), waiting=waiting, rows=len(keys))
+      events(
+        "check",
+        step=step,
+        must=must,
+        lost=len(lost),
+        waiting=waiting,
+        rows=len(keys),
+        **heap_stats(),
+      )
       if len(lost):
         events("lost_ids", step=step, ids=[int(i) for i in lost[:20]])
       os.makedirs(os.path.dirname(state_path(step)), exist_ok=True)
@@ -484,6 +518,19 @@ def report(args, samples, kills, exits, start, results):
     f"{min(steady, default=0) / 2**20:,.0f} to {max(steady, default=0) / 2**20:,.0f} MiB, "
     f"table {min(sizes, default=0):,} to {max(sizes, default=0):,} rows"
   )
+  # What the process holds, less the heap memory glibc keeps free (fragmentation, not a leak).
+  heap = [e for e in events if e["kind"] == "check" and "heap_free" in e]
+  live_slope = steady_slope(
+    [(e["t"], e["seg"], e["rss"] - e["heap_free"]) for e in heap], steady_start, args.warmup_s
+  )
+  in_use_slope = steady_slope(
+    [(e["t"], e["seg"], e["heap_in_use"]) for e in heap], steady_start, args.warmup_s
+  )
+  if live_slope is not None:
+    print(
+      f"               RSS less the heap's free memory: {live_slope:+.2f} MiB/min; heap in use "
+      f"{in_use_slope:+.2f} MiB/min (glibc's mallinfo2 at each link)"
+    )
 
   # Restarts and restores.
   restores = [e for e in events if e["kind"] == "restore"]
@@ -554,6 +601,8 @@ def report(args, samples, kills, exits, start, results):
   )
   results.update(
     rss_slope_mib_per_min=slope,
+    live_slope_mib_per_min=live_slope,
+    heap_in_use_slope_mib_per_min=in_use_slope,
     memory_pass=memory_ok,
     kills=len(kills),
     kills_during_save=mid_save,
