@@ -235,8 +235,8 @@ SETTINGS: Dict[str, Setting] = registry(
       "Read when a find kernel is made (a graph's first run): whether the unfused lookup of a "
       "host table's int64 ids finds each distinct id once and copies its row to its repeats, as "
       "the fused lookup does (rows and `lookups` / `lookup_hits` statistics unchanged). `auto`: "
-      "where at least 1 in 8 of 256 ids sampled across the batch repeat (Zipf-like batches), "
-      "`1` always, `0` never (one probe per id, as before).",
+      "for rows of at most 32 floats, where at least 1 in 8 of 256 ids sampled across the batch "
+      "repeat (Zipf-like batches); `1` always; `0` never (one probe per id, as before).",
       capability="dynamic_embedding",
       parse=_auto_flag,
     ),

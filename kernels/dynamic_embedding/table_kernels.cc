@@ -173,10 +173,10 @@ class FindOp : public TableKernel {
     const auto flat_keys = keys.flat<int64_t>();
     const int64_t n = flat_keys.size();
     auto key_at = [&](int64_t i) { return flat_keys(i); };
-    const bool dedup = dedup_ == FindDedup::kAlways ||
-                       (dedup_ == FindDedup::kAuto && de::DuplicatesPay(n, key_at));
-    if (!dedup || n == 0) return false;
     const int dim = table.dim();
+    const bool dedup = dedup_ == FindDedup::kAlways ||
+                       (dedup_ == FindDedup::kAuto && de::DuplicatesPay(n, dim, key_at));
+    if (!dedup || n == 0) return false;
     std::vector<int32_t> slots(n);  // CheckCallIds: n < 2^31
     auto for_ranges = [ctx](int64_t count, int64_t cost_per_item, auto&& fn) {
       ParallelFor(ctx, count, cost_per_item, fn);

@@ -70,17 +70,21 @@ void PlaceRows(const float* rows, int dim, const Slot* slots, int64_t begin, int
   }
 }
 
-// Whether finding a batch's distinct keys once pays, judged from a sample: kDuplicateSample keys
-// spread evenly over the batch, of which at least one in kDuplicateShare must repeat an earlier
-// one. Indexing every key and copying each row twice saves nothing where the ids are distinct: a
-// uniform batch deduplicated took 1.3 to 1.8 times the CPU time of a find of every id
-// (benchmarks/lookup.py --dedup), so such a batch keeps the plain lookup. A sample has fewer
-// repeats than the whole batch, so a batch that passes has more.
+// Whether finding a batch's distinct keys once pays, for rows of `dim` floats, judged from a
+// sample: kDuplicateSample keys spread evenly over the batch, of which at least one in
+// kDuplicateShare must repeat an earlier one. Indexing every key and copying each row twice saves
+// nothing where the ids are distinct: a uniform batch deduplicated took 1.3 to 1.8 times the CPU
+// time of a find of every id (benchmarks/lookup.py --dedup), so such a batch keeps the plain
+// lookup. A sample has fewer repeats than the whole batch, so a batch that passes has more.
+// What a repeat saves is a probe of a row that is hot in cache anyway, while the second copy grows
+// with the row: on Zipf(1.1) ids it paid at dim 8 (1.25x the CPU time) but not at dim 64 (0.83 to
+// 1.0x), so rows wider than kDuplicateMaxDim keep the plain lookup.
 constexpr int64_t kDuplicateSample = 256;
 constexpr int64_t kDuplicateShare = 8;
+constexpr int kDuplicateMaxDim = 32;
 template <typename KeyAt>
-bool DuplicatesPay(int64_t n, KeyAt&& key_at) {
-  if (n < kDuplicateSample) return false;
+bool DuplicatesPay(int64_t n, int dim, KeyAt&& key_at) {
+  if (n < kDuplicateSample || dim > kDuplicateMaxDim) return false;
   DistinctKeys<int64_t> seen(kDuplicateSample);
   std::vector<int64_t> distinct;
   distinct.reserve(kDuplicateSample);

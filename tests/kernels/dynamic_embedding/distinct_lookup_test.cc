@@ -93,12 +93,15 @@ TEST(DistinctLookupTest, FindsEachDistinctIdOnceWithTheRowsAndStatisticsOfAFindP
   EXPECT_EQ(tables.distinct.Size(), 200);
 }
 
-TEST(DistinctLookupTest, DuplicatesPayForRepeatingBatchesOnly) {
-  // Repeating ids (40 values): yes; distinct ids: no; a batch shorter than the sample: no.
+TEST(DistinctLookupTest, DuplicatesPayForRepeatingBatchesOfNarrowRowsOnly) {
+  // Repeating ids (40 values): yes, up to kDuplicateMaxDim floats a row; distinct ids: no; a batch
+  // shorter than the sample: no.
   const std::vector<int64_t> repeating = RepeatingIds(4096);
-  EXPECT_TRUE(DuplicatesPay(4096, [&](int64_t i) { return repeating[i]; }));
-  EXPECT_FALSE(DuplicatesPay(65536, [](int64_t i) { return i * 7919; }));
-  EXPECT_FALSE(DuplicatesPay(kDuplicateSample - 1, [](int64_t) { return int64_t{3}; }));
+  EXPECT_TRUE(DuplicatesPay(4096, 8, [&](int64_t i) { return repeating[i]; }));
+  EXPECT_TRUE(DuplicatesPay(4096, kDuplicateMaxDim, [&](int64_t i) { return repeating[i]; }));
+  EXPECT_FALSE(DuplicatesPay(4096, kDuplicateMaxDim + 1, [&](int64_t i) { return repeating[i]; }));
+  EXPECT_FALSE(DuplicatesPay(65536, 8, [](int64_t i) { return i * 7919; }));
+  EXPECT_FALSE(DuplicatesPay(kDuplicateSample - 1, 8, [](int64_t) { return int64_t{3}; }));
   // Just under and at the share of repeats in the sample (one id in eight repeats the one before).
   auto with_repeats = [](int64_t every) {
     return [every](int64_t i) {
@@ -106,8 +109,8 @@ TEST(DistinctLookupTest, DuplicatesPayForRepeatingBatchesOnly) {
       return s % every == every - 1 ? s - 1 : s;
     };
   };
-  EXPECT_TRUE(DuplicatesPay(4096, with_repeats(kDuplicateShare)));
-  EXPECT_FALSE(DuplicatesPay(4096, with_repeats(kDuplicateShare + 1)));
+  EXPECT_TRUE(DuplicatesPay(4096, 8, with_repeats(kDuplicateShare)));
+  EXPECT_FALSE(DuplicatesPay(4096, 8, with_repeats(kDuplicateShare + 1)));
 }
 
 }  // namespace
