@@ -1,23 +1,34 @@
-"""benchmarks/lookup.py --dedup: does deduplicating the ids of an unfused lookup pay?
+"""benchmarks/lookup.py --dedup: does the find kernel's deduplication of ids pay?
 
-For each dim, on Zipf ids, inside tf.functions, interleaved round by round:
-  - unfused (the anchor): tf_ext.embedding_lookup as a graph without tf_ext's passes runs it,
-    one TfExtTableFind of every id;
-  - unfused+dedup: tf.unique, the find of the distinct ids, tf.gather back to every id (the
-    candidate; in the training step its gradient reaches the update keyed by the distinct ids,
-    duplicates summed by the gather's gradient, so the update skips its own tf.unique);
+For each id distribution (the Zipf ids of lookup.py, and uniform ids over the same keys) and each
+dim, inside tf.functions, interleaved round by round:
+  - unfused, no dedup (the anchor): tf_ext.embedding_lookup as a graph without tf_ext's passes
+    runs it, its TfExtTableFind made with TF_EXT_FIND_DEDUP=0: one probe per id, the lookup
+    before the kernel deduplicated;
+  - unfused (auto): the same graph under the default TF_EXT_FIND_DEDUP=auto: the kernel finds
+    each distinct id once where a sample of the batch repeats enough;
+  - unfused (always): TF_EXT_FIND_DEDUP=1, every batch deduplicated (what auto spares a batch of
+    distinct ids);
   - fused (reference): the anchor's graph with tf_ext.graph's embedding fusion on.
 Forward: the lookup alone. Train: lookup, loss 0.5 * sum(rows^2), gradient, one SGD update
 (each variant trains its own copy of the table). Prints ms per batch and keys/s ratios against
-the anchor, per-round medians in brackets.
+the anchor (per-round medians in brackets), and the ratio of the process's CPU time.
 """
 
+import os
 import statistics
 import time
 
 import numpy as np
 
-VARIANTS = ("unfused", "unfused+dedup", "fused")
+# variant: (TF_EXT_FIND_DEDUP, embedding fusion on)
+VARIANTS = {
+  "unfused, no dedup": ("0", False),
+  "unfused (auto)": ("auto", False),
+  "unfused (always)": ("1", False),
+  "fused": ("0", True),
+}
+_FIND_DEDUP = "TF_EXT_FIND_DEDUP"
 
 
 def _make_table(tf, tf_ext, name, keys, rows, chunk=131_072):
@@ -27,33 +38,22 @@ def _make_table(tf, tf_ext, name, keys, rows, chunk=131_072):
   return table
 
 
-def _lookups(tf, tf_ext):
-  def unfused(table, ids):
-    return tf_ext.embedding_lookup(table, ids)
-
-  def dedup(table, ids):
-    distinct, positions = tf.unique(ids)
-    return tf.gather(table.lookup(distinct), positions)
-
-  return {"unfused": unfused, "unfused+dedup": dedup, "fused": unfused}
-
-
 def _functions(tf, tf_ext, table_of, batch, dim, train):
   """{variant: tf.function(ids)}; `table_of(variant)` gives the variant's table."""
   spec = [tf.TensorSpec([batch], tf.int64)]
   functions = {}
-  for variant, lookup in _lookups(tf, tf_ext).items():
+  for variant in VARIANTS:
     table = table_of(variant)
     if not train:
       functions[variant] = tf.function(
-        lambda ids, table=table, lookup=lookup: lookup(table, ids), input_signature=spec
+        lambda ids, table=table: tf_ext.embedding_lookup(table, ids), input_signature=spec
       )
       continue
     optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1e-3))
 
-    def step(ids, table=table, lookup=lookup, optimizer=optimizer):
+    def step(ids, table=table, optimizer=optimizer):
       with tf.GradientTape() as tape:
-        rows = lookup(table, ids)
+        rows = tf_ext.embedding_lookup(table, ids)
         loss = 0.5 * tf.reduce_sum(tf.square(rows))
       anchor = table.gradient_anchor
       optimizer.apply_gradients([(tape.gradient(loss, anchor), anchor)])
@@ -64,37 +64,59 @@ def _functions(tf, tf_ext, table_of, batch, dim, train):
 
 
 def _switched(tf_ext, variant, fn):
-  """fn run with the variant's graph passes (set before each call: TensorFlow may instantiate a
-  function again later, with the switches of that moment)."""
-  fuse = variant == "fused"
+  """fn run with the variant's find setting and graph passes, set before each call: TensorFlow
+  may instantiate a function again later, and a find kernel reads the setting when it is made."""
+  dedup, fuse = VARIANTS[variant]
 
-  def run(ids):
+  def call(ids):
+    os.environ[_FIND_DEDUP] = dedup
     tf_ext.graph.enable(fuse_embeddings=fuse, cluster_dense_for_xla=False)
     return fn(ids)
 
-  return run
+  return call
 
 
 def _time(functions, batches, warmup, repeats):
+  """({name: [wall seconds per round]}, {name: [process CPU seconds per round]}). CPU time counts
+  every thread of this process: on a shared machine it is less disturbed by other tenants."""
   names = list(functions)
   times = {name: [] for name in names}
+  cpu_times = {name: [] for name in names}
   for r in range(warmup + repeats):
     for name in names[r % len(names) :] + names[: r % len(names)]:
-      start = time.perf_counter()
+      cpu_start, start = time.process_time(), time.perf_counter()
       for ids in batches:
         functions[name](ids)
       if r >= warmup:
         times[name].append(time.perf_counter() - start)
-  return times
+        cpu_times[name].append(time.process_time() - cpu_start)
+  return times, cpu_times
 
 
 def run(args, tf, tf_ext, key_batches, keys, rng, results):
-  """Both modes for each of args.dedup_dims; fills results["dedup"]."""
+  """Both modes for each of args.dedup_dims, on lookup.py's Zipf ids and on uniform ids; fills
+  results["dedup"]."""
+  uniform = keys[rng.integers(0, keys.size, size=np.shape(key_batches))]
+  results["dedup"] = {}
+  previous = os.environ.get(_FIND_DEDUP)
+  try:
+    for ids_name, id_batches in ((f"zipf{args.zipf:g}", key_batches), ("uniform", uniform)):
+      results["dedup"][ids_name] = _run_ids(args, tf, tf_ext, ids_name, id_batches, keys, rng)
+  finally:
+    os.environ.pop(_FIND_DEDUP, None)
+    if previous is not None:
+      os.environ[_FIND_DEDUP] = previous
+
+
+def _run_ids(args, tf, tf_ext, ids_name, key_batches, keys, rng):
   batches = [tf.constant(b) for b in key_batches]
   per_batch = len(batches)
   distinct = statistics.mean(np.unique(b).size for b in key_batches) / args.batch
-  print(f"dedup mode   : distinct ids per batch {distinct:.1%} (duplicates {1 - distinct:.1%})")
-  results["dedup"] = {"distinct_fraction": distinct}
+  print(
+    f"dedup {ids_name} ids: distinct ids per batch {distinct:.1%} (duplicates {1 - distinct:.1%})"
+  )
+  results = {"distinct_fraction": distinct}
+  anchor_name = next(iter(VARIANTS))
   for dim in args.dedup_dims:
     rows = rng.standard_normal((keys.size, dim), dtype=np.float32)
     for mode in ("forward", "train"):
@@ -104,30 +126,38 @@ def run(args, tf, tf_ext, key_batches, keys, rng, results):
         if mode == "forward":  # a lookup changes nothing: one table serves every variant
           variant = "shared"
         if variant not in tables:
-          name = f"bench_dedup_{mode}_{dim}_{variant}".replace("+", "_")
-          tables[variant] = _make_table(tf, tf_ext, name, keys, rows)
+          tag = "".join(c if c.isalnum() else "_" for c in f"{ids_name}_{mode}_{dim}_{variant}")
+          tables[variant] = _make_table(tf, tf_ext, f"bench_dedup_{tag}", keys, rows)
         return tables[variant]
 
       functions = _functions(tf, tf_ext, table_of, args.batch, dim, mode == "train")
       functions = {v: _switched(tf_ext, v, f) for v, f in functions.items()}
       if mode == "forward":
-        reference = functions["unfused"](batches[0]).numpy()
-        for variant in VARIANTS[1:]:
+        reference = functions[anchor_name](batches[0]).numpy()
+        for variant in list(VARIANTS)[1:]:
           if not np.array_equal(functions[variant](batches[0]).numpy(), reference):
-            print(f"WARNING: dim {dim}: {variant} rows differ from the unfused lookup's")
-      times = _time(functions, batches, args.warmup, args.repeats)
+            print(f"WARNING: dim {dim}: {variant} rows differ from the anchor's")
+      times, cpu_times = _time(functions, batches, args.warmup, args.repeats)
       tf_ext.graph.disable()
-      anchor = times["unfused"]
+      anchor, anchor_cpu = times[anchor_name], cpu_times[anchor_name]
       entry = {}
       for variant in VARIANTS:
-        ts = times[variant]
+        ts, cpus = times[variant], cpu_times[variant]
         ratio = statistics.median(anchor) / statistics.median(ts)
         per_round = statistics.median(a / t for a, t in zip(anchor, ts))
+        cpu_ratio = statistics.median(anchor_cpu) / statistics.median(cpus)
         ms = statistics.median(ts) / per_batch * 1e3
-        entry[variant] = {"ms_per_batch": ms, "ratio_to_unfused": ratio, "round_s": ts}
+        entry[variant] = {
+          "ms_per_batch": ms,
+          "ratio_to_anchor": ratio,
+          "cpu_ratio_to_anchor": cpu_ratio,
+          "round_s": ts,
+          "round_cpu_s": cpus,
+        }
         print(
-          f"dedup {mode:<7} dim {dim:<3} {variant:<14}: {ms:8.2f} ms/batch  "
-          f"{ratio:5.2f}x unfused [{per_round:.2f}x]"
+          f"dedup {ids_name:<8} {mode:<7} dim {dim:<3} {variant:<17}: {ms:8.2f} ms/batch  "
+          f"{ratio:5.2f}x anchor [{per_round:.2f}x]  CPU time {cpu_ratio:5.2f}x"
         )
-      results["dedup"][f"{mode}_dim{dim}"] = entry
+      results[f"{mode}_dim{dim}"] = entry
       del functions, tables
+  return results

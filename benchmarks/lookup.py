@@ -24,7 +24,7 @@ noisy machine; absolute times are context.
 
   python benchmarks/lookup.py                 # 1M keys, dim 64, batches of 65536, Zipf 1.2
   python benchmarks/lookup.py --no-tfra --json /tmp/lookup.json
-  python benchmarks/lookup.py --dedup --zipf 1.1 --no-tfra   # dedup of the unfused lookup
+  python benchmarks/lookup.py --dedup --zipf 1.1 --no-tfra   # the find kernel's dedup
   make bench                                  # installs requirements-bench.txt (TFRA) first
 
 TFRA is optional: `pip install -r requirements-bench.txt` (or `pip install .[bench]`).
@@ -108,8 +108,9 @@ def parse_args(argv=None):
   p.add_argument(
     "--dedup",
     action="store_true",
-    help="instead: the unfused lookup with and without deduplicated ids, forward and training "
-    "step, against the fused lookup (benchmarks/_lookup_dedup.py)",
+    help="instead: the unfused lookup with the find kernel's dedup off, auto and always, forward "
+    "and training step, on Zipf and uniform ids, against the fused lookup "
+    "(benchmarks/_lookup_dedup.py)",
   )
   p.add_argument(
     "--dedup-dims", type=int_list, default=[8, 64], help="--dedup: the dims, comma-separated"

@@ -230,6 +230,17 @@ SETTINGS: Dict[str, Setting] = registry(
       parse=_auto_flag,
     ),
     Setting(
+      "TF_EXT_FIND_DEDUP",
+      "auto",
+      "Read when a find kernel is made (a graph's first run): whether the unfused lookup of a "
+      "host table's int64 ids finds each distinct id once and copies its row to its repeats, as "
+      "the fused lookup does (rows and `lookups` / `lookup_hits` statistics unchanged). `auto`: "
+      "for rows of at most 32 floats, where at least 1 in 8 of 256 ids sampled across the batch "
+      "repeat (Zipf-like batches); `1` always; `0` never (one probe per id, as before).",
+      capability="dynamic_embedding",
+      parse=_auto_flag,
+    ),
+    Setting(
       "TF_EXT_GPU_TABLES",
       "0",
       "Read when the op library loads: `1` registers the GPU kernels of the table ops that serve "

@@ -38,6 +38,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/chunk_arena.h",
             "kernels/dynamic_embedding/core/column_windows.h",
             "kernels/dynamic_embedding/core/combiners.h",
+            "kernels/dynamic_embedding/core/distinct_lookup.h",
             "kernels/dynamic_embedding/core/embedding_table.h",
             "kernels/dynamic_embedding/core/embedding_table_entries.h",
             "kernels/dynamic_embedding/core/embedding_table_lookup.h",

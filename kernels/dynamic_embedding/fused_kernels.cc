@@ -14,6 +14,7 @@
 #include "kernels/dynamic_embedding/apply_rows.h"
 #include "kernels/dynamic_embedding/core/column_windows.h"
 #include "kernels/dynamic_embedding/core/combiners.h"
+#include "kernels/dynamic_embedding/core/distinct_lookup.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 
 namespace tf_ext {
@@ -181,36 +182,22 @@ void FindAndCombine(const de::EmbeddingTable<Key>& core, const Field& field, Key
                      field.dim, out, out_stride);
 }
 
-// A field's int64 keys: each distinct key is looked up once (kLookupBlock at a time), and its row
-// copied to each of its keys' output rows (kNone) or added to their segments in input order
-// (combiners), into out (rows out_stride floats apart). A batch's ids repeat (in the fusion
-// benchmark a tenth are distinct): a probe of the small index of the field's ids costs less than
-// one of the table. slots[i] gets key i's position among the distinct keys, which the fused apply
-// reuses. The table's statistics count every key, as a lookup per key would.
+// A field's int64 keys: each distinct key is looked up once (FindDistinctRows, kLookupBlock at a
+// time), and its row copied to each of its keys' output rows (kNone) or added to their segments in
+// input order (combiners), into out (rows out_stride floats apart). A batch's ids repeat (in the
+// fusion benchmark a tenth are distinct): a probe of the small index of the field's ids costs less
+// than one of the table. slots[i] gets key i's position among the distinct keys, which the fused
+// apply reuses. The table's statistics count every key, as a lookup per key would.
 template <typename KeyAt, typename Slot>
 void FindDistinctAndPlace(const de::EmbeddingTable<int64_t>& core, const Field& field,
                           KeyAt&& key_at, float* out, int64_t out_stride, Slot* slots) {
   const bool combine = field.combiner != de::Combiner::kNone;
   const int dim = static_cast<int>(field.dim);
-  std::vector<int64_t> distinct;
-  de::IndexDistinctKeys(field.num_keys, key_at, &distinct, slots);
-  const int64_t num_distinct = static_cast<int64_t>(distinct.size());
-  std::vector<int64_t> occurrences(num_distinct, 0);
-  for (int64_t i = 0; i < field.num_keys; ++i) ++occurrences[slots[i]];
-  std::vector<float> rows(num_distinct * dim);
-  for (int64_t block = 0; block < num_distinct; block += kLookupBlock) {
-    core.FindDistinctBatch(
-        std::min(kLookupBlock, num_distinct - block),
-        [&](int64_t k) { return distinct[block + k]; }, occurrences.data() + block,
-        rows.data() + block * dim);
-  }
+  const de::DistinctRows found = de::FindDistinctRows(core, field.num_keys, key_at, slots,
+                                                      kLookupBlock, de::InCallingThread());
+  const std::vector<float>& rows = found.rows;
   if (!combine) {
-    for (int64_t i = 0; i < field.num_keys; ++i) {
-      if (i + de::kRowsAhead < field.num_keys) {
-        de::PrefetchRow(out + (i + de::kRowsAhead) * out_stride, dim);
-      }
-      std::memcpy(out + i * out_stride, rows.data() + slots[i] * dim, sizeof(float) * dim);
-    }
+    de::PlaceRows(rows.data(), dim, slots, 0, field.num_keys, out, out_stride);
     return;
   }
   // A combiner field whose rows go to a column window of a wider matrix sums into a contiguous

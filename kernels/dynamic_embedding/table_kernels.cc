@@ -2,11 +2,14 @@
 // (table_backend.h). Registered for the CPU, and those over the backend also for the GPU when
 // TF_EXT_GPU_TABLES=1 (RegisterGpuKernel, table_kernel.h).
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/dynamic_embedding/core/distinct_lookup.h"
 #include "kernels/dynamic_embedding/core/embedding_table.h"
 #include "kernels/dynamic_embedding/core/gpu/device_table.h"
 #include "kernels/dynamic_embedding/table_backend.h"
@@ -137,10 +140,21 @@ class DynamicTableOp : public OpKernel {
   int64_t max_rows_;
 };
 
+// TF_EXT_FIND_DEDUP (tf_ext/settings.py), read when a find kernel is made: "auto" (or unset), "1"
+// or "0".
+enum class FindDedup { kAuto, kAlways, kNever };
+FindDedup FindDedupSetting() {
+  const char* value = std::getenv("TF_EXT_FIND_DEDUP");
+  const std::string setting = value == nullptr ? "auto" : value;
+  if (setting == "1") return FindDedup::kAlways;
+  if (setting == "0") return FindDedup::kNever;
+  return FindDedup::kAuto;
+}
+
 template <typename Key>
 class FindOp : public TableKernel {
  public:
-  using TableKernel::TableKernel;
+  explicit FindOp(OpKernelConstruction* ctx) : TableKernel(ctx), dedup_(FindDedupSetting()) {}
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
     const Tensor& keys = ctx->input(1);
@@ -149,8 +163,38 @@ class FindOp : public TableKernel {
     out_shape.AddDim(dim_);
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
-    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Find(ctx, keys, out->flat<float>().data()));
+    float* rows = out->flat<float>().data();
+    if constexpr (std::is_same_v<Key, int64_t>) {
+      if (!table->on_gpu() && FindDistinctOnce(ctx, *table, keys, rows)) return;
+    }
+    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Find(ctx, keys, rows));
   }
+
+ private:
+  // The lookup of a host table's int64 keys, each distinct key found once (core/distinct_lookup.h),
+  // where the setting and the batch's repeats say it pays; false, doing nothing, where not.
+  bool FindDistinctOnce(OpKernelContext* ctx, DynamicTable& table, const Tensor& keys,
+                        float* rows) const {
+    const auto flat_keys = keys.flat<int64_t>();
+    const int64_t n = flat_keys.size();
+    auto key_at = [&](int64_t i) { return flat_keys(i); };
+    const int dim = table.dim();
+    const bool dedup = dedup_ == FindDedup::kAlways ||
+                       (dedup_ == FindDedup::kAuto && de::DuplicatesPay(n, dim, key_at));
+    if (!dedup || n == 0) return false;
+    std::vector<int32_t> slots(n);  // CheckCallIds: n < 2^31
+    auto for_ranges = [ctx](int64_t count, int64_t cost_per_item, auto&& fn) {
+      ParallelFor(ctx, count, cost_per_item, fn);
+    };
+    const de::DistinctRows found = de::FindDistinctRows(*table.template table<int64_t>(), n, key_at,
+                                                        slots.data(), kLookupBlock, for_ranges);
+    ParallelFor(ctx, n, 4 + dim / 4, [&](int64_t begin, int64_t end) {
+      de::PlaceRows(found.rows.data(), dim, slots.data(), begin, end, rows, dim);
+    });
+    return true;
+  }
+
+  const FindDedup dedup_;
 };
 
 template <typename Key>

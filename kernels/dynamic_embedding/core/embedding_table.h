@@ -133,6 +133,9 @@ class EmbeddingTable {
     counters.lookup_hits = lookup_hits_.load(std::memory_order_relaxed);
     return counters;
   }
+  // Keys looked for in the index by lookups (Find, FindBatch, FindDistinctBatch): below the
+  // statistics' `lookups` where a batch's repeated keys were found once. For tests.
+  int64_t Probes() const { return probes_.load(std::memory_order_relaxed); }
   // Bytes the table holds for its entries, index, admission counts and change tracking (not
   // counting the object itself).
   size_t BytesInUse() const;
@@ -434,7 +437,7 @@ class EmbeddingTable {
   std::atomic<int64_t> latest_step_{0};
   std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0};
   std::atomic<int> bulk_removals_{0};  // Evict and RemoveBatch calls removing rows now
-  mutable std::atomic<int64_t> lookups_{0}, lookup_hits_{0};
+  mutable std::atomic<int64_t> lookups_{0}, lookup_hits_{0}, probes_{0};
 };
 
 }  // namespace de

@@ -27,6 +27,7 @@ inline bool EmbeddingTable<Key>::Find(KeyView key, float* out) const {
     }
   }
   if (!found) FillInitialRowOf(key, out);
+  probes_.fetch_add(1, std::memory_order_relaxed);
   CountLookups(1, found ? 1 : 0);
   return found;
 }
@@ -104,6 +105,7 @@ template <typename Key>
 template <typename KeyAt>
 inline int64_t EmbeddingTable<Key>::ServeRows(int64_t n, KeyAt&& key_at, float* out,
                                               int64_t out_stride, bool* present) const {
+  probes_.fetch_add(n, std::memory_order_relaxed);
   return bulk_removals_.load(std::memory_order_relaxed) > 0
              ? FindByShard(n, key_at, out, out_stride, present)
              : FindInOrder(n, key_at, out, out_stride, present);
