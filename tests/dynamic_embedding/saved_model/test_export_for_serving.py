@@ -454,3 +454,56 @@ def test_rows_are_streamed_in_slices_and_served_exactly(tmp_path, monkeypatch):
   """)
   for name, rows in expected.items():
     np.testing.assert_array_equal(np.array(served[name], np.float32), rows, err_msg=name)
+
+
+@pytest.mark.parametrize("num_shards", [None, 2])
+def test_estimator_rows_are_streamed_in_slices(tmp_path, monkeypatch, num_shards):
+  """export_estimator_for_serving streams an int64-keyed table too, a sharded one by ranges."""
+  chunk_rows = 8
+  monkeypatch.setenv("TF_EXT_SERVING_EXPORT_CHUNK_BYTES", str(chunk_rows * (8 + 4 * 2)))
+  item = tf_ext.feature_column.categorical_column_with_dynamic_vocabulary("item", tf.int64)
+  column = tf_ext.feature_column.dynamic_embedding_column(item, 2, num_shards=num_shards)
+
+  def model_fn(features, labels, mode):
+    logits = tf.reduce_sum(tf.compat.v1.feature_column.input_layer(features, [column]), 1)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+      return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+    optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(loss, step))
+
+  items = np.arange(60, dtype=np.int64).reshape(-1, 1) * 11
+  labels = np.arange(60, dtype=np.float32) / 60
+  estimator = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "model"))
+  estimator.train(lambda: tf.data.Dataset.from_tensor_slices(({"item": items}, labels)).batch(20))
+
+  def serving_input():
+    item = tf.compat.v1.placeholder(tf.int64, [None, 1], name="item")
+    return tf.estimator.export.ServingInputReceiver({"item": item}, {"item": item})
+
+  def no_whole_copy(table, name=None):
+    raise AssertionError(f"{table.name}: the serving export copied the table whole")
+
+  monkeypatch.setattr(tf_ext.DynamicEmbeddingVariable, "export", no_whole_copy)
+  export = tf_ext.saved_model.export_estimator_for_serving(
+    estimator, str(tmp_path / "export"), serving_input
+  ).decode()
+  prefix = os.path.join(export, "variables", "variables")
+  shapes = dict(tf.train.list_variables(prefix))
+  (keys,) = [name for name in shapes if name.endswith("-keys")]
+  assert shapes[keys] == [60]
+  assert bundle_slices(prefix)[keys] >= 60 // chunk_rows  # a shard's last slice may be short
+  expected = [
+    p["logits"] for p in estimator.predict(lambda: tf.data.Dataset.from_tensors({"item": items}))
+  ]
+  served = run_without_tf_ext(f"""
+    import json
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], {export!r})
+      signature = meta.signature_def["serving_default"]
+      out = sess.run(signature.outputs["logits"].name,
+                     {{signature.inputs["item"].name: {items.tolist()}}})
+    print(json.dumps(out.ravel().tolist()))
+  """)
+  np.testing.assert_allclose(served, expected, rtol=1e-6)

@@ -161,7 +161,7 @@ def _merge_into(prefix, dense_from, skip, table_prefixes, staging):
   `table_prefixes` (moved: their slices are not read)."""
   reader = tf.train.load_checkpoint(dense_from)
   names = sorted(set(reader.get_variable_to_shape_map()) - set(skip))
-  dense = os.path.join(staging, "dense")
+  dense = os.path.join(staging, os.path.basename(prefix) + "_dense")
   with tf.device("CPU"):
     tf.raw_ops.SaveV2(
       prefix=dense,
@@ -182,26 +182,32 @@ def _merge_into(prefix, dense_from, skip, table_prefixes, staging):
     )
 
 
-def _stream_rows(export_dir, streamed):
-  """Replaces the empty tables of the SavedModel in `export_dir` by the rows of the tf_ext
-  tables, streamed. `streamed`: {the index of a ServingTable in the saved module's `tables`:
-  the table}. Returns {index: rows}."""
+def _fill_saved_tables(export_dir, names, table_prefixes, staging, owner):
+  """Replaces the empty core tables' tensors `names` in the variables of the SavedModel in
+  `export_dir` by the bundles of `table_prefixes` (the rows, streamed)."""
   prefix = os.path.join(export_dir, "variables", "variables")
   saved = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-  staging = tempfile.mkdtemp(prefix=".tf_ext_rows_", dir=os.path.dirname(prefix))
+  missing = [name for name in names if saved.get(name, [None])[0] != 0]
+  if missing:
+    raise RuntimeError(f"{owner}: the SavedModel holds no empty table tensors {missing}")
+  _merge_into(prefix, prefix, names, table_prefixes, staging)
+
+
+def _stream_rows(export_dir, streamed):
+  """Fills the empty tables of the SavedModel in `export_dir` with the rows of the tf_ext
+  tables, streamed. `streamed`: {the index of a ServingTable in the saved module's `tables`:
+  the table}. Returns {index: rows}."""
+  staging = tempfile.mkdtemp(prefix=".tf_ext_rows_", dir=os.path.join(export_dir, "variables"))
   try:
     rows, replaced, table_prefixes = {}, [], []
     for index, table in streamed.items():
       names = [f"tables/{index}/hash_table/.ATTRIBUTES/table-{part}" for part in ("keys", "values")]
-      missing = [name for name in names if saved.get(name, [None])[0] != 0]
-      if missing:
-        raise RuntimeError(f"{_OWNER}: the SavedModel holds no empty table tensors {missing}")
       rows[index], written = _write_rows(
         _shards(table), *names, os.path.join(staging, f"table_{index}"), _evaluate
       )
       replaced += names
       table_prefixes += written
-    _merge_into(prefix, prefix, replaced, table_prefixes, staging)
+    _fill_saved_tables(export_dir, replaced, table_prefixes, staging, _OWNER)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return rows
@@ -411,11 +417,11 @@ class _ServingTablesByName:
     return self._made[graph_key]
 
 
-def _trained_tables(estimator, serving_input_receiver_fn, checkpoint_path, staging):
-  """Writes the rows of the tables the Estimator's PREDICT graph uses (a sharded table whole),
-  read from `checkpoint_path`, as `<name>-keys` and `<name>-values` into bundles in `staging`
-  (streamed, see _write_rows). Returns ({name: (dim, key_dtype, default row, num_shards)}, the
-  bundles' prefixes)."""
+def _export_with_trained_tables(estimator, serving_input_receiver_fn, checkpoint_path, export):
+  """Restores the tables the Estimator's PREDICT graph uses (a sharded table whole) from
+  `checkpoint_path`, calls `export`({name: (dim, key_dtype, default row, num_shards)}), which
+  writes a SavedModel of empty core tables `<name>` and returns its folder, and streams the
+  tables' rows into it (`<name>-keys`, `<name>-values`, see _write_rows). Returns the folder."""
   with tf.Graph().as_default() as graph:
     receiver = serving_input_receiver_fn()
     estimator._call_model_fn(  # pylint: disable=protected-access
@@ -433,17 +439,52 @@ def _trained_tables(estimator, serving_input_receiver_fn, checkpoint_path, stagi
       for s in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
       if isinstance(s, (checkpoint.TableSaveable, checkpoint.ShardedTableSaveable))
     ]
-    specs, prefixes = {}, []
-    with tf.compat.v1.Session(graph=graph) as session:
-      if saveables:
-        tf.compat.v1.train.Saver(var_list=saveables).restore(session, checkpoint_path)
-      for index, (name, shards) in enumerate(sorted(shards_by_name.items())):
-        bundle = os.path.join(staging, f"table_{index}")
-        prefixes += _write_rows(shards, f"{name}-keys", f"{name}-values", bundle, session.run)[1]
-        num_shards = len(shards) if hasattr(shards[0], "_tf_ext_shard_of") else None
-        first = shards[0]
-        specs[name] = (first.dim, first.key_dtype, default_row(first), num_shards)
-  return specs, prefixes
+    saver = tf.compat.v1.train.Saver(var_list=saveables) if saveables else None
+  specs = {}
+  for name, shards in shards_by_name.items():
+    num_shards = len(shards) if hasattr(shards[0], "_tf_ext_shard_of") else None
+    first = shards[0]
+    specs[name] = (first.dim, first.key_dtype, default_row(first), num_shards)
+  # The session stays open (the restored tables in it) while export runs eagerly, outside the
+  # graph; the rows are written in the graph, merged into the export eagerly.
+  session = tf.compat.v1.Session(graph=graph)
+  try:
+    if saver:
+      with graph.as_default():
+        saver.restore(session, checkpoint_path)
+    export_dir = export(specs)
+    # Staged beside the variables: merging moves the bundles' files (a rename).
+    staging = tempfile.mkdtemp(prefix=".tf_ext_rows_", dir=os.path.join(export_dir, "variables"))
+    try:
+      names, prefixes = [], []
+      with graph.as_default():
+        for index, (name, shards) in enumerate(sorted(shards_by_name.items())):
+          names += [f"{name}-keys", f"{name}-values"]
+          bundle = os.path.join(staging, f"table_{index}")
+          prefixes += _write_rows(shards, *names[-2:], bundle, session.run)[1]
+      _fill_saved_tables(export_dir, names, prefixes, staging, _ESTIMATOR_OWNER)
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+  finally:
+    session.close()
+  return export_dir
+
+
+def _write_converted_checkpoint(checkpoint_path, specs, prefix, scratch):
+  """A checkpoint holding the original's dense tensors and each table as MutableHashTable's
+  saveable reads it (`<name>-keys`, `<name>-values`), empty: an export restores and saves the
+  core tables whole, so their rows are streamed into the export afterwards."""
+  names, tensors = [], []
+  for name, (dim, key_dtype, *_) in sorted(specs.items()):
+    names += [f"{name}-keys", f"{name}-values"]
+    tensors += [tf.zeros([0], key_dtype), tf.zeros([0, dim], tf.float32)]
+  empty_tables = os.path.join(scratch, "empty_tables")
+  with tf.device("CPU"):
+    tf.raw_ops.SaveV2(
+      prefix=empty_tables, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+    )
+  skip = [f"{name}-slot_initial_values" for name in specs] + [_OBJECT_GRAPH_TENSOR]
+  _merge_into(prefix, checkpoint_path, skip, [empty_tables], scratch)
 
 
 def export_estimator_for_serving(
@@ -470,21 +511,21 @@ def export_estimator_for_serving(
       "or pass checkpoint_path="
     )
   with tempfile.TemporaryDirectory(prefix="tf_ext_serving_") as scratch:
-    specs, table_prefixes = _trained_tables(
-      estimator, serving_input_receiver_fn, checkpoint_path, scratch
-    )
-    # A checkpoint holding the original's dense tensors and each table as MutableHashTable's
-    # saveable reads it (`<name>-keys`, `<name>-values`).
     converted = os.path.join(scratch, "serving")
-    skip = [f"{name}-slot_initial_values" for name in specs] + [_OBJECT_GRAPH_TENSOR]
-    _merge_into(converted, checkpoint_path, skip, table_prefixes, scratch)
-    with variable_lib.served_by(_ServingTablesByName(specs)):
-      export_dir = estimator.export_saved_model(
-        export_dir_base,
-        serving_input_receiver_fn,
-        assets_extra=assets_extra,
-        as_text=as_text,
-        checkpoint_path=converted,
-      )
-  _check_core_only(export_dir.decode(), _ESTIMATOR_OWNER)
-  return export_dir
+
+    def export(specs):
+      _write_converted_checkpoint(checkpoint_path, specs, converted, scratch)
+      with variable_lib.served_by(_ServingTablesByName(specs)):
+        return estimator.export_saved_model(
+          export_dir_base,
+          serving_input_receiver_fn,
+          assets_extra=assets_extra,
+          as_text=as_text,
+          checkpoint_path=converted,
+        ).decode()
+
+    export_dir = _export_with_trained_tables(
+      estimator, serving_input_receiver_fn, checkpoint_path, export
+    )
+  _check_core_only(export_dir, _ESTIMATOR_OWNER)
+  return export_dir.encode()
