@@ -21,7 +21,8 @@
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
 #                columns: train_and_evaluate, export_saved_model, serving in a fresh process)
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
-#   make bench-lifecycle  benchmarks/eviction.py, admission.py, small_tables.py and checkpoint.py
+#   make bench-lifecycle  benchmarks/eviction.py, admission.py, small_tables.py, checkpoint.py and
+#                serving_export.py
 #                (installs requirements-bench.txt: TFRA, for eviction's comparison)
 #   make soak    benchmarks/soak.py: a model with a table trains on the Criteo-like stream for
 #                SOAK_MINUTES (default 30) with admission, TTL eviction, delta and full links and
@@ -329,6 +330,7 @@ bench-lifecycle: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/admission.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/small_tables.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/checkpoint.py $(BENCH_ARGS))
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/serving_export.py $(BENCH_ARGS))
 
 # Issue 37's soak run (not part of `make test`): SOAK_MINUTES of training killed and restarted;
 # exits 1 on a lost row, a restore that differs from its save or a child that fails.

@@ -128,4 +128,33 @@ verify_only: Check every file the restore would read (the manifest, each snapsho
 its checksums; a 0.1 checkpoint's tensors by name and type) and change nothing.
 )doc");
 
+REGISTER_OP("TfExtTableWriteServingBundle")
+    .Input("table: resource")
+    .Input("prefix: string")
+    .Input("keys_name: string")
+    .Input("values_name: string")
+    .Input("first_row: int64")
+    .Input("total_rows: int64")
+    .Output("rows: int64")
+    .Attr("chunk_rows: int >= 1 = 65536")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return ScalarInputsAndOutputs(c, 1); })
+    .Doc(R"doc(
+Writes a table's ids and rows into a TensorFlow tensor bundle, streaming, for serving exports.
+
+The bundle at `prefix` holds them as the slices of two tensors, `keys_name` [total_rows] and
+`values_name` [total_rows, dim], as core MutableHashTable's checkpoint names them. The table is
+walked under its shards' read locks and written `chunk_rows` rows at a time, so the op needs
+memory for one chunk, not for the table's rows; RestoreV2 (and so TensorFlow Serving) reads the
+slices back as whole tensors, and MergeV2Checkpoints merges them with other bundles.
+
+first_row: Where this table's rows start in the tensors (the shards of a table write one range
+each).
+total_rows: The tensors' rows; -1: first_row + this table's rows. Fails with FailedPrecondition
+when the table holds more rows than fit. With 0 rows in all, the tensors are written whole and
+empty.
+rows: Rows written.
+chunk_rows: Rows per slice.
+)doc");
+
 }  // namespace tf_ext

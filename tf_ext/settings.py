@@ -258,6 +258,16 @@ SETTINGS: Dict[str, Setting] = registry(
       capability="dynamic_embedding",
       parse=_float_at_least(0.0),
     ),
+    Setting(
+      "TF_EXT_SERVING_EXPORT_CHUNK_BYTES",
+      "8388608",
+      "Bytes of ids and rows (about) that `tf_ext.saved_model.export_for_serving` and "
+      "`export_estimator_for_serving` stream into the SavedModel's variables at a time, as one "
+      "slice of each table's tensors: the export's extra memory for a table, at 8 + 4 x dim "
+      "bytes per row.",
+      capability="dynamic_embedding",
+      parse=_int_at_least(1),
+    ),
     # Loss-aware mixed precision (tf_ext.mixed_precision): the policy's knobs, read when a policy
     # is created. The attributes are the policy op's attributes (kernels/mixed_precision/core/
     # loss_aware_policy.h explains each).

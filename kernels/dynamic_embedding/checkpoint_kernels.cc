@@ -18,6 +18,7 @@
 #include "kernels/dynamic_embedding/table_kernel.h"
 #include "kernels/dynamic_embedding/table_resource.h"
 #include "kernels/dynamic_embedding/table_restore.h"
+#include "tensorflow/core/framework/tensor_slice.h"
 #include "tensorflow/core/lib/io/path.h"
 #include "tensorflow/core/platform/env.h"
 #include "tensorflow/core/platform/file_system.h"
@@ -629,10 +630,99 @@ class RestoreCheckpointOp : public TableKernel {
   bool verify_only_;
 };
 
+// Writes the table's ids and rows as slices of two bundle tensors, a chunk at a time (the op's
+// doc says why: a serving export needs no copy of the table).
+class WriteServingBundleOp : public TableKernel {
+ public:
+  explicit WriteServingBundleOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("chunk_rows", &chunk_rows_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    TF_EXT_GET_TABLE(ctx, table);
+    OP_REQUIRES_OK(ctx, CheckScalars(ctx, *table, {1, 2, 3, 4, 5}));
+    OP_REQUIRES(ctx, !table->on_gpu(),
+                errors::Unimplemented("dynamic embedding table '", table->name(),
+                                      "': a GPU table is exported whole, not streamed"));
+    if (table->key_dtype() == ::tensorflow::DT_STRING) {
+      Write<std::string, tstring>(ctx, *table);
+    } else {
+      Write<int64_t, int64_t>(ctx, *table);
+    }
+  }
+
+ private:
+  template <typename Key, typename TensorKey>
+  void Write(OpKernelContext* ctx, DynamicTable& table) {
+    const std::string prefix(ctx->input(1).scalar<tstring>()());
+    const std::string keys_name(ctx->input(2).scalar<tstring>()());
+    const std::string values_name(ctx->input(3).scalar<tstring>()());
+    const int64_t first_row = ScalarInput(ctx, 4);
+    int64_t total_rows = ScalarInput(ctx, 5);
+    const int64_t dim = table.dim();
+    OP_REQUIRES(ctx, first_row >= 0, table.Invalid("first_row must be >= 0, got ", first_row));
+    ::tensorflow::BundleWriter writer(Env::Default(), prefix);
+    OP_REQUIRES_OK(ctx, writer.status());
+    Tensor keys(table.key_dtype(), TensorShape({chunk_rows_}));
+    Tensor values(::tensorflow::DT_FLOAT, TensorShape({chunk_rows_, dim}));
+    int64_t filled = 0, written = 0;
+    Status status;
+    auto flush = [&] {
+      if (filled == 0) return true;
+      const int64_t start = first_row + written;
+      status = writer.AddSlice(keys_name, TensorShape({total_rows}),
+                               ::tensorflow::TensorSlice({{start, filled}}), keys.Slice(0, filled));
+      if (status.ok()) {
+        status = writer.AddSlice(values_name, TensorShape({total_rows, dim}),
+                                 ::tensorflow::TensorSlice({{start, filled}, {0, dim}}),
+                                 values.Slice(0, filled));
+      }
+      written += filled;
+      filled = 0;
+      return status.ok();
+    };
+    de::EmbeddingTable<Key>* core = table.template table<Key>();
+    const int64_t version = core->Snapshot(
+        de::EmbeddingTable<Key>::kFullSnapshot,
+        [&](int64_t rows, int64_t) {  // stable: every shard is read-locked
+          if (total_rows < 0) total_rows = first_row + rows;
+          if (first_row + rows <= total_rows) return true;
+          status =
+              errors::FailedPrecondition("dynamic embedding table '", table.name(), "': ", rows,
+                                         " rows do not fit the serving export's rows [", first_row,
+                                         ", ", total_rows, ") (the table grew during the export)");
+          return false;
+        },
+        [&](const Key& key, const de::RowRef& row) {
+          keys.flat<TensorKey>()(filled) = key;
+          std::memcpy(values.flat<float>().data() + filled * dim, row.embedding,
+                      sizeof(float) * dim);
+          return ++filled < chunk_rows_ || flush();
+        },
+        [](const Key&) { return true; }, /*track=*/false);
+    if (version >= 0) flush();
+    OP_REQUIRES_OK(ctx, status);
+    OP_REQUIRES(ctx, version >= 0,
+                errors::Internal("dynamic embedding table '", table.name(),
+                                 "': the walk stopped while writing ", prefix));
+    if (total_rows == 0) {  // no slice to write: the tensors whole, empty
+      OP_REQUIRES_OK(ctx, writer.Add(keys_name, Tensor(table.key_dtype(), TensorShape({0}))));
+      OP_REQUIRES_OK(
+          ctx, writer.Add(values_name, Tensor(::tensorflow::DT_FLOAT, TensorShape({0, dim}))));
+    }
+    OP_REQUIRES_OK(ctx, writer.Finish());
+    OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {written}));
+  }
+
+  int64_t chunk_rows_;
+};
+
 REGISTER_KERNEL_BUILDER(Name("TfExtTableSaveSnapshot").Device(DEVICE_CPU), SaveSnapshotOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableRestoreSnapshots").Device(DEVICE_CPU), RestoreSnapshotsOp);
 REGISTER_KERNEL_BUILDER(Name("TfExtTableRestoreCheckpoint").Device(DEVICE_CPU),
                         RestoreCheckpointOp);
+REGISTER_KERNEL_BUILDER(Name("TfExtTableWriteServingBundle").Device(DEVICE_CPU),
+                        WriteServingBundleOp);
 
 // The GPU kernels (RegisterGpuKernel: table_kernel.h): paths, scalars and outputs in host memory;
 // the rows stream through pinned memory (device_table_snapshot.h).

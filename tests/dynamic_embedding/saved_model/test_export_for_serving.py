@@ -341,3 +341,169 @@ def test_estimator_custom_model_fn_served_without_tf_ext(tmp_path, c_api_serve, 
   users = [u[0].decode() for u in query]
   served = c_api_serve(export, "serving_default", "logits", user=("string", 1, users))
   np.testing.assert_allclose(served, expected, rtol=1e-6)
+
+
+# ---- streamed rows ------------------------------------------------------------------------------
+
+
+def _varint(data, pos):
+  value, shift = 0, 0
+  while True:
+    byte = data[pos]
+    value |= (byte & 0x7F) << shift
+    pos, shift = pos + 1, shift + 7
+    if byte < 0x80:
+      return value, pos
+
+
+def _block_entries(data, offset, size):
+  """The (key, value) pairs of an uncompressed block of TensorFlow's table format (the
+  LevelDB one a bundle's index is written in)."""
+  block = data[offset : offset + size]
+  assert data[offset + size] == 0, "a compressed index block"
+  restarts = int.from_bytes(block[-4:], "little")
+  end, pos, key = len(block) - 4 - 4 * restarts, 0, b""
+  while pos < end:
+    shared, pos = _varint(block, pos)
+    unshared, pos = _varint(block, pos)
+    value_size, pos = _varint(block, pos)
+    key = key[:shared] + block[pos : pos + unshared]
+    pos += unshared
+    yield key, block[pos : pos + value_size]
+    pos += value_size
+
+
+def bundle_slices(prefix):
+  """{tensor name: how many slices the bundle holds it in (0: whole)}, from its index."""
+  from tensorflow.core.protobuf import tensor_bundle_pb2
+
+  with open(prefix + ".index", "rb") as f:
+    data = f.read()
+  footer = data[-48:]
+  _, pos = _varint(footer, _varint(footer, 0)[1])  # skips the metaindex handle
+  index_offset, pos = _varint(footer, pos)
+  index_size, _ = _varint(footer, pos)
+  slices = {}
+  for _, handle in _block_entries(data, index_offset, index_size):
+    offset, pos = _varint(handle, 0)
+    for key, value in _block_entries(data, offset, _varint(handle, pos)[0]):
+      if key and key[0] != 0:  # the header's key is empty; a slice's starts with byte 0
+        slices[key.decode()] = len(tensor_bundle_pb2.BundleEntryProto.FromString(value).slices)
+  return slices
+
+
+def test_rows_are_streamed_in_slices_and_served_exactly(tmp_path, monkeypatch):
+  dim, chunk_rows = 3, 100
+  monkeypatch.setenv("TF_EXT_SERVING_EXPORT_CHUNK_BYTES", str(chunk_rows * (8 + 4 * dim)))
+
+  def no_whole_copy(table, name=None):
+    raise AssertionError(f"{table.name}: the serving export copied the table whole")
+
+  rng = np.random.default_rng(3)
+  plain = tf_ext.DynamicEmbeddingVariable("streamed_plain", dim, initializer=0.25)
+  plain_keys = rng.choice(10**12, 1050, replace=False)
+  plain.insert(plain_keys, rng.normal(size=(1050, dim)).astype(np.float32))
+  split = tf_ext.get_dynamic_embedding_variable("streamed_sharded", dim, num_shards=3)
+  split_keys = np.arange(500, dtype=np.int64) * 7
+  split.insert(split_keys, rng.normal(size=(500, dim)).astype(np.float32))
+  empty = tf_ext.DynamicEmbeddingVariable("streamed_empty", dim, initializer=-2.0)
+  expected = {
+    "plain": plain.lookup(plain_keys).numpy(),
+    "sharded": split.lookup(split_keys).numpy(),
+    "empty": np.full([3, dim], -2.0, np.float32),
+  }
+
+  class Rows(tf.Module):
+    def __init__(self):
+      super().__init__()
+      self.tables = [plain, split, empty]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="ids")])
+    def rows(self, ids):
+      return {name: table.lookup(ids) for name, table in zip(expected, self.tables)}
+
+  monkeypatch.setattr(tf_ext.DynamicEmbeddingVariable, "export", no_whole_copy)
+  export = str(tmp_path / "streamed")
+  exported = tf_ext.saved_model.export_for_serving(Rows(), export)
+  assert exported == {"streamed_plain": 1050, "streamed_sharded": 500, "streamed_empty": 0}
+
+  shard_rows = [int(shard.size()) for shard in split.shards]
+  slices_by_rows = {
+    1050: -(-1050 // chunk_rows),
+    500: sum(-(-rows // chunk_rows) for rows in shard_rows),
+    0: 0,
+  }
+  prefix = os.path.join(export, "variables", "variables")
+  shapes = dict(tf.train.list_variables(prefix))
+  slices = bundle_slices(prefix)
+  tables = [name[: -len("keys")] for name in shapes if name.endswith("/table-keys")]
+  assert len(tables) == 3
+  for table in tables:
+    rows = shapes[table + "keys"][0]
+    assert shapes[table + "values"] == [rows, dim]
+    assert slices[table + "keys"] == slices[table + "values"] == slices_by_rows[rows]
+
+  served = run_without_tf_ext(f"""
+    import json
+    rows = tf.saved_model.load({export!r}).signatures["serving_default"]
+    answers = {{}}
+    for name, keys in [("plain", {plain_keys.tolist()}), ("sharded", {split_keys.tolist()}),
+                       ("empty", [1, 2, 3])]:
+      answers[name] = rows(ids=tf.constant(keys, tf.int64))[name].numpy().tolist()
+    print(json.dumps(answers))
+  """)
+  for name, rows in expected.items():
+    np.testing.assert_array_equal(np.array(served[name], np.float32), rows, err_msg=name)
+
+
+@pytest.mark.parametrize("num_shards", [None, 2])
+def test_estimator_rows_are_streamed_in_slices(tmp_path, monkeypatch, num_shards):
+  """export_estimator_for_serving streams an int64-keyed table too, a sharded one by ranges."""
+  chunk_rows = 8
+  monkeypatch.setenv("TF_EXT_SERVING_EXPORT_CHUNK_BYTES", str(chunk_rows * (8 + 4 * 2)))
+  item = tf_ext.feature_column.categorical_column_with_dynamic_vocabulary("item", tf.int64)
+  column = tf_ext.feature_column.dynamic_embedding_column(item, 2, num_shards=num_shards)
+
+  def model_fn(features, labels, mode):
+    logits = tf.reduce_sum(tf.compat.v1.feature_column.input_layer(features, [column]), 1)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+      return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+    loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+    optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(loss, step))
+
+  items = np.arange(60, dtype=np.int64).reshape(-1, 1) * 11
+  labels = np.arange(60, dtype=np.float32) / 60
+  estimator = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "model"))
+  estimator.train(lambda: tf.data.Dataset.from_tensor_slices(({"item": items}, labels)).batch(20))
+
+  def serving_input():
+    item = tf.compat.v1.placeholder(tf.int64, [None, 1], name="item")
+    return tf.estimator.export.ServingInputReceiver({"item": item}, {"item": item})
+
+  def no_whole_copy(table, name=None):
+    raise AssertionError(f"{table.name}: the serving export copied the table whole")
+
+  monkeypatch.setattr(tf_ext.DynamicEmbeddingVariable, "export", no_whole_copy)
+  export = tf_ext.saved_model.export_estimator_for_serving(
+    estimator, str(tmp_path / "export"), serving_input
+  ).decode()
+  prefix = os.path.join(export, "variables", "variables")
+  shapes = dict(tf.train.list_variables(prefix))
+  (keys,) = [name for name in shapes if name.endswith("-keys")]
+  assert shapes[keys] == [60]
+  assert bundle_slices(prefix)[keys] >= 60 // chunk_rows  # a shard's last slice may be short
+  expected = [
+    p["logits"] for p in estimator.predict(lambda: tf.data.Dataset.from_tensors({"item": items}))
+  ]
+  served = run_without_tf_ext(f"""
+    import json
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], {export!r})
+      signature = meta.signature_def["serving_default"]
+      out = sess.run(signature.outputs["logits"].name,
+                     {{signature.inputs["item"].name: {items.tolist()}}})
+    print(json.dumps(out.ravel().tolist()))
+  """)
+  np.testing.assert_allclose(served, expected, rtol=1e-6)

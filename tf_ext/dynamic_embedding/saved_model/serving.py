@@ -9,9 +9,16 @@ tf_ext or its op library.
 Ids that had a row when exporting read exactly that row. Any other id reads the table's default
 row (`default_row`): the mean of its initializer (zeros for the default uniform initializer,
 the constant for a constant one), where tf_ext itself would serve the id's own initial row.
+
+The rows are streamed into the SavedModel's variables (TfExtTableWriteServingBundle): each table
+is written a chunk of TF_EXT_SERVING_EXPORT_CHUNK_BYTES at a time, as slices of the core table's
+`-keys` and `-values` tensors, which TensorFlow reads back whole. So the export needs memory for
+one chunk, not for a copy of the rows. String-keyed and GPU tables are still copied whole
+(TensorFlow reads no sliced string tensor; the op walks host tables only).
 """
 
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -21,6 +28,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.eager.polymorphic_function import polymorphic_function
 from tensorflow.python.trackable import asset, resource
 
+from tf_ext import _ops_loader, settings
 from tf_ext.dynamic_embedding import checkpoint, live_tables, sharded
 from tf_ext.dynamic_embedding import variable as variable_lib
 
@@ -63,6 +71,12 @@ class ServingTable(tf.Module):
     num_shards = getattr(table, "num_shards", None)
     return cls(table.name, table.dim, table.key_dtype, default_row(table), num_shards, keys, values)
 
+  @classmethod
+  def empty_like(cls, table):
+    """An empty stand-in for `table`, whose rows are streamed into the SavedModel afterwards."""
+    num_shards = getattr(table, "num_shards", None)
+    return cls(table.name, table.dim, table.key_dtype, default_row(table), num_shards)
+
   def lookup(self, ids, name=None):
     ids = tf.convert_to_tensor(ids)
     if ids.dtype != self.key_dtype:
@@ -79,6 +93,129 @@ class ServingTable(tf.Module):
       rows = self.hash_table.lookup(ids)
     rows.set_shape(ids.shape.concatenate([self.dim]))  # the op's shape function leaves it unknown
     return rows
+
+
+# ---- streaming the rows into the variables ----------------------------------------------------
+
+
+def _shards(table):
+  return list(getattr(table, "shards", None) or [table])
+
+
+def _streams(table):
+  """Whether the rows of `table` can be streamed: int64 ids (RestoreV2 reads no sliced string
+  tensor) in host memory (the op walks host tables)."""
+  return table.key_dtype == tf.int64 and "GPU" not in _shards(table)[0].device.upper()
+
+
+def _write_rows(shards, keys_name, values_name, prefix, run):
+  """Writes the rows of a table (its `shards`, in order) as `keys_name` and `values_name` into
+  bundles `prefix`_<shard>; returns (rows, the bundles' prefixes). `run` evaluates tensors and
+  ops (eagerly: their values; in a graph: Session.run)."""
+  if not _streams(shards[0]):  # whole, as the export did before streaming
+    exports = [shard.export() for shard in shards]
+    keys = tf.concat([keys for keys, _ in exports], 0)
+    values = tf.concat([values for _, values in exports], 0)
+    with tf.device("CPU"):
+      save = tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=[keys_name, values_name],
+        shape_and_slices=["", ""],
+        tensors=[keys, values],
+      )
+    _, rows = run([save, tf.shape(keys)[0]])
+    return int(rows), [prefix]
+  chunk_rows = max(1, settings.get("TF_EXT_SERVING_EXPORT_CHUNK_BYTES") // (8 + 4 * shards[0].dim))
+  sizes = [int(size) for size in run([shard.size() for shard in shards])]
+  # One table fits its tensors to the rows it holds when walked; shards share them, so each
+  # writes its range, and a shard that changed size since is an error.
+  total = -1 if len(shards) == 1 else sum(sizes)
+  first_row, prefixes = 0, []
+  for index, (shard, size) in enumerate(zip(shards, sizes)):
+    if size == 0 and (sum(sizes) > 0 or index > 0):
+      continue  # no slice (a table without rows writes its empty tensors once)
+    with shard.colocated():
+      rows = _ops_loader.load().tf_ext_table_write_serving_bundle(
+        shard.resource_handle,
+        f"{prefix}_{index}",
+        keys_name,
+        values_name,
+        first_row,
+        total,
+        chunk_rows=chunk_rows,
+      )
+    rows = int(run(rows))
+    if len(shards) > 1 and rows != size:
+      raise RuntimeError(
+        f"{_OWNER}: shard {index} of table {shard.name!r} changed during the export "
+        f"({size} rows, then {rows}); export when no training step runs"
+      )
+    first_row += rows
+    prefixes.append(f"{prefix}_{index}")
+  return first_row, prefixes
+
+
+def _merge_into(prefix, dense_from, skip, table_prefixes, staging):
+  """Writes the bundle `prefix`: the tensors of the bundle `dense_from` but those in `skip`
+  (each whole: what a SavedModel or checkpoint saves besides tables), and the bundles of
+  `table_prefixes` (moved: their slices are not read)."""
+  reader = tf.train.load_checkpoint(dense_from)
+  names = sorted(set(reader.get_variable_to_shape_map()) - set(skip))
+  dense = os.path.join(staging, os.path.basename(prefix) + "_dense")
+  with tf.device("CPU"):
+    tf.raw_ops.SaveV2(
+      prefix=dense,
+      tensor_names=names,
+      shape_and_slices=[""] * len(names),
+      tensors=[reader.get_tensor(name) for name in names],
+    )
+    del reader
+    if dense_from == prefix:
+      folder, base = os.path.split(prefix)
+      for name in os.listdir(folder):
+        if name.startswith(base + "."):
+          os.remove(os.path.join(folder, name))
+    tf.raw_ops.MergeV2Checkpoints(
+      checkpoint_prefixes=[dense, *table_prefixes],
+      destination_prefix=prefix,
+      delete_old_dirs=False,
+    )
+
+
+def _fill_saved_tables(export_dir, names, table_prefixes, staging, owner):
+  """Replaces the empty core tables' tensors `names` in the variables of the SavedModel in
+  `export_dir` by the bundles of `table_prefixes` (the rows, streamed)."""
+  prefix = os.path.join(export_dir, "variables", "variables")
+  saved = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+  missing = [name for name in names if saved.get(name, [None])[0] != 0]
+  if missing:
+    raise RuntimeError(f"{owner}: the SavedModel holds no empty table tensors {missing}")
+  _merge_into(prefix, prefix, names, table_prefixes, staging)
+
+
+def _stream_rows(export_dir, streamed):
+  """Fills the empty tables of the SavedModel in `export_dir` with the rows of the tf_ext
+  tables, streamed. `streamed`: {the index of a ServingTable in the saved module's `tables`:
+  the table}. Returns {index: rows}."""
+  staging = tempfile.mkdtemp(prefix=".tf_ext_rows_", dir=os.path.join(export_dir, "variables"))
+  try:
+    rows, replaced, table_prefixes = {}, [], []
+    for index, table in streamed.items():
+      names = [f"tables/{index}/hash_table/.ATTRIBUTES/table-{part}" for part in ("keys", "values")]
+      rows[index], written = _write_rows(
+        _shards(table), *names, os.path.join(staging, f"table_{index}"), _evaluate
+      )
+      replaced += names
+      table_prefixes += written
+    _fill_saved_tables(export_dir, replaced, table_prefixes, staging, _OWNER)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return rows
+
+
+def _evaluate(fetches):
+  """Eager `run` of _write_rows: the values of tensors (None for ops)."""
+  return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fetches)
 
 
 # ---- Keras models and tf.Modules ------------------------------------------------------------
@@ -227,7 +364,10 @@ def export_for_serving(obj, export_dir, signatures=None, options=None):
   methods = {} if isinstance(obj, tf.keras.Model) else _traced_functions(obj)
   to_trace = _signatures_to_trace(obj, signatures, methods)
   found, kept = _tracked(obj)
-  tables = {table: ServingTable.of(table) for table in found}
+  tables = {
+    table: ServingTable.empty_like(table) if _streams(table) else ServingTable.of(table)
+    for table in found
+  }
   served = tf.Module()
   served.tables = list(tables.values())
   served.state = kept
@@ -247,8 +387,13 @@ def export_for_serving(obj, export_dir, signatures=None, options=None):
       concrete[key] = retrace(python_function, input_signature).get_concrete_function()
     # Saving traces the methods again (its own cache key): with the replacements still on.
     tf.saved_model.save(served, export_dir, signatures=concrete, options=options)
+  streamed = {index: table for index, table in enumerate(tables) if _streams(table)}
+  rows = _stream_rows(export_dir, streamed) if streamed else {}
   _check_core_only(export_dir, _OWNER)
-  return {table.name: int(copy.hash_table.size()) for table, copy in tables.items()}
+  return {
+    table.name: rows[index] if index in rows else int(tables[table].hash_table.size())
+    for index, table in enumerate(tables)
+  }
 
 
 # ---- Estimators -------------------------------------------------------------------------------
@@ -272,9 +417,11 @@ class _ServingTablesByName:
     return self._made[graph_key]
 
 
-def _trained_tables(estimator, serving_input_receiver_fn, checkpoint_path):
-  """{name: (dim, key_dtype, default row, num_shards, keys, values)} of the tables the
-  Estimator's PREDICT graph uses (a sharded table whole), read from `checkpoint_path`."""
+def _export_with_trained_tables(estimator, serving_input_receiver_fn, checkpoint_path, export):
+  """Restores the tables the Estimator's PREDICT graph uses (a sharded table whole) from
+  `checkpoint_path`, calls `export`({name: (dim, key_dtype, default row, num_shards)}), which
+  writes a SavedModel of empty core tables `<name>` and returns its folder, and streams the
+  tables' rows into it (`<name>-keys`, `<name>-values`, see _write_rows). Returns the folder."""
   with tf.Graph().as_default() as graph:
     receiver = serving_input_receiver_fn()
     estimator._call_model_fn(  # pylint: disable=protected-access
@@ -292,41 +439,52 @@ def _trained_tables(estimator, serving_input_receiver_fn, checkpoint_path):
       for s in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
       if isinstance(s, (checkpoint.TableSaveable, checkpoint.ShardedTableSaveable))
     ]
-    exports = {
-      name: [shard.export() for shard in shards] for name, shards in shards_by_name.items()
-    }
-    with tf.compat.v1.Session(graph=graph) as session:
-      if saveables:
-        tf.compat.v1.train.Saver(var_list=saveables).restore(session, checkpoint_path)
-      rows = session.run(exports)
-  tables = {}
+    saver = tf.compat.v1.train.Saver(var_list=saveables) if saveables else None
+  specs = {}
   for name, shards in shards_by_name.items():
     num_shards = len(shards) if hasattr(shards[0], "_tf_ext_shard_of") else None
-    keys = np.concatenate([keys for keys, _ in rows[name]])
-    values = np.concatenate([values for _, values in rows[name]])
     first = shards[0]
-    tables[name] = (first.dim, first.key_dtype, default_row(first), num_shards, keys, values)
-  return tables
+    specs[name] = (first.dim, first.key_dtype, default_row(first), num_shards)
+  # The session stays open (the restored tables in it) while export runs eagerly, outside the
+  # graph; the rows are written in the graph, merged into the export eagerly.
+  session = tf.compat.v1.Session(graph=graph)
+  try:
+    if saver:
+      with graph.as_default():
+        saver.restore(session, checkpoint_path)
+    export_dir = export(specs)
+    # Staged beside the variables: merging moves the bundles' files (a rename).
+    staging = tempfile.mkdtemp(prefix=".tf_ext_rows_", dir=os.path.join(export_dir, "variables"))
+    try:
+      names, prefixes = [], []
+      with graph.as_default():
+        for index, (name, shards) in enumerate(sorted(shards_by_name.items())):
+          names += [f"{name}-keys", f"{name}-values"]
+          bundle = os.path.join(staging, f"table_{index}")
+          prefixes += _write_rows(shards, *names[-2:], bundle, session.run)[1]
+      _fill_saved_tables(export_dir, names, prefixes, staging, _ESTIMATOR_OWNER)
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+  finally:
+    session.close()
+  return export_dir
 
 
-def _write_serving_checkpoint(checkpoint_path, tables, prefix):
+def _write_converted_checkpoint(checkpoint_path, specs, prefix, scratch):
   """A checkpoint holding the original's dense tensors and each table as MutableHashTable's
-  saveable reads it (`<name>-keys`, `<name>-values`)."""
-  reader = tf.train.load_checkpoint(checkpoint_path)
-  table_tensors = {f"{name}-slot_initial_values" for name in tables}
+  saveable reads it (`<name>-keys`, `<name>-values`), empty: an export restores and saves the
+  core tables whole, so their rows are streamed into the export afterwards."""
   names, tensors = [], []
-  for name in sorted(reader.get_variable_to_shape_map()):
-    if name in table_tensors or name == _OBJECT_GRAPH_TENSOR:
-      continue
-    names.append(name)
-    tensors.append(reader.get_tensor(name))
-  for name, (*_, keys, values) in sorted(tables.items()):
+  for name, (dim, key_dtype, *_) in sorted(specs.items()):
     names += [f"{name}-keys", f"{name}-values"]
-    tensors += [keys, values]
+    tensors += [tf.zeros([0], key_dtype), tf.zeros([0, dim], tf.float32)]
+  empty_tables = os.path.join(scratch, "empty_tables")
   with tf.device("CPU"):
     tf.raw_ops.SaveV2(
-      prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
+      prefix=empty_tables, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors
     )
+  skip = [f"{name}-slot_initial_values" for name in specs] + [_OBJECT_GRAPH_TENSOR]
+  _merge_into(prefix, checkpoint_path, skip, [empty_tables], scratch)
 
 
 def export_estimator_for_serving(
@@ -352,19 +510,22 @@ def export_estimator_for_serving(
       f"{_ESTIMATOR_OWNER}: no checkpoint in {estimator.model_dir}; train the Estimator first "
       "or pass checkpoint_path="
     )
-  tables = _trained_tables(estimator, serving_input_receiver_fn, checkpoint_path)
-  specs = {name: row[:4] for name, row in tables.items()}
   with tempfile.TemporaryDirectory(prefix="tf_ext_serving_") as scratch:
     converted = os.path.join(scratch, "serving")
-    _write_serving_checkpoint(checkpoint_path, tables, converted)
-    del tables
-    with variable_lib.served_by(_ServingTablesByName(specs)):
-      export_dir = estimator.export_saved_model(
-        export_dir_base,
-        serving_input_receiver_fn,
-        assets_extra=assets_extra,
-        as_text=as_text,
-        checkpoint_path=converted,
-      )
-  _check_core_only(export_dir.decode(), _ESTIMATOR_OWNER)
-  return export_dir
+
+    def export(specs):
+      _write_converted_checkpoint(checkpoint_path, specs, converted, scratch)
+      with variable_lib.served_by(_ServingTablesByName(specs)):
+        return estimator.export_saved_model(
+          export_dir_base,
+          serving_input_receiver_fn,
+          assets_extra=assets_extra,
+          as_text=as_text,
+          checkpoint_path=converted,
+        ).decode()
+
+    export_dir = _export_with_trained_tables(
+      estimator, serving_input_receiver_fn, checkpoint_path, export
+    )
+  _check_core_only(export_dir, _ESTIMATOR_OWNER)
+  return export_dir.encode()
