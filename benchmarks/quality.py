@@ -119,11 +119,20 @@ def parse_args(argv=None):
   )
   p.add_argument(
     "--initializer",
-    choices=("normal", "uniform"),
+    choices=("normal", "truncated_normal", "uniform"),
     default="uniform",
     help="initial rows of every backend: uniform with standard deviation 0.01 (the kind of "
-    "tf_ext's default initializer), or N(0, 0.01^2), for which tf_ext computes each missing id's "
-    "row from the id (about 0.3 us per row of 8) where the others draw random numbers",
+    "tf_ext's default initializer), N(0, 0.01^2) or that normal truncated at two standard "
+    "deviations, for which tf_ext computes each missing id's row from the id where the others "
+    "draw random numbers",
+  )
+  p.add_argument(
+    "--initializer-version",
+    type=int,
+    choices=(1, 2),
+    default=1,
+    help="tf_ext's generator of normal rows: 1 (the default; about 190 ns per row of 8) or 2 "
+    "(float math; about 23 ns); the other backends draw as before",
   )
   p.add_argument("--seed", type=int, default=0, help="data and model seed")
   p.add_argument("--no-tfra", action="store_true", help="skip the TFRA backend")
@@ -263,7 +272,18 @@ def initial_rows(tf, args):
   if args.initializer == "uniform":
     limit = INITIAL_STDDEV * 3**0.5  # the same standard deviation
     return tf.keras.initializers.RandomUniform(-limit, limit, seed=args.seed)
+  if args.initializer == "truncated_normal":
+    return tf.keras.initializers.TruncatedNormal(stddev=INITIAL_STDDEV, seed=args.seed)
   return tf.keras.initializers.RandomNormal(stddev=INITIAL_STDDEV, seed=args.seed)
+
+
+def tf_ext_initial_rows(tf, tf_ext, args):
+  """tf_ext's rows: initial_rows, in --initializer-version's generator."""
+  if args.initializer_version == 1 or args.initializer == "uniform":
+    return initial_rows(tf, args)
+  return tf_ext.InitializerSpec(
+    args.initializer, 0.0, INITIAL_STDDEV, args.seed, version=args.initializer_version
+  )
 
 
 def tf_ext_model(tf, tf_ext, args, steps_per_day):
@@ -275,7 +295,7 @@ def tf_ext_model(tf, tf_ext, args, steps_per_day):
       "emb",
       dim=args.dim,
       key_dtype=tf.int64,
-      initializer=initial_rows(tf, args),
+      initializer=tf_ext_initial_rows(tf, tf_ext, args),
       admission=tf_ext.FrequencyAdmission(
         min_count=args.min_count, sketch_bytes=args.sketch_mib << 20
       ),
@@ -463,7 +483,8 @@ def main(argv=None):
   print(
     f"model        : DeepFM, dim {args.dim}, MLP {args.hidden_units}, Adagrad "
     f"lr {args.learning_rate}, batch {args.batch_size}, TF1 graph mode (Session), "
-    f"{args.lookup} lookups, {args.initializer} initial rows (std {INITIAL_STDDEV})"
+    f"{args.lookup} lookups, {args.initializer} initial rows (std {INITIAL_STDDEV}, tf_ext "
+    f"initializer version {args.initializer_version})"
   )
   results = {
     "config": {
@@ -480,6 +501,7 @@ def main(argv=None):
         "ttl_days",
         "lookup",
         "initializer",
+        "initializer_version",
         "speed_rounds",
         "speed_steps",
         "seed",

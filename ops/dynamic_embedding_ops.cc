@@ -41,6 +41,7 @@ REGISTER_OP("TfExtDynamicTable")
     .Attr("init_a: float = 0.0")
     .Attr("init_b: float = 0.0")
     .Attr("seed: int = 0")
+    .Attr("initializer_version: int = 1")
     .Attr("admission_min_count: int = 0")
     .Attr("admission_exact: bool = false")
     .Attr("admission_sketch_width: int = 0")
@@ -63,6 +64,8 @@ dim: The row width, 1 to 4096.
 initializer: One of zeros, constant (init_a), uniform in [init_a, init_b), normal or
 truncated_normal (mean init_a, standard deviation init_b, redrawn beyond two standard deviations).
 seed: The seed of the random initializers.
+initializer_version: The generator of normal and truncated_normal rows: 1 (the first, the default)
+or 2 (float math, several times faster); the other kinds are the same in both.
 admission_min_count: Above 1, an id gets a row only at its admission_min_count-th training update;
 until then its updates are counted and dropped (kernels/dynamic_embedding/core/admission.h).
 admission_exact: Count with exact per-id counters instead of a count-min sketch.

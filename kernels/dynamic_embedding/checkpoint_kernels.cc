@@ -161,6 +161,7 @@ class SaveSnapshotOp : public TableKernel {
     header.sequence = static_cast<uint64_t>(ScalarInput(ctx, 4));
     header.step = ScalarInput(ctx, 5);
     header.table_name = table.name();
+    header.initializer_version = static_cast<uint32_t>(table.initializer().version);
     return header;
   }
 
@@ -386,6 +387,13 @@ class ChainLoader {
     if (static_cast<int>(header.dim) != table_->dim()) {
       return table_->Invalid("'", path, "' holds rows of dim ", header.dim, ", the table has dim ",
                              table_->dim());
+    }
+    // Rows not in the file would start from other values than in the table saved.
+    if (static_cast<int>(header.initializer_version) != table_->initializer().version) {
+      return table_->Invalid("'", path, "' was saved from a table of initializer version ",
+                             header.initializer_version, ", the table has version ",
+                             table_->initializer().version,
+                             " (a table keeps its initializer version for life)");
     }
     if (position == 0) {
       if (header.kind != de::SnapshotKind::kFull) {

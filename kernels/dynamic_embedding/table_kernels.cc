@@ -41,6 +41,7 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &init_.a));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &init_.b));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &init_.seed));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer_version", &init_.version));
     int64_t sketch_width = 0, sketch_depth = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_min_count", &admission_.min_count));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("admission_exact", &admission_.exact));
@@ -56,6 +57,12 @@ class DynamicTableOp : public OpKernel {
     OP_REQUIRES(ctx, de::ParseInitializerKind(initializer, &init_.kind),
                 ::tensorflow::errors::InvalidArgument(prefix, "unknown initializer '", initializer,
                                                       "'; known: ", de::InitializerKindNames()));
+    OP_REQUIRES(ctx,
+                init_.version >= de::kOldestInitializerVersion &&
+                    init_.version <= de::kNewestInitializerVersion,
+                ::tensorflow::errors::InvalidArgument(
+                    prefix, "initializer version must be in [", de::kOldestInitializerVersion, ", ",
+                    de::kNewestInitializerVersion, "], got ", init_.version));
     OP_REQUIRES(ctx, admission_.min_count >= 0,
                 ::tensorflow::errors::InvalidArgument(
                     prefix, "admission min_count must be >= 1, got ", admission_.min_count));
@@ -91,6 +98,10 @@ class DynamicTableOp : public OpKernel {
                 table->Invalid("already exists with key dtype ", DataTypeString(table->key_dtype()),
                                " and dim ", table->dim(), "; asked for ",
                                DataTypeString(key_dtype_), " and dim ", dim_));
+    OP_REQUIRES(
+        ctx, table->initializer().version == init_.version,
+        table->Invalid("already exists with initializer version ", table->initializer().version,
+                       "; asked for version ", init_.version));
     const de::AdmissionSpec& admission = table->admission();
     OP_REQUIRES(
         ctx,

@@ -5,14 +5,21 @@ import numbers
 
 import tensorflow as tf
 
-InitializerSpec = collections.namedtuple("InitializerSpec", ["kind", "a", "b", "seed"])
+InitializerSpec = collections.namedtuple(
+  "InitializerSpec", ["kind", "a", "b", "seed", "version"], defaults=(1,)
+)
 """An initializer as the kernels compute it per key: `kind` (one of "zeros", "constant", "uniform",
 "normal", "truncated_normal"), its parameters `a` and `b` (constant: the value in `a`; uniform:
-minval and maxval; normal and truncated_normal: mean and stddev) and `seed`. Tables take one
-wherever they take an initializer."""
+minval and maxval; normal and truncated_normal: mean and stddev), `seed` and `version`, the
+generator of normal and truncated_normal rows: 1 (the default, frozen) or 2 (float math, about
+eight times faster per row; docs/dynamic_embedding.md, Initializers). Tables take one wherever
+they take an initializer; `InitializerSpec("normal", 0.0, 0.05, 0, version=2)` asks for version 2.
+"""
 
 # The kernel's kinds (ParseInitializerKind), checked by tests/dynamic_embedding/test_op_facts.py.
 KINDS = ("zeros", "constant", "uniform", "normal", "truncated_normal")
+# The kernel's initializer versions (kOldestInitializerVersion to kNewestInitializerVersion).
+VERSIONS = (1, 2)
 _DEFAULTS = {  # (a, b) for a kind given by name
   "zeros": (0.0, 0.0),
   "constant": (0.0, 0.0),
@@ -58,6 +65,7 @@ def spec_from(initializer, dim, table_name):
       float(initializer.get("a", 0.0)),
       float(initializer.get("b", 0.0)),
       int(initializer.get("seed", 0)),
+      int(initializer.get("version", 1)),
     )
   elif isinstance(initializer, str):
     if initializer not in _DEFAULTS:
@@ -72,6 +80,8 @@ def spec_from(initializer, dim, table_name):
     spec = _from_object(initializer, table_name)
   if spec.kind not in KINDS:
     raise _error(table_name, f"unknown initializer kind {spec.kind!r}")
+  if spec.version not in VERSIONS:
+    raise _error(table_name, f"unknown initializer version {spec.version!r}; known: {VERSIONS}")
   if spec.kind == "uniform" and not spec.a < spec.b:
     raise _error(table_name, f"uniform initializer needs minval < maxval, got [{spec.a}, {spec.b})")
   if spec.kind in ("normal", "truncated_normal") and not spec.b > 0:

@@ -201,8 +201,11 @@ class DynamicEmbeddingVariable(
   def _create_resource(self):
     spec = self._initializer
     admission = self._admission.op_attrs() if self._admission else {}
+    # Only when not 1: graphs of version 1 tables keep the NodeDef that earlier builds read.
+    version = {"initializer_version": spec.version} if spec.version != 1 else {}
     return _ops_loader.load().tf_ext_dynamic_table(
       **admission,
+      **version,
       table_name=self._name,
       shared_name=self._shared_name,
       key_dtype=self._key_dtype,

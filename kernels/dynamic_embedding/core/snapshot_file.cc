@@ -4,6 +4,8 @@
 #include <array>
 #include <limits>
 
+#include "kernels/dynamic_embedding/core/initializers.h"
+
 namespace tf_ext {
 namespace de {
 namespace {
@@ -98,13 +100,16 @@ uint32_t Crc32c(uint32_t crc, const char* data, size_t n) {
 uint64_t MinimumSnapshotBytes(const SnapshotHeader& header) {
   using Wide = unsigned __int128;  // no product of 64-bit counts overflows it
   const bool with_admission = header.admission != SnapshotAdmission::kNone;
+  const bool with_initializer_version = header.initializer_version != 1;
   const Wide key = header.key_type == SnapshotKeyType::kString ? 4 : 8;  // a string's length
   const Wide row = key + 4 + 8 + Wide{4} * header.dim * (1 + Wide{header.num_slots});
   const Wide counters = header.admission == SnapshotAdmission::kSketch
                             ? Wide{header.sketch_width} * header.sketch_depth
                             : 0;
-  const Wide head = sizeof(kMagic) + 5 * 4 + 5 * 8 + (with_admission ? 16 : 0) +
-                    Wide{4} * header.num_slots + 4 + header.table_name.size() + 4;
+  const Wide head = sizeof(kMagic) + 5 * 4 + 5 * 8 +
+                    (with_admission || with_initializer_version ? 16 : 0) +
+                    (with_initializer_version ? 4 : 0) + Wide{4} * header.num_slots + 4 +
+                    header.table_name.size() + 4;
   const Wide end = 16 + (with_admission ? 32 : 16);
   const Wide total =
       head + Wide{header.rows} * row + Wide{header.tombstones} * key + counters * 4 + end;
@@ -138,9 +143,11 @@ bool SnapshotWriter::Begin(const SnapshotHeader& header) {
   expected_counters_ =
       admission_ == SnapshotAdmission::kSketch ? header.sketch_width * header.sketch_depth : 0;
   const bool with_admission = admission_ != SnapshotAdmission::kNone;
+  const bool with_initializer_version = header.initializer_version != 1;
   std::string bytes(kMagic, sizeof(kMagic));
-  PutField(&bytes,
-           with_admission ? kSnapshotFormatVersion : kSnapshotFormatVersionWithoutAdmission);
+  PutField(&bytes, with_initializer_version ? kSnapshotFormatVersionWithInitializerVersion
+                   : with_admission         ? kSnapshotFormatVersion
+                                            : kSnapshotFormatVersionWithoutAdmission);
   PutField(&bytes, static_cast<uint32_t>(header.kind));
   PutField(&bytes, static_cast<uint32_t>(header.key_type));
   PutField(&bytes, header.dim);
@@ -150,11 +157,12 @@ bool SnapshotWriter::Begin(const SnapshotHeader& header) {
   PutField(&bytes, header.step);
   PutField(&bytes, header.rows);
   PutField(&bytes, header.tombstones);
-  if (with_admission) {
+  if (with_admission || with_initializer_version) {
     PutField(&bytes, static_cast<uint32_t>(header.admission));
     PutField(&bytes, header.sketch_depth);
     PutField(&bytes, header.sketch_width);
   }
+  if (with_initializer_version) PutField(&bytes, header.initializer_version);
   for (uint32_t s = 0; s < header.num_slots; ++s) PutField(&bytes, header.slot_initial_values[s]);
   PutField(&bytes, static_cast<uint32_t>(header.table_name.size()));
   bytes += header.table_name;
@@ -250,10 +258,11 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
   cursor.Get(&h.step);
   cursor.Get(&h.rows);
   cursor.Get(&h.tombstones);
-  if (version < kSnapshotFormatVersionWithoutAdmission || version > kSnapshotFormatVersion) {
+  if (version < kSnapshotFormatVersionWithoutAdmission ||
+      version > kSnapshotFormatVersionWithInitializerVersion) {
     return "snapshot format version " + std::to_string(version) + ", this build reads versions " +
            std::to_string(kSnapshotFormatVersionWithoutAdmission) + " to " +
-           std::to_string(kSnapshotFormatVersion);
+           std::to_string(kSnapshotFormatVersionWithInitializerVersion);
   }
   if (kind > 1 || key_type > 1 || h.dim == 0 || h.dim > kMaxHeaderDim ||
       h.num_slots > kMaxHeaderSlots) {
@@ -268,7 +277,7 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
     }
     bytes += admission_fields;  // checksummed with the rest
     Cursor fields(admission_fields.data(), admission_fields.size());
-    uint32_t admission;
+    uint32_t admission = 0;
     fields.Get(&admission);
     fields.Get(&h.sketch_depth);
     fields.Get(&h.sketch_width);
@@ -278,12 +287,27 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
                            h.sketch_width <= (uint64_t{1} << 32) &&
                            (h.sketch_width & (h.sketch_width - 1)) == 0;
     const bool no_sketch = h.sketch_depth == 0 && h.sketch_width == 0;
-    // Version 1 is written when there is no admission state: version 2 always has some.
+    // Version 1 is written when there is no admission state: version 2 always has some;
+    // version 3 may have none.
     const bool valid =
         (admission == static_cast<uint32_t>(SnapshotAdmission::kSketch) && sketch_ok) ||
-        (admission == static_cast<uint32_t>(SnapshotAdmission::kExact) && no_sketch);
+        (admission == static_cast<uint32_t>(SnapshotAdmission::kExact) && no_sketch) ||
+        (admission == static_cast<uint32_t>(SnapshotAdmission::kNone) && no_sketch &&
+         version >= kSnapshotFormatVersionWithInitializerVersion);
     if (!valid) return "corrupt snapshot header";
     h.admission = static_cast<SnapshotAdmission>(admission);
+  }
+  if (version >= kSnapshotFormatVersionWithInitializerVersion) {
+    char field[4];
+    if (!ReadExact(field, 4)) return "truncated snapshot header";
+    bytes.append(field, 4);  // checksummed with the rest
+    std::memcpy(&h.initializer_version, field, 4);
+    // Version 3 is written only for a version other than 1.
+    if (h.initializer_version < 2) return "corrupt snapshot header";
+    if (h.initializer_version > static_cast<uint32_t>(kNewestInitializerVersion)) {
+      return "initializer version " + std::to_string(h.initializer_version) +
+             ", this build knows versions 1 to " + std::to_string(kNewestInitializerVersion);
+    }
   }
   std::string rest(4 * h.num_slots + 4, '\0');
   if (!ReadExact(rest.data(), rest.size())) return "truncated snapshot header";
@@ -308,7 +332,7 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
   h.table_name = std::move(name);
   const uint64_t claimed = MinimumSnapshotBytes(h);
   if (claimed > max_bytes_) return OverLimit("its header claims at least", claimed);
-  bytes_read_ = kFixed + (version >= 2 ? 16 : 0) + rest.size() + name_bytes + 4;
+  bytes_read_ = bytes.size() + rest.size() + name_bytes + 4;
   header_ = h;
   *header = std::move(h);
   return "";

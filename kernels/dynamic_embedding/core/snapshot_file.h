@@ -6,7 +6,8 @@
 // Layout (little-endian):
 //   header   "TFEXTSNP", format version, kind, key type, dim, num_slots, chain id, sequence,
 //            step, row and tombstone counts, [version 2: admission kind, sketch depth (u32),
-//            sketch width (u64)], slot initial values, table name; then its CRC32C
+//            sketch width (u64)], [version 3: initializer version (u32)], slot initial values,
+//            table name; then its CRC32C
 //   blocks   type (tombstones, rows, then version 2's admission state: pending counts or sketch
 //            counters), record count, payload bytes, CRC32C of the block's first three fields
 //            and payload; then the payload. Tombstones come first so one pass over a delta
@@ -21,7 +22,9 @@
 // Versions. 1 holds no admission state; 2 adds it, the whole state of the table at the save
 // (also in a delta: it is bounded). A file without admission state is written as version 1, as
 // before version 2, so that earlier builds still read it; they refuse a version 2 file by its
-// version. This build reads both.
+// version. 3 adds the table's initializer version (initializers.h) and is written only for a
+// table whose version is not 1, with version 2's admission fields (kind kNone, zeros, when the
+// table has none); a file of version 1 or 2 comes from a version 1 table. This build reads all.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SNAPSHOT_FILE_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SNAPSHOT_FILE_H_
 
@@ -78,11 +81,14 @@ struct SnapshotHeader {
   SnapshotAdmission admission = SnapshotAdmission::kNone;
   uint64_t sketch_width = 0;  // with kSketch: counters per row (a power of two), and rows
   uint32_t sketch_depth = 0;
+  uint32_t initializer_version = 1;  // InitializerSpec::version of the table saved
 };
 
-// The version written when a snapshot holds admission state, and the newest this build reads.
+// The version written when a snapshot holds admission state.
 constexpr uint32_t kSnapshotFormatVersion = 2;
 constexpr uint32_t kSnapshotFormatVersionWithoutAdmission = 1;
+// Written for a table whose initializer version is not 1; the newest this build reads.
+constexpr uint32_t kSnapshotFormatVersionWithInitializerVersion = 3;
 constexpr size_t kSnapshotChunkBytes = size_t{1} << 20;
 
 // The fewest bytes a file with this header takes (its header, records and end block, not

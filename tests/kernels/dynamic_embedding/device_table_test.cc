@@ -203,22 +203,28 @@ TEST_P(DeviceTableTest, MissingKeysReadTheCpuTablesInitialRowsBitForBit) {
                            std::numeric_limits<int64_t>::max()});
   for (InitializerKind kind : kInitializerKinds) {
     for (int dim : {1, 7, 64}) {
-      const InitializerSpec init{kind, 0.5f, 1.5f, 42};
-      auto table = MakeOrDie(backend, Options(dim, init));
-      Buffer<int64_t> device_keys(backend, keys);
-      Buffer<float> rows(backend, static_cast<int64_t>(keys.size()) * dim);
-      Flags found(backend, static_cast<int64_t>(keys.size()));
-      ASSERT_EQ(table->Find(nullptr, keys.size(), device_keys.get(), rows.get(), found.get()), "");
-      const std::vector<float> got = rows.Download();
-      const std::vector<uint8_t> present = found.Download();
-      std::vector<float> expected(dim);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        EXPECT_FALSE(present[i]);
-        FillInitialRow(init, InitialRowKeyHash(keys[i]), expected.data(), dim);
-        ASSERT_EQ(0, std::memcmp(expected.data(), got.data() + i * dim, sizeof(float) * dim))
-            << InitializerKindName(kind) << " dim " << dim << " key " << keys[i];
+      for (int version = kOldestInitializerVersion; version <= kNewestInitializerVersion;
+           ++version) {
+        InitializerSpec init{kind, 0.5f, 1.5f, 42};
+        init.version = version;
+        auto table = MakeOrDie(backend, Options(dim, init));
+        Buffer<int64_t> device_keys(backend, keys);
+        Buffer<float> rows(backend, static_cast<int64_t>(keys.size()) * dim);
+        Flags found(backend, static_cast<int64_t>(keys.size()));
+        ASSERT_EQ(table->Find(nullptr, keys.size(), device_keys.get(), rows.get(), found.get()),
+                  "");
+        const std::vector<float> got = rows.Download();
+        const std::vector<uint8_t> present = found.Download();
+        std::vector<float> expected(dim);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          EXPECT_FALSE(present[i]);
+          FillInitialRow(init, InitialRowKeyHash(keys[i]), expected.data(), dim);
+          ASSERT_EQ(0, std::memcmp(expected.data(), got.data() + i * dim, sizeof(float) * dim))
+              << InitializerKindName(kind) << " version " << version << " dim " << dim << " key "
+              << keys[i];
+        }
+        EXPECT_EQ(table->Size(nullptr), 0);
       }
-      EXPECT_EQ(table->Size(nullptr), 0);
     }
   }
 }

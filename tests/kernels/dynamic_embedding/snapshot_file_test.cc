@@ -440,11 +440,50 @@ TEST(SnapshotReaderTest, AVersion1FileStillReadsIntoATableWithAdmission) {
 
 TEST(SnapshotReaderTest, AFutureFormatVersionIsRefusedByNumber) {
   std::string image(kVersion1File, sizeof(kVersion1File) - 1);
-  image[8] = 3;
+  image[8] = 4;
   SnapshotHeader header;
   StringSource source(image);
   EXPECT_EQ(SnapshotReader(&source).ReadHeader(&header),
-            "snapshot format version 3, this build reads versions 1 to 2");
+            "snapshot format version 4, this build reads versions 1 to 3");
+}
+
+// A table of initializer version 2 writes format 3, which records it (with or without admission
+// state); a file of an earlier format comes from a version 1 table.
+TEST(SnapshotReaderTest, TheInitializerVersionRoundTripsAndOlderFilesAreVersion1) {
+  const std::string version1_image(kVersion1File, sizeof(kVersion1File) - 1);
+  SnapshotHeader header;
+  StringSource version1_source(version1_image);
+  ASSERT_EQ(SnapshotReader(&version1_source).ReadHeader(&header), "");
+  EXPECT_EQ(header.initializer_version, 1u);
+
+  for (bool with_admission : {false, true}) {
+    SnapshotHeader written = header;
+    written.initializer_version = 2;
+    written.rows = 1;
+    if (with_admission) DescribeAdmission(Admission(/*exact=*/true), &written);
+    StringSink sink;
+    SnapshotWriter writer(&sink);
+    ASSERT_TRUE(writer.Begin(written));
+    const float row[4] = {1, 2, 3, 4};
+    ASSERT_TRUE(writer.Row(int64_t{5}, 3, 10, row, row + 2));
+    ASSERT_TRUE(writer.Finish());
+    EXPECT_EQ(sink.bytes[8], 3) << "format version";
+    EXPECT_EQ(sink.bytes.size(), MinimumSnapshotBytes(written) + 16) << "and the rows' block head";
+    EmbeddingTable<int64_t> table(2, InitializerSpec(), 6,
+                                  with_admission ? Admission(true) : AdmissionSpec());
+    SnapshotHeader read;
+    ASSERT_EQ(Replay(sink.bytes, &table, &read), "");
+    EXPECT_EQ(read.initializer_version, 2u);
+    EXPECT_EQ(read.admission, written.admission);
+    EXPECT_EQ(Contents(table).size(), 1u);
+
+    std::string future = sink.bytes;  // an initializer version this build does not know
+    const size_t field = 8 + 5 * 4 + 5 * 8 + 16;
+    future[field] = 9;
+    StringSource future_source(future);
+    EXPECT_EQ(SnapshotReader(&future_source).ReadHeader(&read),
+              "initializer version 9, this build knows versions 1 to 2");
+  }
 }
 
 TEST(SnapshotWriterTest, RefusesTombstonesAfterRowsAndCountsThatDisagree) {

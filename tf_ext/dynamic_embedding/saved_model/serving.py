@@ -40,7 +40,8 @@ _OBJECT_GRAPH_TENSOR = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 def default_row(table):
   """The row a serving export gives ids it has no row for: the mean of the table's initializer."""
-  kind, a, b, _ = table.initializer_spec
+  spec = table.initializer_spec
+  kind, a, b = spec.kind, spec.a, spec.b
   mean = {"zeros": 0.0, "constant": a, "uniform": (a + b) / 2}.get(kind, a)  # normal: a is mean
   return np.full([table.dim], mean, np.float32)
 

@@ -277,7 +277,7 @@ TF_EXT_HOST_DEVICE inline void ReadRow(const TableView& t, const InitializerSpec
                                        int64_t s, float* out, const Tile& tile) {
   if (s >= 0) {
     CopyFloats(tile, t.values + s * t.stride, out, t.dim);
-  } else if (init.kind != InitializerKind::kTruncatedNormal) {
+  } else if (RowElementsAreIndependent(init)) {
     const InitialRowStream stream(InitialRowKeyHash(key), init.seed);
 #if defined(__CUDA_ARCH__)
     if (VectorsFit(out, out, t.dim)) {  // four elements per 16-byte store

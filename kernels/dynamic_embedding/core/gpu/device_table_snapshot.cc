@@ -58,6 +58,12 @@ std::string ReadDeviceSnapshot(ByteSource* source, DeviceTable& table, cudaStrea
     return "the snapshot's dim is " + std::to_string(header.dim) + ", the table's " +
            std::to_string(table.dim());
   }
+  if (static_cast<int>(header.initializer_version) != table.options().initializer.version) {
+    return "the snapshot was saved from a table of initializer version " +
+           std::to_string(header.initializer_version) + ", the table has version " +
+           std::to_string(table.options().initializer.version) +
+           " (a table keeps its initializer version for life)";
+  }
   if (header.num_slots > static_cast<uint32_t>(kMaxSlots)) {
     return "the snapshot has " + std::to_string(header.num_slots) + " optimizer slots (at most " +
            std::to_string(kMaxSlots) + ")";
