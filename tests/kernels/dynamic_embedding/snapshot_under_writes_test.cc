@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/dynamic_embedding/core/admission.h"
 #include "kernels/dynamic_embedding/core/embedding_table.h"
 
 namespace tf_ext {
@@ -186,6 +187,38 @@ TEST(SnapshotUnderWritesTest, WritesInterleavedWithTheWalkLeaveItAtItsInstant) {
         [&] { WriteEverything(table); }, /*pause=*/false);
     EXPECT_TRUE(saved.rows == expected) << (full ? "full" : "delta");
   }
+}
+
+// The admission counts saved are those of the instant too, also while updates count ids on.
+TEST(SnapshotUnderWritesTest, AdmissionCountsAreThoseOfTheInstant) {
+  AdmissionSpec exact;
+  exact.min_count = 3;
+  exact.exact = true;
+  EmbeddingTable<int64_t> table(4, InitializerSpec(), /*shard_bits=*/2, exact);
+  for (int64_t k = 0; k < 100; ++k) {  // admitted: rows to walk
+    for (int64_t step = 1; step <= 3; ++step) Train(table, k, step, 1.0f);
+  }
+  for (int64_t k = 100; k < 200; ++k) Train(table, k, 4, 1.0f);  // waiting, counted once
+  std::map<int64_t, uint32_t> pending;
+  std::thread writer;
+  const int64_t version = table.Snapshot(
+      EmbeddingTable<int64_t>::kFullSnapshot, [](int64_t, int64_t) { return true; },
+      [&](const int64_t&, const RowRef&) {
+        if (!writer.joinable()) {  // counts every waiting id again, and a new one
+          writer = std::thread([&] {
+            for (int64_t k = 100; k <= 200; ++k) Train(table, k, 5, 1.0f);
+          });
+          writer.join();
+        }
+        return true;
+      },
+      [](const int64_t&) { return true; }, /*track=*/false,
+      [&](const int64_t& key, uint32_t count) { return pending.emplace(key, count).second; },
+      [](const CountMinSketch&) { return true; });
+  EXPECT_GE(version, 1);
+  std::map<int64_t, uint32_t> expected;
+  for (int64_t k = 100; k < 200; ++k) expected[k] = 1;
+  EXPECT_EQ(pending, expected);
 }
 
 TEST(SnapshotUnderWritesTest, AStoppedSaveLeavesTheNextOneWhole) {
