@@ -15,13 +15,22 @@ another's peak):
      (1 % by default) then get Adam updates and a delta link is written. Reports both links'
      time and bytes, and the ratios.
 
+  4. training: after a warm-up save (the first one traces its functions, holding the GIL),
+     training steps (--step-ids random ids each, Adam) run back to back in a second thread, each
+     timed, first alone for --control-seconds and then while the main thread saves the table
+     (the streaming save). Reports the steps' p50/p99/max in both windows,
+     the longest step wait the save added (max during the save minus the control's max), the
+     save's time and the peak RSS it added.
+
 Targets: extra RSS of the streaming save and restore <= 256 MiB; the delta <= 5 % of the full
-link's time and <= 3 % of its bytes. PASS/MISS lines are informational: the exit status is 0
+link's time and <= 3 % of its bytes; no training step waits more than 10 ms longer during the
+save than alone. PASS/MISS lines are informational: the exit status is 0
 whatever the numbers.
 
   python benchmarks/checkpoint.py            # 10 M ids, dim 16, 1 % changed
   python benchmarks/checkpoint.py --quick    # 1 M ids, for development
   python benchmarks/checkpoint.py --json /tmp/checkpoint.json
+  python benchmarks/checkpoint.py --phases training   # only the save during training
 """
 
 import argparse
@@ -51,6 +60,8 @@ use_checkout(measures_peak_rss=True)
 
 RSS_TARGET = 256 << 20
 DELTA_TIME_TARGET, DELTA_BYTES_TARGET = 0.05, 0.03
+STEP_WAIT_TARGET = 0.010
+PHASES = ("save", "restore", "delta", "training")
 # The anchor's checkpoint: the table exported into these tensors (as tf_ext 0.1 saved it).
 WHOLE_COPY_NAMES = ["keys", "values", "slots", "update_counts", "last_steps", "slot_initial_values"]
 
@@ -63,13 +74,21 @@ def parse_args(argv=None):
     "--changed-fraction", type=float, default=0.01, help="rows updated between full and delta"
   )
   p.add_argument("--quick", action="store_true", help="1 M ids instead of --keys")
+  p.add_argument("--phases", default=",".join(PHASES), help="which measurements to run, in order")
+  p.add_argument("--step-ids", type=int, default=256, help="ids per training step (training)")
+  p.add_argument(
+    "--control-seconds", type=float, default=3.0, help="training alone before the save (training)"
+  )
   p.add_argument("--dir", help="where checkpoints go (default: a temporary folder, removed)")
-  p.add_argument("--worker", choices=("save", "restore", "delta"), help=argparse.SUPPRESS)
+  p.add_argument("--worker", choices=PHASES, help=argparse.SUPPRESS)
   add_json(p)
   args = p.parse_args(argv)
   if args.quick:
     args.keys = 1_000_000
-  require_positive(p, args, ["keys", "dim"])
+  require_positive(p, args, ["keys", "dim", "step_ids"])
+  args.phases = [phase for phase in args.phases.split(",") if phase]
+  if not args.phases or set(args.phases) - set(PHASES):
+    p.error(f"--phases: a comma-separated subset of {','.join(PHASES)}")
   if not 0 < args.changed_fraction <= 1:
     p.error("--changed-fraction must be in (0, 1]")
   return args
@@ -190,7 +209,62 @@ def worker_delta(args, tf, tf_ext, np):
   return {"full": {k: full[k] for k in keep}, "delta": {k: delta[k] for k in keep}}
 
 
-WORKERS = {"save": worker_save, "restore": worker_restore, "delta": worker_delta}
+def _quantiles(seconds):
+  ordered = sorted(seconds)
+  at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+  return {"steps": len(ordered), "p50": at(0.5), "p99": at(0.99), "max": ordered[-1]}
+
+
+def worker_training(args, tf, tf_ext, np):
+  """Training steps timed in a second thread, alone and then while the table is saved."""
+  import threading  # pylint: disable=import-outside-toplevel
+
+  table, optimizer, ids = _build_table(tf, tf_ext, np, args.keys, args.dim)
+  rng = np.random.default_rng(2)
+  batches = [rng.choice(ids, args.step_ids) for _ in range(64)]
+  steps, stop = [], threading.Event()  # steps: (start, end) of each, perf_counter seconds
+
+  def train():
+    while not stop.is_set():
+      start = time.perf_counter()
+      _train(tf, table, optimizer, batches[len(steps) % len(batches)])
+      steps.append((start, time.perf_counter()))
+
+  path = os.path.join(args.dir, "training", "ckpt")
+  tf.train.Checkpoint(table=table).write(path)  # warm-up: the first save traces, holding the GIL
+  trainer = threading.Thread(target=train)
+  trainer.start()
+  time.sleep(args.control_seconds)
+  save_start = time.perf_counter()
+  seconds, extra, _ = _measure(lambda: tf.train.Checkpoint(table=table).write(path))
+  save_end = time.perf_counter()
+  stop.set()
+  trainer.join()
+  # The control window skips the first steps (warm-up) and ends where the save starts.
+  control = [end - start for start, end in steps[5:] if end < save_start]
+  during = [end - start for start, end in steps if end > save_start and start < save_end]
+  results = {
+    "save": {"seconds": seconds, "extra_rss": extra},
+    "control": _quantiles(control),
+    "during_save": _quantiles(during),
+  }
+  results["added_wait"] = results["during_save"]["max"] - results["control"]["max"]
+  longest = max((end - start, start) for start, end in steps if end > save_start)
+  results["longest_step_starts_after_save_start"] = longest[1] - save_start
+  during_max, control_max = results["during_save"]["max"], results["control"]["max"]
+  log(
+    f"  save during training: {seconds:.2f}s, extra RSS {mib(extra)}; step max "
+    f"{during_max * 1e3:.1f} ms during it vs {control_max * 1e3:.1f} ms alone"
+  )
+  return results
+
+
+WORKERS = {
+  "save": worker_save,
+  "restore": worker_restore,
+  "delta": worker_delta,
+  "training": worker_training,
+}
 
 
 def run_worker(args):
@@ -206,33 +280,14 @@ def run_worker(args):
 def spawn(args, worker):
   command = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--dir", args.dir]
   command += ["--keys", str(args.keys), "--dim", str(args.dim)]
-  command += ["--changed-fraction", str(args.changed_fraction)]
+  command += ["--changed-fraction", str(args.changed_fraction), "--step-ids", str(args.step_ids)]
+  command += ["--control-seconds", str(args.control_seconds)]
   log(f"[{worker}] {args.keys:,} rows, dim {args.dim}")
   out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
   return json.loads(out.strip().splitlines()[-1])
 
 
-def main(argv=None):
-  args = parse_args(argv)
-  if args.worker:
-    return run_worker(args)
-  wall_start = time.perf_counter()
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-  import tf_ext  # pylint: disable=import-outside-toplevel
-
-  machine = machine_report(tf, tf_ext, np)
-  own_dir = args.dir is None
-  args.dir = args.dir or tempfile.mkdtemp(prefix="tf_ext_ckpt_bench_")
-  try:
-    save = spawn(args, "save")
-    restore = spawn(args, "restore")
-    delta = spawn(args, "delta")
-  finally:
-    if own_dir:
-      shutil.rmtree(args.dir, ignore_errors=True)
-
+def report_save_and_restore(args, save, restore):
   print(
     f"\ntable: {save['rows']:,} rows, dim {args.dim}, Adam slots: {mib(save['table_bytes'])} "
     "in memory"
@@ -255,6 +310,10 @@ def main(argv=None):
       f"the whole copy added "
       f"{mib(whole['extra_rss'])}; time ratio to it {stream['seconds'] / whole['seconds']:.2f}"
     )
+
+
+def report_delta(args, delta):
+  """Prints the delta's ratios to the full link, and returns them."""
   full, dlt = delta["full"], delta["delta"]
   time_ratio, bytes_ratio = dlt["seconds"] / full["seconds"], dlt["bytes"] / full["bytes"]
   print(
@@ -264,16 +323,57 @@ def main(argv=None):
     f"{dlt['bytes']:,} vs {full['bytes']:,} bytes = {bytes_ratio:.2%} (target <= 3 %): "
     f"{verdict(bytes_ratio <= DELTA_BYTES_TARGET)}"
   )
+  return {"delta_time": time_ratio, "delta_bytes": bytes_ratio}
+
+
+def report_training(training):
+  print(f"\n{'training steps':<22}{'steps':>8}{'p50':>10}{'p99':>10}{'max':>10}")
+  for label, key in [("alone", "control"), ("during the save", "during_save")]:
+    q = training[key]
+    print(
+      f"{label:<22}{q['steps']:>8}{q['p50'] * 1e3:>8.1f}ms{q['p99'] * 1e3:>8.1f}ms"
+      f"{q['max'] * 1e3:>8.1f}ms"
+    )
+  added, save = training["added_wait"], training["save"]
+  print(
+    f"save during training: {save['seconds']:.2f}s, extra RSS {mib(save['extra_rss'])}; the "
+    f"longest step waited {added * 1e3:.1f} ms longer than alone (target <= 10 ms): "
+    f"{verdict(added <= STEP_WAIT_TARGET)}"
+  )
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.worker:
+    return run_worker(args)
+  wall_start = time.perf_counter()
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  import tf_ext  # pylint: disable=import-outside-toplevel
+
+  machine = machine_report(tf, tf_ext, np)
+  own_dir = args.dir is None
+  args.dir = args.dir or tempfile.mkdtemp(prefix="tf_ext_ckpt_bench_")
+  try:
+    measured = {phase: spawn(args, phase) for phase in args.phases}
+  finally:
+    if own_dir:
+      shutil.rmtree(args.dir, ignore_errors=True)
+  if "save" in measured and "restore" in measured:
+    report_save_and_restore(args, measured["save"], measured["restore"])
+  ratios = report_delta(args, measured["delta"]) if "delta" in measured else None
+  if "training" in measured:
+    report_training(measured["training"])
   results = {
     "machine": machine,
     "versions": versions(tf, tf_ext, np),
     "keys": args.keys,
     "dim": args.dim,
-    "save": save,
-    "restore": restore,
-    "delta": delta,
-    "ratios": {"delta_time": time_ratio, "delta_bytes": bytes_ratio},
+    **measured,
   }
+  if ratios:
+    results["ratios"] = ratios
   return finish(results, args.json, wall_start)
 
 

@@ -193,7 +193,7 @@ class SaveSnapshotOp : public TableKernel {
       version = core->Snapshot(
           since < 0 ? de::EmbeddingTable<Key>::kFullSnapshot : since,
           [&](int64_t rows, int64_t tombstones) {
-            // stable: every shard is read-locked
+            // stable: EnsureSlots waits for a running snapshot
             header.num_slots = static_cast<uint32_t>(core->num_slots());
             header.slot_initial_values = core->slot_initial_values();
             header.rows = static_cast<uint64_t>(rows);

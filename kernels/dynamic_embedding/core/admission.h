@@ -60,6 +60,14 @@ class CountMinSketch {
     for (int64_t i = 0; i < rounded * depth; ++i) counters_[i].store(0, std::memory_order_relaxed);
   }
 
+  // A copy of the counts as they are now (a snapshot's instant): no update may run meanwhile.
+  CountMinSketch(const CountMinSketch& other) : CountMinSketch(other.width(), other.depth_) {
+    for (size_t i = 0; i < NumCounters(); ++i) {
+      counters_[i].store(other.counters_[i].load(std::memory_order_relaxed),
+                         std::memory_order_relaxed);
+    }
+  }
+
   // Counts one more update of the id with this 64-bit hash; returns its new estimated count.
   uint32_t Increment(uint64_t hash) {
     uint32_t estimate = std::numeric_limits<uint32_t>::max();

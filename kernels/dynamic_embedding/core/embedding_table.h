@@ -217,8 +217,14 @@ class EmbeddingTable {
   // visit(i, key, row) for i in [0, n).
   template <typename Alloc, typename Visit>
   void Export(Alloc&& alloc, Visit&& visit) const;
-  // A consistent, streaming snapshot, for checkpoints. Every shard is read-locked for the whole
-  // call (lookups go on, updates wait). Calls begin(int64_t num_rows, int64_t num_tombstones)
+  // A consistent, streaming snapshot, for checkpoints: the table as it was at one instant, the
+  // start of the call, while lookups, updates, inserts, removals and evictions go on. The instant
+  // holds every shard's exclusive lock for O(shards) work (and a copy of the admission state, when
+  // saved); then each shard is copied out in batches of kSaveBatchBytes per short hold of its
+  // lock, and the callbacks run with no lock held. An entry that a writer changes or removes
+  // before its batch is copied is first preserved as it was (copy-on-write, SaveEntryBeforeChange),
+  // at most once per save: the extra memory is the entries changed during the save, at worst one
+  // copy of the rows being saved. Calls begin(int64_t num_rows, int64_t num_tombstones)
   // once, then tombstone(const Key&) for each key removed since `since_version` (none for a
   // full snapshot), then row(const Key&, const RowRef&) for each entry changed since then
   // (every entry when since_version == kFullSnapshot). Tombstones come first so that a replay
@@ -277,6 +283,15 @@ class EmbeddingTable {
     Key key;
     uint32_t version;
   };
+  // An entry as it was at a running snapshot's instant, kept for it by the writer that changed or
+  // removed the entry before the snapshot copied it.
+  struct SavedEntry {
+    Key key;
+    int64_t last_step;
+    uint32_t update_count;
+    uint32_t version;
+    std::vector<float> floats;  // the embedding, then the slots
+  };
 
   struct Layout {
     size_t stride = 0;         // bytes per entry
@@ -296,6 +311,10 @@ class EmbeddingTable {
     std::vector<uint32_t> changed_ids;  // since the last commit, once tracking (may repeat)
     std::vector<Tombstone> removed;     // since the last commit, once tracking
     std::unique_ptr<std::unordered_map<Key, uint32_t>> pending;  // exact admission counts
+    // While a snapshot runs: entry ids in [save_next, save_end) are not copied yet, and `saved`
+    // holds those of them changed since its instant, as they were (SaveEntryBeforeChange).
+    uint32_t save_next = 0, save_end = 0;
+    std::unordered_map<uint32_t, SavedEntry> saved;
 
     Shard() = default;
     Shard& operator=(Shard&& other) noexcept {  // the lock itself is not moved
@@ -327,6 +346,9 @@ class EmbeddingTable {
   // Removals per hold of a shard's write lock (Evict, RemoveBatch): a hold stays far under a
   // millisecond.
   static constexpr size_t kEvictBatch = 256;
+  // Bytes of entries a snapshot copies per hold of a shard's exclusive lock (at least 64 entries):
+  // a copy of well under a millisecond, and few enough holds that each rarely meets a writer.
+  static constexpr size_t kSaveBatchBytes = size_t{1} << 20;
 
   // Counts a bulk removal (see FindBatch) while in scope.
   class BulkRemoval {
@@ -416,6 +438,12 @@ class EmbeddingTable {
   };
   void StartTrackingAt(uint32_t version);
   void MarkChanged(Shard& shard, uint32_t id);
+  // The snapshot in progress (embedding_table_snapshot.h).
+  void SaveEntryBeforeChange(Shard& shard, uint32_t id);
+  uint32_t VersionAtSaveInstant(const Shard& shard, uint32_t id) const;
+  bool InSave(uint32_t version_at_instant) const;
+  struct StagedRows;
+  void StageForSave(Shard& shard, uint32_t id, StagedRows* staged);
 
   const int dim_;
   const InitializerSpec init_;
@@ -433,7 +461,12 @@ class EmbeddingTable {
   std::atomic<uint32_t> version_{1};
   std::atomic<bool> tracking_{false};
   int64_t committed_version_ = 0, tracked_since_ = 0;  // guarded by snapshot_mutex_
+  // snapshot_mutex_ serializes snapshots, commits and what replaces the storage (EnsureSlots,
+  // Clear, SwapContents); taken before layout_mutex_ and the shard locks.
   std::mutex snapshot_mutex_, evict_mutex_;
+  // The running snapshot's range: an entry is saved when its version at the instant is in
+  // (save_since_, save_version_]. Written under every shard's exclusive lock, read under one.
+  uint32_t save_since_ = 0, save_version_ = 0;
   std::atomic<int64_t> latest_step_{0};
   std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0};
   std::atomic<int> bulk_removals_{0};  // Evict and RemoveBatch calls removing rows now

@@ -193,6 +193,7 @@ inline uint32_t EmbeddingTable<Key>::CreateEntry(Shard& shard, KeyView key, uint
 template <typename Key>
 inline void EmbeddingTable<Key>::RemoveAt(Shard& shard, size_t pos) {
   const uint32_t id = IdAt(shard, pos);
+  if (id >= shard.save_next && id < shard.save_end) SaveEntryBeforeChange(shard, id);
   char* entry = EntryAt(shard, id);
   if (tracking_.load(std::memory_order_relaxed)) {
     shard.removed.push_back(Tombstone{KeyOf(entry), version_.load(std::memory_order_relaxed)});

@@ -45,6 +45,7 @@ inline int64_t EmbeddingTable<Key>::RemoveBatch(int64_t n, KeyAt&& key_at) {
 
 template <typename Key>
 inline void EmbeddingTable<Key>::Clear() {
+  std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);  // frees what a snapshot copies
   LockAll();
   for (auto& shard : shards_) {
     DestroyEntries(shard);

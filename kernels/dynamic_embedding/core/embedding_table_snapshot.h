@@ -44,11 +44,29 @@ inline int64_t EmbeddingTable<Key>::Snapshot(int64_t since_version, Begin&& begi
   return Snapshot(since_version, begin, row, tombstone, track, SkipAdmission(), SkipAdmission());
 }
 
+// A snapshot's entries copied out of a shard under its lock, handed to `row` after it is released.
+template <typename Key>
+struct EmbeddingTable<Key>::StagedRows {
+  size_t row_floats = 0;
+  std::vector<Key> keys;
+  std::vector<int64_t> last_steps;
+  std::vector<uint32_t> update_counts;
+  std::vector<float> floats;
+  void Clear() {
+    keys.clear();
+    last_steps.clear();
+    update_counts.clear();
+    floats.clear();
+  }
+};
+
 template <typename Key>
 template <typename Begin, typename Row, typename TombstoneFn, typename PendingFn, typename SketchFn>
 inline int64_t EmbeddingTable<Key>::Snapshot(int64_t since_version, Begin&& begin, Row&& row,
                                              TombstoneFn&& tombstone, bool track,
                                              PendingFn&& pending, SketchFn&& sketch) {
+  constexpr bool kSavesPending = !std::is_same_v<std::decay_t<PendingFn>, SkipAdmission>;
+  constexpr bool kSavesSketch = !std::is_same_v<std::decay_t<SketchFn>, SkipAdmission>;
   std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);
   const bool full = since_version == kFullSnapshot;
   if (!full && (!tracking_.load(std::memory_order_relaxed) ||
@@ -56,70 +74,129 @@ inline int64_t EmbeddingTable<Key>::Snapshot(int64_t since_version, Begin&& begi
                 since_version >= version_.load(std::memory_order_relaxed))) {
     return kSnapshotNoBase;
   }
-  for (const auto& shard : shards_) shard.lock.lock_shared();
+  // The instant. Changes from here on get a later version, and each shard's entries are marked as
+  // not yet copied; the admission state (guarded by the shard locks, Admit) is copied whole.
+  std::vector<std::pair<Key, uint32_t>> pending_at_instant;
+  std::unique_ptr<CountMinSketch> sketch_at_instant;
+  int64_t rows = 0;
+  LockAll();
   const uint32_t version = version_.load(std::memory_order_relaxed);
-  const uint32_t since = full ? 0 : static_cast<uint32_t>(since_version);
-  // The changed entries of each shard (a delta), sorted and without repeats.
-  std::vector<std::vector<uint32_t>> changed(full ? 0 : shards_.size());
-  int64_t rows = 0, tombstones = 0;
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    const Shard& shard = shards_[s];
-    if (full) {
-      rows += shard.size;
-      continue;
+  version_.store(version + 1, std::memory_order_relaxed);
+  const bool starts_tracking = track && !tracking_.load(std::memory_order_relaxed);
+  if (track) StartTrackingAt(version);
+  save_since_ = full ? 0 : static_cast<uint32_t>(since_version);
+  save_version_ = version;
+  for (Shard& shard : shards_) {
+    shard.save_next = 0;
+    shard.save_end = shard.allocated;
+    rows += shard.size;
+    if (kSavesPending && shard.pending) {
+      pending_at_instant.insert(pending_at_instant.end(), shard.pending->begin(),
+                                shard.pending->end());
     }
+  }
+  if (kSavesSketch && sketch_) sketch_at_instant = std::make_unique<CountMinSketch>(*sketch_);
+  UnlockAll();
+
+  // A delta's entries: those of each shard's changed ids whose version at the instant is in the
+  // range, sorted and without repeats. Tombstones after the instant have later versions.
+  std::vector<std::vector<uint32_t>> changed(full ? 0 : shards_.size());
+  int64_t tombstones = 0;
+  if (!full) rows = 0;
+  for (size_t s = 0; !full && s < shards_.size(); ++s) {
+    const Shard& shard = shards_[s];
+    SharedGuard guard(shard.lock);
     changed[s] = shard.changed_ids;
     std::sort(changed[s].begin(), changed[s].end());
     changed[s].erase(std::unique(changed[s].begin(), changed[s].end()), changed[s].end());
-    auto unchanged = [&](uint32_t id) {
-      const uint32_t v = HeaderOf(EntryAt(shard, id))->version;
-      return v == kFreeVersion || v <= since;
-    };
-    changed[s].erase(std::remove_if(changed[s].begin(), changed[s].end(), unchanged),
+    changed[s].erase(std::remove_if(changed[s].begin(), changed[s].end(),
+                                    [&](uint32_t id) {
+                                      return id >= shard.save_end ||
+                                             !InSave(VersionAtSaveInstant(shard, id));
+                                    }),
                      changed[s].end());
     rows += changed[s].size();
-    for (const Tombstone& removed : shard.removed) tombstones += removed.version > since;
+    for (const Tombstone& removed : shard.removed) tombstones += InSave(removed.version);
   }
+
   bool ok = begin(rows, tombstones);
+  std::vector<Key> removed_keys;
   for (size_t s = 0; ok && !full && s < shards_.size(); ++s) {
-    for (const Tombstone& removed : shards_[s].removed) {
-      if (removed.version > since && !(ok = tombstone(static_cast<const Key&>(removed.key)))) {
-        break;
+    removed_keys.clear();
+    {
+      SharedGuard guard(shards_[s].lock);
+      for (const Tombstone& removed : shards_[s].removed) {
+        if (InSave(removed.version)) removed_keys.push_back(removed.key);
+      }
+    }
+    for (const Key& key : removed_keys) {
+      if (!(ok = tombstone(static_cast<const Key&>(key)))) break;
+    }
+  }
+  StagedRows staged;
+  staged.row_floats = size_t{1} * dim_ * (1 + num_slots());  // EnsureSlots waits for snapshots
+  const uint32_t batch = static_cast<uint32_t>(
+      std::max<size_t>(64, kSaveBatchBytes / (sizeof(Header) + sizeof(float) * staged.row_floats)));
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    Shard& shard = shards_[s];
+    uint32_t next_id = 0;  // a full snapshot walks the ids in storage order, a delta its list
+    size_t next_changed = 0;
+    bool shard_done = false;
+    while (ok && !shard_done) {
+      staged.Clear();
+      {
+        ExclusiveGuard guard(shard.lock);
+        if (full) {
+          const uint32_t end = std::min(shard.save_end, next_id + batch);
+          for (; next_id < end; ++next_id) StageForSave(shard, next_id, &staged);
+        } else {
+          const size_t end = std::min(changed[s].size(), next_changed + batch);
+          for (; next_changed < end; ++next_changed) {
+            StageForSave(shard, changed[s][next_changed], &staged);
+          }
+          next_id = next_changed < changed[s].size() ? changed[s][next_changed] : shard.save_end;
+        }
+        shard.save_next = next_id;
+        shard_done = next_id >= shard.save_end;
+        if (shard_done) {  // writers keep nothing more for this snapshot
+          shard.save_end = 0;
+          shard.saved.clear();
+        }
+      }
+      for (size_t i = 0; ok && i < staged.keys.size(); ++i) {
+        float* floats = staged.floats.data() + i * staged.row_floats;
+        const RowRef ref{floats, floats + dim_, &staged.update_counts[i], &staged.last_steps[i]};
+        ok = row(static_cast<const Key&>(staged.keys[i]), ref);
       }
     }
   }
-  for (size_t s = 0; ok && s < shards_.size(); ++s) {
-    const Shard& shard = shards_[s];
-    if (full) {
-      ForEachLiveEntry(shard, [&](uint32_t, char* entry) {
-        return ok = row(static_cast<const Key&>(KeyOf(entry)), RowOf(entry));
-      });
-      continue;
-    }
-    for (uint32_t id : changed[s]) {
-      char* entry = EntryAt(shard, id);
-      if (!(ok = row(static_cast<const Key&>(KeyOf(entry)), RowOf(entry)))) break;
+  // Admission counts as at the instant, after the rows.
+  if constexpr (kSavesPending) {
+    for (size_t i = 0; ok && i < pending_at_instant.size(); ++i) {
+      ok = pending(static_cast<const Key&>(pending_at_instant[i].first),
+                   pending_at_instant[i].second);
     }
   }
-  // Admit runs under a shard's exclusive lock: with every shard read-locked the counts are those
-  // of the rows' instant.
-  if constexpr (!std::is_same_v<std::decay_t<PendingFn>, SkipAdmission>) {
-    for (size_t s = 0; ok && s < shards_.size(); ++s) {
-      if (!shards_[s].pending) continue;
-      for (const auto& [key, count] : *shards_[s].pending) {
-        if (!(ok = pending(key, count))) break;
+  if constexpr (kSavesSketch) {
+    if (ok && sketch_at_instant) {
+      ok = sketch(static_cast<const CountMinSketch&>(*sketch_at_instant));
+    }
+  }
+  if (!ok) {
+    // Stopped: the shards not yet copied stop keeping entries, and a snapshot that started the
+    // tracking undoes it (as if it never ran; the version stays advanced).
+    LockAll();
+    for (Shard& shard : shards_) {
+      shard.save_end = 0;
+      shard.saved.clear();
+      if (starts_tracking) {
+        shard.changed_ids.clear();
+        shard.removed.clear();
       }
     }
+    if (starts_tracking) tracking_.store(false, std::memory_order_relaxed);
+    UnlockAll();
   }
-  if constexpr (!std::is_same_v<std::decay_t<SketchFn>, SkipAdmission>) {
-    if (ok && sketch_) ok = sketch(static_cast<const CountMinSketch&>(*sketch_));
-  }
-  if (ok) {
-    // Later changes get later versions.
-    version_.store(version + 1, std::memory_order_relaxed);
-    if (track) StartTrackingAt(version);
-  }
-  for (const auto& shard : shards_) shard.lock.unlock_shared();
   return ok ? version : kSnapshotStopped;
 }
 
@@ -193,6 +270,7 @@ inline bool EmbeddingTable<Key>::RestoreSketch(int64_t width, int depth, size_t 
 
 template <typename Key>
 inline void EmbeddingTable<Key>::SwapContents(EmbeddingTable& other) {
+  std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);  // frees what a snapshot copies
   if (other.shards_.size() != shards_.size() || other.dim_ != dim_ ||
       (sketch_ == nullptr) != (other.sketch_ == nullptr) ||
       (sketch_ && sketch_->NumCounters() != other.sketch_->NumCounters())) {
@@ -245,8 +323,61 @@ inline void EmbeddingTable<Key>::MarkChanged(Shard& shard, uint32_t id) {
   Header* header = HeaderOf(EntryAt(shard, id));
   const uint32_t version = version_.load(std::memory_order_relaxed);
   if (header->version == version) return;
+  if (id >= shard.save_next && id < shard.save_end) SaveEntryBeforeChange(shard, id);
   header->version = version;
   if (tracking_.load(std::memory_order_relaxed)) shard.changed_ids.push_back(id);
+}
+
+// Whether an entry whose version at the running snapshot's instant is `version` belongs in it (a
+// free entry's version, 0, never does; changes after the instant have later versions).
+template <typename Key>
+inline bool EmbeddingTable<Key>::InSave(uint32_t version) const {
+  return version > save_since_ && version <= save_version_;
+}
+
+// Before a writer changes or removes entry `id`, which the running snapshot has not copied yet:
+// keeps the entry as it is, if the snapshot saves it and it has not changed since the instant
+// (then its version is later and it was kept already, or never belonged). Caller holds the
+// shard's exclusive lock.
+template <typename Key>
+inline void EmbeddingTable<Key>::SaveEntryBeforeChange(Shard& shard, uint32_t id) {
+  char* entry = EntryAt(shard, id);
+  const Header* header = HeaderOf(entry);
+  if (!InSave(header->version)) return;
+  const float* floats = EmbeddingOf(entry);
+  shard.saved.emplace(
+      id, SavedEntry{header->key, header->last_step, header->update_count, header->version,
+                     std::vector<float>(floats, floats + size_t{1} * dim_ * (1 + num_slots()))});
+}
+
+template <typename Key>
+inline uint32_t EmbeddingTable<Key>::VersionAtSaveInstant(const Shard& shard, uint32_t id) const {
+  const auto saved = shard.saved.find(id);
+  return saved != shard.saved.end() ? saved->second.version : HeaderOf(EntryAt(shard, id))->version;
+}
+
+// Appends entry `id` as it was at the instant, if the snapshot saves it. Caller holds the shard's
+// exclusive lock.
+template <typename Key>
+inline void EmbeddingTable<Key>::StageForSave(Shard& shard, uint32_t id, StagedRows* staged) {
+  const auto saved = shard.saved.find(id);
+  if (saved != shard.saved.end()) {
+    SavedEntry& was = saved->second;
+    staged->keys.push_back(std::move(was.key));
+    staged->last_steps.push_back(was.last_step);
+    staged->update_counts.push_back(was.update_count);
+    staged->floats.insert(staged->floats.end(), was.floats.begin(), was.floats.end());
+    shard.saved.erase(saved);
+    return;
+  }
+  char* entry = EntryAt(shard, id);
+  const Header* header = HeaderOf(entry);
+  if (!InSave(header->version)) return;
+  staged->keys.push_back(header->key);
+  staged->last_steps.push_back(header->last_step);
+  staged->update_counts.push_back(header->update_count);
+  const float* floats = EmbeddingOf(entry);
+  staged->floats.insert(staged->floats.end(), floats, floats + staged->row_floats);
 }
 
 }  // namespace de

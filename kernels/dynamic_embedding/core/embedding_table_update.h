@@ -87,6 +87,8 @@ inline void EmbeddingTable<Key>::InsertOrAssign(KeyView key, const float* embedd
 template <typename Key>
 inline void EmbeddingTable<Key>::EnsureSlots(int num_slots, const std::vector<float>& slot_init) {
   if (num_slots <= this->num_slots()) return;
+  // Moves every entry: waits for a running snapshot, which copies entries out of their chunks.
+  std::lock_guard<std::mutex> snapshot_guard(snapshot_mutex_);
   std::lock_guard<std::mutex> layout_guard(layout_mutex_);
   const int old_slots = num_slots_.load(std::memory_order_relaxed);
   if (num_slots <= old_slots) return;
