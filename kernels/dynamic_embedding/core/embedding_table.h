@@ -57,7 +57,8 @@
 namespace tf_ext {
 namespace de {
 
-// Where a key is stored: the low bits pick its shard, the next its home slot, the high 32 its tag.
+// Where a key is stored: the low bits pick its shard, the high 32 its tag, and the tag's low bits
+// its home slot.
 // Nothing persisted depends on it (an import re-inserts every key), so it may change for speed or
 // spread. Initial rows never use it: they use the frozen InitialRowKeyHash (initializers.h), which
 // this equals today, so tuning this hash leaves every served row as it was.
@@ -372,6 +373,7 @@ class EmbeddingTable {
   const Shard& ShardFor(uint64_t hash) const;
   Shard& ShardFor(uint64_t hash);
   size_t HomeSlot(const Shard& shard, uint64_t hash) const;
+  static size_t HomeSlotOfTag(const Shard& shard, uint32_t tag);
   static uint32_t Tag(uint64_t hash);
   template <typename KeyAt>
   ShardGroups GroupByShard(int64_t n, KeyAt&& key_at) const;
