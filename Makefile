@@ -21,8 +21,8 @@
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
 #                columns: train_and_evaluate, export_saved_model, serving in a fresh process)
 #   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
-#   make bench-lifecycle  benchmarks/eviction.py, admission.py, small_tables.py, checkpoint.py and
-#                serving_export.py
+#   make bench-lifecycle  benchmarks/eviction.py, bulk_insert.py, admission.py, small_tables.py,
+#                checkpoint.py and serving_export.py
 #                (installs requirements-bench.txt: TFRA, for eviction's comparison)
 #   make soak    benchmarks/soak.py: a model with a table trains on the Criteo-like stream for
 #                SOAK_MINUTES (default 30) with admission, TTL eviction, delta and full links and
@@ -327,6 +327,7 @@ bench: build bench-deps
 # The lifecycle benchmarks (issue 8), one after the other; BENCH_ARGS=--quick for short runs.
 bench-lifecycle: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/eviction.py $(BENCH_ARGS))
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/bulk_insert.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/admission.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/small_tables.py $(BENCH_ARGS))
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/checkpoint.py $(BENCH_ARGS))

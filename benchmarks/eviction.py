@@ -44,15 +44,16 @@ import gc
 import os
 import statistics
 import sys
-import threading
 import time
 
 import numpy as np
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
+  LookupLoop,
   PeakRssAdded,
   add_intra_op_threads,
   add_json,
   argument_parser,
+  busy_one_core,
   finish,
   import_tfra,
   log,
@@ -60,6 +61,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   mib,
   require_positive,
   rss_bytes,
+  summarize_windows,
   use_checkout,
   verdict,
   versions,
@@ -102,80 +104,6 @@ def parse_args(argv=None):
   return args
 
 
-# ---- small helpers --------------------------------------------------------------------------
-
-
-def percentile(values, q):
-  return float(np.percentile(np.asarray(values), q)) if values else float("nan")
-
-
-# ---- the lookup loop ------------------------------------------------------------------------
-
-
-class LookupLoop:
-  """Back-to-back lookups in another thread, each recorded as (start, latency)."""
-
-  def __init__(self, lookup, batches):
-    self._lookup, self._batches = lookup, batches
-    self._stop = threading.Event()
-    self.records = []
-    self._thread = threading.Thread(target=self._run, name="lookups", daemon=True)
-
-  def _run(self):
-    while not self._stop.is_set():
-      for ids in self._batches:
-        begin = time.perf_counter()
-        self._lookup(ids)
-        self.records.append((begin, time.perf_counter() - begin))
-
-  def __enter__(self):
-    self._thread.start()
-    time.sleep(0.2)  # running before the first window
-    return self
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
-
-  def window(self):
-    """Times a window: `with loop.window() as w: ...`; w.latencies() after it."""
-    return _Window(self)
-
-
-class _Window:
-  def __init__(self, loop):
-    self._loop = loop
-
-  def __enter__(self):
-    self.begin = time.perf_counter()
-    return self
-
-  def __exit__(self, *exc):
-    self.end = time.perf_counter()
-    time.sleep(0.2)  # a gap, so that a lookup seldom overlaps two windows
-
-  def latencies(self):
-    """Latencies of the lookups that ran, at least partly, within the window."""
-    return [
-      lat for start, lat in self._loop.records if start < self.end and start + lat > self.begin
-    ]
-
-
-def summarize(windows):
-  """Latency figures (ms) of a kind of window over the repeats."""
-  every = [lat for w in windows for lat in w]
-  longest = [max(w) * 1e3 for w in windows if w]
-  return {
-    "lookups": len(every),
-    "median_ms": statistics.median(every) * 1e3 if every else float("nan"),
-    "p99_ms": percentile(every, 99) * 1e3,
-    "longest_ms": max(longest) if longest else float("nan"),
-    "longest_per_window_ms": longest,
-    "median_longest_ms": statistics.median(longest) if longest else float("nan"),
-    "over_target": sum(lat * 1e3 > STALL_TARGET_MS for lat in every),
-  }
-
-
 def measure_path(key, name, lookup, workload, path, restore):
   """`repeats` times: a quiet window, `path()` (returning the rows it removed), a control
   window as long as the path, then `restore()`; `lookup` loops in another thread all along."""
@@ -211,7 +139,7 @@ def measure_path(key, name, lookup, workload, path, restore):
     "seconds_each": seconds,
     "removed": removed,
     "peak_rss_added_bytes": peak_added,
-    **{kind: summarize(w) for kind, w in windows.items()},
+    **{kind: summarize_windows(w, STALL_TARGET_MS) for kind, w in windows.items()},
   }
   log(
     f"[evict] {name}: {removed[0]:,} rows in {result['seconds']:.3f}s (median of "
@@ -237,15 +165,6 @@ class Workload:
   def chunks(self, lo, hi):
     for start in range(lo, hi, self.args.insert_batch):
       yield start, min(hi, start + self.args.insert_batch)
-
-
-def busy_one_core(seconds):
-  """The control window's work: one core busy for `seconds`, no table work (numpy's sort runs
-  without the GIL, as a table op does)."""
-  data = np.random.default_rng(1).random(1 << 20)
-  end = time.perf_counter() + seconds
-  while time.perf_counter() < end:
-    np.sort(data)
 
 
 def tf_ext_paths(tf, tf_ext, ops, w):

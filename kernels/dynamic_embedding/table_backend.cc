@@ -3,7 +3,6 @@
 
 #include <cstdlib>
 #include <string>
-#include <unordered_set>
 
 #include "kernels/dynamic_embedding/apply_rows.h"
 #include "kernels/dynamic_embedding/table_kernel.h"
@@ -34,23 +33,16 @@ class CpuTableBackend : public TableBackend<Key> {
     return ::tensorflow::OkStatus();
   }
 
-  Status Insert(OpKernelContext* ctx, const Tensor& keys, const float* rows) override {
+  Status Insert(OpKernelContext*, const Tensor& keys, const float* rows) override {
     const auto flat_keys = keys.flat<Element>();
-    de::EmbeddingTable<Key>* core = table_->template table<Key>();
-    const int dim = table_->dim();
     TF_RETURN_IF_ERROR(table_->template CheckRowsFit<Key>(
         flat_keys.size(), [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); }));
-    auto insert_range = [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        core->InsertOrAssign(KeyTensor<Key>::View(flat_keys(i)), rows + i * dim);
-      }
-    };
-    // Duplicate keys in one insert: in order, so the last row wins as in a sequential loop.
-    if (HasDuplicates(flat_keys)) {
-      insert_range(0, flat_keys.size());
-    } else {
-      ParallelFor(ctx, flat_keys.size(), 200 + 2 * dim, insert_range);
-    }
+    // On this op's thread, as Remove: an insert spread over the intra-op pool would hold every
+    // pool thread, and lookups, whose blocks queue behind it, would wait for all of it. Batched
+    // by shard, so lookups wait at most one short batch for a shard's lock; a key given twice
+    // is written in order, so the last row wins.
+    table_->template table<Key>()->InsertOrAssignBatch(
+        flat_keys.size(), [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); }, rows);
     return ::tensorflow::OkStatus();
   }
 
@@ -76,16 +68,6 @@ class CpuTableBackend : public TableBackend<Key> {
   }
 
  private:
-  template <typename Flat>
-  static bool HasDuplicates(const Flat& keys) {
-    std::unordered_set<typename de::KeyTraits<Key>::View> seen;
-    seen.reserve(keys.size());
-    for (int64_t i = 0; i < keys.size(); ++i) {
-      if (!seen.insert(KeyTensor<Key>::View(keys(i))).second) return true;
-    }
-    return false;
-  }
-
   DynamicTable* table_;  // owns this backend
 };
 

@@ -37,7 +37,7 @@ void SwapInRestored(DynamicTable* table, de::EmbeddingTable<Key>* fresh) {
 
 // Replaces the content with the tensors of TfExtTableExport (TfExtTableImport's inputs).
 template <typename Key>
-Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& keys,
+Status ImportTensors(OpKernelContext*, DynamicTable* table, const Tensor& keys,
                      const Tensor& values, const Tensor& slots, const Tensor& counts,
                      const Tensor& steps, const Tensor& slot_init) {
   const int dim = table->dim();
@@ -78,9 +78,11 @@ Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& ke
   const float* slot_rows = slots.flat<float>().data();
   const auto count_values = counts.flat<int64_t>();
   const auto step_values = steps.flat<int64_t>();
-  ParallelFor(ctx, n, 300 + 2 * dim * (1 + num_slots), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      fresh.Upsert(KeyTensor<Key>::View(flat_keys(i)), [&](de::RowRef& row, bool) {
+  // On this op's thread, not the intra-op pool, whose every thread a large import would hold
+  // while lookups of other tables (or of this one, until the swap) queue behind it.
+  fresh.UpsertBatch(
+      n, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); },
+      [&](int64_t i, de::RowRef& row, bool) {
         std::copy(rows + i * dim, rows + (i + 1) * dim, row.embedding);
         std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim,
                   row.slots);
@@ -88,8 +90,6 @@ Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& ke
             std::clamp<int64_t>(count_values(i), 0, std::numeric_limits<uint32_t>::max()));
         *row.last_step = step_values(i);
       });
-    }
-  });
   if (fresh.Size() != n) {
     return table->Invalid("import: the data holds ", n - fresh.Size(), " duplicate keys");
   }

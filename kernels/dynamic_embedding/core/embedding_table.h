@@ -17,8 +17,9 @@
 // Lifecycle. Training updates go through UpdateRow, which applies the admission policy to new ids
 // (admission.h) and keeps each entry's update count, last step and version. Evict removes rows
 // shard by shard, holding a shard's exclusive lock only for short batches, so lookups and updates
-// go on meanwhile. Snapshot streams the whole table or only what changed since an earlier snapshot
-// (changed rows and removed ids), for full and delta checkpoints.
+// go on meanwhile; bulk inserts, imports and restores (UpsertBatch) write in such batches too.
+// Snapshot streams the whole table or only what changed since an earlier snapshot (changed rows and
+// removed ids), for full and delta checkpoints.
 //
 // Files. Include this header only. It declares EmbeddingTable whole: its API with the contract of
 // each call, its private types and its state. The constructor and accessors are defined in the
@@ -26,7 +27,8 @@
 //   embedding_table_entries.h   a shard's index and entries (addressing, probing, adding,
 //                               removing), BytesInUse
 //   embedding_table_lookup.h    Find, FindBatch and their prefetching pipelines
-//   embedding_table_update.h    Upsert, UpdateRow, UpdateBatch (admission), EnsureSlots
+//   embedding_table_update.h    Upsert, UpsertBatch, UpdateRow, UpdateBatch (admission),
+//                               EnsureSlots
 //   embedding_table_removal.h   Remove, RemoveBatch, Clear, Evict
 //   embedding_table_snapshot.h  Export, Snapshot and the change tracking of deltas, SwapContents
 // (and chunk_arena.h, the memory entries live in). Members, not helper classes: every concern
@@ -55,7 +57,8 @@
 namespace tf_ext {
 namespace de {
 
-// Where a key is stored: the low bits pick its shard, the next its home slot, the high 32 its tag.
+// Where a key is stored: the low bits pick its shard, the high 32 its tag, and the tag's low bits
+// its home slot.
 // Nothing persisted depends on it (an import re-inserts every key), so it may change for speed or
 // spread. Initial rows never use it: they use the frozen InitialRowKeyHash (initializers.h), which
 // this equals today, so tuning this hash leaves every served row as it was.
@@ -149,9 +152,9 @@ class EmbeddingTable {
   // present. A shard is read-locked once per call, not once per key: under skewed ids the same
   // few locks would otherwise bounce between cores on every lookup. Usually every shard is
   // locked for the whole call and the keys are served in order, writing the rows sequentially,
-  // the fastest. While a bulk removal runs (Evict, RemoveBatch), whose every short hold of a
-  // shard's write lock would otherwise wait for a whole call, the keys are served shard by shard
-  // instead, holding only the shards of the keys in flight (FindByShard).
+  // the fastest. While a bulk write runs (Evict, RemoveBatch, UpsertBatch), whose every short
+  // hold of a shard's write lock would otherwise wait for a whole call, the keys are served shard
+  // by shard instead, holding only the shards of the keys in flight (FindByShard).
   // With out_stride, row i goes to out[i * out_stride, i * out_stride + dim) instead: into a
   // column window of a wider matrix, such as a concatenation of lookups.
   template <typename KeyAt>
@@ -163,11 +166,15 @@ class EmbeddingTable {
   // dim].
   template <typename KeyAt>
   void FindDistinctBatch(int64_t n, KeyAt&& key_at, const int64_t* occurrences, float* out) const;
-  // FindBatch as it runs during a bulk removal, for tests.
+  // FindBatch as it runs during a bulk write, for tests.
   template <typename KeyAt>
   int64_t FindBatchByShardForTesting(int64_t n, KeyAt&& key_at, float* out,
                                      int64_t out_stride = 0) const;
   bool Contains(KeyView key) const;
+  // How many readers wait for the key's shard behind a writer, for tests of the lock hand-over.
+  uint32_t QueuedReadersForTesting(KeyView key) const {
+    return ShardFor(StorageHash(key)).lock.queued_readers();
+  }
 
   // Updates (embedding_table_update.h).
 
@@ -190,6 +197,16 @@ class EmbeddingTable {
   // Sets the embedding; slots and metadata are kept for an existing key. A new key gets initial
   // slots, no updates, and the latest training step as its last step (so a TTL counts from now).
   void InsertOrAssign(KeyView key, const float* embedding);
+  // Upsert for keys key_at(0..n-1), running fn(i, RowRef&, bool created) for each; returns how
+  // many were created. The keys are grouped by shard and written in batches of kWriteBatch per
+  // hold of the shard's exclusive lock, as RemoveBatch removes them: lookups meanwhile go shard
+  // by shard (see FindBatch) and wait at most one short batch. A key given twice is written
+  // twice, in order, so the last write wins. For bulk inserts, imports and restores.
+  template <typename KeyAt, typename Fn>
+  int64_t UpsertBatch(int64_t n, KeyAt&& key_at, Fn&& fn);
+  // InsertOrAssign for keys key_at(0..n-1) and rows[i * dim, (i + 1) * dim), by UpsertBatch.
+  template <typename KeyAt>
+  void InsertOrAssignBatch(int64_t n, KeyAt&& key_at, const float* rows);
   // Makes every entry carry at least `num_slots` optimizer slots; new slots of existing
   // entries and all slots of future entries start at slot_init[i]. Done once, when an
   // optimizer first updates the table, so lookup-only tables carry no slot memory.
@@ -199,13 +216,13 @@ class EmbeddingTable {
 
   bool Remove(KeyView key);
   // Remove for keys key_at(0..n-1), returning how many were present. The keys are grouped by
-  // shard and removed in batches of kEvictBatch per hold of the shard's exclusive lock, as Evict
+  // shard and removed in batches of kWriteBatch per hold of the shard's exclusive lock, as Evict
   // does: a lock per batch, not per key, and lookups wait at most one short batch.
   template <typename KeyAt>
   int64_t RemoveBatch(int64_t n, KeyAt&& key_at);
   void Clear();
   // Removes the rows `criteria` condemns, shard by shard: a shard is scanned under its read
-  // lock, then its victims are removed under its exclusive lock in batches of kEvictBatch, each
+  // lock, then its victims are removed under its exclusive lock in batches of kWriteBatch, each
   // victim re-checked (an update in between saves it). Lookups and updates of other shards, and
   // of this one between batches, go on. Returns the number of rows removed.
   int64_t Evict(const EvictionCriteria& criteria);
@@ -343,22 +360,22 @@ class EmbeddingTable {
     std::vector<int64_t> first;
   };
 
-  // Removals per hold of a shard's write lock (Evict, RemoveBatch): a hold stays far under a
-  // millisecond.
-  static constexpr size_t kEvictBatch = 256;
+  // Removals or writes per hold of a shard's write lock (Evict, RemoveBatch, UpsertBatch): a
+  // hold stays far under a millisecond (unless the shard's index grows in it).
+  static constexpr size_t kWriteBatch = 256;
   // Bytes of entries a snapshot copies per hold of a shard's exclusive lock (at least 64 entries):
   // a copy of well under a millisecond, and few enough holds that each rarely meets a writer.
   static constexpr size_t kSaveBatchBytes = size_t{1} << 20;
 
-  // Counts a bulk removal (see FindBatch) while in scope.
-  class BulkRemoval {
+  // Counts a bulk removal or write (see FindBatch) while in scope.
+  class BulkWrite {
    public:
-    explicit BulkRemoval(std::atomic<int>& count) : count_(count) {
+    explicit BulkWrite(std::atomic<int>& count) : count_(count) {
       count_.fetch_add(1, std::memory_order_relaxed);
     }
-    ~BulkRemoval() { count_.fetch_sub(1, std::memory_order_relaxed); }
-    BulkRemoval(const BulkRemoval&) = delete;
-    BulkRemoval& operator=(const BulkRemoval&) = delete;
+    ~BulkWrite() { count_.fetch_sub(1, std::memory_order_relaxed); }
+    BulkWrite(const BulkWrite&) = delete;
+    BulkWrite& operator=(const BulkWrite&) = delete;
 
    private:
     std::atomic<int>& count_;
@@ -381,6 +398,7 @@ class EmbeddingTable {
   const Shard& ShardFor(uint64_t hash) const;
   Shard& ShardFor(uint64_t hash);
   size_t HomeSlot(const Shard& shard, uint64_t hash) const;
+  static size_t HomeSlotOfTag(const Shard& shard, uint32_t tag);
   static uint32_t Tag(uint64_t hash);
   template <typename KeyAt>
   ShardGroups GroupByShard(int64_t n, KeyAt&& key_at) const;
@@ -469,7 +487,7 @@ class EmbeddingTable {
   uint32_t save_since_ = 0, save_version_ = 0;
   std::atomic<int64_t> latest_step_{0};
   std::atomic<int64_t> admitted_{0}, rejected_{0}, evicted_{0};
-  std::atomic<int> bulk_removals_{0};  // Evict and RemoveBatch calls removing rows now
+  std::atomic<int> bulk_writes_{0};  // Evict, RemoveBatch and UpsertBatch calls writing now
   mutable std::atomic<int64_t> lookups_{0}, lookup_hits_{0}, probes_{0};
 };
 

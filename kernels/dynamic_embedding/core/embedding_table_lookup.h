@@ -100,13 +100,13 @@ inline bool EmbeddingTable<Key>::ServeRow(const Shard& shard, KeyView key, uint6
 }
 
 // FindBatch's rows (and which keys were present, where `present` is given), found in order or,
-// while a bulk removal runs, shard by shard; the number found.
+// while a bulk write runs, shard by shard; the number found.
 template <typename Key>
 template <typename KeyAt>
 inline int64_t EmbeddingTable<Key>::ServeRows(int64_t n, KeyAt&& key_at, float* out,
                                               int64_t out_stride, bool* present) const {
   probes_.fetch_add(n, std::memory_order_relaxed);
-  return bulk_removals_.load(std::memory_order_relaxed) > 0
+  return bulk_writes_.load(std::memory_order_relaxed) > 0
              ? FindByShard(n, key_at, out, out_stride, present)
              : FindInOrder(n, key_at, out, out_stride, present);
 }
@@ -144,7 +144,7 @@ inline int64_t EmbeddingTable<Key>::FindInOrder(int64_t n, KeyAt&& key_at, float
   return found;
 }
 
-// FindBatch during a bulk removal: the keys grouped by shard, and only the shards of the keys
+// FindBatch during a bulk write: the keys grouped by shard, and only the shards of the keys
 // in flight held (in ascending order, as LockAll takes them), never all at once: a writer
 // holding one shard delays only the lookups that reach it, and a lookup delays a writer only
 // while it serves that shard's keys.

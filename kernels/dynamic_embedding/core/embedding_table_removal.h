@@ -30,7 +30,7 @@ inline bool EmbeddingTable<Key>::Remove(KeyView key) {
 template <typename Key>
 template <typename KeyAt>
 inline int64_t EmbeddingTable<Key>::RemoveBatch(int64_t n, KeyAt&& key_at) {
-  BulkRemoval bulk(bulk_removals_);
+  BulkWrite bulk(bulk_writes_);
   const ShardGroups groups = GroupByShard(n, key_at);
   int64_t removed = 0;
   for (size_t s = 0; s < shards_.size(); ++s) {
@@ -93,25 +93,25 @@ inline int64_t EmbeddingTable<Key>::EvictFromShard(Shard& shard, Select&& select
       return true;
     });
   }
-  BulkRemoval bulk(bulk_removals_);
+  BulkWrite bulk(bulk_writes_);
   return RemoveInBatches(
       shard, static_cast<int64_t>(victims.size()), [&](int64_t i) { return KeyView(victims[i]); },
       [&](int64_t i) { return StorageHash(KeyView(victims[i])); }, recheck);
 }
 
 // Removes the entries of keys key_at(0..n-1) of this shard (hash_at(i): their StorageHash)
-// that still pass recheck(entry), in batches of kEvictBatch per hold of the shard's exclusive
+// that still pass recheck(entry), in batches of kWriteBatch per hold of the shard's exclusive
 // lock. Lookups meanwhile take the shards one at a time (see FindBatch, while the caller counts
-// a BulkRemoval), and those that queue behind a batch get in before the next one takes the
+// a BulkWrite), and those that queue behind a batch get in before the next one takes the
 // lock (RWSpinLock hands over fairly).
 template <typename Key>
 template <typename KeyAt, typename HashAt, typename Recheck>
 inline int64_t EmbeddingTable<Key>::RemoveInBatches(Shard& shard, int64_t n, KeyAt&& key_at,
                                                     HashAt&& hash_at, Recheck&& recheck) {
   int64_t removed = 0;
-  for (int64_t begin = 0; begin < n; begin += kEvictBatch) {
+  for (int64_t begin = 0; begin < n; begin += kWriteBatch) {
     ExclusiveGuard guard(shard.lock);
-    for (int64_t i = begin; i < std::min<int64_t>(n, begin + kEvictBatch); ++i) {
+    for (int64_t i = begin; i < std::min<int64_t>(n, begin + kWriteBatch); ++i) {
       size_t pos;
       if (!FindSlot(shard, key_at(i), hash_at(i), &pos)) continue;
       if (!recheck(static_cast<const char*>(EntryAt(shard, IdAt(shard, pos))))) continue;

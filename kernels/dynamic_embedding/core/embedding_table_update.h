@@ -84,6 +84,56 @@ inline void EmbeddingTable<Key>::InsertOrAssign(KeyView key, const float* embedd
   });
 }
 
+// On the caller's thread, shard by shard: each batch of kWriteBatch keys re-takes the shard's
+// lock (readers queued behind a batch get in before the next, see RWSpinLock) and restarts the
+// prefetching pipeline of UpdateBatch, whose prefetches read the index under the lock.
+template <typename Key>
+template <typename KeyAt, typename Fn>
+inline int64_t EmbeddingTable<Key>::UpsertBatch(int64_t n, KeyAt&& key_at, Fn&& fn) {
+  BulkWrite bulk(bulk_writes_);
+  const ShardGroups groups = GroupByShard(n, key_at);
+  constexpr int64_t kIndexAhead = 16, kEntryAhead = 8;
+  int64_t created = 0;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    Shard& shard = shards_[s];
+    const GroupedKey* group = groups.keys.get() + groups.first[s];
+    const int64_t size = groups.first[s + 1] - groups.first[s];
+    for (int64_t begin = 0; begin < size; begin += kWriteBatch) {
+      const int64_t end = std::min<int64_t>(size, begin + kWriteBatch);
+      ExclusiveGuard guard(shard.lock);
+      for (int64_t p = begin; p < std::min(end, begin + kIndexAhead); ++p) {
+        PrefetchIndex(group[p].hash);
+      }
+      for (int64_t p = begin; p < std::min(end, begin + kEntryAhead); ++p) {
+        PrefetchEntry(group[p].hash);
+      }
+      for (int64_t p = begin; p < end; ++p) {
+        if (p + kEntryAhead < end) PrefetchEntry(group[p + kEntryAhead].hash);
+        if (p + kIndexAhead < end) PrefetchIndex(group[p + kIndexAhead].hash);
+        const int64_t i = group[p].index;
+        const KeyView key = key_at(i);
+        size_t pos;
+        const bool create = !FindSlot(shard, key, group[p].hash, &pos);
+        const uint32_t id = create ? CreateEntry(shard, key, group[p].hash) : IdAt(shard, pos);
+        MarkChanged(shard, id);
+        RowRef row = RowOf(EntryAt(shard, id));
+        fn(i, row, create);
+        created += create;
+      }
+    }
+  }
+  return created;
+}
+
+template <typename Key>
+template <typename KeyAt>
+inline void EmbeddingTable<Key>::InsertOrAssignBatch(int64_t n, KeyAt&& key_at, const float* rows) {
+  UpsertBatch(n, key_at, [&](int64_t i, RowRef& row, bool created) {
+    std::memcpy(row.embedding, rows + i * dim_, sizeof(float) * dim_);
+    if (created) *row.last_step = latest_step();
+  });
+}
+
 template <typename Key>
 inline void EmbeddingTable<Key>::EnsureSlots(int num_slots, const std::vector<float>& slot_init) {
   if (num_slots <= this->num_slots()) return;

@@ -51,6 +51,10 @@ class RWSpinLock {
   }
   // Clears only the writer bit: the count of queued readers stays.
   void unlock() { state_.fetch_and(~kWriter, std::memory_order_release); }
+  // Readers waiting behind a writer now (for tests of the hand-over).
+  uint32_t queued_readers() const {
+    return (state_.load(std::memory_order_acquire) & kQueuedMask) / kQueued;
+  }
 
  private:
   // state_: readers inside (bits 0-15), readers queued behind a writer (bits 16-30), writer (31).
