@@ -22,6 +22,7 @@ class ChunkArena {
  public:
   ChunkArena() = default;
   ~ChunkArena() {
+    if (spare_.base != nullptr) munmap(spare_.base, spare_.bytes);
     for (const Slab& slab : slabs_) {
       if (slab.mapped) {
         munmap(slab.base, slab.bytes);
@@ -41,6 +42,33 @@ class ChunkArena {
     remaining_ -= bytes;
     return chunk;
   }
+  // When the next `bytes` of allocations would need a new slab: maps the next slab and touches
+  // its pages now, to wait as the spare until Allocate needs it. A writer calls it before taking
+  // a shard's lock, so that no lookup waits behind the lock while the kernel maps a slab and
+  // faults its pages in (a huge page's first touch zeroes 2 MiB, and may compact memory first).
+  // One spare at most, of the usual slab size: a larger call maps its later slabs as it goes.
+  void Prepare(size_t bytes) {
+    size_t slab_bytes;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (bytes <= remaining_ || spare_.base != nullptr) return;
+      slab_bytes = SlabBytes(0);
+    }
+    if (slab_bytes < kHugePage) return;  // a small slab comes from malloc: nothing to fault in
+    const Slab slab = MapSlab(slab_bytes);
+    for (size_t offset = 0; offset < slab.bytes; offset += kPage) slab.base[offset] = 0;
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (spare_.base != nullptr) {  // another writer prepared one meanwhile
+      munmap(slab.base, slab.bytes);
+      return;
+    }
+    spare_ = slab;
+  }
+  // For tests: whether a prepared slab waits.
+  bool HasSpareForTesting() const {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return spare_.base != nullptr;
+  }
   size_t ReservedBytes() const {
     std::lock_guard<std::mutex> guard(mutex_);
     return reserved_;
@@ -50,22 +78,34 @@ class ChunkArena {
   static constexpr size_t kHugePage = size_t{2} << 20;
   static constexpr size_t kPage = size_t{4} << 10;
   struct Slab {
-    char* base;
-    size_t bytes;
-    bool mapped;
+    char* base = nullptr;
+    size_t bytes = 0;
+    bool mapped = false;
   };
-  void NewSlab(size_t at_least) {
-    // An eighth of what is reserved already: the unused tail stays under 12.5%.
+  // The size of the next slab for at least `at_least` bytes: an eighth of what is reserved
+  // already (the unused tail stays under 12.5%), 4 KiB to 4 MiB, whole huge pages from 2 MiB.
+  size_t SlabBytes(size_t at_least) const {
     size_t slab_bytes = std::min<size_t>(std::max<size_t>(reserved_ / 8, kPage), 4 << 20);
     slab_bytes = slab_bytes >= kHugePage ? slab_bytes / kHugePage * kHugePage
                                          : (slab_bytes + kPage - 1) & ~(kPage - 1);
-    const size_t bytes = std::max(slab_bytes, at_least);
+    return std::max(slab_bytes, at_least);
+  }
+  void NewSlab(size_t at_least) {
+    if (spare_.bytes >= at_least) {
+      Use(spare_);
+      spare_ = Slab{};
+      return;
+    }
+    const size_t bytes = SlabBytes(at_least);
     if (bytes < kHugePage) {  // small slabs come from malloc: no mapping per few KiB
       char* slab = static_cast<char*>(std::malloc(bytes));
       if (slab == nullptr) throw std::bad_alloc();
       Use(Slab{slab, bytes, false});
       return;
     }
+    Use(MapSlab(bytes));
+  }
+  static Slab MapSlab(size_t bytes) {
     // Huge pages need 2 MiB-aligned ranges: over-map, then trim the ends.
     const bool huge = bytes % kHugePage == 0;
     const size_t mapped = huge ? bytes + kHugePage : bytes;
@@ -81,7 +121,7 @@ class ChunkArena {
       if (base + mapped > end) munmap(end, base + mapped - end);
       madvise(slab, bytes, MADV_HUGEPAGE);
     }
-    Use(Slab{slab, bytes, true});
+    return Slab{slab, bytes, true};
   }
   void Use(const Slab& slab) {
     slabs_.push_back(slab);
@@ -92,6 +132,7 @@ class ChunkArena {
 
   mutable std::mutex mutex_;
   std::vector<Slab> slabs_;
+  Slab spare_;  // mapped and touched by Prepare, not in use yet (not counted as reserved)
   char* next_ = nullptr;
   size_t remaining_ = 0, reserved_ = 0;
 };

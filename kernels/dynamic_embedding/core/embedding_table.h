@@ -386,6 +386,9 @@ class EmbeddingTable {
   static char* EntryAt(const Layout& layout, const std::vector<char*>& chunks, uint32_t id);
   char* EntryAt(const Shard& shard, uint32_t id) const;
   void AllocateChunkFor(Shard& shard, uint32_t id);
+  // Before a writer takes a shard's lock to write up to `count` entries: the memory new ones
+  // would take is mapped and faulted in now, outside the lock (ChunkArena::Prepare).
+  void PrepareEntries(int64_t count);
   static uint32_t IdAt(const Shard& shard, size_t pos);
   template <typename Fn>
   void ForEachLiveEntry(const Shard& shard, Fn&& fn) const;
@@ -469,7 +472,9 @@ class EmbeddingTable {
   std::vector<Shard> shards_;
   const AdmissionSpec admission_;
   std::unique_ptr<CountMinSketch> sketch_;
-  std::unique_ptr<ChunkArena> arena_ = std::make_unique<ChunkArena>();
+  // Replaced (std::atomic_store) only under every shard's lock; read without one only through
+  // std::atomic_load (PrepareEntries, BytesInUse).
+  std::shared_ptr<ChunkArena> arena_ = std::make_shared<ChunkArena>();
   std::atomic<int64_t> size_{0};
   std::atomic<int> num_slots_{0};
   mutable std::mutex layout_mutex_;  // serializes EnsureSlots

@@ -54,6 +54,12 @@ inline void EmbeddingTable<Key>::AllocateChunkFor(Shard& shard, uint32_t id) {
   }
 }
 template <typename Key>
+inline void EmbeddingTable<Key>::PrepareEntries(int64_t count) {
+  // A bound from the atomics (the layout itself is read under the locks), plus two large chunks.
+  const size_t per_entry = sizeof(Header) + sizeof(float) * dim_ * (1 + num_slots()) + 64;
+  std::atomic_load(&arena_)->Prepare(per_entry * static_cast<size_t>(count) + (size_t{32} << 10));
+}
+template <typename Key>
 inline uint32_t EmbeddingTable<Key>::IdAt(const Shard& shard, size_t pos) {
   return static_cast<uint32_t>(shard.index[pos]) - 1;
 }
@@ -282,7 +288,7 @@ inline size_t EmbeddingTable<Key>::BytesInUse() const {
                shard.pending->size() * (sizeof(std::pair<const Key, uint32_t>) + 16);
     }
   }
-  return bytes + arena_->ReservedBytes();
+  return bytes + std::atomic_load(&arena_)->ReservedBytes();
 }
 
 }  // namespace de

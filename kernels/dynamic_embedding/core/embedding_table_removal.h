@@ -51,7 +51,7 @@ inline void EmbeddingTable<Key>::Clear() {
     DestroyEntries(shard);
     shard = Shard();
   }
-  arena_ = std::make_unique<ChunkArena>();
+  std::atomic_store(&arena_, std::make_shared<ChunkArena>());
   size_.store(0, std::memory_order_relaxed);
   tracking_.store(false, std::memory_order_relaxed);
   UnlockAll();

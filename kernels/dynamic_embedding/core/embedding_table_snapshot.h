@@ -285,7 +285,9 @@ inline void EmbeddingTable<Key>::SwapContents(EmbeddingTable& other) {
     shards_[i] = std::move(other.shards_[i]);
     other.shards_[i] = std::move(held);
   }
-  std::swap(arena_, other.arena_);
+  const std::shared_ptr<ChunkArena> arena = std::atomic_load(&arena_);
+  std::atomic_store(&arena_, std::atomic_load(&other.arena_));
+  std::atomic_store(&other.arena_, arena);
   // Same width and depth: only the counts differ. Admit uses them under a shard's lock.
   if (sketch_) sketch_->SwapCounters(*other.sketch_);
   const int64_t other_size = other.size_.load();

@@ -61,6 +61,7 @@ inline int64_t EmbeddingTable<Key>::UpdateBatch(int64_t n, KeyAt&& key_at, int64
     const GroupedKey* group = groups.keys.get() + groups.first[s];
     const int64_t size = groups.first[s + 1] - groups.first[s];
     if (size == 0) continue;
+    PrepareEntries(size);
     ExclusiveGuard guard(shards_[s].lock);
     for (int64_t p = 0; p < std::min(size, kIndexAhead); ++p) PrefetchIndex(group[p].hash);
     for (int64_t p = 0; p < std::min(size, kEntryAhead); ++p) PrefetchEntry(group[p].hash);
@@ -100,6 +101,7 @@ inline int64_t EmbeddingTable<Key>::UpsertBatch(int64_t n, KeyAt&& key_at, Fn&& 
     const int64_t size = groups.first[s + 1] - groups.first[s];
     for (int64_t begin = 0; begin < size; begin += kWriteBatch) {
       const int64_t end = std::min<int64_t>(size, begin + kWriteBatch);
+      PrepareEntries(end - begin);
       ExclusiveGuard guard(shard.lock);
       for (int64_t p = begin; p < std::min(end, begin + kIndexAhead); ++p) {
         PrefetchIndex(group[p].hash);
@@ -148,8 +150,8 @@ inline void EmbeddingTable<Key>::EnsureSlots(int num_slots, const std::vector<fl
   for (int i = old_slots; i < num_slots; ++i) new_init.push_back(slot_init[i]);
   slot_init_ = new_init;
   layout_ = MakeLayout(num_slots);
-  std::unique_ptr<ChunkArena> old_arena = std::move(arena_);
-  arena_ = std::make_unique<ChunkArena>();
+  const std::shared_ptr<ChunkArena> old_arena = std::atomic_load(&arena_);
+  std::atomic_store(&arena_, std::make_shared<ChunkArena>());
   for (auto& shard : shards_) {
     std::vector<char*> old_chunks = std::move(shard.chunks);
     shard.chunks.clear();
