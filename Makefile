@@ -29,7 +29,9 @@
 #                lookups from a second thread, killed with SIGKILL at random moments and restarted
 #                from the last link; checks memory, lost rows, restores and AUC (writes soak.png)
 #   make bench-quality  benchmarks/quality.py: DeepFM on a drifting Criteo-like stream, tf_ext
-#                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt)
+#                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt);
+#                benchmarks/initial_rows.py: the cost of a missing id's initial row, per initializer
+#                and version
 #   make bench-amp  benchmarks/amp.py: loss-aware mixed precision against float32 and TensorFlow's
 #                own AMP (speed on a DLRM-style tower, accuracy on three tasks; writes amp.png)
 #   make bench-fusion  benchmarks/embedding_fusion.py: training steps/s with tf_ext's graph passes
@@ -345,6 +347,7 @@ soak: build bench-deps
 # Issue 9's quality and speed benchmark; BENCH_ARGS=--quick for a short run, --no-tfra without TFRA.
 bench-quality: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/quality.py $(BENCH_ARGS))
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/initial_rows.py)
 
 # Issue 11's graph-pass benchmark; BENCH_ARGS=--quick for a short run.
 bench-fusion: build bench-deps
