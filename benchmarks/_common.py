@@ -8,8 +8,11 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -226,6 +229,26 @@ def rotated(names, round_index):
 
 def int_list(text):
   return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run_workers(script, args, workers, extra_argv, prefix):
+  """Runs `script --worker W --dir DIR --keys K --dim D *extra_argv` for each W in `workers`,
+  each in a fresh process (so that each measures its own peak RSS), in args.dir or a temporary
+  folder removed afterwards; returns {W: the JSON object its last output line holds}."""
+  own_dir = args.dir is None
+  args.dir = args.dir or tempfile.mkdtemp(prefix=prefix)
+  measured = {}
+  try:
+    for worker in workers:
+      command = [sys.executable, os.path.abspath(script), "--worker", worker, "--dir", args.dir]
+      command += ["--keys", str(args.keys), "--dim", str(args.dim), *extra_argv]
+      log(f"[{worker}] {args.keys:,} rows, dim {args.dim}")
+      out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+      measured[worker] = json.loads(out.strip().splitlines()[-1])
+  finally:
+    if own_dir:
+      shutil.rmtree(args.dir, ignore_errors=True)
+  return measured
 
 
 def finish(results, json_path, wall_start):

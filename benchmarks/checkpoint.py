@@ -36,10 +36,7 @@ whatever the numbers.
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
@@ -51,6 +48,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   machine_report,
   mib,
   require_positive,
+  run_workers,
   use_checkout,
   verdict,
   versions,
@@ -277,16 +275,6 @@ def run_worker(args):
   return 0
 
 
-def spawn(args, worker):
-  command = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--dir", args.dir]
-  command += ["--keys", str(args.keys), "--dim", str(args.dim)]
-  command += ["--changed-fraction", str(args.changed_fraction), "--step-ids", str(args.step_ids)]
-  command += ["--control-seconds", str(args.control_seconds)]
-  log(f"[{worker}] {args.keys:,} rows, dim {args.dim}")
-  out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
-  return json.loads(out.strip().splitlines()[-1])
-
-
 def report_save_and_restore(args, save, restore):
   print(
     f"\ntable: {save['rows']:,} rows, dim {args.dim}, Adam slots: {mib(save['table_bytes'])} "
@@ -353,13 +341,9 @@ def main(argv=None):
   import tf_ext  # pylint: disable=import-outside-toplevel
 
   machine = machine_report(tf, tf_ext, np)
-  own_dir = args.dir is None
-  args.dir = args.dir or tempfile.mkdtemp(prefix="tf_ext_ckpt_bench_")
-  try:
-    measured = {phase: spawn(args, phase) for phase in args.phases}
-  finally:
-    if own_dir:
-      shutil.rmtree(args.dir, ignore_errors=True)
+  extra_argv = ["--changed-fraction", str(args.changed_fraction), "--step-ids", str(args.step_ids)]
+  extra_argv += ["--control-seconds", str(args.control_seconds)]
+  measured = run_workers(__file__, args, args.phases, extra_argv, "tf_ext_ckpt_bench_")
   if "save" in measured and "restore" in measured:
     report_save_and_restore(args, measured["save"], measured["restore"])
   ratios = report_delta(args, measured["delta"]) if "delta" in measured else None

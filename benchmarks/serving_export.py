@@ -21,10 +21,7 @@ PASS/MISS line is informational: the exit status is 0 whatever the numbers.
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
@@ -36,6 +33,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   machine_report,
   mib,
   require_positive,
+  run_workers,
   use_checkout,
   verdict,
   versions,
@@ -117,14 +115,6 @@ def run_worker(args):
   return 0
 
 
-def spawn(args, worker):
-  command = [sys.executable, os.path.abspath(__file__), "--worker", worker, "--dir", args.dir]
-  command += ["--keys", str(args.keys), "--dim", str(args.dim)]
-  log(f"[{worker}] {args.keys:,} rows, dim {args.dim}")
-  out = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
-  return json.loads(out.strip().splitlines()[-1])
-
-
 def main(argv=None):
   args = parse_args(argv)
   if args.worker:
@@ -136,13 +126,7 @@ def main(argv=None):
   import tf_ext  # pylint: disable=import-outside-toplevel
 
   machine = machine_report(tf, tf_ext, np)
-  own_dir = args.dir is None
-  args.dir = args.dir or tempfile.mkdtemp(prefix="tf_ext_serving_bench_")
-  try:
-    measured = {worker: spawn(args, worker) for worker in PATHS}
-  finally:
-    if own_dir:
-      shutil.rmtree(args.dir, ignore_errors=True)
+  measured = run_workers(__file__, args, PATHS, [], "tf_ext_serving_bench_")
 
   table_bytes = measured["streamed"]["table_bytes"]
   print(f"\ntable: {args.keys:,} rows, dim {args.dim}: {mib(table_bytes)} in memory")
