@@ -248,6 +248,22 @@ def test_string_table_fed_int64_is_a_clear_error(model, tmp_path):
   assert not os.path.exists(tmp_path / "wrong" / "saved_model.pb")
 
 
+def test_a_tf_function_set_on_a_plain_module_is_its_default_signature(model, tmp_path):
+  table = model.get_layer("ids_emb").table
+  module = tf.Module()
+  module.table = table
+  module.serve = tf.function(table.lookup, input_signature=[tf.TensorSpec([None], tf.int64)])
+  export = str(tmp_path / "plain")
+  tf_ext.saved_model.export_for_serving(module, export)
+  served = run_without_tf_ext(f"""
+    import json
+    serve = tf.saved_model.load({export!r}).signatures["serving_default"]
+    rows = serve(ids=tf.constant([1, 2], tf.int64))
+    print(json.dumps(list(rows.values())[0].numpy().tolist()))
+  """)
+  np.testing.assert_array_equal(np.array(served, np.float32), table.lookup([1, 2]).numpy())
+
+
 def test_signature_choices_are_checked(model, tmp_path):
   table = model.get_layer("ids_emb").table
 

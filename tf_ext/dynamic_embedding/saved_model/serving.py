@@ -265,9 +265,10 @@ def _keras_signature(model):
 
 
 def _traced_functions(obj):
-  """The tf.functions with an input_signature among `obj`'s attributes, by name."""
+  """The tf.functions with an input_signature among `obj`'s attributes, by name: methods of its
+  class and functions set on the object itself (`module.serve = tf.function(...)`)."""
   found = {}
-  for name in dir(type(obj)):
+  for name in dir(obj):
     if name.startswith("_"):
       continue
     try:
