@@ -692,7 +692,7 @@ class WriteServingBundleOp : public TableKernel {
     de::EmbeddingTable<Key>* core = table.template table<Key>();
     const int64_t version = core->Snapshot(
         de::EmbeddingTable<Key>::kFullSnapshot,
-        [&](int64_t rows, int64_t) {  // stable: every shard is read-locked
+        [&](int64_t rows, int64_t) {  // the rows at the snapshot's instant: they stay stable
           if (total_rows < 0) total_rows = first_row + rows;
           if (first_row + rows <= total_rows) return true;
           status =
