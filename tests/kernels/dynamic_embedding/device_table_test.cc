@@ -297,6 +297,47 @@ TEST_P(DeviceTableTest, InsertOrAssignLetsTheLastRowWinAndRemoveLeavesOthersFind
   EXPECT_TRUE(ContentsOf(*table).empty());
 }
 
+// Near full load most buckets are full, and a find stops at a full bucket unless a claim went on
+// past it (its overflow bit): every key stored beyond a full bucket must still be found, through
+// removals (tombstones keep buckets full), and after Clear none is.
+TEST_P(DeviceTableTest, KeysPastFullBucketsAreFoundAtNinetyPercentLoad) {
+  const Backend& backend = GetParam();
+  DeviceTableOptions options = Options(1);
+  options.initial_capacity = 1 << 13;
+  options.max_load_factor = 0.95;
+  auto table = MakeOrDie(backend, options);
+  std::mt19937_64 rng(7);
+  const int64_t n = (options.initial_capacity * 9) / 10;
+  const std::vector<int64_t> keys = Keys(rng, 2 * n, int64_t{1} << 62);
+  const std::vector<int64_t> stored(keys.begin(), keys.begin() + n);
+  std::vector<float> values(stored.begin(), stored.end());
+  Buffer<int64_t> device_keys(backend, keys);
+  Buffer<float> device_values(backend, values);
+  ASSERT_EQ(table->InsertOrAssign(nullptr, n, device_keys.get(), device_values.get()), "");
+  ASSERT_EQ(table->Capacity(), options.initial_capacity);  // no growth: 90 % full
+  auto expect_found = [&](const std::string& when, int64_t removed_below) {
+    Buffer<float> rows(backend, 2 * n);
+    Flags found(backend, 2 * n);
+    ASSERT_EQ(table->Find(nullptr, 2 * n, device_keys.get(), rows.get(), found.get()), "");
+    const std::vector<uint8_t> present = found.Download();
+    const std::vector<float> got = rows.Download();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < 2 * n; ++i) {
+      const bool expected = i >= removed_below && i < n;
+      if (present[i] != expected || (expected && got[i] != static_cast<float>(keys[i]))) ++wrong;
+    }
+    EXPECT_EQ(wrong, 0) << when;
+  };
+  expect_found("after inserts", 0);
+  Buffer<int64_t> first_third(backend, std::vector<int64_t>(keys.begin(), keys.begin() + n / 3));
+  int64_t removed = 0;
+  ASSERT_EQ(table->Remove(nullptr, n / 3, first_third.get(), &removed), "");
+  EXPECT_EQ(removed, n / 3);
+  expect_found("after removing a third", n / 3);
+  ASSERT_EQ(table->Clear(nullptr), "");
+  expect_found("after clear", n);
+}
+
 // The optimizers' settings each case trains with.
 std::vector<OptimizerParams> EveryOptimizer() {
   std::vector<OptimizerParams> all;

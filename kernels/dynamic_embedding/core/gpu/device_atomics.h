@@ -74,6 +74,14 @@ TF_EXT_HOST_DEVICE inline uint32_t Load(const uint32_t* p) {
 #endif
 }
 
+TF_EXT_HOST_DEVICE inline void Or(uint32_t* p, uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  atomicOr(p, bits);
+#else
+  __atomic_fetch_or(p, bits, __ATOMIC_RELEASE);
+#endif
+}
+
 TF_EXT_HOST_DEVICE inline void Max(uint32_t* p, uint32_t value) {
 #if defined(__CUDA_ARCH__)
   atomicMax(p, value);

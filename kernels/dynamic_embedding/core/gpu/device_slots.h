@@ -52,8 +52,9 @@ struct TableView {
   float* values;
   EntryMeta* meta;
   int64_t* counters;
-  uint64_t mask;     // probed slots - 1
-  int64_t capacity;  // probed slots; then kExtraSlots
+  uint32_t* overflow;  // a bit per bucket (Probe): set once a claim went on past it full
+  uint64_t mask;       // probed slots - 1
+  int64_t capacity;    // probed slots; then kExtraSlots
   int dim;
   int stride;  // floats per row: dim * (1 + num_slots)
 };
@@ -117,8 +118,14 @@ TF_EXT_HOST_DEVICE inline int LowestBit(uint32_t bits) {
 // in slot order within a bucket, and buckets follow one another by double hashing (an odd stride
 // over a power-of-two count of buckets visits every bucket). A full bucket sends a key on to an
 // unrelated bucket instead of into one long run of occupied slots, so probes stay short near full
-// load: at 90 %, a missing key reads about two buckets, where linear probing reads ~50 slots.
+// load, and the bucket's overflow bit records that some key went on: a find that meets a full
+// bucket whose bit is clear stops there. At 90 % load a missing key then reads about two buckets
+// (without the bits, three; with linear probing, ~50 slots).
 constexpr int kBucketSlots = 8;
+
+TF_EXT_HOST_DEVICE inline int64_t OverflowWords(int64_t capacity) {
+  return MaxOf<int64_t>(1, capacity / kBucketSlots / 32);
+}
 
 struct Probe {
   uint64_t bucket;
@@ -136,6 +143,10 @@ struct Probe {
   TF_EXT_HOST_DEVICE int64_t Slot(int ahead) const {
     return static_cast<int64_t>(bucket * kBucketSlots + offset + ahead);
   }
+  TF_EXT_HOST_DEVICE uint32_t* OverflowWord(const TableView& t) const {
+    return t.overflow + (bucket >> 5);
+  }
+  TF_EXT_HOST_DEVICE uint32_t OverflowBit() const { return 1u << (bucket & 31); }
   // Moves `slots` ahead; reaching the bucket's end moves to the next bucket.
   TF_EXT_HOST_DEVICE void Skip(const TableView& t, int slots) {
     offset += slots;
@@ -146,27 +157,55 @@ struct Probe {
   }
 };
 
-// Reads on from `probe` to the first slot that holds `key` or is empty, as many slots at a time as
-// the tile has lanes (up to a bucket): the slot a one-slot-at-a-time scan stops at. Returns the
-// slot, whether it holds `key` and the lane that read it; `probe` is left at that slot.
+// What a scan is for: a find stops at a full bucket whose overflow bit is clear; a claim goes on
+// past it and sets the bit first, so that later finds go on too.
+enum class ScanFor { kFind, kClaim };
+
+// Reads on from `probe` to the first slot that holds `key` or is empty: the slot a
+// one-slot-at-a-time scan stops at. The tile reads the rest of a bucket at once, each lane up to
+// kBucketSlots / tile.size() slots (all loads issued before any is compared, so a bucket costs
+// one memory round trip). Returns the slot, whether it holds `key` and the lane that read it;
+// `probe` is left at that slot. For kFind, returns -1 where the key cannot be further on.
 template <typename Tile>
 TF_EXT_HOST_DEVICE inline int64_t ScanTo(const TableView& t, uint64_t k, Probe* probe,
-                                         const Tile& tile, bool* holds_key, int* reader) {
+                                         const Tile& tile, ScanFor purpose, bool* holds_key,
+                                         int* reader) {
   const int width = MinOf(tile.size(), kBucketSlots);
   for (;;) {
-    const int span = MinOf(width, kBucketSlots - probe->offset);
-    const bool reads = tile.lane() < span;
-    const uint64_t held = reads ? atomic::Load(t.keys + probe->Slot(tile.lane())) : kTombstoneKey;
-    const uint32_t hit = tile.Ballot(reads && held == k);
-    const uint32_t stop = hit | tile.Ballot(reads && held == kEmptyKey);
-    if (stop != 0) {
-      const int first = LowestBit(stop);
-      *holds_key = (hit >> first) & 1u;
-      *reader = first;
-      probe->Skip(t, first);
-      return probe->Slot(0);
+    const int rest = kBucketSlots - probe->offset;
+    const int rounds = (rest + width - 1) / width;
+    // The overflow word is read beside the keys, so a full bucket costs no second round trip.
+    const uint32_t overflow = purpose == ScanFor::kFind ? atomic::Load(probe->OverflowWord(t)) : 0;
+    uint64_t held[kBucketSlots];
+    TF_EXT_UNROLL
+    for (int r = 0; r < kBucketSlots; ++r) {
+      const int ahead = r * width + tile.lane();
+      held[r] =
+          r < rounds && ahead < rest ? atomic::Load(t.keys + probe->Slot(ahead)) : kTombstoneKey;
     }
-    probe->Skip(t, span);
+    TF_EXT_UNROLL
+    for (int r = 0; r < kBucketSlots; ++r) {
+      if (r >= rounds) break;
+      const uint32_t hit = tile.Ballot(held[r] == k);
+      const uint32_t stop = hit | tile.Ballot(held[r] == kEmptyKey);
+      if (stop != 0) {
+        const int first = LowestBit(stop);
+        *holds_key = (hit >> first) & 1u;
+        *reader = first;
+        probe->Skip(t, r * width + first);
+        return probe->Slot(0);
+      }
+    }
+    if (purpose == ScanFor::kFind) {
+      if ((overflow & probe->OverflowBit()) == 0) {
+        *holds_key = false;
+        return -1;
+      }
+    } else if (tile.lane() == 0 &&
+               (atomic::Load(probe->OverflowWord(t)) & probe->OverflowBit()) == 0) {
+      atomic::Or(probe->OverflowWord(t), probe->OverflowBit());
+    }
+    probe->Skip(t, rest);
   }
 }
 
@@ -182,7 +221,7 @@ TF_EXT_HOST_DEVICE inline int64_t FindSlot(const TableView& t, int64_t key,
   Probe probe(t, k);
   bool holds_key = false;
   int reader = 0;
-  const int64_t s = ScanTo(t, k, &probe, tile, &holds_key, &reader);
+  const int64_t s = ScanTo(t, k, &probe, tile, ScanFor::kFind, &holds_key, &reader);
   return holds_key ? s : -1;
 }
 
@@ -204,7 +243,7 @@ TF_EXT_HOST_DEVICE inline int64_t FindOrClaimSlot(const TableView& t, int64_t ke
   for (;;) {
     bool holds_key = false;
     int claimer = 0;
-    const int64_t s = ScanTo(t, k, &probe, tile, &holds_key, &claimer);
+    const int64_t s = ScanTo(t, k, &probe, tile, ScanFor::kClaim, &holds_key, &claimer);
     if (holds_key) return s;
     uint64_t prior = 0;
     if (tile.lane() == claimer) prior = atomic::CompareAndSwap(t.keys + s, kEmptyKey, k);
