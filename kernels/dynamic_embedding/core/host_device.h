@@ -3,7 +3,6 @@
 // CPU table does.
 //
 // TF_EXT_HOST_DEVICE marks such a function: __host__ __device__ under nvcc, nothing otherwise.
-// TF_EXT_UNROLL unrolls the loop after it, under either compiler.
 // In it, call the global C math functions (::sqrt, ::log, ::cos, ::pow, sqrtf, powf), which both
 // sides have. The GPU code is compiled without contracting a * b + c into one fused multiply-add
 // (nvcc -fmad=false), as the CPU build (-march=x86-64-v2, which has no FMA) never does, so every
@@ -14,10 +13,8 @@
 
 #if defined(__CUDACC__)
 #define TF_EXT_HOST_DEVICE __host__ __device__
-#define TF_EXT_UNROLL _Pragma("unroll")
 #else
 #define TF_EXT_HOST_DEVICE
-#define TF_EXT_UNROLL _Pragma("GCC unroll 8")
 #endif
 
 namespace tf_ext {

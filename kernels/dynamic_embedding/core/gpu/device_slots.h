@@ -52,9 +52,9 @@ struct TableView {
   float* values;
   EntryMeta* meta;
   int64_t* counters;
-  uint32_t* overflow;  // a bit per bucket (Probe): set once a claim went on past it full
-  uint64_t mask;       // probed slots - 1
-  int64_t capacity;    // probed slots; then kExtraSlots
+  uint32_t* summaries;  // a word per bucket (Probe)
+  uint64_t mask;        // probed slots - 1
+  int64_t capacity;     // probed slots; then kExtraSlots
   int dim;
   int stride;  // floats per row: dim * (1 + num_slots)
 };
@@ -118,24 +118,34 @@ TF_EXT_HOST_DEVICE inline int LowestBit(uint32_t bits) {
 // in slot order within a bucket, and buckets follow one another by double hashing (an odd stride
 // over a power-of-two count of buckets visits every bucket). A full bucket sends a key on to an
 // unrelated bucket instead of into one long run of occupied slots, so probes stay short near full
-// load, and the bucket's overflow bit records that some key went on: a find that meets a full
-// bucket whose bit is clear stops there. At 90 % load a missing key then reads about two buckets
-// (without the bits, three; with linear probing, ~50 slots).
+// load.
+//
+// Each bucket has a summary word (4 bytes beside 64 of keys, so the summaries of a large table
+// stay mostly in L2): bit Fingerprint(key) for every key ever claimed in the bucket, and
+// kOverflowBit once a claim went on past the bucket full. A find reads a bucket's keys only where
+// its bit is set (for a bucket of 8 keys, about one time in four when the key is elsewhere), and
+// stops at a bucket whose overflow bit is clear. So a missing key costs a summary read or two,
+// not the two or three buckets of keys (at 90 % load) it read before. Bits are only ever set:
+// removal leaves a tombstone, and a rebuild or Clear starts the words afresh.
 constexpr int kBucketSlots = 8;
+constexpr uint32_t kOverflowBit = 1u << 31;
+constexpr int kFingerprints = 31;
 
-TF_EXT_HOST_DEVICE inline int64_t OverflowWords(int64_t capacity) {
-  return MaxOf<int64_t>(1, capacity / kBucketSlots / 32);
-}
+// Summary words of a table of `capacity` probed slots.
+inline int64_t SummaryWords(int64_t capacity) { return capacity / kBucketSlots; }
 
 struct Probe {
   uint64_t bucket;
-  uint64_t stride;  // odd
-  int offset;       // of the next slot to read, within the bucket
+  uint64_t stride;       // odd
+  int offset;            // of the next slot to read, within the bucket
+  uint32_t fingerprint;  // the key's bit in summary words
 
   TF_EXT_HOST_DEVICE Probe(const TableView& t, uint64_t key) : offset(0) {
     const uint64_t hash = Mix64(key);
     bucket = hash & BucketMask(t);
     stride = (hash >> 32) | 1;
+    // The top bits: the bucket and (for tables under 2^25 buckets) the stride use lower ones.
+    fingerprint = 1u << ((hash >> 54) % kFingerprints);
   }
   TF_EXT_HOST_DEVICE static uint64_t BucketMask(const TableView& t) {
     return t.mask / kBucketSlots;  // the table has at least 64 slots, a power of two
@@ -143,10 +153,7 @@ struct Probe {
   TF_EXT_HOST_DEVICE int64_t Slot(int ahead) const {
     return static_cast<int64_t>(bucket * kBucketSlots + offset + ahead);
   }
-  TF_EXT_HOST_DEVICE uint32_t* OverflowWord(const TableView& t) const {
-    return t.overflow + (bucket >> 5);
-  }
-  TF_EXT_HOST_DEVICE uint32_t OverflowBit() const { return 1u << (bucket & 31); }
+  TF_EXT_HOST_DEVICE uint32_t* Summary(const TableView& t) const { return t.summaries + bucket; }
   // Moves `slots` ahead; reaching the bucket's end moves to the next bucket.
   TF_EXT_HOST_DEVICE void Skip(const TableView& t, int slots) {
     offset += slots;
@@ -157,55 +164,58 @@ struct Probe {
   }
 };
 
-// What a scan is for: a find stops at a full bucket whose overflow bit is clear; a claim goes on
-// past it and sets the bit first, so that later finds go on too.
+// Sets `bits` in the probe's bucket summary (one lane of the tile, and only if any is clear: most
+// claims find their bit set already, and a read is cheaper than an atomic).
+template <typename Tile>
+TF_EXT_HOST_DEVICE inline void MarkSummary(const TableView& t, const Probe& probe, uint32_t bits,
+                                           const Tile& tile, int lane = 0) {
+  uint32_t* summary = probe.Summary(t);
+  if (tile.lane() == lane && (atomic::Load(summary) & bits) != bits) atomic::Or(summary, bits);
+}
+
+// What a scan is for: a find may skip a bucket by its summary, and stops where no key went on; a
+// claim reads every bucket it passes, and marks one it leaves full.
 enum class ScanFor { kFind, kClaim };
 
-// Reads on from `probe` to the first slot that holds `key` or is empty: the slot a
-// one-slot-at-a-time scan stops at. The tile reads the rest of a bucket at once, each lane up to
-// kBucketSlots / tile.size() slots (all loads issued before any is compared, so a bucket costs
-// one memory round trip). Returns the slot, whether it holds `key` and the lane that read it;
-// `probe` is left at that slot. For kFind, returns -1 where the key cannot be further on.
+// Reads on from `probe` to the first slot that holds `key` or is empty, as many slots at a time as
+// the tile has lanes (up to a bucket): the slot a one-slot-at-a-time scan stops at. Returns the
+// slot, whether it holds `key` and the lane that read it; `probe` is left at that slot. For kFind,
+// returns -1 (not holding the key) where the summaries show the key is in no later slot.
 template <typename Tile>
 TF_EXT_HOST_DEVICE inline int64_t ScanTo(const TableView& t, uint64_t k, Probe* probe,
                                          const Tile& tile, ScanFor purpose, bool* holds_key,
                                          int* reader) {
   const int width = MinOf(tile.size(), kBucketSlots);
+  *holds_key = false;
   for (;;) {
-    const int rest = kBucketSlots - probe->offset;
-    const int rounds = (rest + width - 1) / width;
-    // The overflow word is read beside the keys, so a full bucket costs no second round trip.
-    const uint32_t overflow = purpose == ScanFor::kFind ? atomic::Load(probe->OverflowWord(t)) : 0;
-    uint64_t held[kBucketSlots];
-    TF_EXT_UNROLL
-    for (int r = 0; r < kBucketSlots; ++r) {
-      const int ahead = r * width + tile.lane();
-      held[r] =
-          r < rounds && ahead < rest ? atomic::Load(t.keys + probe->Slot(ahead)) : kTombstoneKey;
+    uint32_t summary = 0;
+    bool read_keys = true;
+    if (purpose == ScanFor::kFind) {  // finds enter buckets at their first slot
+      summary = atomic::Load(probe->Summary(t));
+      read_keys = (summary & probe->fingerprint) != 0;
     }
-    TF_EXT_UNROLL
-    for (int r = 0; r < kBucketSlots; ++r) {
-      if (r >= rounds) break;
-      const uint32_t hit = tile.Ballot(held[r] == k);
-      const uint32_t stop = hit | tile.Ballot(held[r] == kEmptyKey);
+    while (read_keys) {
+      const int span = MinOf(width, kBucketSlots - probe->offset);
+      const bool reads = tile.lane() < span;
+      const uint64_t held = reads ? atomic::Load(t.keys + probe->Slot(tile.lane())) : kTombstoneKey;
+      const uint32_t hit = tile.Ballot(reads && held == k);
+      const uint32_t stop = hit | tile.Ballot(reads && held == kEmptyKey);
       if (stop != 0) {
         const int first = LowestBit(stop);
         *holds_key = (hit >> first) & 1u;
         *reader = first;
-        probe->Skip(t, r * width + first);
+        probe->Skip(t, first);
         return probe->Slot(0);
       }
+      if (probe->offset + span == kBucketSlots) break;  // the bucket is full
+      probe->Skip(t, span);
     }
     if (purpose == ScanFor::kFind) {
-      if ((overflow & probe->OverflowBit()) == 0) {
-        *holds_key = false;
-        return -1;
-      }
-    } else if (tile.lane() == 0 &&
-               (atomic::Load(probe->OverflowWord(t)) & probe->OverflowBit()) == 0) {
-      atomic::Or(probe->OverflowWord(t), probe->OverflowBit());
+      if ((summary & kOverflowBit) == 0) return -1;
+    } else {
+      MarkSummary(t, *probe, kOverflowBit, tile);  // before any claim further on
     }
-    probe->Skip(t, rest);
+    probe->Skip(t, kBucketSlots - probe->offset);
   }
 }
 
@@ -249,10 +259,13 @@ TF_EXT_HOST_DEVICE inline int64_t FindOrClaimSlot(const TableView& t, int64_t ke
     if (tile.lane() == claimer) prior = atomic::CompareAndSwap(t.keys + s, kEmptyKey, k);
     prior = tile.Broadcast(prior, claimer);
     if (prior == kEmptyKey) {
+      MarkSummary(t, probe, probe.fingerprint, tile, claimer);
       *created = true;
       return s;
     }
     if (prior == k) return s;  // another thread claimed it for the same key
+    // Another key took the slot; if it was the bucket's last, the bucket is full.
+    if (probe.offset == kBucketSlots - 1) MarkSummary(t, probe, kOverflowBit, tile);
     probe.Skip(t, 1);
   }
 }

@@ -80,15 +80,15 @@ class DeviceTableImpl : public DeviceTable {
   size_t BytesInUse() const override {
     const size_t slots = static_cast<size_t>(capacity_ + kExtraSlots);
     return slots * (sizeof(uint64_t) + sizeof(EntryMeta) + sizeof(float) * Stride()) +
-           sizeof(uint32_t) * OverflowWords(capacity_) +
+           sizeof(uint32_t) * SummaryWords(capacity_) +
            (sketch_ ? sizeof(uint32_t) * (sketch_width_mask_ + 1) * options_.admission.sketch_depth
                     : 0);
   }
 
   TableView View() const {
-    return TableView{storage_.keys, storage_.values,   storage_.meta,
-                     counters_,     storage_.overflow, static_cast<uint64_t>(capacity_ - 1),
-                     capacity_,     options_.dim,      Stride()};
+    return TableView{storage_.keys, storage_.values,    storage_.meta,
+                     counters_,     storage_.summaries, static_cast<uint64_t>(capacity_ - 1),
+                     capacity_,     options_.dim,       Stride()};
   }
   SketchView Sketch() const {
     return SketchView{sketch_, sketch_width_mask_, options_.admission.sketch_depth,
@@ -634,7 +634,7 @@ class DeviceTableImpl : public DeviceTable {
     const TableView t = View();
     exec_.For(t.capacity + kExtraSlots,
               [=] TF_EXT_HOST_DEVICE(int64_t s) { t.keys[s] = s < t.capacity ? kEmptyKey : 0; });
-    exec_.Fill(t.overflow, uint32_t{0}, OverflowWords(t.capacity));
+    exec_.Fill(t.summaries, uint32_t{0}, SummaryWords(t.capacity));
     ZeroCounter(kSize);
     ZeroCounter(kTombstones);
     return Checked("clear");
@@ -740,12 +740,12 @@ class DeviceTableImpl : public DeviceTable {
     }
     // Slots beyond the old rows' slots read their initial value from fresh.slot_init.
     if (num_slots > 0) exec_.ToDevice(fresh.slot_init, slot_init.data(), sizeof(float) * num_slots);
-    const TableView to{fresh.keys, fresh.values,   fresh.meta,
-                       counters_,  fresh.overflow, static_cast<uint64_t>(capacity - 1),
-                       capacity,   options_.dim,   stride};
+    const TableView to{fresh.keys, fresh.values,    fresh.meta,
+                       counters_,  fresh.summaries, static_cast<uint64_t>(capacity - 1),
+                       capacity,   options_.dim,    stride};
     exec_.For(slots,
               [=] TF_EXT_HOST_DEVICE(int64_t s) { to.keys[s] = s < capacity ? kEmptyKey : 0; });
-    exec_.Fill(to.overflow, uint32_t{0}, OverflowWords(capacity));
+    exec_.Fill(to.summaries, uint32_t{0}, SummaryWords(capacity));
     if (storage_.keys != nullptr) {
       const TableView from = View();
       Scratch<Exec, int64_t> moved(exec_, from.capacity + kExtraSlots);
@@ -799,8 +799,8 @@ class DeviceTableImpl : public DeviceTable {
     uint64_t* keys = nullptr;
     float* values = nullptr;
     EntryMeta* meta = nullptr;
-    float* slot_init = nullptr;    // the optimizer slots' initial values
-    uint32_t* overflow = nullptr;  // TableView::overflow
+    float* slot_init = nullptr;     // the optimizer slots' initial values
+    uint32_t* summaries = nullptr;  // TableView::summaries
 
     // Storage for `capacity` probed slots (and the extra ones).
     bool Allocate(Exec& exec, int64_t capacity, int stride, int num_slots) {
@@ -808,14 +808,14 @@ class DeviceTableImpl : public DeviceTable {
       keys = static_cast<uint64_t*>(exec.AllocLasting(sizeof(uint64_t) * slots));
       values = static_cast<float*>(exec.AllocLasting(sizeof(float) * stride * slots));
       meta = static_cast<EntryMeta*>(exec.AllocLasting(sizeof(EntryMeta) * slots));
-      overflow =
-          static_cast<uint32_t*>(exec.AllocLasting(sizeof(uint32_t) * OverflowWords(capacity)));
+      summaries =
+          static_cast<uint32_t*>(exec.AllocLasting(sizeof(uint32_t) * SummaryWords(capacity)));
       if (num_slots > 0)
         slot_init = static_cast<float*>(exec.AllocLasting(sizeof(float) * num_slots));
-      return keys && values && meta && overflow && (num_slots == 0 || slot_init);
+      return keys && values && meta && summaries && (num_slots == 0 || slot_init);
     }
     void Release(Exec& exec) {
-      exec.FreeLasting(overflow);
+      exec.FreeLasting(summaries);
       exec.FreeLasting(keys);
       exec.FreeLasting(values);
       exec.FreeLasting(meta);
