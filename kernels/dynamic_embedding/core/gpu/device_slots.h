@@ -164,13 +164,13 @@ struct Probe {
   }
 };
 
-// Sets `bits` in the probe's bucket summary (one lane of the tile, and only if any is clear: most
-// claims find their bit set already, and a read is cheaper than an atomic).
+// Sets `bits` in the probe's bucket summary, from one lane of the tile. The old value is not
+// read, so on a GPU the claim goes on without waiting for the L2 round trip (a reduction, not a
+// read-modify-write the thread waits for).
 template <typename Tile>
 TF_EXT_HOST_DEVICE inline void MarkSummary(const TableView& t, const Probe& probe, uint32_t bits,
                                            const Tile& tile, int lane = 0) {
-  uint32_t* summary = probe.Summary(t);
-  if (tile.lane() == lane && (atomic::Load(summary) & bits) != bits) atomic::Or(summary, bits);
+  if (tile.lane() == lane) atomic::Or(probe.Summary(t), bits);
 }
 
 // What a scan is for: a find may skip a bucket by its summary, and stops where no key went on; a
