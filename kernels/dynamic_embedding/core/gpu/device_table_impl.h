@@ -121,7 +121,7 @@ class DeviceTableImpl : public DeviceTable {
     const TableView t = View();
     const InitializerSpec init = options_.initializer;
     // One pass: a tile finds the key's slot and copies its row.
-    exec_.ForTiles(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
+    exec_.ForTilesInFlight(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
       const int64_t s = FindSlot(t, keys[i], tile);
       const bool leader = tile.lane() == 0;
       if (leader && found != nullptr) found[i] = s >= 0;

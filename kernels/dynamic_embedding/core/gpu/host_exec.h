@@ -60,6 +60,10 @@ class HostExec {
   void ForTiles(int64_t n, Body body) {
     For(n, [=](int64_t i) { body(i, Tile()); });
   }
+  template <typename Body>
+  void ForTilesInFlight(int64_t n, Body body) {
+    ForTiles(n, body);
+  }
 
   template <typename T>
   void Fill(T* p, T value, int64_t n) {
