@@ -104,8 +104,10 @@ __global__ void RunTiles(int64_t n, int width, Body body) {
 }
 
 // The same, with registers capped at 64 a thread so that 4 blocks (1,024 threads) fit on an SM.
-// A find spends its time waiting on dependent memory reads (summary, keys, row); uncapped, its
-// kernel took 80 registers, 3 blocks an SM, and ran 1.2x slower on an H200 (2026-11-27).
+// A find and a row gather spend their time waiting on dependent memory reads (summary, keys,
+// row): uncapped, the find kernel took 80 registers, 3 blocks an SM, and ran 1.2x slower on an
+// H200; the gather (70 registers) 1.02-1.05x slower (2026-11-27). Capping every tile kernel
+// slowed find-or-insert's claim kernel, which fits 8 blocks uncapped.
 template <typename Body>
 __global__ void __launch_bounds__(kThreadsPerBlock, 4)
     RunTilesInFlight(int64_t n, int width, Body body) {

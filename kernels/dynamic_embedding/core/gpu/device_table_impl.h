@@ -109,7 +109,7 @@ class DeviceTableImpl : public DeviceTable {
                   float* rows) {
     const TableView t = View();
     const InitializerSpec init = options_.initializer;
-    exec_.ForTiles(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
+    exec_.ForTilesInFlight(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
       ReadRow(t, init, keys[i], created[i] ? -1 : slots[i], rows + i * t.dim, tile);
     });
   }
