@@ -20,7 +20,8 @@
 //     order, the CPU table's in shard order: which of those tied rows go may differ.
 //
 // Layout: open addressing over a power-of-two number of slots (at least 64), probed in buckets of
-// 8 slots that follow one another by double hashing (device_slots.h's Probe). Slot i holds
+// 8 slots that follow one another by double hashing (device_slots.h's Probe), each with a summary
+// word that lets a lookup skip buckets and stop early. Slot i holds
 // the key (keys[i]), the row (values[i * stride]: the embedding, then each optimizer slot, as a
 // snapshot row) and its metadata. A key is claimed with one 64-bit compare-and-swap, so threads
 // inserting the same key agree on one slot and never lock. Removal leaves a tombstone. Before an
