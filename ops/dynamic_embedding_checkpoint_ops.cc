@@ -143,10 +143,12 @@ REGISTER_OP("TfExtTableWriteServingBundle")
 Writes a table's ids and rows into a TensorFlow tensor bundle, streaming, for serving exports.
 
 The bundle at `prefix` holds them as the slices of two tensors, `keys_name` [total_rows] and
-`values_name` [total_rows, dim], as core MutableHashTable's checkpoint names them. The table is
-walked under its shards' read locks and written `chunk_rows` rows at a time, so the op needs
-memory for one chunk, not for the table's rows; RestoreV2 (and so TensorFlow Serving) reads the
-slices back as whole tensors, and MergeV2Checkpoints merges them with other bundles.
+`values_name` [total_rows, dim], as core MutableHashTable's checkpoint names them. The table's
+rows at one instant are written `chunk_rows` rows at a time, so the op needs memory for one
+chunk, not for the table's rows; RestoreV2 (and so TensorFlow Serving) reads the slices back as
+whole tensors, and MergeV2Checkpoints merges them with other bundles. Tables of int64 ids in host
+memory only: a table of string ids (whose sliced tensors RestoreV2 misreads) or in GPU memory is
+refused with Unimplemented, and exported whole instead.
 
 first_row: Where this table's rows start in the tensors (the shards of a table write one range
 each).

@@ -652,15 +652,16 @@ class WriteServingBundleOp : public TableKernel {
     OP_REQUIRES(ctx, !table->on_gpu(),
                 errors::Unimplemented("dynamic embedding table '", table->name(),
                                       "': a GPU table is exported whole, not streamed"));
-    if (table->key_dtype() == ::tensorflow::DT_STRING) {
-      Write<std::string, tstring>(ctx, *table);
-    } else {
-      Write<int64_t, int64_t>(ctx, *table);
-    }
+    // RestoreV2 reads a string tensor written in slices back wrong, so string ids go whole.
+    OP_REQUIRES(ctx, table->key_dtype() == ::tensorflow::DT_INT64,
+                errors::Unimplemented("dynamic embedding table '", table->name(),
+                                      "': a table of string ids is exported whole, not streamed "
+                                      "(TensorFlow cannot restore string tensors written in "
+                                      "slices)"));
+    Write(ctx, *table);
   }
 
  private:
-  template <typename Key, typename TensorKey>
   void Write(OpKernelContext* ctx, DynamicTable& table) {
     const std::string prefix(ctx->input(1).scalar<tstring>()());
     const std::string keys_name(ctx->input(2).scalar<tstring>()());
@@ -689,9 +690,9 @@ class WriteServingBundleOp : public TableKernel {
       filled = 0;
       return status.ok();
     };
-    de::EmbeddingTable<Key>* core = table.template table<Key>();
+    de::EmbeddingTable<int64_t>* core = table.table<int64_t>();
     const int64_t version = core->Snapshot(
-        de::EmbeddingTable<Key>::kFullSnapshot,
+        de::EmbeddingTable<int64_t>::kFullSnapshot,
         [&](int64_t rows, int64_t) {  // the rows at the snapshot's instant: they stay stable
           if (total_rows < 0) total_rows = first_row + rows;
           if (first_row + rows <= total_rows) return true;
@@ -701,13 +702,13 @@ class WriteServingBundleOp : public TableKernel {
                                          ", ", total_rows, ") (the table grew during the export)");
           return false;
         },
-        [&](const Key& key, const de::RowRef& row) {
-          keys.flat<TensorKey>()(filled) = key;
+        [&](const int64_t& key, const de::RowRef& row) {
+          keys.flat<int64_t>()(filled) = key;
           std::memcpy(values.flat<float>().data() + filled * dim, row.embedding,
                       sizeof(float) * dim);
           return ++filled < chunk_rows_ || flush();
         },
-        [](const Key&) { return true; }, /*track=*/false);
+        [](const int64_t&) { return true; }, /*track=*/false);
     if (version >= 0) flush();
     OP_REQUIRES_OK(ctx, status);
     OP_REQUIRES(ctx, version >= 0,

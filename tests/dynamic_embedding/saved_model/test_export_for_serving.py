@@ -408,6 +408,19 @@ def bundle_slices(prefix):
   return slices
 
 
+def test_streaming_refuses_a_string_table_it_cannot_write_readably(tmp_path):
+  """RestoreV2 misreads string tensors written in slices, so the streaming op refuses string ids
+  (the export writes those tables whole) and leaves no bundle behind."""
+  table = tf_ext.DynamicEmbeddingVariable("streamed_strings", 2, key_dtype=tf.string)
+  table.insert(tf.constant(["a", "b"]), tf.ones([2, 2]))
+  prefix = str(tmp_path / "bundle")
+  with pytest.raises(tf.errors.UnimplementedError, match="'streamed_strings'.*string ids"):
+    tf_ext._ops_loader.load().tf_ext_table_write_serving_bundle(
+      table.resource_handle, prefix, "keys", "values", 0, -1
+    )
+  assert not any(name.startswith("bundle") for name in os.listdir(tmp_path))
+
+
 def test_rows_are_streamed_in_slices_and_served_exactly(tmp_path, monkeypatch):
   dim, chunk_rows = 3, 100
   monkeypatch.setenv("TF_EXT_SERVING_EXPORT_CHUNK_BYTES", str(chunk_rows * (8 + 4 * dim)))
