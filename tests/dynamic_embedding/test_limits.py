@@ -86,6 +86,39 @@ def test_rows_at_the_limit_work_and_one_past_is_refused_by_every_path(key_dtype)
   )
 
 
+def test_fused_training_updates_are_held_to_the_row_limit():
+  """The fused apply (TfExtFusedEmbeddingApply) checks each field's new ids, and, where fields
+  share one table update (field_updates), their ids together: two fields that each add one row
+  pass alone and are refused together, with nothing applied."""
+  ops = _ops_loader.load()
+  table = _capped_table("capped_fused", 10)
+  ops.tf_ext_table_insert(table, tf.range(9, dtype=tf.int64), tf.ones([9, 2]), dim=2)
+
+  def apply(fields, field_updates=()):
+    return ops.tf_ext_fused_embedding_apply(
+      [table] * len(fields),
+      [tf.constant(ids, tf.int64) for ids in fields],
+      [tf.range(len(ids), dtype=tf.int64) for ids in fields],
+      [tf.constant(len(ids), tf.int64) for ids in fields],
+      [tf.ones([len(ids), 2]) for ids in fields],
+      0.1, 0.9, 0.999, 1e-7, tf.constant(1, tf.int64), [], [],
+      [tf.zeros([0], tf.int32)] * len(fields),
+      dims=[2] * len(fields), combiners=["sum"] * len(fields), optimizer="sgd",
+      field_updates=list(field_updates),
+    )  # fmt: skip
+
+  past = "dynamic embedding table 'capped_fused'.*would hold 11 rows.*limit of 10 rows"
+  with pytest.raises(tf.errors.ResourceExhaustedError, match=past):
+    apply([[0, 20, 21]])  # one field, two new ids
+  with pytest.raises(tf.errors.ResourceExhaustedError, match=past):
+    apply([[0, 20], [1, 21]], field_updates=[0, 0])  # one new id each, two together
+  assert int(ops.tf_ext_table_size(table)) == 9
+  rows = ops.tf_ext_table_find(table, tf.constant([0, 1], tf.int64), 0.0, dim=2)
+  np.testing.assert_allclose(rows.numpy(), 1.0)  # untouched by the refused updates
+  apply([[0, 20], [1, 20]], field_updates=[0, 0])  # the same new id: one row, at the limit
+  assert int(ops.tf_ext_table_size(table)) == 10
+
+
 @pytest.mark.parametrize("max_rows", [0, limits.MAX_TABLE_ROWS + 1])
 def test_a_row_limit_out_of_range_is_refused(max_rows):
   with pytest.raises(tf.errors.InvalidArgumentError, match="'capped_bad': max_rows must be in"):
