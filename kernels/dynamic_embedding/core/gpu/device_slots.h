@@ -144,7 +144,7 @@ struct Probe {
     const uint64_t hash = Mix64(key);
     bucket = hash & BucketMask(t);
     stride = (hash >> 32) | 1;
-    // The top bits: the bucket and (for tables under 2^25 buckets) the stride use lower ones.
+    // The top bits: the bucket and, up to 2^22 buckets (2^25 slots), the stride use lower ones.
     fingerprint = 1u << ((hash >> 54) % kFingerprints);
   }
   TF_EXT_HOST_DEVICE static uint64_t BucketMask(const TableView& t) {
