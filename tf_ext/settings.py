@@ -259,6 +259,17 @@ SETTINGS: Dict[str, Setting] = registry(
       parse=_float_at_least(0.0),
     ),
     Setting(
+      "TF_EXT_TRIM_HEAP_AFTER_SAVE",
+      "1",
+      "`1`: after each link `tf_ext.DeltaCheckpointManager` writes, give the heap memory the "
+      "process freed back to the system (glibc's `malloc_trim`; nothing under other C "
+      "libraries). Between saves, glibc keeps the memory freed by training steps inside its "
+      "heap, so a long job's resident memory creeps up though what it holds stays flat "
+      "(docs/benchmarks.md, Soak). `0`: leave the heap as the allocator keeps it.",
+      capability="dynamic_embedding",
+      parse=_flag,
+    ),
+    Setting(
       "TF_EXT_SERVING_EXPORT_CHUNK_BYTES",
       "8388608",
       "Bytes of ids and rows (about) that `tf_ext.saved_model.export_for_serving` and "
