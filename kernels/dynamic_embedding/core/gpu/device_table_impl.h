@@ -631,13 +631,17 @@ class DeviceTableImpl : public DeviceTable {
 
   std::string Clear(cudaStream_t stream) override {
     exec_.Bind(stream);
-    const TableView t = View();
-    exec_.For(t.capacity + kExtraSlots,
-              [=] TF_EXT_HOST_DEVICE(int64_t s) { t.keys[s] = s < t.capacity ? kEmptyKey : 0; });
-    exec_.Fill(t.summaries, uint32_t{0}, SummaryWords(t.capacity));
+    EmptySlots(View());
     ZeroCounter(kSize);
     ZeroCounter(kTombstones);
     return Checked("clear");
+  }
+
+  // Marks every slot of `t` empty (the extra slots hold 0) and clears its bucket summaries.
+  void EmptySlots(const TableView& t) {
+    exec_.For(t.capacity + kExtraSlots,
+              [=] TF_EXT_HOST_DEVICE(int64_t s) { t.keys[s] = s < t.capacity ? kEmptyKey : 0; });
+    exec_.Fill(t.summaries, uint32_t{0}, SummaryWords(t.capacity));
   }
 
   // Host staging of one export chunk, in pinned memory so copies run at full speed.
@@ -743,9 +747,7 @@ class DeviceTableImpl : public DeviceTable {
     const TableView to{fresh.keys, fresh.values,    fresh.meta,
                        counters_,  fresh.summaries, static_cast<uint64_t>(capacity - 1),
                        capacity,   options_.dim,    stride};
-    exec_.For(slots,
-              [=] TF_EXT_HOST_DEVICE(int64_t s) { to.keys[s] = s < capacity ? kEmptyKey : 0; });
-    exec_.Fill(to.summaries, uint32_t{0}, SummaryWords(capacity));
+    EmptySlots(to);
     if (storage_.keys != nullptr) {
       const TableView from = View();
       Scratch<Exec, int64_t> moved(exec_, from.capacity + kExtraSlots);
