@@ -45,20 +45,13 @@ def _table_file(name):
 
 def _trim_heap():
   """Gives the heap memory this process freed back to the system (glibc's malloc_trim, which also
-  releases whole free pages inside its arenas); returns whether glibc did. Long jobs need it:
-  glibc otherwise keeps the memory freed by training steps, fragmented, and the resident size
-  creeps up though the memory in use stays flat."""
-  global _LIBC
-  if _LIBC is None:
-    try:
-      _LIBC = ctypes.CDLL(None)
-      _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
-    except (OSError, AttributeError):  # not glibc
-      _LIBC = False
-  return bool(_LIBC) and bool(_LIBC.malloc_trim(0))
-
-
-_LIBC = None
+  releases whole free pages inside its arenas). Long jobs need it: glibc otherwise keeps the
+  memory freed by training steps, fragmented, and the resident size creeps up though the memory
+  in use stays flat."""
+  try:
+    ctypes.CDLL(None).malloc_trim(0)
+  except AttributeError:  # another C library: no malloc_trim
+    pass
 
 
 def _total(link, key):
