@@ -31,9 +31,12 @@ from _rank_checks import finish  # noqa: E402
 import tf_ext  # noqa: E402
 import tf_ext.lightcc as hvd  # noqa: E402
 import tf_ext.lightcc.keras as hvd_keras  # noqa: E402
+import tf_ext.mixed_precision as amp  # noqa: E402
 from tf_ext.dynamic_embedding.live_tables import tables as live_tables  # noqa: E402
 
 MODE = os.environ["MODE"]
+
+
 if MODE == "tf1":
   tf.compat.v1.disable_eager_execution()
 hvd.init(light_fusion=1 if MODE == "lightcc" else 0)
@@ -67,34 +70,44 @@ def as_keys(ids, key_dtype):
   return np.vectorize(lambda i: b"" if i == 0 else b"k\x00\xff" + bytes([i]) * (i % 4))(ids)
 
 
-def check_tables(label, table, reference, key_dtype):
+def check_tables(label, table, reference, key_dtype, tolerance=1e-5):
   keys, values = (t.numpy() for t in table.export())
-  ref_keys, ref_values = (t.numpy() for t in reference.export())
+  ref_keys = reference.export()[0].numpy()
   owned = table.owner_of(ref_keys).numpy() == rank
   check(f"{label}: owned ids", sorted(keys.tolist()) == sorted(ref_keys[owned].tolist()))
   check(
     f"{label}: owned rows",
-    np.allclose(values, reference.lookup(keys).numpy(), atol=1e-5),
+    np.allclose(values, reference.lookup(keys).numpy(), atol=tolerance),
     np.abs(values - reference.lookup(keys).numpy()).max() if len(keys) else "",
   )
   every_id = as_keys(GLOBAL_IDS[0], key_dtype)
   check(
     f"{label}: lookup through the exchange",
-    np.allclose(table.lookup(every_id).numpy(), reference.lookup(every_id).numpy(), atol=1e-5),
+    np.allclose(table.lookup(every_id).numpy(), reference.lookup(every_id).numpy(), atol=tolerance),
   )
-  del ref_values
   fewer = every_id[: 2 * rank]  # rank 0 looks up no id
   check(
     f"{label}: a lookup in which a rank has no ids",
-    np.allclose(table.lookup(fewer).numpy(), reference.lookup(fewer).numpy(), atol=1e-5),
+    np.allclose(table.lookup(fewer).numpy(), reference.lookup(fewer).numpy(), atol=tolerance),
   )
   whole = table.statistics(aggregate=True)
   check(f"{label}: aggregated size", whole["size"].numpy() == len(ref_keys), whole["size"])
   check(f"{label}: this rank's size", table.statistics()["size"].numpy() == len(keys))
 
 
-def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tape_of=None):
-  """Trains an all-to-all table and a reference; compares them; returns the two tables."""
+def train_with_tape(
+  label,
+  optimizer_name,
+  key_dtype=tf.int64,
+  ragged=False,
+  tape_of=None,
+  table_options=None,
+  amp_wrap=None,
+  tolerance=1e-5,
+):
+  """Trains an all-to-all table and a reference; compares them; returns the two tables.
+  table_options: more arguments of both tables (admission, eviction). amp_wrap: a wrapper of both
+  optimizers (LossAwareOptimizer), whose tape wrapper then wraps both tapes."""
   tape_of = tape_of or hvd.DistributedGradientTape
   tables = {
     which: tf_ext.get_dynamic_embedding_variable(
@@ -102,6 +115,7 @@ def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tap
       DIM,
       key_dtype=key_dtype,
       distribution="alltoall" if which == "split" else None,
+      **(table_options or {}),
     )
     for which in ("split", "reference")
   }
@@ -110,6 +124,11 @@ def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tap
   optimizers = {
     which: tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS[optimizer_name]()) for which in tables
   }
+  if amp_wrap:
+    optimizers = {which: amp_wrap(optimizer) for which, optimizer in optimizers.items()}
+    tape_of = (
+      lambda wrap: lambda tape: amp.LossAwareGradientTape(wrap(tape), optimizers["split"])
+    )(tape_of)
 
   def loss_of(which, ids, labels):
     if ragged:
@@ -129,6 +148,8 @@ def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tap
   def reference_step(ids, labels):
     with tf.GradientTape() as tape:
       loss = loss_of("reference", ids, labels)
+    if amp_wrap:
+      tape = amp.LossAwareGradientTape(tape, optimizers["reference"])
     variables = [tables["reference"].gradient_anchor, weights["reference"]]
     optimizers["reference"].apply_gradients(zip(tape.gradient(loss, variables), variables))
 
@@ -144,13 +165,21 @@ def train_with_tape(label, optimizer_name, key_dtype=tf.int64, ragged=False, tap
   allgathers = sum("Allgather" in op_type for op_type in op_types)
   # Horovod's own tape allgathers the table's gradients (each owner keeps its part: the result
   # is the same); tf_ext's wrappers leave them to the all-to-all.
-  horovods_own = tape_of is not hvd.DistributedGradientTape
+  horovods_own = tape_of is horovod.DistributedGradientTape
   check(f"{label}: allgathers", (allgathers > 0) == horovods_own, allgathers)
-  check_tables(label, tables["split"], tables["reference"], key_dtype)
+  check_tables(label, tables["split"], tables["reference"], key_dtype, tolerance)
   check(
     f"{label}: dense weights",
-    np.allclose(weights["split"].numpy(), weights["reference"].numpy(), atol=1e-5),
+    np.allclose(weights["split"].numpy(), weights["reference"].numpy(), atol=tolerance),
   )
+  if amp_wrap:
+    reports = {which: amp.report(optimizer) for which, optimizer in optimizers.items()}
+    check(f"{label}: trained in half precision", reports["split"]["steps"] == STEPS, reports)
+    check(
+      f"{label}: the same precision decisions as one process",
+      all(reports["split"][k] == reports["reference"][k] for k in ("half", "switches")),
+      reports,
+    )
   return tables["split"], tables["reference"]
 
 
@@ -320,6 +349,132 @@ def train_in_a_session(label, make_optimizer, distributed_outside, column=False,
       )
 
 
+def train_with_policies(label):
+  """Admission and eviction on the owners: each rank's part has the reference's admitted ids,
+  update counts and last steps; the aggregated statistics are the reference's; evicting by TTL
+  removes the same ids."""
+  options = {
+    "admission": tf_ext.FrequencyAdmission(2, exact=True),
+    "eviction": tf_ext.EvictionPolicy(ttl_steps=1),
+  }
+  split, reference = train_with_tape(label, "adagrad", table_options=options)
+  keys, _, _, counts, last_steps, _ = (t.numpy() for t in split.export_with_slots())
+  ref_keys, _, _, ref_counts, ref_last_steps, _ = (t.numpy() for t in reference.export_with_slots())
+  owned = split.owner_of(ref_keys).numpy() == rank
+  ref_facts = {
+    k: (c, s) for k, c, s in zip(ref_keys[owned], ref_counts[owned], ref_last_steps[owned])
+  }
+  check(
+    f"{label}: update counts and last steps",
+    ref_facts == {k: (c, s) for k, c, s in zip(keys, counts, last_steps)},
+    (ref_facts, keys, counts, last_steps),
+  )
+  whole, ref_stats = split.statistics(aggregate=True), reference.statistics()
+  for name in ("admitted", "rejected"):
+    check(f"{label}: {name}", whole[name].numpy() == ref_stats[name].numpy(), (whole, ref_stats))
+  check(f"{label}: some ids wait for admission", ref_stats["rejected"].numpy() > 0)
+  evicted, ref_evicted = split.evict(), reference.evict()
+  check(
+    f"{label}: evicted",
+    hvd.allreduce(evicted, op=hvd.Sum).numpy() == ref_evicted.numpy() > 0,
+    (evicted, ref_evicted),
+  )
+  check_tables(f"{label} after evicting", split, reference, tf.int64)
+
+
+def check_mismatched_optimizers():
+  """Ranks that train one split table with different optimizers: an error naming the ranks."""
+  table = tf_ext.get_dynamic_embedding_variable("mixed_optimizers", DIM, distribution="alltoall")
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["adam" if rank else "sgd"]())
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(table.lookup(GLOBAL_IDS[0][MINE]))
+  try:
+    optimizer.apply_gradients([(tape.gradient(loss, table.gradient_anchor), table.gradient_anchor)])
+    check("mismatched optimizers", False, "no error")
+  except ValueError as error:
+    print(f"rank {rank}: {error}", flush=True)
+    check(
+      "mismatched optimizers",
+      "'mixed_optimizers'" in str(error)
+      and "ranks [0]" in str(error)
+      and "ranks [1]" in str(error),
+      error,
+    )
+
+
+def serving_model():
+  """A Keras model of a split int64 table and a split string table."""
+  ids = tf.keras.Input(shape=(IDS_PER_ROW,), dtype=tf.int64, name="ids")
+  words = tf.keras.Input(shape=(IDS_PER_ROW,), dtype=tf.string, name="words")
+  by_id = tf_ext.keras.layers.DynamicEmbedding(
+    DIM, combiner="sum", distribution="alltoall", name="served_ids"
+  )(ids)
+  by_word = tf_ext.keras.layers.DynamicEmbedding(
+    DIM, key_dtype=tf.string, combiner="mean", distribution="alltoall", name="served_words"
+  )(words)
+  out = tf.keras.layers.Dense(1, kernel_initializer="ones")(tf.concat([by_id, by_word], 1))
+  return tf.keras.Model([ids, words], out)
+
+
+# Ids of the first global batch, the same for any number of ranks (the first rows of the stream).
+PROBE = [GLOBAL_IDS[0][:ROWS], as_keys(GLOBAL_IDS[0][:ROWS], tf.string)]
+
+
+def export_split_model(directory):
+  """Every rank exports the trained model (a collective; rank 0 writes); the SavedModel, loaded
+  without tf_ext's tables, serves what the split model computes, and holds every rank's rows.
+  Each rank also saves a checkpoint, for one process to export the same (MODE=serving_one)."""
+  model = serving_model()
+  model.compile(
+    hvd_keras.DistributedOptimizer(tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["adam"]())), "mse"
+  )
+  inputs = [np.concatenate([GLOBAL_IDS[s][MINE] for s in range(STEPS)])]
+  inputs.append(as_keys(inputs[0], tf.string))
+  model.fit(
+    inputs,
+    np.concatenate([GLOBAL_LABELS[s][MINE] for s in range(STEPS)]),
+    batch_size=ROWS,
+    shuffle=False,
+    verbose=0,
+  )
+  expected = model.predict(PROBE, verbose=0)
+  tf.train.Checkpoint(model=model).write(f"{directory}/rank_{rank}/ckpt")
+  rows = tf_ext.saved_model.export_for_serving(model, f"{directory}/export")
+  sizes = {
+    layer: model.get_layer(layer).table.statistics(aggregate=True)["size"].numpy()
+    for layer in ("served_ids", "served_words")
+  }
+  check(
+    "served rows: every rank's", rows == {f"{name}": n for name, n in sizes.items()}, (rows, sizes)
+  )
+  if rank == 0:
+    np.save(f"{directory}/expected.npy", expected)
+  check_served(f"{directory}/export", expected, "exported by every rank")
+  try:  # each rank its own folder: as on nodes without a shared filesystem
+    tf_ext.saved_model.export_for_serving(model, f"{directory}/unshared_{rank}")
+    check("an export folder rank 0 cannot read", False, "no error")
+  except RuntimeError as error:
+    check("an export folder rank 0 cannot read", "shared filesystem" in str(error), error)
+
+
+def check_served(export_dir, expected, label):
+  serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+  (served,) = serve(ids=tf.constant(PROBE[0]), words=tf.constant(PROBE[1])).values()
+  check(
+    f"{label}: serves the split model's outputs",
+    np.allclose(served, expected, atol=1e-5),
+    (served, expected),
+  )
+
+
+def export_from_checkpoint(directory):
+  """One process (one rank) restores rank 0's checkpoint (every rank's part) and exports."""
+  model = serving_model()
+  tf.train.Checkpoint(model=model).read(f"{directory}/rank_0/ckpt").expect_partial()
+  tf_ext.saved_model.export_for_serving(model, f"{directory}/export_one")
+  check_served(f"{directory}/export_one", np.load(f"{directory}/expected.npy"), "one process")
+
+
 if MODE == "tf1":
   train_in_a_session(
     "tf1_adagrad",
@@ -349,6 +504,19 @@ elif MODE == "keras":
   train_with_fit("fit_horovods_own", "adam", wrapper=horovod_keras.DistributedOptimizer)
 elif MODE == "checkpoint":
   restore_checkpoints(os.environ["CHECKPOINT_DIR"])
+elif MODE == "policies":
+  train_with_policies("policies")
+  check_mismatched_optimizers()
+  train_with_tape(
+    "amp_adam",
+    "adam",
+    amp_wrap=lambda o: amp.LossAwareOptimizer(o, "bfloat16", probe_interval=0),
+    tolerance=2e-2,
+  )
+elif MODE == "serving":
+  export_split_model(os.environ["CHECKPOINT_DIR"])
+elif MODE == "serving_one":
+  export_from_checkpoint(os.environ["CHECKPOINT_DIR"])
 elif MODE == "reshard":  # restores the checkpoints that MODE=checkpoint wrote with other ranks
   check_restored(os.environ["CHECKPOINT_DIR"], "")
 elif MODE == "mismatch":

@@ -47,7 +47,7 @@ def test_checkpoints_of_two_ranks_restore_into_two_four_and_one_process(tmp_path
 
 def test_ranks_that_create_the_table_with_different_dims_get_an_error_naming_them():
   proc = _run("mismatch")
-  assert "every rank must create the same table" in proc.stdout
+  assert "every rank must build the same table" in proc.stdout
 
 
 def test_alltoall_with_num_shards_is_a_value_error():
@@ -88,3 +88,14 @@ def test_the_keras_layer_and_the_column_keep_their_distribution_in_their_configs
     tf.feature_column.categorical_column_with_identity("id", 10), 4
   )
   assert column.get_config()["distribution"] is None
+
+
+def test_admission_eviction_and_loss_aware_precision_on_split_tables_equal_one_process():
+  proc = _run("policies")
+  # Ranks that train the table with different optimizers get an error naming them.
+  assert "every rank must build the same table with the same optimizer" in proc.stdout
+
+
+def test_a_serving_export_by_every_rank_or_by_one_process_holds_every_ranks_rows(tmp_path):
+  _run("serving", CHECKPOINT_DIR=tmp_path)
+  _run("serving_one", ranks=1, CHECKPOINT_DIR=tmp_path)

@@ -63,27 +63,47 @@ def horovod_of(name):
   return hvd
 
 
-def _check_same_on_every_rank(hvd, name, dim, key_dtype):
-  """Every rank must create the same table at the same point: compares name, dim and key dtype
-  over all ranks (an allgather at build time) and raises naming the ranks that differ."""
-  mine = (name, dim, key_dtype.name)
+def _allgather_now(hvd, obj):
+  """Every rank's `obj`, gathered now: eagerly, or in a session of its own while a graph or a
+  tf.function is being built (so it runs at build time, once)."""
   with tf.init_scope():
     if tf.executing_eagerly():
-      everyone = hvd.allgather_object(mine, name=_CHECK_NAME)
-    else:
-      with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        everyone = hvd.allgather_object(mine, session=session, name=_CHECK_NAME)
+      return hvd.allgather_object(obj, name=_CHECK_NAME)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+      return hvd.allgather_object(obj, session=session, name=_CHECK_NAME)
+
+
+def _check_same_on_every_rank(hvd, name, facts):
+  """Raises, naming the table and the ranks that differ, unless every rank gives the same
+  `facts` ({what: value}) of the table `name`. All checks meet in one collective, so ranks that
+  reach different checks get the error too instead of waiting for each other."""
+  mine = (name, tuple(facts.items()))
+  everyone = _allgather_now(hvd, mine)
   if any(other != mine for other in everyone):
     ranks = {}
-    for rank, facts in enumerate(everyone):
-      ranks.setdefault(facts, []).append(rank)
+    for rank, other in enumerate(everyone):
+      ranks.setdefault(other, []).append(rank)
     described = "; ".join(
-      f"ranks {r}: table '{n}' dim {d} key_dtype {k}" for (n, d, k), r in ranks.items()
+      f"ranks {r}: table '{n}' " + " ".join(f"{what} {value}" for what, value in f)
+      for (n, f), r in ranks.items()
     )
     raise ValueError(
-      f"dynamic embedding table '{name}' (distribution='alltoall'): every rank must create the "
-      f"same table with the same dim and key_dtype, in the same order; got {described}"
+      f"dynamic embedding table '{name}' (distribution='alltoall'): every rank must build the "
+      f"same table with the same {', '.join(facts)}, in the same order; got {described}"
     )
+
+
+def _allgather_strings(hvd, strings):
+  """Every rank's 1-D string tensor `strings`, concatenated in rank order (Horovod's collectives
+  carry no strings: their bytes travel, with each string's length)."""
+  lengths = hvd.allgather(tf.strings.length(strings))
+  flat_bytes = tf.io.decode_raw(tf.strings.reduce_join(strings), tf.uint8)
+  return _bytes_to_strings(hvd.allgather(tf.reshape(flat_bytes, [-1])), lengths)
+
+
+def split_tables(tables):
+  """The tables among `tables` that are split across more than one rank."""
+  return [t for t in tables if isinstance(t, AllToAllDynamicEmbeddingVariable) and t.ranks > 1]
 
 
 @tf.custom_gradient
@@ -117,7 +137,10 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     self._rank, self._ranks = self._hvd.rank(), self._hvd.size()
     super().__init__(name, dim, key_dtype, *args, **kwargs)
     rank_local_gradients.mark(self.gradient_anchor)
-    _check_same_on_every_rank(self._hvd, self._name, self._dim, self._key_dtype)
+    _check_same_on_every_rank(
+      self._hvd, self._name, {"dim": self._dim, "key_dtype": self._key_dtype.name}
+    )
+    self._optimizer_checked = False
 
   @property
   def distribution(self):
@@ -224,15 +247,33 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     any rank's checkpoint restores into any number of ranks, or into one process's table."""
     whole = tf.strings.regex_full_match(prefix, r"/.*|[A-Za-z][A-Za-z0-9+.-]*://.*")
     prefix = tf.where(whole, prefix, tf.strings.join([os.getcwd(), "/", prefix]))
-    prefix_bytes = tf.io.decode_raw(prefix, tf.uint8)
-    lengths = self._hvd.allgather(tf.reshape(tf.size(prefix_bytes), [1]))
-    prefixes = _bytes_to_strings(self._hvd.allgather(prefix_bytes), lengths)
+    prefixes = _allgather_strings(self._hvd, tf.reshape(prefix, [1]))
     suffixes = [checkpoint.snapshot_suffix(f"{name}/part_{r}") for r in range(self._ranks)]
     files = tf.strings.join([prefixes, suffixes])
     manifest = tf.strings.join(
       [f"{checkpoint.MANIFEST_HEADER}{self._ranks}\n", tf.strings.reduce_join(files + "\n")]
     )
     return files[self._rank], manifest
+
+  def export_whole(self, name=None):
+    """(keys, values) of every rank's part, on every rank: a collective."""
+    with tf.name_scope(name or f"{self._name}_export_whole"):
+      keys, values = self.export()
+      if self._key_dtype == tf.string:
+        return _allgather_strings(self._hvd, keys), self._hvd.allgather(values)
+      return self._hvd.allgather(keys), self._hvd.allgather(values)
+
+  def check_optimizer(self, facts):
+    """Raises, naming the ranks, unless every rank trains this table with the same optimizer
+    (`facts`: {what: value}); checked once, when the first training update is built."""
+    if not self._optimizer_checked:
+      _check_same_on_every_rank(self._hvd, self._name, facts)
+      self._optimizer_checked = True
+
+  @property
+  def horovod(self):
+    """The horovod.tensorflow module the exchange runs on."""
+    return self._hvd
 
   def kept_part(self):
     """(ranks, rank): a checkpoint restore keeps this rank's ids (checkpoint.py)."""

@@ -379,6 +379,16 @@ class TablesStage(optimizer_pipeline.Stage):
     if not tables:
       return [], dense
     hyper = _hyperparameters(optimizer)
+    for table, _ in tables:
+      if isinstance(table, alltoall.AllToAllDynamicEmbeddingVariable):
+        table.check_optimizer(
+          {
+            "optimizer": type(optimizer).__name__,
+            "update": hyper.kind,
+            "use_nesterov": hyper.use_nesterov,
+            "initial_accumulator_value": float(hyper.initial_accumulator_value),
+          }
+        )
     return [apply_table_gradient(t, g, hyper, step) for t, g in tables], dense
 
 

@@ -13,8 +13,10 @@ the constant for a constant one), where tf_ext itself would serve the id's own i
 The rows are streamed into the SavedModel's variables (TfExtTableWriteServingBundle): each table
 is written a chunk of TF_EXT_SERVING_EXPORT_CHUNK_BYTES at a time, as slices of the core table's
 `-keys` and `-values` tensors, which TensorFlow reads back whole. So the export needs memory for
-one chunk, not for a copy of the rows. String-keyed and GPU tables are still copied whole
-(TensorFlow reads no sliced string tensor; the op walks host tables only).
+one chunk, not for a copy of the rows. A table split across Horovod ranks is written by every
+rank, its part as its range of the whole table, and merged by rank 0. String-keyed and GPU
+tables are still copied whole (TensorFlow reads no sliced string tensor; the op walks host tables
+only).
 """
 
 import os
@@ -29,7 +31,7 @@ from tensorflow.python.eager.polymorphic_function import polymorphic_function
 from tensorflow.python.trackable import asset, resource
 
 from tf_ext import _ops_loader, settings
-from tf_ext.dynamic_embedding import checkpoint, live_tables, sharded
+from tf_ext.dynamic_embedding import alltoall, checkpoint, live_tables, sharded
 from tf_ext.dynamic_embedding import variable as variable_lib
 
 _OWNER = "tf_ext.saved_model.export_for_serving"
@@ -126,7 +128,6 @@ def _write_rows(shards, keys_name, values_name, prefix, run):
       )
     _, rows = run([save, tf.shape(keys)[0]])
     return int(rows), [prefix]
-  chunk_rows = max(1, settings.get("TF_EXT_SERVING_EXPORT_CHUNK_BYTES") // (8 + 4 * shards[0].dim))
   sizes = [int(size) for size in run([shard.size() for shard in shards])]
   # One table fits its tensors to the rows it holds when walked; shards share them, so each
   # writes its range, and a shard that changed size since is an error.
@@ -135,17 +136,7 @@ def _write_rows(shards, keys_name, values_name, prefix, run):
   for index, (shard, size) in enumerate(zip(shards, sizes)):
     if size == 0 and (sum(sizes) > 0 or index > 0):
       continue  # no slice (a table without rows writes its empty tensors once)
-    with shard.colocated():
-      rows = _ops_loader.load().tf_ext_table_write_serving_bundle(
-        shard.resource_handle,
-        f"{prefix}_{index}",
-        keys_name,
-        values_name,
-        first_row,
-        total,
-        chunk_rows=chunk_rows,
-      )
-    rows = int(run(rows))
+    rows = _write_range(shard, f"{prefix}_{index}", keys_name, values_name, first_row, total, run)
     if len(shards) > 1 and rows != size:
       raise RuntimeError(
         f"{_OWNER}: shard {index} of table {shard.name!r} changed during the export "
@@ -154,6 +145,23 @@ def _write_rows(shards, keys_name, values_name, prefix, run):
     first_row += rows
     prefixes.append(f"{prefix}_{index}")
   return first_row, prefixes
+
+
+def _write_range(table, bundle, keys_name, values_name, first_row, total, run):
+  """Writes the rows of `table` as rows [first_row, ...) of the `total` rows (-1: the table's)
+  of `keys_name` and `values_name`, into the bundle `bundle`; returns how many it wrote."""
+  chunk_rows = max(1, settings.get("TF_EXT_SERVING_EXPORT_CHUNK_BYTES") // (8 + 4 * table.dim))
+  with table.colocated():
+    rows = _ops_loader.load().tf_ext_table_write_serving_bundle(
+      table.resource_handle,
+      bundle,
+      keys_name,
+      values_name,
+      first_row,
+      total,
+      chunk_rows=chunk_rows,
+    )
+  return int(run(rows))
 
 
 def _merge_into(prefix, dense_from, skip, table_prefixes, staging):
@@ -194,18 +202,27 @@ def _fill_saved_tables(export_dir, names, table_prefixes, staging, owner):
   _merge_into(prefix, prefix, names, table_prefixes, staging)
 
 
-def _stream_rows(export_dir, streamed):
+def _serving_tensor_names(index):
+  """The tensors of the `index`-th ServingTable of the saved module in its variables."""
+  return [f"tables/{index}/hash_table/.ATTRIBUTES/table-{part}" for part in ("keys", "values")]
+
+
+def _stream_rows(export_dir, streamed, written_by_ranks):
   """Fills the empty tables of the SavedModel in `export_dir` with the rows of the tf_ext
   tables, streamed. `streamed`: {the index of a ServingTable in the saved module's `tables`:
-  the table}. Returns {index: rows}."""
+  the table}; `written_by_ranks`: {index: (rows, bundles)} of tables split across ranks, whose
+  parts every rank wrote already. Returns {index: rows}."""
   staging = tempfile.mkdtemp(prefix=".tf_ext_rows_", dir=os.path.join(export_dir, "variables"))
   try:
     rows, replaced, table_prefixes = {}, [], []
     for index, table in streamed.items():
-      names = [f"tables/{index}/hash_table/.ATTRIBUTES/table-{part}" for part in ("keys", "values")]
-      rows[index], written = _write_rows(
-        _shards(table), *names, os.path.join(staging, f"table_{index}"), _evaluate
-      )
+      names = _serving_tensor_names(index)
+      if index in written_by_ranks:
+        rows[index], written = written_by_ranks[index]
+      else:
+        rows[index], written = _write_rows(
+          _shards(table), *names, os.path.join(staging, f"table_{index}"), _evaluate
+        )
       replaced += names
       table_prefixes += written
     _fill_saved_tables(export_dir, replaced, table_prefixes, staging, _OWNER)
@@ -354,6 +371,10 @@ def export_for_serving(obj, export_dir, signatures=None, options=None):
   callable on the loaded object. For warm-starting training, keep using tf.saved_model.save
   (full fidelity: slots, counts, admission state; needs tf_ext to load). Eager only.
 
+  With tables split across Horovod ranks (distribution="alltoall") it is a collective: every
+  rank calls it with the same `export_dir`, on a filesystem every rank reaches; rank 0 writes
+  the SavedModel, holding every rank's rows, and every rank returns the same result.
+
   Returns {table name: rows exported}.
   """
   if not tf.executing_eagerly():
@@ -366,10 +387,28 @@ def export_for_serving(obj, export_dir, signatures=None, options=None):
   methods = {} if isinstance(obj, tf.keras.Model) else _traced_functions(obj)
   to_trace = _signatures_to_trace(obj, signatures, methods)
   found, kept = _tracked(obj)
-  tables = {
-    table: ServingTable.empty_like(table) if _streams(table) else ServingTable.of(table)
-    for table in found
-  }
+  split = alltoall.split_tables(found)
+  if not split:
+    return _export(obj, export_dir, options, methods, to_trace, found, kept, {}, {})
+  return _export_split(obj, export_dir, options, methods, to_trace, found, kept, split)
+
+
+def _export(obj, export_dir, options, methods, to_trace, found, kept, written_by_ranks, whole):
+  """export_for_serving's SavedModel. `written_by_ranks` and `whole` ({index in `found`: ...}):
+  the rows of tables split across ranks, as bundles that every rank wrote ((rows, prefixes)) or
+  gathered whole ((keys, values))."""
+  tables = {}
+  for index, table in enumerate(found):
+    if index in whole:
+      keys, values = whole[index]
+      made = ServingTable(
+        table.name, table.dim, table.key_dtype, default_row(table), None, keys, values
+      )
+    elif _streams(table):
+      made = ServingTable.empty_like(table)
+    else:
+      made = ServingTable.of(table)
+    tables[table] = made
   served = tf.Module()
   served.tables = list(tables.values())
   served.state = kept
@@ -390,12 +429,77 @@ def export_for_serving(obj, export_dir, signatures=None, options=None):
     # Saving traces the methods again (its own cache key): with the replacements still on.
     tf.saved_model.save(served, export_dir, signatures=concrete, options=options)
   streamed = {index: table for index, table in enumerate(tables) if _streams(table)}
-  rows = _stream_rows(export_dir, streamed) if streamed else {}
+  rows = _stream_rows(export_dir, streamed, written_by_ranks) if streamed else {}
   _check_core_only(export_dir, _OWNER)
   return {
     table.name: rows[index] if index in rows else int(tables[table].hash_table.size())
     for index, table in enumerate(tables)
   }
+
+
+def _export_split(obj, export_dir, options, methods, to_trace, found, kept, split):
+  """export_for_serving of tables split across ranks: a collective. Every rank writes its parts'
+  rows as their ranges of the whole tables, into `export_dir` (which every rank must reach: a
+  shared filesystem); rank 0 saves the SavedModel and merges the parts into it; every rank
+  returns its result or raises its error."""
+  hvd = split[0].horovod
+  rank = hvd.rank()
+  parts = os.path.join(export_dir, ".tf_ext_rank_parts")
+  written_by_ranks, whole, failure = {}, {}, None
+  try:
+    os.makedirs(parts, exist_ok=True)
+    for index, table in enumerate(found):
+      if table not in split:
+        continue
+      if not _streams(table):  # string keys: gathered whole (each rank gets them)
+        whole[index] = tuple(t.numpy() for t in table.export_whole())
+        continue
+      sizes = hvd.allgather(tf.reshape(table.size(), [1])).numpy()
+      first_row, total = int(sizes[:rank].sum()), int(sizes.sum())
+      bundles = [os.path.join(parts, f"table_{index}_rank_{r}") for r in range(len(sizes))]
+      # A table without rows writes its empty tensors once (rank 0).
+      writes = [r for r, size in enumerate(sizes) if size > 0 or (total == 0 and r == 0)]
+      if rank in writes:
+        rows = _write_range(
+          table, bundles[rank], *_serving_tensor_names(index), first_row, total, _evaluate
+        )
+        if rows != sizes[rank]:
+          raise RuntimeError(
+            f"{_OWNER}: rank {rank}'s part of table {table.name!r} changed during the export "
+            f"({sizes[rank]} rows, then {rows}); export when no training step runs"
+          )
+      written_by_ranks[index] = (total, [bundles[r] for r in writes])
+  except Exception as error:  # noqa: BLE001 (every rank learns it below, instead of a hang)
+    failure = f"rank {rank}: {type(error).__name__}: {error}"
+  failures = [f for f in hvd.allgather_object(failure, name="tf_ext_serving_export") if f]
+  result = None
+  if rank == 0 and not failures:
+    try:
+      _check_parts_reached(written_by_ranks)
+      result = _export(
+        obj, export_dir, options, methods, to_trace, found, kept, written_by_ranks, whole
+      )
+    except Exception as error:  # noqa: BLE001
+      failures = [f"rank 0: {type(error).__name__}: {error}"]
+    finally:
+      shutil.rmtree(parts, ignore_errors=True)
+  failures, result = hvd.broadcast_object((failures, result), name="tf_ext_serving_export_done")
+  shutil.rmtree(parts, ignore_errors=True)  # (where rank 0 could not reach it)
+  if failures:
+    raise RuntimeError(f"{_OWNER} of tables split across ranks failed: " + "; ".join(failures))
+  return result
+
+
+def _check_parts_reached(written_by_ranks):
+  """Rank 0 reads every rank's parts: a clear error where the export folder is not shared."""
+  for _, bundles in written_by_ranks.values():
+    missing = [b for b in bundles if not os.path.exists(b + ".index")]
+    if missing:
+      raise RuntimeError(
+        f"{_OWNER}: rank 0 cannot read the rows other ranks wrote ({missing[0]}): every rank "
+        "must reach the export folder (a shared filesystem). Or export from one process: "
+        "restore a checkpoint into the model there (every rank's part) and export it"
+      )
 
 
 # ---- Estimators -------------------------------------------------------------------------------
