@@ -15,11 +15,15 @@ LIGHT_FUSION on (LightCC's reduce stage). MODE=tf1: a TF1 Session with Horovod's
 DistributedOptimizer, outside and inside the tables' wrapper, a Saver's checkpoint, and a
 dynamic_embedding_column. MODE=checkpoint: each rank saves; split tables and a plain one restore.
 MODE=reshard: those checkpoints restored on other ranks. MODE=mismatch: the ranks create the table
-with different dims: a ValueError on every rank.
+with different dims: a ValueError on every rank. MODE=policies: admission, eviction, different
+optimizers per rank, LossAwareOptimizer. MODE=serving (serving_one: one rank): serving exports.
+MODE=estimator: Estimators. MODE=die: a rank dies mid-step (replaced: the restore after it).
 """
 
 import os
+import signal
 import sys
+import time
 
 sys.path.insert(0, os.environ["TF_EXT_ROOT"])
 import horovod.tensorflow as horovod  # noqa: E402
@@ -475,6 +479,102 @@ def export_from_checkpoint(directory):
   check_served(f"{directory}/export_one", np.load(f"{directory}/expected.npy"), "one process")
 
 
+def train_estimators(directory):
+  """An Estimator (MonitoredTrainingSession inside) with a split table: every rank trains its
+  part of each global batch and saves its own checkpoint; its predictions, restored from that
+  checkpoint and looked up through the exchange, equal one process's Estimator on the whole
+  batches."""
+
+  def model_fn(features, labels, mode, params):
+    embedded = tf_ext.dynamic_embedding(
+      features, DIM, "estimator_table", combiner="mean", distribution=params["distribution"]
+    )
+    start = np.linspace(-0.5, 0.5, DIM, dtype=np.float32)[:, None]
+    logits = embedded @ tf.compat.v1.get_variable("w", initializer=start)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+      return tf.estimator.EstimatorSpec(mode, predictions=logits)
+    loss = tf.reduce_mean(tf.square(logits - labels))
+    optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.3))
+    if params["distribution"]:
+      optimizer = hvd.DistributedOptimizer(optimizer)
+    step = tf.compat.v1.train.get_global_step()
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(loss, step))
+
+  def input_fn(rows):
+    ids = np.concatenate([GLOBAL_IDS[s][rows] for s in range(STEPS)])
+    labels = np.concatenate([GLOBAL_LABELS[s][rows] for s in range(STEPS)])
+    batch = len(ids) // STEPS
+    return lambda: tf.data.Dataset.from_tensor_slices((ids, labels)).batch(batch)
+
+  predictions = {}
+  for which, distribution, rows in (
+    ("split", "alltoall", MINE),
+    ("reference", None, slice(None)),
+  ):
+    estimator = tf.estimator.Estimator(
+      model_fn, f"{directory}/{which}_rank_{rank}", params={"distribution": distribution}
+    )
+    estimator.train(input_fn(rows))
+    probe = lambda: tf.data.Dataset.from_tensor_slices(GLOBAL_IDS[0]).batch(ROWS)  # noqa: E731
+    predictions[which] = np.concatenate(list(estimator.predict(probe)))
+  check(
+    "estimator: predictions equal one process's",
+    np.allclose(predictions["split"], predictions["reference"], atol=1e-5),
+    (predictions["split"], predictions["reference"]),
+  )
+
+
+def die_mid_step(directory):
+  """Both ranks train a step and save; rank 0 keeps the whole table for MODE=replaced; then rank
+  1 dies inside the next step, while rank 0 waits in the step's all-to-all."""
+  table = tf_ext.get_dynamic_embedding_variable("dies", DIM, distribution="alltoall")
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["adam"]())
+
+  def step(ids):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf.square(table.lookup(ids)))
+    tape = hvd.DistributedGradientTape(tape)
+    anchors = [table.gradient_anchor]
+    optimizer.apply_gradients(zip(tape.gradient(loss, anchors), anchors))
+
+  step(GLOBAL_IDS[0][MINE])
+  tf.train.Checkpoint(table=table).write(f"{directory}/rank_{rank}/ckpt")
+  keys, values = (t.numpy() for t in table.export_whole())
+  if rank == 0:
+    np.savez(f"{directory}/whole.npz", keys=keys, values=values)
+  hvd.allreduce(tf.constant(0.0), name="saved")
+  print(f"rank {rank}: saved", flush=True)
+  if rank == 1:
+    os._exit(3)  # (inside the step: rank 0 is about to send it ids)
+  # The launcher terminates the other ranks when one dies: ignored here, to see what the
+  # survivor's step itself does.
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  start = time.monotonic()
+  try:
+    step(GLOBAL_IDS[1][MINE])
+    print(f"rank {rank}: the step after the death finished", flush=True)
+  except Exception as error:  # noqa: BLE001
+    print(
+      f"rank {rank}: the step failed after {time.monotonic() - start:.1f} s: "
+      f"{type(error).__name__}: {error}",
+      flush=True,
+    )
+    os._exit(4)
+
+
+def restore_after_the_death(directory):
+  """The survivor and a replacement restore rank 0's checkpoint: the whole table as saved."""
+  table = tf_ext.get_dynamic_embedding_variable("dies", DIM, distribution="alltoall")
+  tf.train.Checkpoint(table=table).read(f"{directory}/rank_0/ckpt").assert_consumed()
+  saved = np.load(f"{directory}/whole.npz")
+  keys, values = (t.numpy() for t in table.export_whole())
+  order, saved_order = np.argsort(keys), np.argsort(saved["keys"])
+  check("restored after a rank died: ids", np.array_equal(keys[order], saved["keys"][saved_order]))
+  check(
+    "restored after a rank died: rows", np.array_equal(values[order], saved["values"][saved_order])
+  )
+
+
 if MODE == "tf1":
   train_in_a_session(
     "tf1_adagrad",
@@ -513,6 +613,12 @@ elif MODE == "policies":
     amp_wrap=lambda o: amp.LossAwareOptimizer(o, "bfloat16", probe_interval=0),
     tolerance=2e-2,
   )
+elif MODE == "estimator":
+  train_estimators(os.environ["CHECKPOINT_DIR"])
+elif MODE == "die":
+  die_mid_step(os.environ["CHECKPOINT_DIR"])
+elif MODE == "replaced":
+  restore_after_the_death(os.environ["CHECKPOINT_DIR"])
 elif MODE == "serving":
   export_split_model(os.environ["CHECKPOINT_DIR"])
 elif MODE == "serving_one":

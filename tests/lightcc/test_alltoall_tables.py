@@ -99,3 +99,23 @@ def test_admission_eviction_and_loss_aware_precision_on_split_tables_equal_one_p
 def test_a_serving_export_by_every_rank_or_by_one_process_holds_every_ranks_rows(tmp_path):
   _run("serving", CHECKPOINT_DIR=tmp_path)
   _run("serving_one", ranks=1, CHECKPOINT_DIR=tmp_path)
+
+
+def test_a_rank_that_dies_mid_step_fails_the_survivor_and_the_checkpoint_restores(tmp_path):
+  # Rank 1 exits inside a step; rank 0, waiting in the step's all-to-all (and ignoring the
+  # launcher's SIGTERM), gets Horovod's error from the step instead of a hang (the launch's
+  # timeout would catch one).
+  proc = horovodrun(
+    "_worker_alltoall.py", ranks=2, timeout=240, MODE="die", CHECKPOINT_DIR=tmp_path
+  )
+  assert proc.returncode != 0
+  assert "rank 0: saved" in proc.stdout and "rank 1: saved" in proc.stdout, proc.stdout
+  assert re.search(
+    r"rank 0: the step failed after [\d.]+ s: .*Horovod has been shut down", proc.stdout
+  ), proc.stdout[-4000:]
+  # The survivor and a replacement restore the checkpoint saved before the death.
+  _run("replaced", CHECKPOINT_DIR=tmp_path)
+
+
+def test_an_estimator_with_a_split_table_trains_saves_and_predicts_as_one_process(tmp_path):
+  _run("estimator", CHECKPOINT_DIR=tmp_path)
