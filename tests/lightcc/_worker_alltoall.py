@@ -17,7 +17,8 @@ dynamic_embedding_column. MODE=checkpoint: each rank saves; split tables and a p
 MODE=reshard: those checkpoints restored on other ranks. MODE=mismatch: the ranks create the table
 with different dims: a ValueError on every rank. MODE=policies: admission, eviction, different
 optimizers per rank, LossAwareOptimizer. MODE=serving (serving_one: one rank): serving exports.
-MODE=estimator: Estimators. MODE=die: a rank dies mid-step (replaced: the restore after it).
+MODE=estimator: Estimators. MODE=delta: delta checkpoints (delta_other: restored by other ranks).
+MODE=die: a rank dies mid-step (replaced: the restore after it).
 """
 
 import os
@@ -524,11 +525,8 @@ def train_estimators(directory):
   )
 
 
-def die_mid_step(directory):
-  """Both ranks train a step and save; rank 0 keeps the whole table for MODE=replaced; then rank
-  1 dies inside the next step, while rank 0 waits in the step's all-to-all."""
-  table = tf_ext.get_dynamic_embedding_variable("dies", DIM, distribution="alltoall")
-  optimizer = tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["adam"]())
+def train_step_of(table, optimizer):
+  """An eager training step of `table` alone, on the ids given."""
 
   def step(ids):
     with tf.GradientTape() as tape:
@@ -537,6 +535,48 @@ def die_mid_step(directory):
     anchors = [table.gradient_anchor]
     optimizer.apply_gradients(zip(tape.gradient(loss, anchors), anchors))
 
+  return step
+
+
+def delta_checkpoints(directory):
+  """Every rank gives the same directory; each saves its part (a full link, then deltas) in a
+  folder of its own there, and restores it exactly."""
+  table = tf_ext.get_dynamic_embedding_variable("delta_table", DIM, distribution="alltoall")
+  step = train_step_of(table, tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["adam"]()))
+  manager = tf_ext.DeltaCheckpointManager(directory, [table])
+  kinds = []
+  for s in range(STEPS):
+    step(GLOBAL_IDS[s][MINE])
+    kinds.append(manager.save(s)["kind"])
+  check("delta: a full link, then deltas", kinds == ["full"] + ["delta"] * (STEPS - 1), kinds)
+  check("delta: a folder per rank", manager.directory.endswith(f"rank-{rank}-of-{size}"))
+  saved = [t.numpy() for t in table.export_with_slots()]
+  table.clear()
+  check("delta: restored step", manager.restore() == STEPS - 1)
+  restored = [t.numpy() for t in table.export_with_slots()]
+  order, restored_order = np.argsort(saved[0]), np.argsort(restored[0])
+  check(
+    "delta: restored part",
+    all(np.array_equal(a[order], b[restored_order]) for a, b in zip(saved[:5], restored[:5])),
+  )
+
+
+def delta_checkpoints_of_other_ranks(directory):
+  """A delta checkpoint saved by another number of ranks: a clear error, not a fresh start."""
+  for label, distribution in (("split", "alltoall"), ("plain", None)):
+    table = tf_ext.get_dynamic_embedding_variable(f"delta_{label}", DIM, distribution=distribution)
+    try:
+      tf_ext.DeltaCheckpointManager(directory, [table]).restore()
+      check(f"delta restored by other ranks ({label})", False, "no error")
+    except ValueError as error:
+      check(f"delta restored by other ranks ({label})", "split across 2 ranks" in str(error), error)
+
+
+def die_mid_step(directory):
+  """Both ranks train a step and save; rank 0 keeps the whole table for MODE=replaced; then rank
+  1 dies inside the next step, while rank 0 waits in the step's all-to-all."""
+  table = tf_ext.get_dynamic_embedding_variable("dies", DIM, distribution="alltoall")
+  step = train_step_of(table, tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["adam"]()))
   step(GLOBAL_IDS[0][MINE])
   tf.train.Checkpoint(table=table).write(f"{directory}/rank_{rank}/ckpt")
   keys, values = (t.numpy() for t in table.export_whole())
@@ -615,6 +655,10 @@ elif MODE == "policies":
   )
 elif MODE == "estimator":
   train_estimators(os.environ["CHECKPOINT_DIR"])
+elif MODE == "delta":
+  delta_checkpoints(os.environ["CHECKPOINT_DIR"])
+elif MODE == "delta_other":
+  delta_checkpoints_of_other_ranks(os.environ["CHECKPOINT_DIR"])
 elif MODE == "die":
   die_mid_step(os.environ["CHECKPOINT_DIR"])
 elif MODE == "replaced":

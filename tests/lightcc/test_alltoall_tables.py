@@ -119,3 +119,10 @@ def test_a_rank_that_dies_mid_step_fails_the_survivor_and_the_checkpoint_restore
 
 def test_an_estimator_with_a_split_table_trains_saves_and_predicts_as_one_process(tmp_path):
   _run("estimator", CHECKPOINT_DIR=tmp_path)
+
+
+def test_delta_checkpoints_of_split_tables_restore_each_ranks_part_and_refuse_other_ranks(
+  tmp_path,
+):
+  _run("delta", CHECKPOINT_DIR=tmp_path)
+  _run("delta_other", ranks=1, CHECKPOINT_DIR=tmp_path)

@@ -28,7 +28,7 @@ import time
 import tensorflow as tf
 
 from tf_ext import _ops_loader, settings
-from tf_ext.dynamic_embedding import live_tables
+from tf_ext.dynamic_embedding import alltoall, live_tables
 from tf_ext.dynamic_embedding import variable as variable_lib
 from tf_ext.every_n_steps import check_every_n_steps
 
@@ -52,6 +52,10 @@ def _trim_heap():
     ctypes.CDLL(None).malloc_trim(0)
   except AttributeError:  # another C library: no malloc_trim
     pass
+
+
+def _rank_folder(rank, ranks):
+  return f"rank-{rank}-of-{ranks}"
 
 
 def _total(link, key):
@@ -227,6 +231,11 @@ class DeltaCheckpointManager:
       raise ValueError(f"{owner}: two tables share a name: {sorted(names)}")
     check_every_n_steps(owner, full_every_n_deltas, "full_every_n_deltas")
     check_every_n_steps(owner, max_chains, "max_chains")
+    self._root = self._directory
+    split = [t for t in self._tables if isinstance(t, alltoall.AllToAllDynamicEmbeddingVariable)]
+    self._ranks = split[0].ranks if split else None
+    if split:  # every rank saves its parts, in a folder of its own under the one given
+      self._directory = os.path.join(self._root, _rank_folder(split[0].rank, self._ranks))
     self._full_every = full_every_n_deltas
     self._max_chains = max_chains
     self._dense = _dense_state(dense)
@@ -239,7 +248,32 @@ class DeltaCheckpointManager:
 
   @property
   def directory(self):
+    """Where this manager's manifest and links are: the directory given, or with tables split
+    across Horovod ranks, this rank's folder in it (`rank-<r>-of-<ranks>`)."""
     return self._directory
+
+  def _check_saved_by_as_many_ranks(self):
+    """Before a restore that finds no manifest: an error where the directory holds links saved
+    by a different number of ranks (or by split tables, for plain ones), instead of a silent
+    fresh start."""
+    pattern = os.path.join(self._root, _rank_folder("*", "*"), MANIFEST)
+    counts = sorted({re.sub(r".*-of-", "", os.path.dirname(p)) for p in tf.io.gfile.glob(pattern)})
+    if counts == [str(self._ranks)]:
+      raise tf.errors.NotFoundError(
+        None,
+        None,
+        f"DeltaCheckpointManager: {self._directory} holds no manifest, while other ranks' "
+        f"folders in {self._root} do: this rank's part of the checkpoint is missing",
+      )
+    if counts:
+      this_job = f"{self._ranks} ranks" if self._ranks else "tables not split across ranks"
+      raise ValueError(
+        f"DeltaCheckpointManager: {self._root} holds delta checkpoints of tables split across "
+        f"{' or '.join(counts)} ranks, and this job has {this_job}: a delta checkpoint restores "
+        "into as many ranks as saved it. To change the number of ranks, restore it on as many, "
+        "then save a full checkpoint (tf.train.Checkpoint or a Saver, every rank saving), which "
+        "restores into any number of ranks"
+      )
 
   @property
   def tables(self):
@@ -467,6 +501,7 @@ class DeltaCheckpointManager:
     out-of-order file is an error naming it, and leaves every table as it was."""
     manifest = self.read_manifest()
     if manifest is None:
+      self._check_saved_by_as_many_ranks()
       return None
     chosen = None
     for chain in manifest["chains"]:
