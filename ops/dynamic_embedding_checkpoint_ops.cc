@@ -76,6 +76,8 @@ REGISTER_OP("TfExtTableRestoreSnapshots")
     .Output("step: int64")
     .Attr("track: bool = false")
     .Attr("verify_only: bool = false")
+    .Attr("num_shards: int = 1")
+    .Attr("shard_index: int = 0")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return ScalarInputsAndOutputs(c, 2, 1); })
     .Doc(R"doc(
@@ -87,7 +89,8 @@ its checksums held. A missing, corrupt or out-of-order file is an error naming i
 table as it was. Slots the table already has beyond the snapshot's are kept, at their initial
 values. The admission counts become the last file's that holds any (0 without).
 
-paths: The chain's files, in order.
+paths: The chain's files, in order. An empty path separates chains: the chains of the parts of
+a table split across ranks (disjoint ids), merged; each one's admission state is its last file's.
 version: With track, the version to pass as since_version of the next delta (continuing the
 chain); else -1.
 step: The step recorded in the last file.
@@ -95,6 +98,8 @@ track: Make the restored content the base of later deltas.
 verify_only: Read and check every file as a restore would (headers against the table, chain
 order, every checksum, the counts of the end block) and change nothing, so a restore of several
 tables can check them all before the first one changes. version is then -1.
+num_shards: With shard_index, keep only the rows of the ids whose TfExtShardOf(id, num_shards)
+is shard_index (a rank's part of a table split across num_shards ranks).
 )doc");
 
 REGISTER_OP("TfExtTableRestoreCheckpoint")

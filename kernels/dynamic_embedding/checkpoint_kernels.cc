@@ -274,7 +274,8 @@ class ChainLoader {
         verify_only_(verify_only) {}
 
   // Reads one file of the chain; `position` is its index in the chain (0 for each merged file).
-  Status Load(const std::string& path, int64_t position) {
+  // Without `read_admission` the file's admission state is skipped.
+  Status Load(const std::string& path, int64_t position, bool read_admission = true) {
     Env* env = Env::Default();
     std::unique_ptr<RandomAccessFile> file;
     Status status = env->NewRandomAccessFile(path, &file);
@@ -337,13 +338,13 @@ class ChainLoader {
     }
     de::SnapshotReader::AdmissionRecords admission;
     auto pending = [&](auto key, uint32_t count) {
-      if (verify_only_) return true;
+      if (verify_only_ || !read_admission) return true;
       if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
       fresh_.RestorePending(key, count);
       return true;
     };
     admission.sketch = [&](uint64_t first, const uint32_t* counters, size_t n) {
-      if (!verify_only_) {
+      if (!verify_only_ && read_admission) {
         fresh_.RestoreSketch(static_cast<int64_t>(header.sketch_width),
                              static_cast<int>(header.sketch_depth), first, n, counters);
       }
@@ -426,21 +427,30 @@ class ChainLoader {
   int64_t step_ = 0;
 };
 
+// Reads snapshot chains (each a full snapshot, then its deltas) into the table, keeping the rows
+// of shard `shard_index` of `num_shards`. Several chains (saved by the parts of a table split
+// across ranks, whose ids are disjoint) merge; each one's admission state is its last file's,
+// since every file holds the whole state at its save.
 template <typename Key>
-Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, bool verify_only,
-                 int64_t* step) {
-  ChainLoader<Key> loader(table, 1, 0, /*merge=*/false, verify_only);
-  for (size_t i = 0; i < paths.size(); ++i) TF_RETURN_IF_ERROR(loader.Load(paths[i], i));
+Status LoadChains(DynamicTable* table, const std::vector<std::vector<std::string>>& chains,
+                  int num_shards, int shard_index, bool verify_only, int64_t* step) {
+  const bool merge = chains.size() > 1;
+  ChainLoader<Key> loader(table, num_shards, shard_index, merge, verify_only);
+  for (const std::vector<std::string>& chain : chains) {
+    for (size_t i = 0; i < chain.size(); ++i) {
+      TF_RETURN_IF_ERROR(loader.Load(chain[i], i, !merge || i + 1 == chain.size()));
+    }
+  }
   loader.SwapIn();
   *step = loader.step();
   return ::tensorflow::OkStatus();
 }
 
-Status LoadChain(DynamicTable* table, const std::vector<std::string>& paths, bool verify_only,
-                 int64_t* step) {
+Status LoadChains(DynamicTable* table, const std::vector<std::vector<std::string>>& chains,
+                  int num_shards, int shard_index, bool verify_only, int64_t* step) {
   return table->key_dtype() == ::tensorflow::DT_STRING
-             ? LoadChain<std::string>(table, paths, verify_only, step)
-             : LoadChain<int64_t>(table, paths, verify_only, step);
+             ? LoadChains<std::string>(table, chains, num_shards, shard_index, verify_only, step)
+             : LoadChains<int64_t>(table, chains, num_shards, shard_index, verify_only, step);
 }
 
 // Reads full snapshots (one, or the shards of a sharded checkpoint) into the table, keeping the
@@ -528,21 +538,44 @@ class RestoreSnapshotsOp : public TableKernel {
   explicit RestoreSnapshotsOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("track", &track_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("verify_only", &verify_only_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_shards", &num_shards_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shard_index", &shard_index_));
+    OP_REQUIRES(
+        ctx,
+        num_shards_ >= 1 && num_shards_ <= de::kMaxShards && shard_index_ >= 0 &&
+            shard_index_ < num_shards_,
+        errors::InvalidArgument("TfExtTableRestoreSnapshots: shard_index ", shard_index_,
+                                " of num_shards ", num_shards_, " (at most ", de::kMaxShards, ")"));
   }
 
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
     const auto flat = ctx->input(1).flat<tstring>();
     OP_REQUIRES(ctx, flat.size() > 0, table->Invalid("restore: paths is empty"));
-    std::vector<std::string> paths(flat.data(), flat.data() + flat.size());
+    // An empty path separates chains.
+    std::vector<std::vector<std::string>> chains(1);
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      if (flat(i).empty()) {
+        chains.emplace_back();
+      } else {
+        chains.back().emplace_back(flat(i));
+      }
+    }
+    for (const std::vector<std::string>& chain : chains) {
+      OP_REQUIRES(ctx, !chain.empty(), table->Invalid("restore: paths holds an empty chain"));
+    }
     int64_t step = 0;
     if (table->on_gpu()) {  // keeps no versions: -1
-      OP_REQUIRES_OK(ctx,
-                     LoadIntoDevice(ctx, table.get(), paths, /*merge=*/false, verify_only_, &step));
+      OP_REQUIRES(ctx, chains.size() == 1 && num_shards_ == 1,
+                  table->Invalid("a table in GPU memory restores one chain whole, not the "
+                                 "chains of a table split across another number of ranks"));
+      OP_REQUIRES_OK(
+          ctx, LoadIntoDevice(ctx, table.get(), chains[0], /*merge=*/false, verify_only_, &step));
       OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {-1, step}));
       return;
     }
-    OP_REQUIRES_OK(ctx, LoadChain(table.get(), paths, verify_only_, &step));
+    OP_REQUIRES_OK(ctx,
+                   LoadChains(table.get(), chains, num_shards_, shard_index_, verify_only_, &step));
     int64_t version = -1;
     if (track_ && !verify_only_) {
       version = table->key_dtype() == ::tensorflow::DT_STRING
@@ -555,6 +588,8 @@ class RestoreSnapshotsOp : public TableKernel {
  private:
   bool track_;
   bool verify_only_;
+  int num_shards_;
+  int shard_index_;
 };
 
 class RestoreCheckpointOp : public TableKernel {

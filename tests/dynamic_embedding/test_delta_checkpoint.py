@@ -372,6 +372,13 @@ def test_snapshot_ops_reject_bad_input_without_crashing(tmp_path):
     ops.tf_ext_table_restore_snapshots(table.resource_handle, [str(not_a_snapshot)])
   with pytest.raises(tf.errors.NotFoundError, match="'raw_ops'.*cannot open"):
     ops.tf_ext_table_restore_snapshots(table.resource_handle, [str(tmp_path / "absent.snap")])
+  # An empty path separates the chains of a split table's parts: none may be empty.
+  with pytest.raises(tf.errors.InvalidArgumentError, match="'raw_ops'.*an empty chain"):
+    ops.tf_ext_table_restore_snapshots(table.resource_handle, [str(not_a_snapshot), "", ""])
+  with pytest.raises(tf.errors.InvalidArgumentError, match="shard_index 2 of num_shards 2"):
+    ops.tf_ext_table_restore_snapshots(
+      table.resource_handle, [str(not_a_snapshot)], num_shards=2, shard_index=2
+    )
   assert int(table.size()) == 1
 
 

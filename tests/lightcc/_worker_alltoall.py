@@ -17,7 +17,7 @@ dynamic_embedding_column. MODE=checkpoint: each rank saves; split tables and a p
 MODE=reshard: those checkpoints restored on other ranks. MODE=mismatch: the ranks create the table
 with different dims: a ValueError on every rank. MODE=policies: admission, eviction, different
 optimizers per rank, LossAwareOptimizer. MODE=serving (serving_one: one rank): serving exports.
-MODE=estimator: Estimators. MODE=delta: delta checkpoints (delta_other: restored by other ranks).
+MODE=estimator: Estimators. MODE=delta: delta checkpoints (delta_reshard: restored by other ranks).
 MODE=die: a rank dies mid-step (replaced: the restore after it).
 """
 
@@ -540,36 +540,57 @@ def train_step_of(table, optimizer):
 
 def delta_checkpoints(directory):
   """Every rank gives the same directory; each saves its part (a full link, then deltas) in a
-  folder of its own there, and restores it exactly."""
+  folder of its own there, restores it exactly, and keeps a copy for MODE=delta_reshard."""
   table = tf_ext.get_dynamic_embedding_variable("delta_table", DIM, distribution="alltoall")
   step = train_step_of(table, tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["adam"]()))
-  manager = tf_ext.DeltaCheckpointManager(directory, [table])
+  manager = tf_ext.DeltaCheckpointManager(f"{directory}/split", [table])
   kinds = []
   for s in range(STEPS):
     step(GLOBAL_IDS[s][MINE])
+    if s == 1:
+      table.remove(GLOBAL_IDS[0][:1, :1])  # (a delta with a removed id)
     kinds.append(manager.save(s)["kind"])
   check("delta: a full link, then deltas", kinds == ["full"] + ["delta"] * (STEPS - 1), kinds)
   check("delta: a folder per rank", manager.directory.endswith(f"rank-{rank}-of-{size}"))
-  saved = [t.numpy() for t in table.export_with_slots()]
+  saved = [t.numpy() for t in table.export_with_slots()][:5]
+  np.savez(f"{directory}/part_{rank}.npz", *saved)
   table.clear()
   check("delta: restored step", manager.restore() == STEPS - 1)
-  restored = [t.numpy() for t in table.export_with_slots()]
-  order, restored_order = np.argsort(saved[0]), np.argsort(restored[0])
-  check(
-    "delta: restored part",
-    all(np.array_equal(a[order], b[restored_order]) for a, b in zip(saved[:5], restored[:5])),
+  check_rows("delta: restored part", table, saved)
+
+
+def check_rows(label, table, expected):
+  """`table` holds exactly the rows, slots, update counts and last steps of `expected` (the first
+  five arrays of export_with_slots)."""
+  got = [t.numpy() for t in table.export_with_slots()][:5]
+  order, got_order = np.argsort(expected[0]), np.argsort(got[0])
+  same = all(
+    a.shape[0] == b.shape[0] and np.array_equal(a[order], b[got_order])
+    for a, b in zip(expected, got)
   )
+  check(label, same, (len(expected[0]), len(got[0])))
 
 
-def delta_checkpoints_of_other_ranks(directory):
-  """A delta checkpoint saved by another number of ranks: a clear error, not a fresh start."""
-  for label, distribution in (("split", "alltoall"), ("plain", None)):
-    table = tf_ext.get_dynamic_embedding_variable(f"delta_{label}", DIM, distribution=distribution)
-    try:
-      tf_ext.DeltaCheckpointManager(directory, [table]).restore()
-      check(f"delta restored by other ranks ({label})", False, "no error")
-    except ValueError as error:
-      check(f"delta restored by other ranks ({label})", "split across 2 ranks" in str(error), error)
+def delta_checkpoints_resharded(directory):
+  """The 2 ranks' delta checkpoint restores into this number of ranks (each keeps the ids it
+  owns of every part) and, on one rank, into a plain table, which then saves a one-process delta
+  checkpoint that restores into this number of ranks too."""
+  parts = [np.load(f"{directory}/part_{r}.npz") for r in range(2)]
+  whole = [np.concatenate([p[f"arr_{i}"] for p in parts]) for i in range(5)]
+  table = tf_ext.get_dynamic_embedding_variable("delta_table", DIM, distribution="alltoall")
+  restored_step = tf_ext.DeltaCheckpointManager(f"{directory}/split", [table]).restore()
+  check(f"delta 2 -> {size}: step", restored_step == STEPS - 1, restored_step)
+  owned = table.owner_of(whole[0]).numpy() == rank
+  check_rows(f"delta 2 -> {size}: this rank's ids", table, [a[owned] for a in whole])
+  if size == 1:
+    plain = tf_ext.DynamicEmbeddingVariable("delta_table", DIM)  # (another table, same name)
+    tf_ext.DeltaCheckpointManager(f"{directory}/split", [plain]).restore()
+    check_rows("delta 2 -> a plain table", plain, whole)
+    tf_ext.DeltaCheckpointManager(f"{directory}/plain", [plain]).save(STEPS - 1)
+  else:
+    table.clear()
+    tf_ext.DeltaCheckpointManager(f"{directory}/plain", [table]).restore()
+    check_rows(f"delta 1 -> {size}: this rank's ids", table, [a[owned] for a in whole])
 
 
 def die_mid_step(directory):
@@ -657,8 +678,8 @@ elif MODE == "estimator":
   train_estimators(os.environ["CHECKPOINT_DIR"])
 elif MODE == "delta":
   delta_checkpoints(os.environ["CHECKPOINT_DIR"])
-elif MODE == "delta_other":
-  delta_checkpoints_of_other_ranks(os.environ["CHECKPOINT_DIR"])
+elif MODE == "delta_reshard":
+  delta_checkpoints_resharded(os.environ["CHECKPOINT_DIR"])
 elif MODE == "die":
   die_mid_step(os.environ["CHECKPOINT_DIR"])
 elif MODE == "replaced":

@@ -237,7 +237,7 @@ class TableSaveable(saveable_object.SaveableObject):
         path,
         prefix,
         self._legacy_prefix,
-        *_kept_part(self._table),
+        *kept_part_of(self._table),
         verify_only=verify_only,
       ),
     )
@@ -340,11 +340,11 @@ def _restore_table(object_name, table, merged_prefix, verify_only):
   if _shards_of(table):
     return _restore_sharded(_shards_of(table), path, merged_prefix, legacy, verify_only)
   return _restore(
-    _handle(table), path, merged_prefix, legacy, *_kept_part(table), verify_only=verify_only
+    _handle(table), path, merged_prefix, legacy, *kept_part_of(table), verify_only=verify_only
   )
 
 
-def _kept_part(table):
+def kept_part_of(table):
   """(num_shards, shard_index): the ids a restore of `table` keeps (a table split across ranks
   keeps its own, so it restores from a plain table's checkpoint too); (1, 0), all, by default."""
   kept_part = getattr(table, "kept_part", None)

@@ -28,7 +28,7 @@ import time
 import tensorflow as tf
 
 from tf_ext import _ops_loader, settings
-from tf_ext.dynamic_embedding import alltoall, live_tables
+from tf_ext.dynamic_embedding import alltoall, checkpoint, live_tables
 from tf_ext.dynamic_embedding import variable as variable_lib
 from tf_ext.every_n_steps import check_every_n_steps
 
@@ -56,6 +56,33 @@ def _trim_heap():
 
 def _rank_folder(rank, ranks):
   return f"rank-{rank}-of-{ranks}"
+
+
+def _read_manifest(directory):
+  """The manifest in `directory` (see DeltaCheckpointManager.read_manifest), or None."""
+  path = os.path.join(directory, MANIFEST)
+  if not tf.io.gfile.exists(path):
+    return None
+  try:
+    with tf.io.gfile.GFile(path, "r") as f:
+      manifest = json.load(f)
+    if manifest.get("format") != _FORMAT or not isinstance(manifest.get("chains"), list):
+      raise ValueError(f"format {manifest.get('format')!r}, expected {_FORMAT}")
+  except (ValueError, AttributeError) as error:
+    raise tf.errors.DataLossError(
+      None, None, f"delta checkpoint manifest '{path}': {error}"
+    ) from None
+  return manifest
+
+
+def _chosen_link(manifest, step):
+  """(chain, index) of the latest link at or before `step` (None: the latest), or None."""
+  chosen = None
+  for chain in manifest["chains"]:
+    for index, link in enumerate(chain["links"]):
+      if step is None or link["step"] <= step:
+        chosen = (chain, index)
+  return chosen
 
 
 def _total(link, key):
@@ -252,28 +279,37 @@ class DeltaCheckpointManager:
     across Horovod ranks, this rank's folder in it (`rank-<r>-of-<ranks>`)."""
     return self._directory
 
-  def _check_saved_by_as_many_ranks(self):
-    """Before a restore that finds no manifest: an error where the directory holds links saved
-    by a different number of ranks (or by split tables, for plain ones), instead of a silent
-    fresh start."""
+  def _saved_by_other_ranks(self):
+    """Where a restore that finds no manifest of its own reads: the folders of every rank that
+    saved the tables split across another number of ranks, or the directory given, which one
+    process's tables saved; [] when nothing was saved. An error where this rank's folder alone
+    lost its manifest, or where several numbers of ranks saved."""
     pattern = os.path.join(self._root, _rank_folder("*", "*"), MANIFEST)
     counts = sorted({re.sub(r".*-of-", "", os.path.dirname(p)) for p in tf.io.gfile.glob(pattern)})
-    if counts == [str(self._ranks)]:
+    if str(self._ranks) in counts:
       raise tf.errors.NotFoundError(
         None,
         None,
         f"DeltaCheckpointManager: {self._directory} holds no manifest, while other ranks' "
         f"folders in {self._root} do: this rank's part of the checkpoint is missing",
       )
-    if counts:
-      this_job = f"{self._ranks} ranks" if self._ranks else "tables not split across ranks"
+    if len(counts) > 1:
       raise ValueError(
-        f"DeltaCheckpointManager: {self._root} holds delta checkpoints of tables split across "
-        f"{' or '.join(counts)} ranks, and this job has {this_job}: a delta checkpoint restores "
-        "into as many ranks as saved it. To change the number of ranks, restore it on as many, "
-        "then save a full checkpoint (tf.train.Checkpoint or a Saver, every rank saving), which "
-        "restores into any number of ranks"
+        f"DeltaCheckpointManager: {self._root} holds delta checkpoints saved by "
+        f"{' and by '.join(counts)} ranks; keep one of them there"
       )
+    if counts:
+      ranks = int(counts[0])
+      folders = [os.path.join(self._root, _rank_folder(r, ranks)) for r in range(ranks)]
+      missing = [f for f in folders if not tf.io.gfile.exists(os.path.join(f, MANIFEST))]
+      if missing:
+        raise tf.errors.NotFoundError(
+          None, None, f"DeltaCheckpointManager: the parts saved by {ranks} ranks lack {missing}"
+        )
+      return folders
+    if self._root != self._directory and tf.io.gfile.exists(os.path.join(self._root, MANIFEST)):
+      return [self._root]
+    return []
 
   @property
   def tables(self):
@@ -319,9 +355,16 @@ class DeltaCheckpointManager:
 
   @staticmethod
   def _restore_op(table, feeds, verify_only=False):
+    # A table split across ranks keeps the ids it owns (of chains saved by any number of ranks).
+    num_shards, shard_index = checkpoint.kept_part_of(table)
     with table.colocated():
       return _ops_loader.load().tf_ext_table_restore_snapshots(
-        table.resource_handle, feeds["paths"], track=True, verify_only=verify_only
+        table.resource_handle,
+        feeds["paths"],
+        track=True,
+        verify_only=verify_only,
+        num_shards=num_shards,
+        shard_index=shard_index,
       )
 
   def _run(self, table, kind, session, **values):
@@ -353,19 +396,7 @@ class DeltaCheckpointManager:
   def read_manifest(self):
     """The manifest: {"format": 1, "chains": [{"chain_id", "links": [...]}, ...]}, oldest
     chain first; None when nothing was saved yet."""
-    path = self._path(MANIFEST)
-    if not tf.io.gfile.exists(path):
-      return None
-    try:
-      with tf.io.gfile.GFile(path, "r") as f:
-        manifest = json.load(f)
-      if manifest.get("format") != _FORMAT or not isinstance(manifest.get("chains"), list):
-        raise ValueError(f"format {manifest.get('format')!r}, expected {_FORMAT}")
-    except (ValueError, AttributeError) as error:
-      raise tf.errors.DataLossError(
-        None, None, f"delta checkpoint manifest '{path}': {error}"
-      ) from None
-    return manifest
+    return _read_manifest(self._directory)
 
   def _write_manifest(self, manifest):
     path = self._path(MANIFEST)
@@ -493,55 +524,71 @@ class DeltaCheckpointManager:
     links = self.links()
     return links[-1]["step"] if links else None
 
+  def _chain_files(self, table, directory, chain, links):
+    """The files of `table` in `links` of `chain` (the manifest's in `directory`), each present."""
+    files = []
+    for link in links:
+      entry = link["tables"].get(table.name)
+      if entry is None:
+        raise variable_lib.invalid_argument(
+          table.name,
+          f"delta checkpoint '{os.path.join(directory, MANIFEST)}' has no snapshot of this "
+          f"table in chain {chain['chain_id']} link {link['sequence']}",
+        )
+      files.append(os.path.join(directory, entry["file"]))
+    for path in files:  # before any table changes
+      if not tf.io.gfile.exists(path):
+        raise tf.errors.NotFoundError(
+          None, None, f"dynamic embedding table '{table.name}': snapshot file '{path}' is missing"
+        )
+    return files
+
   def restore(self, session=None, step=None):
     """Restores every table (and the dense state, when the manager has one) from the latest
     link, or from the latest link at or before `step`. Returns the link's step, or None when
     the directory holds no checkpoint. Every file of every table is checked (present, its
     checksums, its place in the chain) before the first table changes: a missing, corrupt or
-    out-of-order file is an error naming it, and leaves every table as it was."""
+    out-of-order file is an error naming it, and leaves every table as it was.
+
+    Tables split across Horovod ranks restore their rank's folder. Where it holds nothing, a
+    checkpoint that another number of ranks saved (or one process's plain tables) restores:
+    every rank reads every part's chain and keeps the ids it owns; a plain table reads every
+    part. The parts' links must have the same step; the next save then starts a new chain."""
     manifest = self.read_manifest()
+    sources = [self._directory]
     if manifest is None:
-      self._check_saved_by_as_many_ranks()
+      sources = self._saved_by_other_ranks()
+      if not sources:
+        return None
+    manifests = [manifest] if manifest is not None else [_read_manifest(d) for d in sources]
+    chosen = [_chosen_link(m, step) for m in manifests]
+    if any(c is None for c in chosen):
       return None
-    chosen = None
-    for chain in manifest["chains"]:
-      for index, link in enumerate(chain["links"]):
-        if step is None or link["step"] <= step:
-          chosen = (chain, index)
-    if chosen is None:
-      return None
-    chain, index = chosen
-    links = chain["links"][: index + 1]
-    manifest_path = self._path(MANIFEST)
+    steps = {c[0]["links"][c[1]]["step"] for c in chosen}
+    if len(steps) > 1:
+      raise ValueError(
+        f"DeltaCheckpointManager: the ranks' latest links in {self._root} were saved at "
+        f"different steps {sorted(steps)}; pass restore(step=) one that every rank saved"
+      )
     paths = {}
     for table in self._tables:
-      files = []
-      for link in links:
-        entry = link["tables"].get(table.name)
-        if entry is None:
-          raise variable_lib.invalid_argument(
-            table.name,
-            f"delta checkpoint '{manifest_path}' has no snapshot of this table in chain "
-            f"{chain['chain_id']} link {link['sequence']}",
-          )
-        files.append(self._path(entry["file"]))
-      for path in files:  # before any table changes
-        if not tf.io.gfile.exists(path):
-          raise tf.errors.NotFoundError(
-            None, None, f"dynamic embedding table '{table.name}': snapshot file '{path}' is missing"
-          )
-      paths[table.name] = files
+      chains = []  # one per folder: the chains of a table's parts, merged by the restore
+      for source, (chain, index) in zip(sources, chosen):
+        chains.append(self._chain_files(table, source, chain, chain["links"][: index + 1]))
+      paths[table.name] = [p for files in chains for p in ["", *files]][1:]
     for table in self._tables:  # every file read and checked in full before any table changes
       self._run(table, "verify", session, paths=paths[table.name])
     since = {}
     for table in self._tables:
       version, _ = self._run(table, "restore", session, paths=paths[table.name])
       since[table.name] = int(version)
-    last = links[-1]
-    if self._dense is not None and last.get("dense"):
-      self._dense.restore(self._path(last["dense"]), session)
+    (chain, index), source = chosen[0], sources[0]
+    last = chain["links"][index]
+    if self._dense is not None and last.get("dense"):  # (the same on every rank)
+      self._dense.restore(os.path.join(source, last["dense"]), session)
     # Continue the chain only from its latest link; from an earlier one, start a new chain.
-    tip = chain is manifest["chains"][-1] and index == len(chain["links"]) - 1
+    tip = manifest is not None and chain is manifest["chains"][-1]
+    tip = tip and index == len(chain["links"]) - 1
     if tip:
       self._chain_id = int(chain["chain_id"], 16)
       self._sequence = last["sequence"]
