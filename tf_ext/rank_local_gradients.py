@@ -23,22 +23,47 @@ def is_rank_local(variable):
 
 class _WithMarkedVariables(set):
   """A Horovod wrapper's set of local variables (or their refs) that also holds every marked
-  variable, whenever it was created."""
+  variable, whenever it was created. `refusal`: why the wrapper cannot treat marked variables as
+  their gradients need (raised when it asks about one), or None."""
+
+  def __init__(self, current, refusal=None):
+    super().__init__(current)
+    self.refusal = refusal
 
   def __contains__(self, item):
     variable = item.deref() if hasattr(item, "deref") else item
-    return is_rank_local(variable) or set.__contains__(self, item)
+    if is_rank_local(variable):
+      if self.refusal:
+        raise ValueError(self.refusal)
+      return True
+    return set.__contains__(self, item)
 
   def __len__(self):
     # Horovod scales local gradients only when its set is not empty.
     return max(1, set.__len__(self))
 
 
+def _refusal(wrapper):
+  """Why a Horovod wrapper cannot reduce with marked variables among its own, or None: their
+  gradients must be scaled as it scales the gradients it averages. (With
+  backward_passes_per_step > 1 Horovod itself refuses the IndexedSlices gradients of tables.)"""
+  if getattr(wrapper, "scale_local_gradients", True) is not False:
+    return None
+  return (
+    f"Horovod's {type(wrapper).__name__} with scale_local_gradients=False cannot train dynamic "
+    "embedding tables split across ranks (distribution='alltoall'): their gradients arrive "
+    "summed over the ranks and must be divided as Horovod averages the others; leave "
+    "scale_local_gradients at True"
+  )
+
+
 def keep_local(wrapper):
   """Makes a Horovod DistributedOptimizer or DistributedGradientTape (or anything else) leave
-  marked variables' gradients out of its reduction; returns `wrapper`."""
+  marked variables' gradients out of its reduction; returns `wrapper`. One whose settings cannot
+  serve them raises a ValueError saying so when it meets a marked variable."""
+  refusal = _refusal(wrapper)
   for attribute in ("_local_vars", "_local_sources"):
     current = getattr(wrapper, attribute, None)
     if isinstance(current, set) and not isinstance(current, _WithMarkedVariables):
-      setattr(wrapper, attribute, _WithMarkedVariables(current))
+      setattr(wrapper, attribute, _WithMarkedVariables(current, refusal))
   return wrapper

@@ -407,6 +407,32 @@ def check_mismatched_optimizers():
     )
 
 
+def check_refused_horovod_settings():
+  """Horovod's wrappers with settings that cannot train the split table: a ValueError naming the
+  setting, not a silently wrong update."""
+  table = tf_ext.get_dynamic_embedding_variable("refused", DIM, distribution="alltoall")
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(table.lookup(GLOBAL_IDS[0][MINE]))
+  tape = hvd.DistributedGradientTape(tape, scale_local_gradients=False)
+  try:
+    tape.gradient(loss, [table.gradient_anchor])
+    check("scale_local_gradients=False", False, "no error")
+  except ValueError as error:
+    check("scale_local_gradients=False", "scale_local_gradients=False" in str(error), error)
+  ids = tf.keras.Input(shape=(IDS_PER_ROW,), dtype=tf.int64)
+  layer = tf_ext.keras.layers.DynamicEmbedding(DIM, combiner="sum", distribution="alltoall")
+  model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(layer(ids)))
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(OPTIMIZERS["sgd"]())
+  model.compile(hvd_keras.DistributedOptimizer(optimizer, backward_passes_per_step=2), "mse")
+  try:
+    model.fit(GLOBAL_IDS[0][MINE], GLOBAL_LABELS[0][MINE], verbose=0)
+    check("backward_passes_per_step=2", False, "no error")
+  except ValueError as error:
+    # (Horovod's own error: it aggregates no IndexedSlices, those of any table.)
+    message = "IndexedSlices are not supported when `backward_passes_per_step` > 1"
+    check("backward_passes_per_step=2", message in str(error), error)
+
+
 def serving_model():
   """A Keras model of a split int64 table and a split string table."""
   ids = tf.keras.Input(shape=(IDS_PER_ROW,), dtype=tf.int64, name="ids")
@@ -668,6 +694,7 @@ elif MODE == "checkpoint":
 elif MODE == "policies":
   train_with_policies("policies")
   check_mismatched_optimizers()
+  check_refused_horovod_settings()
   train_with_tape(
     "amp_adam",
     "adam",
