@@ -134,6 +134,7 @@ class DynamicTableOp : public OpKernel {
     options.dim = dim_;
     options.initializer = init_;
     options.admission = admission_;
+    options.max_rows = max_rows_;
     std::string error;
     std::unique_ptr<de::DeviceTable> device_table = de::MakeCudaTable(options, &error);
     if (!device_table) return ::tensorflow::errors::FailedPrecondition(error);

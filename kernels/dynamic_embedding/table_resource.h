@@ -113,6 +113,7 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   // A GPU table core's error (which names the table), or OK.
   static ::tensorflow::Status FromCore(const std::string& error) {
     if (error.empty()) return ::tensorflow::OkStatus();
+    if (de::IsOverLimit(error)) return ::tensorflow::errors::ResourceExhausted(error);
     return ::tensorflow::errors::Internal(error);
   }
 

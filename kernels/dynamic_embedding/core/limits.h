@@ -90,6 +90,12 @@ inline std::string CheckTableRows(std::string_view table, int64_t rows, int64_t 
                                std::to_string(max_rows) + " rows");
 }
 
+// Whether `error` is a limit's (CheckTableRows, ...): a TensorFlow adapter raises it as
+// ResourceExhausted.
+inline bool IsOverLimit(std::string_view error) {
+  return error.find(" is over the limit of ") != std::string_view::npos;
+}
+
 // Whether a table holding `rows` has room for what a call of keys key_at(0..n-1) may add,
 // checked before the call changes anything: far from the limit every key may be new; near it,
 // the distinct keys for which contains(key) is false are counted.

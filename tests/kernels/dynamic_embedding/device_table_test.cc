@@ -297,6 +297,54 @@ TEST_P(DeviceTableTest, InsertOrAssignLetsTheLastRowWinAndRemoveLeavesOthersFind
   EXPECT_TRUE(ContentsOf(*table).empty());
 }
 
+// As the CPU table: a call that could pass max_rows is refused before it changes anything, where
+// near the limit only the distinct keys the table lacks count; every call that adds rows checks.
+TEST_P(DeviceTableTest, RowsAtTheLimitWorkAndOnePastIsRefusedByEveryAddingCall) {
+  const Backend& backend = GetParam();
+  DeviceTableOptions options = Options(2);
+  options.max_rows = 100;
+  auto table = MakeOrDie(backend, options);
+  std::vector<int64_t> first(100);
+  for (int64_t k = 0; k < 100; ++k) first[k] = k * 7;
+  first.push_back(first[0]);  // a key given twice counts once
+  Buffer<int64_t> keys(backend, first);
+  Buffer<float> rows(backend, static_cast<int64_t>(first.size()) * 2);
+  ASSERT_EQ(table->FindOrInsert(nullptr, first.size(), keys.get(), rows.get()), "");
+  ASSERT_EQ(table->Size(nullptr), 100);
+  // Every key again (present: they count for nothing) and one new key.
+  std::vector<int64_t> one_more = first;
+  one_more.push_back(-1);
+  Buffer<int64_t> more(backend, one_more);
+  Buffer<float> more_rows(backend, std::vector<float>(one_more.size() * 2, 0.5f));
+  const auto refused = [&](const std::string& error) {
+    return error.find("'t'") != std::string::npos &&
+           error.find("is over the limit of 100 rows") != std::string::npos;
+  };
+  std::string error = table->FindOrInsert(nullptr, one_more.size(), more.get(), more_rows.get());
+  EXPECT_TRUE(refused(error)) << error;
+  error = table->InsertOrAssign(nullptr, one_more.size(), more.get(), more_rows.get());
+  EXPECT_TRUE(refused(error)) << error;
+  OptimizerParams params;
+  params.kind = OptimizerKind::kSgd;
+  params.learning_rate = 0.1f;
+  error = table->ApplyGradients(nullptr, params, 1, one_more.size(), more.get(), more_rows.get());
+  EXPECT_TRUE(refused(error)) << error;
+  EXPECT_EQ(table->Size(nullptr), 100);
+  Flags found(backend, 1);
+  Buffer<float> row(backend, 2);
+  ASSERT_EQ(table->Find(nullptr, 1, more.get() + one_more.size() - 1, row.get(), found.get()), "");
+  EXPECT_EQ(found.Download()[0], 0) << "a refused call added its key";
+  // Keys the table holds are updated and assigned at the limit.
+  ASSERT_EQ(table->InsertOrAssign(nullptr, first.size(), more.get(), more_rows.get()), "");
+  ASSERT_EQ(table->ApplyGradients(nullptr, params, 1, first.size(), more.get(), more_rows.get()),
+            "");
+  // A removal makes room for one.
+  int64_t removed = 0;
+  ASSERT_EQ(table->Remove(nullptr, 1, keys.get(), &removed), "");
+  ASSERT_EQ(table->FindOrInsert(nullptr, 1, more.get() + one_more.size() - 1, more_rows.get()), "");
+  EXPECT_EQ(table->Size(nullptr), 100);
+}
+
 // Near full load most buckets are full, and a find stops at a full bucket unless a claim went on
 // past it (its overflow bit): every key stored beyond a full bucket must still be found, through
 // removals (tombstones keep buckets full), and after Clear none is.

@@ -44,6 +44,7 @@
 
 #include "kernels/dynamic_embedding/core/admission.h"
 #include "kernels/dynamic_embedding/core/initializers.h"
+#include "kernels/dynamic_embedding/core/limits.h"
 #include "kernels/dynamic_embedding/core/optimizers.h"
 #include "kernels/dynamic_embedding/core/table_policies.h"
 
@@ -67,6 +68,9 @@ struct DeviceTableOptions {
   // GPU threads that probe for one key and copy its row together: 1, 2, 4, 8, 16 or 32; 0 takes
   // kDefaultTileLanes. The benchmark compares them; the host table ignores it.
   int tile_lanes = 0;
+  // Rows the table may hold (limits.h): a call that would add more is refused before it changes
+  // anything, with CheckTableRows' error.
+  int64_t max_rows = kMaxTableRows;
 };
 
 // Four lanes: on an H200 (benchmarks/gpu_table.py, 2026-11-27) they beat 8, 16 and 32 at every

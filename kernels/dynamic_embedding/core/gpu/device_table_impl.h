@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -154,7 +155,8 @@ class DeviceTableImpl : public DeviceTable {
                            float* rows) override {
     exec_.Bind(stream);
     if (n <= 0) return "";
-    std::string error = MakeRoom(n);
+    std::string error = CheckRowLimit(n, keys);
+    if (error.empty()) error = MakeRoom(n);
     if (!error.empty()) return error;
     Scratch<Exec, int64_t> slots(exec_, n);
     Scratch<Exec, uint8_t> created(exec_, n);
@@ -245,6 +247,8 @@ class DeviceTableImpl : public DeviceTable {
     exec_.Bind(stream);
     std::string error = EnsureSlots(stream, NumSlots(params.kind), SlotInitialValues(params));
     if (!error.empty() || n <= 0) return error;
+    error = CheckRowLimit(n, keys);
+    if (!error.empty()) return error;
     Groups groups(exec_, n);
     error = GroupKeys(n, keys, &groups);
     if (error.empty()) error = MakeRoom(groups.distinct);
@@ -323,8 +327,10 @@ class DeviceTableImpl : public DeviceTable {
   std::string AssignRows(int64_t n, const int64_t* keys, const float* rows, bool full_rows,
                          const uint32_t* counts, const int64_t* steps) {
     if (n <= 0) return "";
+    std::string error = CheckRowLimit(n, keys);
+    if (!error.empty()) return error;
     Groups groups(exec_, n);
-    std::string error = GroupKeys(n, keys, &groups);
+    error = GroupKeys(n, keys, &groups);
     if (error.empty()) error = MakeRoom(groups.distinct);
     if (!error.empty()) return error;
     const int64_t m = groups.distinct;
@@ -690,6 +696,38 @@ class DeviceTableImpl : public DeviceTable {
   void SetCounter(Counter counter, int64_t value) {
     ZeroCounter(counter);
     exec_.Fill(Stripe(counters_, counter), value, 1);
+  }
+
+  // Refuses a call of keys[0, n) that could take the table past options_.max_rows, before it
+  // changes anything: far from the limit every key may be new (the running bound of occupied
+  // slots, then the exact size, says so without a lookup); near it, the distinct keys the table
+  // lacks count, found by a lookup and counted on the host. Keys a policy would not admit count
+  // too, as on the CPU table.
+  std::string CheckRowLimit(int64_t n, const int64_t* keys) {
+    const int64_t max_rows = options_.max_rows;
+    if (n <= max_rows - occupied_bound_) return "";
+    const int64_t size = ReadCounter(kSize);
+    if (CheckTableRows(options_.name, size, n, max_rows).empty()) return "";
+    Scratch<Exec, uint8_t> found(exec_, n);
+    if (!found.ok()) return Error("out of device memory for " + std::to_string(n));
+    const TableView t = View();
+    uint8_t* found_at = found.get();
+    exec_.ForTiles(n, [=] TF_EXT_HOST_DEVICE(int64_t i, const Tile& tile) {
+      const int64_t s = FindSlot(t, keys[i], tile);
+      if (tile.lane() == 0) found_at[i] = s >= 0;
+    });
+    std::vector<int64_t> host_keys(n);
+    std::vector<uint8_t> host_found(n);
+    exec_.ToHost(host_keys.data(), keys, sizeof(int64_t) * n);
+    exec_.ToHost(host_found.data(), found_at, n);
+    exec_.Sync();
+    const std::string failure = Checked("row limit check");
+    if (!failure.empty()) return failure;
+    std::unordered_set<int64_t> absent;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!host_found[i]) absent.insert(host_keys[i]);
+    }
+    return CheckTableRows(options_.name, size, static_cast<int64_t>(absent.size()), max_rows);
   }
 
   // Makes room for `incoming` new keys: keeps (rows + tombstones + incoming) within the load
