@@ -662,6 +662,15 @@ def restore_after_the_death(directory):
   )
 
 
+MODES_WITH_A_DIRECTORY = {
+  "estimator": train_estimators,
+  "delta": delta_checkpoints,
+  "delta_reshard": delta_checkpoints_resharded,
+  "die": die_mid_step,
+  "replaced": restore_after_the_death,
+  "serving": export_split_model,
+  "serving_one": export_from_checkpoint,
+}
 if MODE == "tf1":
   train_in_a_session(
     "tf1_adagrad",
@@ -701,20 +710,8 @@ elif MODE == "policies":
     amp_wrap=lambda o: amp.LossAwareOptimizer(o, "bfloat16", probe_interval=0),
     tolerance=2e-2,
   )
-elif MODE == "estimator":
-  train_estimators(os.environ["CHECKPOINT_DIR"])
-elif MODE == "delta":
-  delta_checkpoints(os.environ["CHECKPOINT_DIR"])
-elif MODE == "delta_reshard":
-  delta_checkpoints_resharded(os.environ["CHECKPOINT_DIR"])
-elif MODE == "die":
-  die_mid_step(os.environ["CHECKPOINT_DIR"])
-elif MODE == "replaced":
-  restore_after_the_death(os.environ["CHECKPOINT_DIR"])
-elif MODE == "serving":
-  export_split_model(os.environ["CHECKPOINT_DIR"])
-elif MODE == "serving_one":
-  export_from_checkpoint(os.environ["CHECKPOINT_DIR"])
+elif MODE in MODES_WITH_A_DIRECTORY:
+  MODES_WITH_A_DIRECTORY[MODE](os.environ["CHECKPOINT_DIR"])
 elif MODE == "reshard":  # restores the checkpoints that MODE=checkpoint wrote with other ranks
   check_restored(os.environ["CHECKPOINT_DIR"], "")
 elif MODE == "mismatch":
