@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -418,30 +419,47 @@ print("all sessions closed")
   assert "closing a Session after its" in proc.stderr  # it did wait, at least once
 
 
-def gated_session(bucketing, steps, verdicts_after=None):
+# How long a test waits for a speed-gate verdict: it needs the clusters' executables, which may
+# compile in the background (TensorFlow's asynchronous compilation, turned on process-wide by an
+# earlier Bucketing) while the steps run on uncompiled; on a loaded machine that takes any number
+# of steps, so the wait is bounded in seconds, not steps.
+VERDICT_TIMEOUT_S = 120
+
+
+def gated_session(bucketing, steps=None, verdicts_after=None, timeout_s=VERDICT_TIMEOUT_S):
   """Trains batches of 33-64 rows (one bucket: 64) in a Session of a padded graph: `steps` of
-  them, or with `verdicts_after` (a speed_verdicts sequence number) until a newer verdict is
-  out (at most `steps`) and then 10 more, the pipeline told of it first; then one traced step.
-  Returns (the traced step's executed node names, its partition graphs' op types, the
-  losses)."""
-  sizes = list(np.random.default_rng(5).integers(33, 65, steps + 11))
+  them, or with `verdicts_after` (a speed_verdicts sequence number) until a newer verdict is out
+  (failing the test if none is within `timeout_s` seconds) and then 10 more, the pipeline told of
+  it first; then one traced step. Returns (the traced step's executed node names, its partition
+  graphs' op types, the losses)."""
+  assert (steps is None) != (verdicts_after is None)
+  sizes = list(np.random.default_rng(5).integers(33, 65, (steps or 64) + 11))
   graph = tf.Graph()
   with graph.as_default():
-    features, label = tf.compat.v1.data.make_one_shot_iterator(
-      bucketing.pad(stream(sizes))
-    ).get_next()
+    dataset = stream(sizes)
+    if verdicts_after is not None:
+      dataset = dataset.repeat()  # as many steps as the verdict takes
+    features, label = tf.compat.v1.data.make_one_shot_iterator(bucketing.pad(dataset)).get_next()
     with bucketing.padded(features):
       loss, train, _, _ = model(features, label)
     config = graph_optimizations.config_proto(fuse_embeddings=True, cluster_dense_for_xla=True)
     with tf.compat.v1.Session(config=config) as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      losses = []
-      for _ in range(steps):
-        losses.append(session.run([loss, train])[0])
-        if verdicts_after is not None and jit.speed_verdicts(verdicts_after):
-          bucketing.events  # noqa: B018 (reading the events polls the verdicts)
-          losses += [session.run([loss, train])[0] for _ in range(10)]
-          break
+      if verdicts_after is None:
+        losses = [session.run([loss, train])[0] for _ in range(steps)]
+      else:
+        compiles = jit.compile_count()
+        start = time.monotonic()
+        losses = []
+        while not jit.speed_verdicts(verdicts_after):
+          if time.monotonic() - start > timeout_s:
+            pytest.fail(
+              f"the speed gate gave no verdict in {timeout_s} s ({len(losses)} steps); the XLA "
+              f"compilations of this Session: {jit.compile_log(compiles)}"
+            )
+          losses.append(session.run([loss, train])[0])
+        bucketing.events  # noqa: B018 (reading the events polls the verdicts)
+        losses += [session.run([loss, train])[0] for _ in range(10)]
       options = tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE, output_partition_graphs=True
       )
@@ -463,9 +481,9 @@ def test_the_speed_gate_runs_the_clusters_the_way_the_timed_steps_chose():
     name="gated", min_observations=10**6, async_compile=False, adaptive=True
   )
   # A verdict needs the executables (compiled when the shape is seen again, or in the
-  # background where an earlier test turned asynchronous compilation on), 8 ready steps and 12
-  # timed steps each way.
-  executed, op_types, losses = gated_session(bucketing, 400, verdicts_after=after)
+  # background where an earlier test turned asynchronous compilation on: then after any number
+  # of steps), 8 ready steps and 12 timed steps each way.
+  executed, op_types, losses = gated_session(bucketing, verdicts_after=after)
   assert {"TfExtXlaSpeedGate", "TfExtXlaSpeedGateReady", "_XlaCompile"} <= op_types
   assert np.all(np.isfinite(losses))
   verdicts = jit.speed_verdicts(after)
