@@ -46,6 +46,10 @@
 #                decides right on simulated calls, against the median rule it replaced
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
+#   make bench-alltoall  benchmarks/alltoall_tables.py: tables split across ranks (all-to-all)
+#                against replicated tables and TFRA's HvdAllToAllEmbedding on bench-cluster's
+#                emulated 2-node cluster (root: via sudo when not root; installs
+#                requirements-bench.txt: TFRA, matplotlib); BENCH_ARGS=--quick for a short run
 #   make bench-harp  benchmarks/harp_transport.py: HARP's NCCL plugin against a stand-in for NCCL's
 #                default socket transport over veth with tc-shaped profiles (root: via sudo when
 #                not root; writes harp_transport.png)
@@ -139,8 +143,8 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 .PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
         gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops fuzz demo bench bench-lifecycle \
         bench-quality bench-amp bench-fusion bench-jit soak \
-        bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-harp \
-        bench-harp-nccl demo-estimator clean distclean
+        bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-alltoall \
+        bench-harp bench-harp-nccl demo-estimator clean distclean
 
 all: build
 
@@ -378,6 +382,12 @@ bench-amp: build bench-deps
 bench-cluster: build bench-deps
 	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
 	  $(VENV)/bin/python benchmarks/lightcc_cluster.py $(BENCH_ARGS))
+
+# Issue 36's benchmark on the same emulated cluster (root: sudo when not root); ~12 min,
+# BENCH_ARGS=--quick for ~3 min, BENCH_ARGS="--json benchmarks/results/alltoall_tables.json".
+bench-alltoall: build bench-deps
+	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
+	  $(VENV)/bin/python benchmarks/alltoall_tables.py $(BENCH_ARGS))
 
 # Issue 12's transport benchmark: HARP's plugin against a stand-in for NCCL's default socket
 # transport across two network namespaces (root: via sudo when not root; compiles its driver and

@@ -215,7 +215,8 @@ def sh(cmd, check=True):
 
 
 class Cluster:
-  """Two namespaces joined by a tbf-throttled veth; removes everything it made on close()."""
+  """Two namespaces joined by a tbf-throttled veth (not throttled with rate None); removes
+  everything it made on close()."""
 
   def __init__(self, rate, burst, latency):
     tag = os.getpid()
@@ -262,6 +263,8 @@ class Cluster:
       sh(["ip", "-n", ns, "link", "set", "lo", "up"])
       sh(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", IFACE])
       sh(["ip", "-n", ns, "link", "set", IFACE, "up"])
+      if self.rate is None:  # uncapped: the veth as fast as the CPUs move it
+        continue
       sh(
         [
           "tc",
@@ -345,11 +348,14 @@ def model_shapes(model, input_size):
   return shapes
 
 
-def run_config(cluster, name, env_light, args, spec_path, workdir):
+def launch_ranks(cluster, argv, env, result_dir, timeout):
+  """Runs one process per rank of the WORLD ranks (`argv`, in its node's namespace, with the
+  Horovod variables of a `horovodrun --gloo` job, `env` and the caller's environment less its
+  LIGHT_*), each writing rank<r>.log and rank<r>.json into result_dir; waits up to `timeout`
+  seconds. Returns ({rank: its JSON}, None) or (None, {"error": ..., "logs": the logs' tails})."""
   from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
   from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
-  result_dir = os.path.join(workdir, name.replace("+", "_"))
   os.makedirs(result_dir, exist_ok=True)
   hosts = ",".join(f"node{i}:{RANKS_PER_NODE}" for i in range(NODES))
   server = cluster.popen(
@@ -368,42 +374,29 @@ def run_config(cluster, name, env_light, args, spec_path, workdir):
     for k, v in os.environ.items()
     if not k.startswith("LIGHT_") and k not in run_env and k not in _SLOT_VARS
   }
-  base.update(env_light)
+  base.update(env)
   base.update(run_env)
   base["PYTHONUNBUFFERED"] = "1"
   base["PYTHONPATH"] = REPO + os.pathsep + base.get("PYTHONPATH", "")
   base["TF_CPP_MIN_LOG_LEVEL"] = "2"
   ranks = []
   for slot in get_host_assignments(parse_hosts(hosts), WORLD):
-    env = dict(base, **create_slot_env_vars(slot))
+    slot_env = dict(base, **create_slot_env_vars(slot))
     node = int(slot.hostname[len("node") :])
     log = open(os.path.join(result_dir, f"rank{slot.rank}.log"), "w")
-    argv = [
-      sys.executable,
-      os.path.abspath(__file__),
-      "--worker",
-      "--spec",
-      spec_path,
-      "--result-dir",
-      result_dir,
-      "--steps",
-      str(args.steps),
-      "--warmup",
-      str(args.warmup),
-    ]
     ranks.append(
       (
         slot.rank,
-        cluster.popen(node, argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO),
+        cluster.popen(node, argv, env=slot_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO),
         log,
       )
     )
-  deadline = time.time() + args.timeout
+  deadline = time.time() + timeout
   failed = None
   while any(p.poll() is None for _, p, _ in ranks):
     bad = [(r, p.returncode) for r, p, _ in ranks if p.poll() not in (None, 0)]
     if bad or time.time() > deadline:
-      failed = f"rank {bad[0][0]} exited with {bad[0][1]}" if bad else f"timeout {args.timeout}s"
+      failed = f"rank {bad[0][0]} exited with {bad[0][1]}" if bad else f"timeout {timeout}s"
       break
     time.sleep(0.5)
   for _, p, log in ranks:
@@ -427,7 +420,17 @@ def run_config(cluster, name, env_light, args, spec_path, workdir):
       with open(os.path.join(result_dir, f"rank{r}.log")) as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
       tails.append(f"--- rank {r} (last lines) ---\n" + "\n".join(lines[-15:]))
-    return {"name": name, "error": failed or "missing results", "logs": "\n".join(tails)}
+    return None, {"error": failed or "missing results", "logs": "\n".join(tails)}
+  return results, None
+
+
+def run_config(cluster, name, env_light, args, spec_path, workdir):
+  result_dir = os.path.join(workdir, name.replace("+", "_"))
+  argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
+  argv += ["--result-dir", result_dir, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+  results, failure = launch_ranks(cluster, argv, env_light, result_dir, args.timeout)
+  if failure:
+    return {"name": name, **failure}
   return summarize(name, env_light, results, args)
 
 
@@ -638,17 +641,17 @@ def parse_args(argv):
   return p.parse_args(argv)
 
 
-def check_modules():
-  missing = [name for name in REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+def check_modules(modules=REQUIRED_MODULES, script="lightcc_cluster.py", target="bench-cluster"):
+  missing = [name for name in modules if importlib.util.find_spec(name) is None]
   if missing:
     sys.exit(
-      f"lightcc_cluster.py: {sys.executable} lacks {', '.join(missing)}. Run the benchmark with "
-      "`make bench-cluster` (it installs requirements-bench.txt, then runs this script as root), "
+      f"{script}: {sys.executable} lacks {', '.join(missing)}. Run the benchmark with "
+      f"`make {target}` (it installs requirements-bench.txt, then runs this script as root), "
       "or install them with `make bench-deps`."
     )
 
 
-def preflight():
+def preflight(script="lightcc_cluster.py"):
   problems = []
   if os.geteuid() != 0:
     problems.append(
@@ -659,7 +662,7 @@ def preflight():
     if shutil.which(tool) is None:
       problems.append(f"`{tool}` not found (Debian: apt-get install iproute2)")
   if problems:
-    sys.exit("lightcc_cluster.py: " + "\n  ".join(problems))
+    sys.exit(f"{script}: " + "\n  ".join(problems))
 
 
 def main(argv=None):
