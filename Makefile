@@ -46,6 +46,9 @@
 #                decides right on simulated calls, against the median rule it replaced
 #   make bench-cluster  benchmarks/lightcc_cluster.py (root: via sudo when not root; installs
 #                requirements-bench.txt: matplotlib for its chart)
+#   make bench-scaling  benchmarks/lightcc_scaling.py: LightCC's scaling efficiency against Horovod
+#                on bench-cluster's emulated cluster with sleeping, GPU-like compute (root: via sudo
+#                when not root; writes lightcc_scaling.png and its timeline); BENCH_ARGS=--quick
 #   make bench-alltoall  benchmarks/alltoall_tables.py: tables split across ranks (all-to-all)
 #                against replicated tables and TFRA's HvdAllToAllEmbedding on bench-cluster's
 #                emulated 2-node cluster (root: via sudo when not root; installs
@@ -144,7 +147,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
         gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops fuzz demo bench bench-lifecycle \
         bench-quality bench-amp bench-fusion bench-jit soak \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-alltoall \
-        bench-harp bench-harp-nccl demo-estimator clean distclean
+        bench-scaling bench-harp bench-harp-nccl demo-estimator clean distclean
 
 all: build
 
@@ -382,6 +385,12 @@ bench-amp: build bench-deps
 bench-cluster: build bench-deps
 	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
 	  $(VENV)/bin/python benchmarks/lightcc_cluster.py $(BENCH_ARGS))
+
+# Issue 39's scaling efficiency on the same emulated cluster (root: sudo when not root); about
+# 10 min, BENCH_ARGS=--quick for < 2 min.
+bench-scaling: build bench-deps
+	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
+	  $(VENV)/bin/python benchmarks/lightcc_scaling.py $(BENCH_ARGS))
 
 # Issue 36's benchmark on the same emulated cluster (root: sudo when not root); ~12 min,
 # BENCH_ARGS=--quick for ~3 min, BENCH_ARGS="--json benchmarks/results/alltoall_tables.json".

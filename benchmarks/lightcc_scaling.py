@@ -1,0 +1,739 @@
+#!/usr/bin/env python3
+"""LightCC's scaling efficiency on an emulated cluster whose compute sleeps like a GPU.
+
+Needs root (network namespaces, a veth link, tc qdiscs) and `ip` / `tc`: the cluster is
+lightcc_cluster.py's (2 netns nodes x RANKS ranks, one tbf-shaped veth between them, ranks
+launched as `horovodrun --gloo` launches them).
+
+Emulated compute. Each Keras layer with weights of the profile's model (tf.keras.applications,
+weights=None, 224x224 input: VGG16 138,357,544 trainable parameters, ResNet50 25,583,592) is one
+unit with a forward and a backward time; units without multiply-adds (batch norm) take no time.
+The rule:
+a unit's share of the step is its multiply-adds per image (Conv2D: out_h * out_w * kh * kw * c_in
+* c_out; Dense: c_in * c_out) over the model's; forward takes 1/3 of the step and backward 2/3
+(backward computes the gradients of both the input and the weights). Each unit's time is a
+`tf.numpy_function` that sleeps (the core is free meanwhile) on a per-process "device clock": a
+unit starts when the previous one ends or, if launched late, when launched, so sleeps do not
+accumulate the scheduler's overshoot. Each unit's gradients are the unit's stored gradient
+(read from a variable: no arithmetic) with a data dependency on that unit's backward sleep, which
+depends on the next unit's backward: gradients become ready in backprop order, last layer first,
+as on a GPU. Each step is a real (LightCC or Horovod) DistributedGradientTape over these
+gradients, then an in-place SGD update (ResourceApplyGradientDescent, the only CPU work besides
+the exchange).
+
+Seed ratio and scaling. One V100 step at batch 128: VGG16 0.51 s (251 images/s, the issue's
+seed); ResNet50 0.356 s (360 images/s, an assumption: the order of published fp32 TensorFlow
+figures for one V100, not measured here). The seed's cluster has two nodes joined by 25 Gbit/s, on
+which the allreduce lower bound per node and direction is S (the gradient bytes): 0.177 s for
+VGG16 (S = 553 MB), so compute / link = 2.88; ResNet50 (S = 102.3 MB) 10.9. Two shared CPU
+cores cannot move 553 MB per step through Gloo in a fraction of a second, so the benchmark keeps
+that ratio on a smaller problem: every gradient is shrunk by --shrink (a tensor of n floats
+becomes a 1-D tensor of ceil(n / shrink) floats; --shrink 1 keeps the model's exact shapes), the
+link runs at --rate, and the one-device step is set to ratio * (S / shrink) / rate. What this does
+not scale: the ranks' own CPU work (in-node exchange over loopback, top-k selection, the update)
+that NVLink and the GPU do on the seed, and the 8 GPUs per node (2 or 4 ranks here).
+
+Efficiency = (N-rank images/s) / (N x one-rank images/s), the one-rank run being the same
+emulated compute and update in one process without Horovod; images/s = 128 * ranks / step time.
+
+  make bench-scaling                                     # VGG16 and ResNet50, every config
+  make bench-scaling BENCH_ARGS=--quick                  # < 2 min: VGG16, 4 configs
+  sudo .venv/bin/python benchmarks/lightcc_scaling.py --profiles vgg16 --configs horovod,2d+topk
+  sudo .venv/bin/python benchmarks/lightcc_scaling.py --ranks-per-node 4 --quick
+"""
+
+import argparse
+import atexit
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+import lightcc_cluster  # noqa: E402
+
+BATCH = 128  # images per rank and step (the seed's)
+SEED_LINK_BPS = 25e9  # the seed's inter-node link
+# One-V100 step time at batch 128 (see the docstring for where each comes from).
+PROFILES = {
+  "vgg16": {"builder": "VGG16", "step_s": BATCH / 251, "source": "seed: 251 images/s"},
+  "resnet50": {
+    "builder": "ResNet50",
+    "step_s": BATCH / 360,
+    "source": "assumed 360 images/s (fp32, one V100)",
+  },
+}
+FORWARD_SHARE = 1 / 3  # forward : backward = 1 : 2
+
+# Adaptive fusion: candidate bucket sizes S/16, S/4 and Horovod's default fusion threshold, 128 MiB
+# (which holds the whole shrunk step: one bucket), probed 2 steps each (the warm-up covers the 3
+# probes); never re-probed within a run.
+FUSION = {"LIGHT_FUSION": "1", "LIGHT_FUSION_PROBE_STEPS": "2", "LIGHT_FUSION_REPROBE_STEPS": "0"}
+HOROVOD_FUSION_MB = 128
+
+
+def fusion_candidates_mb(step_bytes):
+  sizes = {round(step_bytes / d / 2**20, 2) for d in (16, 4)} | {HOROVOD_FUSION_MB}
+  return sorted(x for x in sizes if 0 < x <= HOROVOD_FUSION_MB)
+
+
+TOPK = {"LIGHT_TOPK_ALLREDUCE": "1", "LIGHT_TOPK_RATIO": "0.01"}
+CONFIG_NAMES = [
+  "horovod",
+  "2d",
+  "2d+topk",
+  "2d+topk+fp16",
+  "fusion",
+  "2d+fusion",
+  "2d+topk+fusion",
+  "2d+topk+fp16+fusion",
+]
+QUICK_CONFIGS = ["horovod", "2d+topk", "2d+topk+fusion"]
+LABELS = {
+  "horovod": "Horovod",
+  "2d": "2D",
+  "2d+topk": "2D+TOPK",
+  "2d+topk+fp16": "2D+TOPK+fp16",
+  "fusion": "fusion",
+  "2d+fusion": "2D+fusion",
+  "2d+topk+fusion": "2D+TOPK+fusion",
+  "2d+topk+fp16+fusion": "2D+TOPK+fp16+fusion",
+}
+TARGETS = {"vgg16": 0.85, "resnet50": 0.90}
+FUSION_TARGET = 1.1
+REQUIRED_MODULES = lightcc_cluster.REQUIRED_MODULES
+
+
+def config_env(name, ranks_per_node, plan):
+  """LIGHT_* settings of a configuration name ("2d+topk+fusion" = its parts' settings). TOPK's
+  size threshold (1 MiB by default) is divided by the plan's shrink factor, so that the same
+  tensors are compressed as in the full-size model."""
+  env = {}
+  parts = set(name.split("+"))
+  if "2d" in parts:
+    env.update(LIGHT_2D_ALLREDUCE="1", LIGHT_INTRA_SIZE=str(ranks_per_node))
+  if "topk" in parts:
+    env.update(TOPK, LIGHT_TOPK_THRESHOLD=str(max(1, (1 << 20) // plan["shrink"])))
+  if "fp16" in parts:
+    env["LIGHT_TOPK_FP16"] = "1"
+  if "fusion" in parts:
+    env.update(FUSION)
+    env["LIGHT_FUSION_BUCKETS_MB"] = ",".join(f"{x:g}" for x in plan["fusion_mb"])
+  return env
+
+
+# ------------------------------------------------------------------------------- the profiles
+
+
+def _multiply_adds(layer, kernel_shape):
+  """Multiply-adds per image of a Conv2D or Dense layer (0 for other layers)."""
+  kind = type(layer).__name__
+  if kind == "Conv2D":
+    _, height, width, _ = layer.output_shape
+    return height * width * math.prod(kernel_shape)
+  if kind == "Dense":
+    return math.prod(kernel_shape)
+  return 0
+
+
+def model_profile(name):
+  """The model's units: [{"layer", "macs", "variables": [indices into trainable_variables]}],
+  and the variables' shapes (built once, no weights downloaded)."""
+  import tensorflow as tf
+
+  model = getattr(tf.keras.applications, PROFILES[name]["builder"])(
+    weights=None, include_top=True, input_shape=(224, 224, 3)
+  )
+  index = {v.ref(): i for i, v in enumerate(model.trainable_variables)}
+  units = []
+  for layer in model.layers:
+    own = [index[v.ref()] for v in layer.trainable_weights]
+    if not own:
+      continue
+    kernel = layer.trainable_weights[0].shape.as_list()
+    units.append({"layer": layer.name, "macs": _multiply_adds(layer, kernel), "variables": own})
+  shapes = [v.shape.as_list() for v in model.trainable_variables]
+  del model
+  tf.keras.backend.clear_session()
+  return units, shapes
+
+
+def emulated_plan(name, units, shapes, shrink, rate_bps):
+  """The step the ranks run: shrunk shapes, per-unit forward/backward seconds, and the scaling."""
+  params = sum(math.prod(s) for s in shapes)
+  seed_s = PROFILES[name]["step_s"]
+  seed_link_s = 4 * params * 8 / SEED_LINK_BPS  # lower bound on 2 nodes: S per direction
+  ratio = seed_s / seed_link_s
+  small = [[max(1, math.ceil(math.prod(s) / shrink))] if shrink > 1 else list(s) for s in shapes]
+  emulated_bytes = 4 * sum(math.prod(s) for s in small)
+  step_s = ratio * emulated_bytes * 8 / rate_bps
+  total = sum(u["macs"] for u in units)
+  plan_units = [
+    {
+      **u,
+      "forward_s": step_s * FORWARD_SHARE * u["macs"] / total,
+      "backward_s": step_s * (1 - FORWARD_SHARE) * u["macs"] / total,
+    }
+    for u in units
+  ]
+  return {
+    "profile": name,
+    "params": params,
+    "seed_step_s": seed_s,
+    "seed_link_s": seed_link_s,
+    "ratio": ratio,
+    "shrink": shrink,
+    "bytes": emulated_bytes,
+    "step_s": step_s,
+    "units": plan_units,
+    "shapes": small,
+    "fusion_mb": fusion_candidates_mb(emulated_bytes),
+  }
+
+
+# ----------------------------------------------------------------------------------- rank side
+
+
+class DeviceClock:
+  """A stream of sleeps, as a GPU runs kernels back to back: a span starts when the previous one
+  ends or when launched, whichever is later, and each span is recorded."""
+
+  def __init__(self):
+    self.free_at = 0.0
+    self.spans = []  # (kind, unit, start, end), perf_counter seconds
+    self.lock = threading.Lock()
+
+  def run(self, kind, unit, seconds):
+    with self.lock:
+      start = max(time.perf_counter(), self.free_at)
+      end = start + seconds
+      self.free_at = end
+      self.spans.append((kind, unit, start, end))
+    delay = end - time.perf_counter()
+    if delay > 0:
+      time.sleep(delay)
+
+
+def build_step(tf, plan, variables, stored, clock, tape_wrapper, marks):
+  """The training step: forward and backward sleeps per unit (custom gradients), the tape
+  (wrapped by tape_wrapper, e.g. hvd.DistributedGradientTape), the update; returns a function
+  of nothing that runs one step. marks collects (variable index, time its reduced gradient was
+  there)."""
+
+  def sleeper(kind, unit, seconds):
+    def fn(token, *passed):
+      if seconds > 0:
+        clock.run(kind, unit, seconds)
+      return (token, *passed[1:]) if passed else token
+
+    return fn
+
+  def mark_fn(index):
+    def fn(value):
+      marks.append((index, time.perf_counter()))
+      return value
+
+    return fn
+
+  def unit_op(number, unit):
+    # Stateless py_funcs, ordered by data only: automatic control dependencies would chain
+    # stateful ones in program order (and so everything stateful created after them, such as
+    # collectives), and Grappler drops control edges that leave stateless ops.
+    @tf.custom_gradient
+    def op(token, *values):
+      out = token
+      if unit["forward_s"] > 0:
+        out = tf.numpy_function(
+          sleeper("forward", number, unit["forward_s"]), [token], tf.float32, stateful=False
+        )
+        out.set_shape([])
+
+      def grad(upstream):
+        # After this unit's forward (out) and the next unit's backward (upstream); the gradients
+        # pass through the sleep unchanged (numpy views of the stored tensors: no copy).
+        stored_values = [stored[i].read_value() for i in unit["variables"]]
+        got = tf.numpy_function(
+          sleeper("backward", number, unit["backward_s"]),
+          [upstream, out, *stored_values],
+          [tf.float32] * (1 + len(stored_values)),
+          stateful=False,
+        )
+        got[0].set_shape([])
+        for g, v in zip(got[1:], values):
+          g.set_shape(v.shape)
+        return list(got)
+
+      return out, grad
+
+    return op
+
+  ops = [unit_op(n, u) for n, u in enumerate(plan["units"])]
+  # Variables, not constants: Grappler would fold the sleeps of a constant input away.
+  start, seed = tf.Variable(0.0, trainable=False), tf.Variable(1.0, trainable=False)
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      token = start.read_value()
+      for u, op in zip(plan["units"], ops):
+        token = op(token, *[variables[i].value() for i in u["variables"]])
+      loss = token * seed.read_value()
+    grads = tape_wrapper(tape).gradient(loss, variables)
+    seen = []
+    for i, (v, g) in enumerate(zip(variables, grads)):
+      first = tf.reshape(g, [-1])[:1]
+      seen.append(tf.numpy_function(mark_fn(i), [first], tf.float32, stateful=False))
+      tf.raw_ops.ResourceApplyGradientDescent(var=v.handle, alpha=tf.constant(1e-6), delta=g)
+    return tf.concat(seen, 0)
+
+  return step
+
+
+def _peak_rss():
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) * 1024
+  return None
+
+
+def worker(args):
+  import numpy as np
+  import tensorflow as tf
+
+  with open(args.spec) as f:
+    spec = json.load(f)
+  plan = spec["plan"]
+  tf.config.threading.set_inter_op_parallelism_threads(spec["inter_op_threads"])
+  distributed = spec["world"] > 1
+  if distributed:
+    import horovod.tensorflow as horovod_hvd
+
+    import tf_ext.lightcc as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    wrapper = hvd.DistributedGradientTape
+  else:
+    rank, wrapper = 0, lambda tape: tape
+  rng = np.random.default_rng(1234 + rank)
+  shapes = [tuple(s) for s in plan["shapes"]]
+  variables = [tf.Variable(tf.zeros(s, tf.float32), name=f"w{i}") for i, s in enumerate(shapes)]
+  stored = [
+    tf.Variable(rng.standard_normal(s, dtype=np.float32), trainable=False, name=f"g{i}")
+    for i, s in enumerate(shapes)
+  ]
+  clock, marks = DeviceClock(), []
+  step = build_step(tf, plan, variables, stored, clock, wrapper, marks)
+
+  def barrier():
+    if distributed:
+      horovod_hvd.allreduce(tf.constant(0.0), op=horovod_hvd.Sum, name="scaling_barrier").numpy()
+
+  t = time.perf_counter()
+  for _ in range(spec["warmup"]):
+    step().numpy()
+  warmup_s = time.perf_counter() - t
+  barrier()
+  if distributed:
+    hvd.reset_traffic()
+  before = lightcc_cluster._read_counters() if distributed else {}
+  steps = []
+  t0 = time.perf_counter()
+  for _ in range(spec["steps"]):
+    clock.spans.clear()
+    marks.clear()
+    begin = time.perf_counter()
+    step().numpy()
+    end = time.perf_counter()
+    steps.append(
+      {
+        "begin": begin,
+        "end": end,
+        "spans": [(k, u, s - begin, e - begin) for k, u, s, e in clock.spans],
+        "marks": [(i, m - begin) for i, m in marks],
+      }
+    )
+  barrier()
+  elapsed = time.perf_counter() - t0
+  after = lightcc_cluster._read_counters() if distributed else {}
+  result = {
+    "rank": rank,
+    "steps": spec["steps"],
+    "elapsed_s": elapsed,
+    "warmup_s": warmup_s,
+    "counters": {k: after[k] - before[k] for k in after},
+    "traffic": hvd.traffic() if distributed else None,
+    "fusion": [{"chosen": p.current, "median_step_s": p.medians} for p in hvd.fusion_policies()]
+    if distributed
+    else [],
+    "timeline": steps[-1],
+    "step_s_each": [s["end"] - s["begin"] for s in steps],
+    "peak_rss": _peak_rss(),
+  }
+  with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
+    json.dump(result, f)
+  barrier()
+
+
+# --------------------------------------------------------------------------------- parent side
+
+
+def run_single(spec_path, result_dir, timeout):
+  """The one-rank baseline: the same step in one process, no Horovod, no namespace."""
+  os.makedirs(result_dir, exist_ok=True)
+  argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
+  argv += ["--result-dir", result_dir]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHT_", "HOROVOD_"))}
+  env.update(PYTHONPATH=_common.REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+  with open(os.path.join(result_dir, "rank0.log"), "w") as log:
+    proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+  path = os.path.join(result_dir, "rank0.json")
+  if proc.returncode or not os.path.exists(path):
+    with open(os.path.join(result_dir, "rank0.log")) as f:
+      return None, {"error": f"exit {proc.returncode}", "logs": f.read()[-3000:]}
+  with open(path) as f:
+    return {0: json.load(f)}, None
+
+
+def summarize(name, results, plan, single_step_s):
+  world = lightcc_cluster.WORLD
+  r0 = results[0]
+  step_s = r0["elapsed_s"] / r0["steps"]
+  link = [0.0] * lightcc_cluster.NODES
+  for r in results.values():
+    node = r["rank"] // lightcc_cluster.RANKS_PER_NODE
+    if r["rank"] % lightcc_cluster.RANKS_PER_NODE == 0:  # counters are per namespace
+      link[node] = r["counters"][f"{lightcc_cluster.IFACE}_tx_bytes"] / r["steps"]
+  return {
+    "name": name,
+    "env": config_env(name, lightcc_cluster.RANKS_PER_NODE, plan),
+    "step_s": step_s,
+    "images_per_s": BATCH * world / step_s,
+    "efficiency": single_step_s / step_s,
+    "link_bytes_per_step": link,
+    "analytic_inter_bytes_all_ranks": sum(r["traffic"]["inter_bytes"] for r in results.values())
+    / r0["steps"],
+    "fusion": r0["fusion"],
+    "timeline": r0["timeline"],
+    "overlap": overlap_figures(r0["timeline"], plan),
+    "peak_rss": max(r["peak_rss"] or 0 for r in results.values()),
+    "warmup_s": r0["warmup_s"],
+  }
+
+
+def overlap_figures(timeline, plan):
+  """When the backward pass ended, and when the first and last reduced gradients were there
+  (seconds from the step's start), and how much of the exchange ran while backward did."""
+  backward = [(s, e) for k, _, s, e in timeline["spans"] if k == "backward"]
+  marks = sorted(t for _, t in timeline["marks"])
+  if not backward or not marks:
+    return {}
+  backward_start = min(s for s, _ in backward)
+  backward_end = max(e for _, e in backward)
+  return {
+    "backward_start": backward_start,
+    "backward_end": backward_end,
+    "first_reduced": marks[0],
+    "last_reduced": marks[-1],
+    "reduced_before_backward_end": sum(t < backward_end for t in marks) / len(marks),
+    "step_end": timeline["end"] - timeline["begin"],
+  }
+
+
+def report(profile_rows, args):
+  print(
+    f"\n{'profile':<9} {'config':<21} {'step s':>7} {'img/s':>7} {'eff':>6} {'link MB/step':>13} "
+    f"{'1st red.':>8} {'bwd end':>8} {'last red.':>9} {'fusion MiB':>10}"
+  )
+  for name, (plan, single, rows) in profile_rows.items():
+    print(
+      f"{name:<9} {'1 rank (no Horovod)':<21} {single:7.3f} {BATCH / single:7.1f} {1:6.0%} "
+      f"{'':>13} (planned compute {plan['step_s']:.3f} s)"
+    )
+    for r in rows:
+      if "error" in r:
+        print(f"{name:<9} {r['name']:<21} FAILED: {r['error']}")
+        continue
+      o = r["overlap"]
+      chosen = ""
+      if r["fusion"]:
+        chosen = f"{plan['fusion_mb'][r['fusion'][0]['chosen']]:g}"
+      print(
+        f"{name:<9} {r['name']:<21} {r['step_s']:7.3f} {r['images_per_s']:7.1f} "
+        f"{r['efficiency']:6.1%} {max(r['link_bytes_per_step']) / 1e6:13.2f} "
+        f"{o['first_reduced']:8.3f} {o['backward_end']:8.3f} {o['last_reduced']:9.3f} {chosen:>10}"
+      )
+  print("  1st red. / last red.: s from the step's start when rank 0 had its first / last reduced")
+  print("  gradient; bwd end: when its emulated backward pass ended.")
+  verdicts = []
+  for name, (_, _, rows) in profile_rows.items():
+    ok = {r["name"]: r for r in rows if "error" not in r}
+    if not ok:
+      continue
+    hvd_eff = ok["horovod"]["efficiency"] if "horovod" in ok else float("nan")
+    target = TARGETS[name]
+    light = [r for r in ok.values() if r["name"] != "horovod"]
+    if light:
+      best = max(light, key=lambda r: r["efficiency"])
+      verdicts.append(
+        f"{_common.verdict(best['efficiency'] >= target)}: {name} LightCC's best configuration "
+        f"{best['name']} {best['efficiency']:.1%} (target >= {target:.0%}); Horovod {hvd_eff:.1%}"
+      )
+    fused = [r for r in ok.values() if r["fusion"]]
+    if fused and "horovod" in ok:
+      x = max(r["images_per_s"] for r in fused) / ok["horovod"]["images_per_s"]
+      verdicts.append(
+        f"{_common.verdict(x >= FUSION_TARGET)}: {name} best fusion config = {x:.2f}x Horovod "
+        f"(target >= {FUSION_TARGET}x)"
+      )
+  print("\n" + "\n".join(verdicts))
+  return verdicts
+
+
+def draw_efficiency(profile_rows, args, path):
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, len(profile_rows), figsize=(6.5 * len(profile_rows), 4.8))
+  axes = [axes] if len(profile_rows) == 1 else list(axes)
+  for ax, (name, (plan, _, rows)) in zip(axes, profile_rows.items()):
+    ok = [r for r in rows if "error" not in r]
+    x = range(len(ok))
+    colors = ["tab:gray" if r["name"] == "horovod" else "tab:blue" for r in ok]
+    bars = ax.bar(x, [100 * r["efficiency"] for r in ok], color=colors)
+    for b, r in zip(bars, ok):
+      ax.annotate(
+        f"{r['efficiency']:.0%}",
+        (b.get_x() + b.get_width() / 2, b.get_height()),
+        ha="center",
+        va="bottom",
+        fontsize=8,
+      )
+    ax.axhline(100 * TARGETS[name], color="red", ls="--", label=f"target {TARGETS[name]:.0%}")
+    ax.set_xticks(list(x), [LABELS[r["name"]] for r in ok], rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, 110)
+    ax.set_ylabel("scaling efficiency %")
+    ax.set_title(
+      f"{name}: 1/{plan['shrink']} size, compute {plan['step_s']:.2f} s/step", fontsize=10
+    )
+    ax.legend(fontsize=8)
+  fig.suptitle(
+    f"Scaling efficiency, {lightcc_cluster.NODES} nodes x {lightcc_cluster.RANKS_PER_NODE} ranks, "
+    f"link {args.rate}, emulated GPU compute (preliminary)",
+    fontsize=11,
+  )
+  _common.save_figure(fig, plt, path, dpi=100)
+
+
+def draw_timeline(rows, plan, path):
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(len(rows), 1, figsize=(11, 3.2 * len(rows)), squeeze=False)
+  unit_of = {v: n for n, u in enumerate(plan["units"]) for v in u["variables"]}
+  for ax, r in zip(axes[:, 0], rows):
+    tl = r["timeline"]
+    for kind, _unit, s, e in tl["spans"]:
+      y = 1 if kind == "forward" else 0
+      ax.barh(
+        y,
+        e - s,
+        left=s,
+        height=0.8,
+        color="tab:green" if y else "tab:orange",
+        edgecolor="k",
+        linewidth=0.3,
+      )
+    ready = {}
+    for kind, unit, _, e in tl["spans"]:
+      if kind == "backward":
+        ready[unit] = e
+    marks = sorted(tl["marks"], key=lambda m: -unit_of[m[0]])
+    for row, (var, t) in enumerate(marks):
+      unit = unit_of[var]
+      start = ready.get(unit, min((e for u, e in ready.items() if u > unit), default=0.0))
+      y = -1 - row * 4.0 / max(1, len(marks))
+      ax.plot([start, t], [y, y], color="tab:blue", lw=0.8)
+      ax.plot([t], [y], "|", color="tab:red", ms=3)
+    ax.set_yticks([1, 0, -3], ["forward", "backward", "gradients:\nready→reduced"])
+    ax.set_xlim(0, tl["end"] - tl["begin"])
+    ax.set_xlabel("s from the step's start (rank 0)")
+    ax.set_title(f"{LABELS[r['name']]}: step {tl['end'] - tl['begin']:.3f} s", fontsize=10)
+  fig.suptitle(f"One step of {plan['profile']} (backprop order top to bottom)", fontsize=11)
+  _common.save_figure(fig, plt, path, dpi=100)
+
+
+def parse_args(argv):
+  p = _common.argument_parser(__doc__)
+  p.add_argument("--profiles", default="vgg16,resnet50", help="comma-separated: vgg16, resnet50")
+  p.add_argument("--configs", default=",".join(CONFIG_NAMES), help=f"subset of {CONFIG_NAMES}")
+  p.add_argument("--ranks-per-node", type=int, default=2)
+  p.add_argument("--rate", default="1gbit", help="tc tbf rate of the inter-node link")
+  p.add_argument("--burst", default="512kb")
+  p.add_argument("--latency", default="20ms")
+  p.add_argument("--shrink", type=int, default=16, help="gradient sizes divided by this")
+  p.add_argument("--warmup", type=int, default=7, help="warm-up steps (fusion probes 3 sizes x 2)")
+  p.add_argument("--steps", type=int, default=4)
+  p.add_argument("--inter-op-threads", type=int, default=4)
+  p.add_argument("--timeout", type=int, default=300, help="seconds per configuration")
+  p.add_argument(
+    "--quick",
+    action="store_true",
+    help=f"VGG16 only, shrink 32, configs {','.join(QUICK_CONFIGS)}, 7 warm-up + 3 steps (< 2 min)",
+  )
+  p.add_argument("--png", default=os.path.join(_common.REPO, "benchmarks", "lightcc_scaling.png"))
+  p.add_argument(
+    "--timeline-png",
+    default=os.path.join(_common.REPO, "benchmarks", "lightcc_scaling_timeline.png"),
+  )
+  _common.add_json(p)
+  p.add_argument("--workdir", help="rank logs and results (default: a temporary folder)")
+  p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  p.add_argument("--spec", help=argparse.SUPPRESS)
+  p.add_argument("--result-dir", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.quick:
+    args.profiles, args.shrink, args.warmup, args.steps = "vgg16", 32, 7, 3
+    if args.configs == ",".join(CONFIG_NAMES):
+      args.configs = ",".join(QUICK_CONFIGS)
+  args.profiles = [x for x in args.profiles.split(",") if x]
+  args.configs = [x for x in args.configs.split(",") if x]
+  bad = [x for x in args.profiles if x not in PROFILES] + [
+    x for x in args.configs if x not in CONFIG_NAMES
+  ]
+  if bad:
+    p.error(f"unknown profile(s)/config(s) {bad}")
+  if any("fusion" in c for c in args.configs) and args.warmup < 7:
+    print(f"note: fusion probes 3 sizes x 2 steps; --warmup {args.warmup} < 7 times its probing")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.worker:
+    return worker(args)
+  wall = time.perf_counter()
+  lightcc_cluster.check_modules(REQUIRED_MODULES, "lightcc_scaling.py", "bench-scaling")
+  lightcc_cluster.preflight("lightcc_scaling.py")
+  _common.use_checkout()
+  import numpy as np
+  import tensorflow as tf
+
+  import tf_ext
+
+  results = {"machine": _common.machine_report(tf, tf_ext, np)}
+  lightcc_cluster.RANKS_PER_NODE = args.ranks_per_node
+  lightcc_cluster.WORLD = lightcc_cluster.NODES * args.ranks_per_node
+  rate_bps = lightcc_cluster.rate_to_bps(args.rate)
+  workdir = args.workdir or tempfile.mkdtemp(prefix="lcc_scaling_")
+  os.makedirs(workdir, exist_ok=True)
+
+  def on_signal(signum, _frame):
+    raise SystemExit(f"interrupted by signal {signum}")
+
+  signal.signal(signal.SIGTERM, on_signal)
+  signal.signal(signal.SIGHUP, on_signal)
+  cluster = lightcc_cluster.Cluster(args.rate, args.burst, args.latency)
+  atexit.register(cluster.close)
+  profile_rows = {}
+  try:
+    cluster.setup()
+    print(f"cluster      :\n{cluster.describe()}", flush=True)
+    for name in args.profiles:
+      units, shapes = model_profile(name)
+      plan = emulated_plan(name, units, shapes, args.shrink, rate_bps)
+      print(
+        f"\n{name}: {plan['params']:,} parameters in {len(shapes)} tensors, {len(units)} units; "
+        f"seed step {plan['seed_step_s']:.3f} s ({PROFILES[name]['source']}), seed link lower "
+        f"bound {plan['seed_link_s']:.3f} s -> compute/link {plan['ratio']:.2f}; emulated: "
+        f"1/{args.shrink} size, S = {plan['bytes'] / 1e6:.1f} MB, {args.rate} -> compute "
+        f"{plan['step_s']:.3f} s/step",
+        flush=True,
+      )
+      spec = {
+        "plan": plan,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "inter_op_threads": args.inter_op_threads,
+        "world": 1,
+      }
+      pdir = os.path.join(workdir, name)
+      os.makedirs(pdir, exist_ok=True)
+      single_spec = os.path.join(pdir, "spec1.json")
+      with open(single_spec, "w") as f:
+        json.dump(spec, f)
+      t = time.perf_counter()
+      single, failure = run_single(single_spec, os.path.join(pdir, "single"), args.timeout)
+      if failure:
+        sys.exit(f"one-rank baseline failed: {failure['error']}\n{failure['logs']}")
+      single_step = single[0]["elapsed_s"] / single[0]["steps"]
+      print(f"  1 rank: {single_step:.3f} s/step ({time.perf_counter() - t:.0f}s)", flush=True)
+      spec["world"] = lightcc_cluster.WORLD
+      spec_path = os.path.join(pdir, "spec.json")
+      with open(spec_path, "w") as f:
+        json.dump(spec, f)
+      rows = []
+      for config in args.configs:
+        t = time.perf_counter()
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
+        result_dir = os.path.join(pdir, config.replace("+", "_"))
+        argv += ["--result-dir", result_dir]
+        env = config_env(config, args.ranks_per_node, plan)
+        got, failure = lightcc_cluster.launch_ranks(cluster, argv, env, result_dir, args.timeout)
+        if failure:
+          rows.append({"name": config, **failure})
+          print(f"  {config}: FAILED: {failure['error']}\n{failure['logs']}", flush=True)
+          continue
+        row = summarize(config, got, plan, single_step)
+        rows.append(row)
+        print(
+          f"  {config}: {row['step_s']:.3f} s/step, efficiency {row['efficiency']:.1%}, link "
+          f"{max(row['link_bytes_per_step']) / 1e6:.2f} MB/step, peak RSS/rank "
+          f"{row['peak_rss'] / 2**30:.2f} GiB ({time.perf_counter() - t:.0f}s)",
+          flush=True,
+        )
+      profile_rows[name] = (plan, single_step, rows)
+  finally:
+    cluster.close()
+  results["verdicts"] = report(profile_rows, args)
+  results["profiles"] = {
+    name: {
+      "plan": {k: v for k, v in plan.items() if k not in ("units", "shapes")},
+      "single_step_s": single,
+      "rows": rows,
+    }
+    for name, (plan, single, rows) in profile_rows.items()
+  }
+  results["setup"] = {
+    "nodes": lightcc_cluster.NODES,
+    "ranks_per_node": args.ranks_per_node,
+    "rate": args.rate,
+    "warmup": args.warmup,
+    "steps": args.steps,
+  }
+  _common.write_chart(args.png, results, lambda p: draw_efficiency(profile_rows, args, p))
+  first = next(iter(profile_rows.items()), None)
+  if first:
+    name, (plan, _, rows) = first
+    ok = [r for r in rows if "error" not in r]
+    light = [r for r in ok if r["name"] != "horovod"]
+    shown = [r for r in ok if r["name"] == "horovod"]
+    shown += [max(light, key=lambda r: r["efficiency"])] if light else []
+    if shown:
+      _common.write_chart(args.timeline_png, {}, lambda p: draw_timeline(shown, plan, p))
+  return _common.finish(results, args.json, wall)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

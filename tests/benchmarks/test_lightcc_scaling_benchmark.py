@@ -1,0 +1,106 @@
+"""benchmarks/lightcc_scaling.py without root: --help works; the emulated compute splits the step by
+multiply-adds (forward 1/3, backward 2/3), makes each gradient ready in backprop order after its
+unit's backward sleep, takes the planned time and leaves the CPU idle meanwhile. The cluster run
+itself needs root (make bench-scaling)."""
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import lightcc_scaling  # noqa: E402
+
+# A small model: four units with weights, the third without multiply-adds (like batch norm).
+UNITS = [
+  {"layer": "conv_a", "macs": 100, "variables": [0, 1]},
+  {"layer": "conv_b", "macs": 300, "variables": [2, 3]},
+  {"layer": "norm", "macs": 0, "variables": [4, 5]},
+  {"layer": "dense", "macs": 200, "variables": [6, 7]},
+]
+SHAPES = [[3, 3, 3, 8], [8], [3, 3, 8, 16], [16], [16], [16], [64, 10], [10]]
+
+
+def _plan(shrink=1):
+  # A rate that makes the planned step about 0.6 s: fast enough for a unit test, long enough to
+  # tell sleeping from scheduling noise.
+  params = sum(math.prod(s) for s in SHAPES)
+  seed_ratio = lightcc_scaling.PROFILES["vgg16"]["step_s"] / (4 * params * 8 / 25e9)
+  rate = seed_ratio * 4 * params * 8 / 0.6
+  return lightcc_scaling.emulated_plan("vgg16", UNITS, SHAPES, shrink, rate)
+
+
+def test_help():
+  proc = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "benchmarks", "lightcc_scaling.py"), "--help"],
+    env=dict(os.environ, PYTHONPATH=ROOT),
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert proc.returncode == 0, proc.stderr
+  assert "--quick" in proc.stdout and "--shrink" in proc.stdout
+
+
+def test_plan_splits_the_step_by_multiply_adds():
+  plan = _plan()
+  assert math.isclose(plan["step_s"], 0.6, rel_tol=1e-9)
+  total = sum(u["forward_s"] + u["backward_s"] for u in plan["units"])
+  assert math.isclose(total, plan["step_s"], rel_tol=1e-9)
+  for unit in plan["units"]:
+    share = unit["macs"] / 600
+    assert math.isclose(unit["forward_s"], plan["step_s"] * share / 3, abs_tol=1e-12)
+    assert math.isclose(unit["backward_s"], 2 * unit["forward_s"], abs_tol=1e-12)
+  assert plan["shapes"] == SHAPES
+  small = _plan(shrink=4)
+  assert small["shapes"] == [[math.ceil(math.prod(s) / 4)] for s in SHAPES]
+  # The compute time follows the bytes: a quarter of the bytes, about a quarter of the time.
+  assert small["step_s"] < 0.3 * plan["step_s"]
+
+
+def test_gradients_are_ready_in_backprop_order_without_using_the_cpu():
+  plan = _plan()
+  variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+  rng = np.random.default_rng(0)
+  values = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+  stored = [tf.Variable(v, trainable=False) for v in values]
+  clock, marks = lightcc_scaling.DeviceClock(), []
+  step = lightcc_scaling.build_step(tf, plan, variables, stored, clock, lambda t: t, marks)
+  step()  # traces
+  clock.spans.clear()
+  marks.clear()
+  wall, cpu = time.perf_counter(), time.process_time()
+  step().numpy()
+  wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+
+  # The planned time, and the process mostly asleep meanwhile.
+  assert plan["step_s"] <= wall < plan["step_s"] + 0.3, wall
+  assert cpu < 0.5 * wall, (cpu, wall)
+  # Forward in layer order, then backward from the last unit to the first, back to back (a unit
+  # without multiply-adds takes no time and records no span).
+  timed = [u for u, unit in enumerate(plan["units"]) if unit["forward_s"] > 0]
+  spans = [(k, u) for k, u, _, _ in clock.spans]
+  assert spans == [("forward", u) for u in timed] + [("backward", u) for u in reversed(timed)]
+  ends = {u: e for k, u, _, e in clock.spans if k == "backward"}
+  starts = {u: s for k, u, s, _ in clock.spans if k == "backward"}
+  for later, earlier in zip(timed[1:], timed):
+    assert starts[earlier] >= ends[later] - 1e-6
+  # Each gradient is there after the backward of its unit (of the next timed unit for one
+  # without time), before the backward of the previous timed unit ends.
+  unit_of = {v: u for u, unit in enumerate(UNITS) for v in unit["variables"]}
+  assert len(marks) == len(SHAPES)
+  for var, t in marks:
+    u = unit_of[var]
+    after = min(x for x in timed if x >= u)
+    assert t >= ends[after]
+    before = [x for x in timed if x < u]
+    if before:
+      assert t < ends[before[-1]], (var, t, ends)
+  # The gradients are the stored ones, unchanged: the update applied exactly them.
+  for v, g in zip(variables, values):
+    np.testing.assert_allclose(v.numpy(), -2e-6 * g, rtol=1e-5, atol=1e-12)
