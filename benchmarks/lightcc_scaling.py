@@ -36,6 +36,11 @@ that NVLink and the GPU do on the seed, and the 8 GPUs per node (2 or 4 ranks he
 Efficiency = (N-rank images/s) / (N x one-rank images/s), the one-rank run being the same
 emulated compute and update in one process without Horovod; images/s = 128 * ranks / step time.
 
+Timeline (second chart): rank 0's last step, one extra untimed step after the timed ones, with the
+forward and backward spans, per gradient the time from ready (its unit's backward ended) to
+reduced (handed to the update), and the collectives from Horovod's own timeline
+(HOROVOD_TIMELINE=DYNAMIC, hvd.start_timeline around that step), aligned on the barrier before it.
+
   make bench-scaling                                     # VGG16 and ResNet50, every config
   make bench-scaling BENCH_ARGS=--quick                  # < 2 min: VGG16, 4 configs
   sudo .venv/bin/python benchmarks/lightcc_scaling.py --profiles vgg16 --configs horovod,2d+topk
@@ -295,6 +300,41 @@ def build_step(tf, plan, variables, stored, clock, tape_wrapper, marks):
   return step
 
 
+def horovod_collectives(path, anchor):
+  """Horovod's timeline file as [(tensor, activity, start, end)] of its top-level activities (the
+  negotiation, then the collective itself), in seconds on the step's clock: the end of the barrier
+  allreduce before the step is taken to be at `anchor`."""
+  with open(path) as f:
+    text = f.read().strip().rstrip(",")
+  events = json.loads(text if text.endswith("]") else text + "]")
+  names = {
+    e["pid"]: e["args"].get("name", "")
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == "process_name"
+  }
+  spans, open_ = [], {}
+  for e in events:
+    pid = e.get("pid")
+    if e.get("ph") == "B":
+      open_.setdefault(pid, []).append((e.get("name", ""), e["ts"]))
+    elif e.get("ph") == "E" and open_.get(pid):
+      activity, start = open_[pid].pop()
+      if not open_[pid]:
+        spans.append((names.get(pid, str(pid)), activity, start / 1e6, e["ts"] / 1e6))
+  # The barrier (an eager allreduce: Horovod names it HorovodAllreduce) that ended last before
+  # the step's first collective started.
+  barrier = [x for x in spans if x[0] == "HorovodAllreduce"]
+  work = [x for x in spans if x[0] != "HorovodAllreduce"]
+  if not work:
+    return []
+  first = min(start for _, _, start, _ in work)
+  before = [end for _, _, _, end in barrier if end <= first]
+  if not before:
+    return []
+  shift = anchor - max(before)
+  return [(tensor, activity, start + shift, end + shift) for tensor, activity, start, end in work]
+
+
 def _peak_rss():
   with open("/proc/self/status") as f:
     for line in f:
@@ -363,6 +403,31 @@ def worker(args):
   barrier()
   elapsed = time.perf_counter() - t0
   after = lightcc_cluster._read_counters() if distributed else {}
+  collectives, timeline_error = [], None
+  if distributed:  # one more step, untimed, with Horovod's timeline (HOROVOD_TIMELINE=DYNAMIC)
+    path = os.path.join(args.result_dir, f"horovod_timeline{rank}.json")
+    try:
+      hvd.start_timeline(path)
+      barrier()
+      anchor = time.perf_counter()  # the barrier's allreduce just ended: aligns the two clocks
+      clock.spans.clear()
+      marks.clear()
+      begin = time.perf_counter()
+      step().numpy()
+      end = time.perf_counter()
+      barrier()
+      hvd.stop_timeline()
+      steps.append(
+        {
+          "begin": begin,
+          "end": end,
+          "spans": [(k, u, s - begin, e - begin) for k, u, s, e in clock.spans],
+          "marks": [(i, m - begin) for i, m in marks],
+        }
+      )
+      collectives = horovod_collectives(path, anchor - begin)
+    except Exception as error:  # the timeline is extra: the figures stand without it
+      timeline_error = f"{type(error).__name__}: {error}"
   result = {
     "rank": rank,
     "steps": spec["steps"],
@@ -373,7 +438,7 @@ def worker(args):
     "fusion": [{"chosen": p.current, "median_step_s": p.medians} for p in hvd.fusion_policies()]
     if distributed
     else [],
-    "timeline": steps[-1],
+    "timeline": dict(steps[-1], collectives=collectives, collectives_error=timeline_error),
     "step_s_each": [s["end"] - s["begin"] for s in steps],
     "peak_rss": _peak_rss(),
   }
@@ -443,14 +508,30 @@ def overlap_figures(timeline, plan):
     "first_reduced": marks[0],
     "last_reduced": marks[-1],
     "reduced_before_backward_end": sum(t < backward_end for t in marks) / len(marks),
+    **collective_overlap(timeline.get("collectives") or [], backward_end),
     "step_end": timeline["end"] - timeline["begin"],
+  }
+
+
+def collective_overlap(collectives, backward_end):
+  """From Horovod's timeline: when the first collective (not its negotiation) started, and the
+  share of the collectives' time that ran before the backward pass ended."""
+  work = [(s, e) for _, activity, s, e in collectives if not activity.startswith("NEGOTIATE")]
+  if not work:
+    return {}
+  total = sum(e - s for s, e in work)
+  before = sum(max(0.0, min(e, backward_end) - s) for s, e in work)
+  return {
+    "first_collective": min(s for s, _ in work),
+    "collective_s_before_backward_end": before / total if total > 0 else 0.0,
   }
 
 
 def report(profile_rows, args):
   print(
     f"\n{'profile':<9} {'config':<21} {'step s':>7} {'img/s':>7} {'eff':>6} {'link MB/step':>13} "
-    f"{'1st red.':>8} {'bwd end':>8} {'last red.':>9} {'fusion MiB':>10}"
+    f"{'1st red.':>8} {'bwd end':>8} {'last red.':>9} {'1st coll.':>9} {'coll<bwd':>8} "
+    f"{'fusion MiB':>10}"
   )
   for name, (plan, single, rows) in profile_rows.items():
     print(
@@ -468,10 +549,14 @@ def report(profile_rows, args):
       print(
         f"{name:<9} {r['name']:<21} {r['step_s']:7.3f} {r['images_per_s']:7.1f} "
         f"{r['efficiency']:6.1%} {max(r['link_bytes_per_step']) / 1e6:13.2f} "
-        f"{o['first_reduced']:8.3f} {o['backward_end']:8.3f} {o['last_reduced']:9.3f} {chosen:>10}"
+        f"{o['first_reduced']:8.3f} {o['backward_end']:8.3f} {o['last_reduced']:9.3f} "
+        f"{o.get('first_collective', float('nan')):9.3f} "
+        f"{o.get('collective_s_before_backward_end', float('nan')):8.0%} {chosen:>10}"
       )
   print("  1st red. / last red.: s from the step's start when rank 0 had its first / last reduced")
-  print("  gradient; bwd end: when its emulated backward pass ended.")
+  print("  gradient; bwd end: when its emulated backward pass ended; 1st coll.: when its first")
+  print("  collective started (Horovod's timeline, one extra step); coll<bwd: the share of the")
+  print("  collectives' time before the backward pass ended.")
   verdicts = []
   for name, (_, _, rows) in profile_rows.items():
     ok = {r["name"]: r for r in rows if "error" not in r}
@@ -566,7 +651,13 @@ def draw_timeline(rows, plan, path):
       y = -1 - row * 4.0 / max(1, len(marks))
       ax.plot([start, t], [y, y], color="tab:blue", lw=0.8)
       ax.plot([t], [y], "|", color="tab:red", ms=3)
-    ax.set_yticks([1, 0, -3], ["forward", "backward", "gradients:\nready→reduced"])
+    work = [c for c in tl.get("collectives") or [] if not c[1].startswith("NEGOTIATE")]
+    for _, _, s, e in work:
+      ax.barh(-6, e - s, left=s, height=0.8, color="tab:gray", edgecolor="k", linewidth=0.3)
+    ax.set_yticks(
+      [1, 0, -3, -6],
+      ["forward", "backward", "gradients:\nready→reduced", "collectives\n(Horovod timeline)"],
+    )
     ax.set_xlim(0, tl["end"] - tl["begin"])
     ax.set_xlabel("s from the step's start (rank 0)")
     ax.set_title(f"{LABELS[r['name']]}: step {tl['end'] - tl['begin']:.3f} s", fontsize=10)
@@ -689,7 +780,7 @@ def main(argv=None):
         argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
         result_dir = os.path.join(pdir, config.replace("+", "_"))
         argv += ["--result-dir", result_dir]
-        env = config_env(config, args.ranks_per_node, plan)
+        env = dict(config_env(config, args.ranks_per_node, plan), HOROVOD_TIMELINE="DYNAMIC")
         got, failure = lightcc_cluster.launch_ranks(cluster, argv, env, result_dir, args.timeout)
         if failure:
           rows.append({"name": config, **failure})

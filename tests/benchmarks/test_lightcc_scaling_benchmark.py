@@ -3,6 +3,7 @@ multiply-adds (forward 1/3, backward 2/3), makes each gradient ready in backprop
 unit's backward sleep, takes the planned time and leaves the CPU idle meanwhile. The cluster run
 itself needs root (make bench-scaling)."""
 
+import json
 import math
 import os
 import subprocess
@@ -104,3 +105,32 @@ def test_gradients_are_ready_in_backprop_order_without_using_the_cpu():
   # The gradients are the stored ones, unchanged: the update applied exactly them.
   for v, g in zip(variables, values):
     np.testing.assert_allclose(v.numpy(), -2e-6 * g, rtol=1e-5, atol=1e-12)
+
+
+def test_horovod_timeline_is_read_on_the_steps_clock(tmp_path):
+  # Horovod's timeline format: metadata naming each tensor's "process", then B/E events in µs,
+  # the file left open (no closing bracket) while recording.
+  def meta(pid, args):
+    return {"name": "process_name", "ph": "M", "pid": pid, "args": args}
+
+  def span(pid, name, begin, end):
+    return [{"ph": "B", "name": name, "ts": begin, "pid": pid}, {"ph": "E", "ts": end, "pid": pid}]
+
+  events = [meta(0, {"start_time_since_epoch_in_micros": 1}), meta(1, {"name": "HorovodAllreduce"})]
+  events += [meta(2, {"name": "grad_a"})] + span(1, "ALLREDUCE", 1_000_000, 1_000_500)
+  events += span(2, "NEGOTIATE_ALLREDUCE", 1_100_000, 1_100_100)
+  inner = span(2, "GLOO_ALLREDUCE", 1_100_300, 1_150_000)
+  outer = span(2, "ALLREDUCE", 1_100_200, 1_150_100)
+  events += [outer[0], *inner, outer[1]] + span(1, "ALLREDUCE", 1_200_000, 1_200_500)
+  path = tmp_path / "timeline.json"
+  path.write_text("[\n" + ",".join(json.dumps(e) for e in events) + ",")
+  # The barrier before the step ended at 1.0005 s on Horovod's clock, at -0.001 s on the step's.
+  got = lightcc_scaling.horovod_collectives(str(path), -0.001)
+  assert [(t, a) for t, a, _, _ in got] == [
+    ("grad_a", "NEGOTIATE_ALLREDUCE"),
+    ("grad_a", "ALLREDUCE"),
+  ]
+  np.testing.assert_allclose([got[1][2], got[1][3]], [0.0987, 0.1486], atol=1e-9)
+  overlap = lightcc_scaling.collective_overlap(got, backward_end=0.12365)  # halfway through it
+  assert math.isclose(overlap["first_collective"], 0.0987, abs_tol=1e-9)
+  assert math.isclose(overlap["collective_s_before_backward_end"], 0.5, abs_tol=1e-6)
