@@ -537,14 +537,9 @@ def main(argv=None):
   if args.worker:
     return worker(args)
   wall = time.perf_counter()
-  lightcc_cluster.check_modules(REQUIRED_MODULES, "alltoall_tables.py", "bench-alltoall")
-  lightcc_cluster.preflight("alltoall_tables.py")
-  _common.use_checkout()
-  import tensorflow as tf
-
-  import tf_ext
-
-  results = {"machine": _common.machine_report(tf, tf_ext, np)}
+  tf, tf_ext, np, results = lightcc_cluster.start_driver(
+    REQUIRED_MODULES, "alltoall_tables.py", "bench-alltoall"
+  )
   _, tfra_version, tfra_status = _common.import_tfra("tfra" not in args.configs, "not run")
   print(f"TFRA         : {tfra_status}")
   results["versions"] = _common.versions(tf, tf_ext, np, tfra=tfra_version)

@@ -665,6 +665,23 @@ def preflight(script="lightcc_cluster.py"):
     sys.exit(f"{script}: " + "\n  ".join(problems))
 
 
+def start_driver(modules, script, target):
+  """What a cluster benchmark's driver does first: its modules and root checked (exits saying
+  what to run), then TensorFlow and this checkout's tf_ext imported. Returns (tf, tf_ext, np,
+  results holding the machine report)."""
+  import _common  # pylint: disable=import-outside-toplevel (a sibling: benchmarks/ is on the path)
+
+  check_modules(modules, script, target)
+  preflight(script)
+  _common.use_checkout()
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  import tf_ext  # pylint: disable=import-outside-toplevel
+
+  return tf, tf_ext, np, {"machine": _common.machine_report(tf, tf_ext, np)}
+
+
 def main(argv=None):
   args = parse_args(argv)
   if args.worker:

@@ -715,15 +715,9 @@ def main(argv=None):
   if args.worker:
     return worker(args)
   wall = time.perf_counter()
-  lightcc_cluster.check_modules(REQUIRED_MODULES, "lightcc_scaling.py", "bench-scaling")
-  lightcc_cluster.preflight("lightcc_scaling.py")
-  _common.use_checkout()
-  import numpy as np
-  import tensorflow as tf
-
-  import tf_ext
-
-  results = {"machine": _common.machine_report(tf, tf_ext, np)}
+  tf, tf_ext, np, results = lightcc_cluster.start_driver(
+    REQUIRED_MODULES, "lightcc_scaling.py", "bench-scaling"
+  )
   lightcc_cluster.RANKS_PER_NODE = args.ranks_per_node
   lightcc_cluster.WORLD = lightcc_cluster.NODES * args.ranks_per_node
   rate_bps = lightcc_cluster.rate_to_bps(args.rate)
