@@ -684,10 +684,7 @@ def parse_args(argv):
     help=f"VGG16 only, shrink 32, configs {','.join(QUICK_CONFIGS)}, 7 warm-up + 3 steps (< 2 min)",
   )
   p.add_argument("--png", default=os.path.join(_common.REPO, "benchmarks", "lightcc_scaling.png"))
-  p.add_argument(
-    "--timeline-png",
-    default=os.path.join(_common.REPO, "benchmarks", "lightcc_scaling_timeline.png"),
-  )
+  p.add_argument("--timeline-png", help="default: beside --png, named <its name>_timeline.png")
   _common.add_json(p)
   p.add_argument("--workdir", help="rank logs and results (default: a temporary folder)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -705,6 +702,7 @@ def parse_args(argv):
   ]
   if bad:
     p.error(f"unknown profile(s)/config(s) {bad}")
+  args.timeline_png = args.timeline_png or os.path.splitext(args.png)[0] + "_timeline.png"
   if any("fusion" in c for c in args.configs) and args.warmup < 7:
     print(f"note: fusion probes 3 sizes x 2 steps; --warmup {args.warmup} < 7 times its probing")
   return args
