@@ -10,13 +10,16 @@
 // FuzzInput: a script of operations; each a code byte, then its operands.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -65,7 +68,20 @@ int ConnectTo(const harp::ListenHandle& handle) {
   address.sin_family = AF_INET;
   address.sin_port = htons(handle.port);
   address.sin_addr.s_addr = handle.ipv4_address;
-  CHECK(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  // libFuzzer's -timeout alarm (SIGALRM, installed without SA_RESTART) can interrupt a connect:
+  // the connection then completes in the background; wait for it and take its outcome.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    int error = errno;
+    if (error == EINTR) {
+      pollfd writable{fd, POLLOUT, 0};
+      while (poll(&writable, 1, -1) < 0 && errno == EINTR) {
+      }
+      socklen_t length = sizeof(error);
+      CHECK(getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0);
+    }
+    if (error != 0) fprintf(stderr, "connect to the listener failed: %s\n", strerror(error));
+    CHECK(error == 0);
+  }
   return fd;
 }
 
