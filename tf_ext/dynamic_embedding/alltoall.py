@@ -260,8 +260,10 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     with tf.name_scope(name or f"{self._name}_export_whole"):
       keys, values = self.export()
       if self._key_dtype == tf.string:
-        return _allgather_strings(self._hvd, keys), self._hvd.allgather(values)
-      return self._hvd.allgather(keys), self._hvd.allgather(values)
+        keys = _allgather_strings(self._hvd, keys)
+      else:
+        keys = self._hvd.allgather(keys)
+      return keys, self._hvd.allgather(values)
 
   def check_optimizer(self, facts):
     """Raises, naming the ranks, unless every rank trains this table with the same optimizer

@@ -68,9 +68,10 @@ class ServingTable(tf.Module):
       self.hash_table.insert(keys, values)
 
   @classmethod
-  def of(cls, table):
-    """A copy of the rows of `table` (plain or sharded) as they are now (eager)."""
-    keys, values = table.export()
+  def of(cls, table, rows=None):
+    """A copy of the rows of `table` (plain or sharded) as they are now (eager), or of `rows`
+    ((keys, values)) given for it."""
+    keys, values = rows if rows is not None else table.export()
     num_shards = getattr(table, "num_shards", None)
     return cls(table.name, table.dim, table.key_dtype, default_row(table), num_shards, keys, values)
 
@@ -399,16 +400,10 @@ def _export(obj, export_dir, options, methods, to_trace, found, kept, written_by
   gathered whole ((keys, values))."""
   tables = {}
   for index, table in enumerate(found):
-    if index in whole:
-      keys, values = whole[index]
-      made = ServingTable(
-        table.name, table.dim, table.key_dtype, default_row(table), None, keys, values
-      )
-    elif _streams(table):
-      made = ServingTable.empty_like(table)
+    if _streams(table) and index not in whole:
+      tables[table] = ServingTable.empty_like(table)
     else:
-      made = ServingTable.of(table)
-    tables[table] = made
+      tables[table] = ServingTable.of(table, whole.get(index))
   served = tf.Module()
   served.tables = list(tables.values())
   served.state = kept
@@ -481,10 +476,8 @@ def _export_split(obj, export_dir, options, methods, to_trace, found, kept, spli
       )
     except Exception as error:  # noqa: BLE001
       failures = [f"rank 0: {type(error).__name__}: {error}"]
-    finally:
-      shutil.rmtree(parts, ignore_errors=True)
   failures, result = hvd.broadcast_object((failures, result), name="tf_ext_serving_export_done")
-  shutil.rmtree(parts, ignore_errors=True)  # (where rank 0 could not reach it)
+  shutil.rmtree(parts, ignore_errors=True)  # every rank, once rank 0 merged (or failed)
   if failures:
     raise RuntimeError(f"{_OWNER} of tables split across ranks failed: " + "; ".join(failures))
   return result
