@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tf_ext
-from tf_ext.dynamic_embedding import checkpoint
+from tf_ext.dynamic_embedding import checkpoint, sharded
 
 DIM = 4
 IDS = np.array([[1, 2, 3], [4, 5, 10**15], [-7, 0, 2**62]], np.int64)
@@ -385,3 +385,36 @@ def test_a_missing_shard_file_is_an_error_naming_the_table_and_file(tmp_path):
   with pytest.raises(tf.errors.NotFoundError, match=f"'lost3_s/part_0'.*ckpt{suffix}"):
     tf.train.Checkpoint(table=three).read(path)
   assert int(three.size()) == 0  # nothing half-restored
+
+
+@pytest.mark.parametrize(
+  "ids",
+  [
+    np.array([5, 3, 5, 10**15, -7, 3, 0, 2**62, -7], np.int64),
+    np.array([b"b", b"", b"a\x00b", b"b", b"user:1", b""], object),
+    np.array([], np.int64),
+  ],
+)
+def test_distinct_by_shard_groups_the_distinct_ids_by_their_shard_in_graphs_and_eagerly(ids):
+  num_shards = 3
+  shards = sharded.shard_of(tf.constant(ids), num_shards).numpy()
+  seen, expected = set(), []
+  for i in range(len(ids)):  # first occurrences, then a stable sort by shard
+    if ids[i] not in seen:
+      seen.add(ids[i])
+      expected.append(i)
+  expected.sort(key=lambda i: shards[i])
+  counts = np.bincount(shards[expected], minlength=num_shards) if expected else [0] * num_shards
+  grouped = tf.function(lambda x: sharded.distinct_by_shard(x, num_shards))
+  for run in (lambda x: sharded.distinct_by_shard(x, num_shards), grouped):
+    distinct, positions, got_counts = (t.numpy() for t in run(tf.constant(ids)))
+    assert list(distinct) == [ids[i] for i in expected]
+    assert list(distinct[positions]) == list(ids)
+    assert list(got_counts) == list(counts)
+
+
+def test_distinct_by_shard_refuses_ids_that_are_not_1_d():
+  with pytest.raises(tf.errors.InvalidArgumentError, match="1-D"):
+    sharded.distinct_by_shard(tf.constant([[1, 2]], tf.int64), 2)
+  with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+    tf.function(lambda: sharded.distinct_by_shard(tf.constant([[1, 2]], tf.int64), 2))()

@@ -4,9 +4,10 @@ Each rank holds the rows of the ids it owns: rank `TfExtShardOf(id, size)` (the 
 `num_shards`). It is created with `distribution="alltoall"` after `hvd.init()`.
 
 - Lookup (a collective: every rank looks the table up in the same order): the ids are
-  deduplicated, sent to their owners (Horovod's alltoall with splits), looked up there in the
-  owner's local table, and the rows sent back (alltoall) and put back in the ids' order. String
-  keys travel as their bytes (a byte buffer and each key's length), so keys are compared whole.
+  deduplicated and grouped by owner in one op (TfExtDistinctByShard), sent to their owners
+  (Horovod's alltoall with splits), looked up there in the owner's local table, and the rows sent
+  back (alltoall) and put back in the ids' order. String keys travel as their bytes (a byte
+  buffer and each key's length), so keys are compared whole.
 - Backward: the gradient of the rows goes back to the owners through the alltoall's gradient; the
   owner's lookup turns it into an IndexedSlices gradient of its anchor (every rank's gradients of
   its ids), which tf_ext.DynamicEmbeddingOptimizer applies with the table's fused update. The
@@ -168,27 +169,32 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     return sharded.shard_of(ids, self._ranks)
 
   def _send(self, keys, *others):
-    """Sends each of the flat `keys` (with the rows of `others` along) to its owner.
-
-    Returns (keys received, [others received], splits received, order), where `order` sorted the
-    keys by owner: what comes back in the received order, sent back with the received splits,
-    arrives in the order gather(keys, order).
-    """
+    """Sends each of the flat `keys` (with the rows of `others` along) to its owner. Returns
+    (keys received, [others received])."""
     owners = self.owner_of(keys)
     order = tf.argsort(owners, stable=True)
-    keys = tf.gather(keys, order)
     splits = tf.math.bincount(owners, minlength=self._ranks, maxlength=self._ranks, dtype=tf.int32)
-    received_others = [self._hvd.alltoall(tf.gather(o, order), splits=splits)[0] for o in others]
+    received, received_others, _ = self._send_grouped(
+      tf.gather(keys, order), splits, *[tf.gather(o, order) for o in others]
+    )
+    return received, received_others
+
+  def _send_grouped(self, keys, splits, *others):
+    """Sends the flat `keys`, grouped by owner (`splits[r]` keys for rank r, in rank order), and
+    the rows of `others` along, to their owners. Returns (keys received, [others received],
+    splits received): what goes back in the received order with the received splits arrives in
+    the order of `keys`."""
+    received_others = [self._hvd.alltoall(o, splits=splits)[0] for o in others]
     if self._key_dtype != tf.string:
       received, received_splits = self._hvd.alltoall(keys, splits=splits)
-      return received, received_others, received_splits, order
+      return received, received_others, received_splits
     lengths = tf.strings.length(keys)
     received_lengths, received_splits = self._hvd.alltoall(lengths, splits=splits)
-    byte_splits = tf.math.unsorted_segment_sum(lengths, tf.gather(owners, order), self._ranks)
+    owners = tf.repeat(tf.range(self._ranks), splits)
+    byte_splits = tf.math.unsorted_segment_sum(lengths, owners, self._ranks)
     flat_bytes = tf.io.decode_raw(tf.strings.reduce_join(keys), tf.uint8)
     received_bytes, _ = self._hvd.alltoall(flat_bytes, splits=byte_splits)
-    received = _bytes_to_strings(received_bytes, received_lengths)
-    return received, received_others, received_splits, order
+    return _bytes_to_strings(received_bytes, received_lengths), received_others, received_splits
 
   # ---- table operations -------------------------------------------------------------------
 
@@ -201,12 +207,11 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
       return served.lookup(ids, name)
     ids = self._check_keys(ids)
     with tf.name_scope(name or f"{self._name}_lookup"):
-      distinct, positions = tf.unique(tf.reshape(ids, [-1]))
-      received, _, received_splits, order = self._send(distinct)
+      distinct, positions, splits = sharded.distinct_by_shard(tf.reshape(ids, [-1]), self._ranks)
+      received, _, received_splits = self._send_grouped(distinct, splits)
       owned_rows = super().lookup(received)
-      rows, _ = self._hvd.alltoall(owned_rows, splits=received_splits)
-      # rows[i] is the row of distinct[order[i]].
-      flat = _gather_rows(rows, tf.gather(tf.math.invert_permutation(order), positions))
+      rows, _ = self._hvd.alltoall(owned_rows, splits=received_splits)  # distinct's rows
+      flat = _gather_rows(rows, positions)
       out = tf.reshape(flat, tf.concat([tf.shape(ids), [self._dim]], 0))
       out.set_shape(ids.shape.concatenate([self._dim]))
       return out
@@ -216,16 +221,14 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     keys = self._check_keys(keys, "keys")
     values = self._check_rows(keys, values)
     with tf.name_scope(name or f"{self._name}_insert"):
-      received, (rows,), _, _ = self._send(
-        tf.reshape(keys, [-1]), tf.reshape(values, [-1, self._dim])
-      )
+      received, (rows,) = self._send(tf.reshape(keys, [-1]), tf.reshape(values, [-1, self._dim]))
       return super().insert(received, rows)
 
   def remove(self, keys, name=None):
     """Removes `keys` from their owners; missing keys are ignored."""
     keys = self._check_keys(keys, "keys")
     with tf.name_scope(name or f"{self._name}_remove"):
-      received, _, _, _ = self._send(tf.reshape(keys, [-1]))
+      received, _ = self._send(tf.reshape(keys, [-1]))
       return super().remove(received)
 
   def statistics(self, name=None, *, aggregate=False):

@@ -53,6 +53,13 @@ def shard_of(ids, num_shards):
   return _ops_loader.load().tf_ext_shard_of(ids, num_shards=num_shards)
 
 
+def distinct_by_shard(ids, num_shards):
+  """(distinct, positions, counts) of the 1-D int64 or string `ids`: the distinct ids grouped by
+  shard (shard 0's first; each shard's in order of first occurrence), each id's index in
+  `distinct` (int32), and each shard's number of distinct ids (int32 [num_shards])."""
+  return _ops_loader.load().tf_ext_distinct_by_shard(ids, num_shards=num_shards)
+
+
 def _colocated_with(variable):
   """Places what is created inside with `variable` (graph mode), or on its device (eager)."""
   if tf.executing_eagerly():

@@ -4,11 +4,13 @@
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SHARDING_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_SHARDING_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kernels/dynamic_embedding/core/combiners.h"  // IndexDistinctKeys
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/limits.h"  // kMaxShards
 
@@ -32,6 +34,35 @@ inline int ShardOf(int64_t key, int num_shards) {
 }
 inline int ShardOf(std::string_view key, int num_shards) {
   return ShardOfHash(InitialRowKeyHash(key), num_shards);
+}
+
+// A batch's distinct keys grouped by shard, ready to send each shard its keys in one all-to-all
+// (a table split across ranks: tf_ext/dynamic_embedding/alltoall.py): *distinct holds shard 0's
+// keys, then shard 1's, and so on, each shard's in order of first occurrence; positions[i] is key
+// i's place in *distinct, and counts[s] the number of shard s's keys. One pass over the keys and
+// one ShardOf per distinct key, where unique, shard, argsort and gather ops made five.
+// Slot: an integer type that holds n - 1.
+template <typename Key, typename KeyAt, typename Slot>
+void GroupDistinctKeysByShard(int64_t n, int num_shards, KeyAt&& key_at, std::vector<Key>* distinct,
+                              Slot* positions, int32_t* counts) {
+  std::vector<Key> first_seen;
+  IndexDistinctKeys(n, key_at, &first_seen, positions);
+  const size_t num_distinct = first_seen.size();
+  std::vector<int32_t> shard(num_distinct);
+  std::fill(counts, counts + num_shards, 0);
+  for (size_t k = 0; k < num_distinct; ++k) {
+    shard[k] = ShardOf(first_seen[k], num_shards);
+    ++counts[shard[k]];
+  }
+  std::vector<Slot> next(num_shards);  // where each shard's next key goes
+  for (int s = 1; s < num_shards; ++s) next[s] = next[s - 1] + static_cast<Slot>(counts[s - 1]);
+  std::vector<Slot> grouped(num_distinct);  // first_seen[k]'s place in *distinct
+  distinct->resize(num_distinct);
+  for (size_t k = 0; k < num_distinct; ++k) {
+    grouped[k] = next[shard[k]]++;
+    (*distinct)[grouped[k]] = std::move(first_seen[k]);
+  }
+  for (int64_t i = 0; i < n; ++i) positions[i] = grouped[positions[i]];
 }
 
 // The manifest a sharded table writes where a plain table writes its snapshot file, so that a

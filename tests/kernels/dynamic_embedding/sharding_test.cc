@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -98,6 +99,51 @@ TEST(ShardManifest, RejectsMalformed) {
   EXPECT_NE(ParseShardManifest(head + "0\n", &suffixes), "");
   EXPECT_NE(ParseShardManifest(head + "99999999999999999999\n", &suffixes), "");
   EXPECT_NE(ParseShardManifest(head + "1\n.a", &suffixes), "");  // truncated
+}
+
+// Checks GroupDistinctKeysByShard's contract on `keys`: every key is found at its position, the
+// distinct keys are distinct and grouped by shard in shard order, each shard's in order of first
+// occurrence, and the counts are the groups' sizes.
+template <typename Key>
+void ExpectGroupedByShard(const std::vector<Key>& keys, int num_shards) {
+  std::vector<Key> distinct;
+  std::vector<int32_t> positions(keys.size(), -1);
+  std::vector<int32_t> counts(num_shards, -1);
+  GroupDistinctKeysByShard(
+      static_cast<int64_t>(keys.size()), num_shards, [&keys](int64_t i) { return keys[i]; },
+      &distinct, positions.data(), counts.data());
+  std::vector<Key> expected;  // first occurrences, then a stable sort by shard
+  for (const Key& key : keys) {
+    if (std::find(expected.begin(), expected.end(), key) == expected.end()) expected.push_back(key);
+  }
+  std::stable_sort(expected.begin(), expected.end(), [num_shards](const Key& a, const Key& b) {
+    return ShardOf(a, num_shards) < ShardOf(b, num_shards);
+  });
+  EXPECT_EQ(distinct, expected);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_GE(positions[i], 0);
+    ASSERT_LT(positions[i], static_cast<int32_t>(distinct.size()));
+    EXPECT_EQ(distinct[positions[i]], keys[i]) << i;
+  }
+  std::vector<int32_t> expected_counts(num_shards, 0);
+  for (const Key& key : distinct) ++expected_counts[ShardOf(key, num_shards)];
+  EXPECT_EQ(counts, expected_counts);
+}
+
+TEST(GroupDistinctKeysByShard, GroupsRepeatedIntKeysByShardInFirstOccurrenceOrder) {
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < 5000; ++i) keys.push_back((i * i) % 997 - 300);  // repeats, negatives
+  keys.push_back(std::numeric_limits<int64_t>::min());
+  keys.push_back(std::numeric_limits<int64_t>::max());
+  for (int num_shards : {1, 2, 3, 4, 13}) ExpectGroupedByShard(keys, num_shards);
+  ExpectGroupedByShard(std::vector<int64_t>{}, 4);
+  ExpectGroupedByShard(std::vector<int64_t>{7, 7, 7}, 4);
+}
+
+TEST(GroupDistinctKeysByShard, GroupsStringKeysComparedWhole) {
+  std::vector<std::string> keys = {"", "a", "b", "a", std::string("a\0b", 3), "", "user:12"};
+  for (int i = 0; i < 300; ++i) keys.push_back("id" + std::to_string(i % 71));
+  for (int num_shards : {1, 2, 4, 7}) ExpectGroupedByShard(keys, num_shards);
 }
 
 }  // namespace
