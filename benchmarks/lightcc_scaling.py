@@ -89,6 +89,10 @@ def fusion_candidates_mb(step_bytes):
 
 
 TOPK = {"LIGHT_TOPK_ALLREDUCE": "1", "LIGHT_TOPK_RATIO": "0.01"}
+# Without fusion, LightCC exchanges 2D and TOPK gradients in fixed buckets of LIGHT_BUCKET_MB
+# (default 25 MiB), divided by the shrink factor like TOPK's threshold; "+onegroup" sets 0: one
+# exchange per kind after the whole backward pass (LightCC before issue 39's part 2).
+BUCKET_MB = 25
 CONFIG_NAMES = [
   "horovod",
   "2d",
@@ -98,6 +102,8 @@ CONFIG_NAMES = [
   "2d+fusion",
   "2d+topk+fusion",
   "2d+topk+fp16+fusion",
+  "2d+onegroup",
+  "2d+topk+onegroup",
 ]
 QUICK_CONFIGS = ["horovod", "2d+topk", "2d+topk+fusion"]
 LABELS = {
@@ -109,6 +115,8 @@ LABELS = {
   "2d+fusion": "2D+fusion",
   "2d+topk+fusion": "2D+TOPK+fusion",
   "2d+topk+fp16+fusion": "2D+TOPK+fp16+fusion",
+  "2d+onegroup": "2D one group",
+  "2d+topk+onegroup": "2D+TOPK one group",
 }
 TARGETS = {"vgg16": 0.85, "resnet50": 0.90}
 FUSION_TARGET = 1.1
@@ -130,6 +138,8 @@ def config_env(name, ranks_per_node, plan):
   if "fusion" in parts:
     env.update(FUSION)
     env["LIGHT_FUSION_BUCKETS_MB"] = ",".join(f"{x:g}" for x in plan["fusion_mb"])
+  elif parts & {"2d", "topk"}:
+    env["LIGHT_BUCKET_MB"] = "0" if "onegroup" in parts else f"{BUCKET_MB / plan['shrink']:g}"
   return env
 
 
@@ -578,6 +588,14 @@ def report(profile_rows, args):
         f"{_common.verdict(x >= FUSION_TARGET)}: {name} best fusion config = {x:.2f}x Horovod "
         f"(target >= {FUSION_TARGET}x)"
       )
+    for r in fused:  # against the same configuration with its fixed buckets (LIGHT_BUCKET_MB)
+      fixed = ok.get(r["name"].replace("+fusion", ""))
+      if fixed and fixed["name"] != r["name"] and fixed["name"] != "fusion":
+        x = r["images_per_s"] / fixed["images_per_s"]
+        verdicts.append(
+          f"{_common.verdict(x >= 0.97)}: {name} {r['name']} = {x:.2f}x {fixed['name']}'s fixed "
+          f"{fixed['env'].get('LIGHT_BUCKET_MB')} MiB buckets (target >= 0.97x)"
+        )
   print("\n" + "\n".join(verdicts))
   return verdicts
 

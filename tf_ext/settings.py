@@ -587,6 +587,16 @@ SETTINGS: Dict[str, Setting] = registry(
       attribute="fusion_reprobe_steps",
     ),
     Setting(
+      "LIGHT_BUCKET_MB",
+      "25",
+      "Without LIGHT_FUSION: MiB per bucket (PyTorch DDP's default size) in which 2D and TOPK "
+      "gradients are exchanged, in backprop order, each bucket as soon as its gradients exist; "
+      "0 sends all TOPK gradients in one exchange and all 2D ones in another.",
+      capability="lightcc",
+      parse=_float_at_least(0),
+      attribute="bucket_mb",
+    ),
+    Setting(
       "LIGHT_HARP",
       "0",
       "1: init() points NCCL at HARP (NCCL_NET_PLUGIN = tf_ext.harp.plugin_path(), NCCL_NET=HARP) "

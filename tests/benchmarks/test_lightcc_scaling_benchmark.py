@@ -134,3 +134,11 @@ def test_horovod_timeline_is_read_on_the_steps_clock(tmp_path):
   overlap = lightcc_scaling.collective_overlap(got, backward_end=0.12365)  # halfway through it
   assert math.isclose(overlap["first_collective"], 0.0987, abs_tol=1e-9)
   assert math.isclose(overlap["collective_s_before_backward_end"], 0.5, abs_tol=1e-6)
+
+
+def test_configs_exchange_in_buckets_scaled_like_the_gradients():
+  plan = _plan(shrink=16)
+  assert lightcc_scaling.config_env("2d+topk", 2, plan)["LIGHT_BUCKET_MB"] == "1.5625"
+  assert lightcc_scaling.config_env("2d+onegroup", 2, plan)["LIGHT_BUCKET_MB"] == "0"
+  assert "LIGHT_BUCKET_MB" not in lightcc_scaling.config_env("2d+fusion", 2, plan)
+  assert lightcc_scaling.config_env("horovod", 2, plan) == {}

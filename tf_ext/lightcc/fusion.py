@@ -14,13 +14,21 @@ Policy (settings in tf_ext/settings.py, LIGHT_FUSION_*):
 All bucketings exist in the graph behind one tf.switch_case, so switching needs no retracing and
 works in TF1 sessions too. Every rank must pick the same branch: the step time the policy sees is
 the average over ranks (one scalar allreduce per step), so all ranks make identical decisions.
+
+Nothing waits for the last bucket: each output of the switch_case (lowered to Switch/Merge) is
+released when its own bucket is reduced. The step clock runs at the start of a step, off the
+critical path: the time from the previous step's start to this one's is averaged over ranks and
+given to the policy, whose answer is this step's branch index; it has no input but the clock, so
+it runs while the forward and backward passes compute, before the first bucket is ready.
 """
 
 import itertools
 import statistics
 import threading
+import time
 
 import horovod.tensorflow as _hvd
+import numpy as np
 import tensorflow as tf
 
 
@@ -101,34 +109,67 @@ class AdaptiveFusion:
 
   def _observe(self, seconds):
     with self._lock:
-      return self.policy.observe(float(seconds)) if seconds > 0 else self.policy.current
+      index = self.policy.observe(float(seconds)) if seconds > 0 else self.policy.current
+    return np.int32(index)
 
   def reduce(self, tensors, reduce_bucket):
     """reduce_bucket(positions in `tensors`) -> their reduced tensors, in that order; returns all
-    reduced tensors in input order."""
+    reduced tensors in input order, each as soon as its bucket is reduced."""
     sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
 
     def branch(bucket_bytes):
-      def run():
-        out = [None] * len(tensors)
-        for bucket in buckets_in_backprop_order(sizes, bucket_bytes):
-          for i, r in zip(bucket, reduce_bucket(bucket)):
-            out[i] = r
-        return out
+      return lambda: reduce_in_buckets(sizes, bucket_bytes, reduce_bucket)
 
-      return run
+    index = self._step_choice()
+    # Branches without automatic control dependencies: in a tf.function they would make every
+    # output of a branch wait for every stateful op in it (TOPK's compress op of the last bucket
+    # included), so no bucket would be released before the last one. Each stateful op of a branch
+    # is consumed (data or control) by a bucket's own outputs, and the TOPK ops write disjoint
+    # parts of the residual, as in TF1 graphs, where branches never get them.
+    graph = tf.compat.v1.get_default_graph()
+    automatic = getattr(graph, "_add_control_dependencies", False)
+    graph._add_control_dependencies = False
+    try:
+      return tf.switch_case(index, [branch(b) for b in self.candidates])
+    finally:
+      graph._add_control_dependencies = automatic
 
-    reduced = tf.switch_case(
-      tf.convert_to_tensor(self.choice), [branch(b) for b in self.candidates]
+  def _step_choice(self):
+    """This step's candidate index, decided at the step's start from the previous step's time
+    (step start to step start, averaged over ranks); -1 on the first step, which the policy skips.
+
+    Its only input is the clock, so it does not wait for any gradient. The clock and the policy
+    are stateless numpy_functions: in a tf.function, automatic control dependencies chain every
+    stateful op without a resource input (tf.timestamp, py_function, a model's stateful
+    numpy_function) in program order, which would hold them, and so every bucket, until the
+    backward pass had run its last such op.
+    """
+    last = tf.convert_to_tensor(self.last_time)
+    now = tf.numpy_function(_seconds_now, [last], tf.float64, stateful=False)
+    now = tf.ensure_shape(now, [])
+    elapsed = tf.where(last > 0, now - last, tf.constant(-1.0, tf.float64))
+    # All ranks decide on the same (averaged) number, so they switch together.
+    elapsed = _hvd.allreduce(
+      elapsed, op=_hvd.Average, name=f"lightcc_fusion_step_time_{self._number}"
     )
-    with tf.control_dependencies(reduced):
-      now = tf.timestamp()
-      elapsed = tf.where(self.last_time > 0, now - self.last_time, tf.constant(-1.0, tf.float64))
-      # All ranks decide on the same (averaged) number, so they switch together.
-      elapsed = _hvd.allreduce(
-        elapsed, op=_hvd.Average, name=f"lightcc_fusion_step_time_{self._number}"
-      )
-      next_choice = tf.py_function(self._observe, [elapsed], tf.int32)
-      update = tf.group(self.choice.assign(tf.reshape(next_choice, [])), self.last_time.assign(now))
+    choice = tf.numpy_function(self._observe, [elapsed], tf.int32, stateful=False)
+    choice = tf.ensure_shape(choice, [])
+    with tf.control_dependencies([elapsed]):  # last_time is read before it is written
+      update = tf.group(self.choice.assign(choice), self.last_time.assign(now))
     with tf.control_dependencies([update]):
-      return [tf.identity(r) for r in reduced]
+      return tf.identity(choice)
+
+
+def _seconds_now(_):
+  return np.float64(time.time())
+
+
+def reduce_in_buckets(sizes, bucket_bytes, reduce_bucket):
+  """All tensors reduced bucket by bucket (buckets_in_backprop_order), in input order: each
+  bucket's exchange depends only on its own tensors, so it starts as soon as they exist and its
+  results are released as soon as it ends."""
+  out = [None] * len(sizes)
+  for bucket in buckets_in_backprop_order(sizes, bucket_bytes):
+    for i, r in zip(bucket, reduce_bucket(bucket)):
+      out[i] = r
+  return out

@@ -16,9 +16,10 @@ def reduce_gradients(
   """Reduces one step's gradients over all ranks the LightCC way.
 
   Sparse gradients are allgathered as Horovod does. Dense ones of at least LIGHT_TOPK_THRESHOLD
-  bytes go TOPK, the others 2D when it is on (else Horovod's allreduce). With LIGHT_FUSION both
-  kinds go out in adaptive buckets; without it, all TOPK gradients travel together, and so do all
-  2D ones.
+  bytes go TOPK, the others 2D when it is on (else Horovod's allreduce). Both kinds go out in
+  buckets, in backprop order, each exchanged as soon as its gradients exist and released as soon
+  as it is reduced: with LIGHT_FUSION of an adaptive size, else of LIGHT_BUCKET_MB (0: all TOPK
+  gradients in one exchange and all 2D ones in another).
   """
   config, reduced = state.process.config, list(gradients)
   compressible, dense = [], []  # indices into gradients
@@ -59,9 +60,17 @@ def reduce_gradients(
 
   bucketed = sorted(compressible + dense)
   if bucketed:
+    tensors = [reduced[i] for i in bucketed]
+
+    def reduce_positions(bucket):
+      return reduce_bucket([bucketed[b] for b in bucket])
+
     if config.fusion:
-      results = _fusion_for([reduced[i] for i in bucketed]).reduce(
-        [reduced[i] for i in bucketed], lambda bucket: reduce_bucket([bucketed[b] for b in bucket])
+      results = _fusion_for(tensors).reduce(tensors, reduce_positions)
+    elif config.bucket_mb > 0:
+      sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
+      results = _fusion.reduce_in_buckets(
+        sizes, max(1, int(config.bucket_mb * (1 << 20))), reduce_positions
       )
     else:
       results = (reduce_bucket(compressible) if compressible else []) + (
