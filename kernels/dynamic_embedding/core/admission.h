@@ -17,14 +17,20 @@
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_ADMISSION_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_ADMISSION_H_
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/dynamic_embedding/core/host_device.h"
+#include "kernels/dynamic_embedding/core/prefetch.h"
 
 namespace tf_ext {
 namespace de {
@@ -53,11 +59,11 @@ inline int64_t SketchWidth(int64_t requested) {
 class CountMinSketch {
  public:
   // `width` is rounded down to a power of two (at least 1024).
-  CountMinSketch(int64_t width, int depth) : depth_(depth) {
-    const int64_t rounded = SketchWidth(width);
-    width_mask_ = static_cast<uint64_t>(rounded) - 1;
-    counters_ = std::make_unique<std::atomic<uint32_t>[]>(static_cast<size_t>(rounded) * depth);
-    for (int64_t i = 0; i < rounded * depth; ++i) counters_[i].store(0, std::memory_order_relaxed);
+  CountMinSketch(int64_t width, int depth)
+      : depth_(depth),
+        width_mask_(static_cast<uint64_t>(SketchWidth(width)) - 1),
+        counters_(AllocateCounters(static_cast<size_t>(width_mask_ + 1) * depth)) {
+    for (size_t i = 0; i < NumCounters(); ++i) counters_[i].store(0, std::memory_order_relaxed);
   }
 
   // A copy of the counts as they are now (a snapshot's instant): no update may run meanwhile.
@@ -78,6 +84,12 @@ class CountMinSketch {
     const uint32_t raised = estimate + 1;
     for (int row = 0; row < depth_; ++row) RaiseCounter(&Counter(row, hash), raised);
     return raised;
+  }
+
+  // Starts loading the id's counters (a training update's pipeline calls it a few keys ahead
+  // of the Increment of an id it found missing): they are random reads in a large array.
+  void Prefetch(uint64_t hash) const {
+    for (int row = 0; row < depth_; ++row) PrefetchLine(&Counter(row, hash));
   }
 
   uint32_t Estimate(uint64_t hash) const {
@@ -116,6 +128,48 @@ class CountMinSketch {
   }
 
  private:
+  // The counters' memory: from 2 MiB on, mapped and advised as transparent huge pages, since an
+  // update reads `depth` random counters (with 4 KiB pages each is a TLB miss as well as a cache
+  // miss); smaller, from the heap. Zeroed by the constructor either way.
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  struct FreeCounters {
+    size_t bytes;  // mapped bytes, 0 for the heap
+    void operator()(std::atomic<uint32_t>* counters) const {
+      if (bytes > 0) {
+        munmap(counters, bytes);
+      } else {
+        std::free(counters);
+      }
+    }
+  };
+  using Counters = std::unique_ptr<std::atomic<uint32_t>[], FreeCounters>;
+  static Counters AllocateCounters(size_t n) {
+    // No array cookie and no destructor to run: the deleter only gives the memory back.
+    static_assert(std::is_trivially_destructible_v<std::atomic<uint32_t>>);
+    const size_t bytes = n * sizeof(std::atomic<uint32_t>);
+    if (bytes >= kHugePage) {
+      // Over-map by a huge page and trim, so that the counters start on a huge page boundary.
+      const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+      const size_t mapped = rounded + kHugePage;
+      void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (raw != MAP_FAILED) {
+        char* base = static_cast<char*>(raw);
+        char* start = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) &
+                                              ~(kHugePage - 1));
+        if (start > base) munmap(base, start - base);
+        char* end = start + rounded;
+        if (base + mapped > end) munmap(end, base + mapped - end);
+        madvise(start, rounded, MADV_HUGEPAGE);
+        return Counters(
+            new (start) std::atomic<uint32_t>[n], FreeCounters { rounded });
+      }
+    }
+    void* heap = std::malloc(bytes);
+    if (heap == nullptr) throw std::bad_alloc();
+    return Counters(
+        new (heap) std::atomic<uint32_t>[n], FreeCounters { 0 });
+  }
+
   std::atomic<uint32_t>& Counter(int row, uint64_t hash) const {
     return counters_[SketchCounterIndex(row, hash, width_mask_)];
   }
@@ -126,8 +180,8 @@ class CountMinSketch {
   }
 
   const int depth_;
-  uint64_t width_mask_ = 0;
-  std::unique_ptr<std::atomic<uint32_t>[]> counters_;
+  const uint64_t width_mask_;
+  Counters counters_;
 };
 
 // How a table admits new ids. min_count <= 1 admits every id at its first update.

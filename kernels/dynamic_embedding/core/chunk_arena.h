@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -40,6 +41,7 @@ class ChunkArena {
     char* chunk = next_;
     next_ += bytes;
     remaining_ -= bytes;
+    remaining_hint_.store(remaining_, std::memory_order_relaxed);
     return chunk;
   }
   // When the next `bytes` of allocations would need a new slab: maps the next slab and touches
@@ -47,7 +49,14 @@ class ChunkArena {
   // a shard's lock, so that no lookup waits behind the lock while the kernel maps a slab and
   // faults its pages in (a huge page's first touch zeroes 2 MiB, and may compact memory first).
   // One spare at most, of the usual slab size: a larger call maps its later slabs as it goes.
+  // Writers call it once per shard they write, so the usual answer (nothing to do) takes no lock:
+  // it reads the hints, which may be stale; a stale "nothing to do" only leaves the mapping to
+  // Allocate, as if Prepare had not been called, and a stale "maybe" is checked under the lock.
   void Prepare(size_t bytes) {
+    if (bytes <= remaining_hint_.load(std::memory_order_relaxed) ||
+        has_spare_hint_.load(std::memory_order_relaxed)) {
+      return;
+    }
     size_t slab_bytes;
     {
       std::lock_guard<std::mutex> guard(mutex_);
@@ -63,6 +72,7 @@ class ChunkArena {
       return;
     }
     spare_ = slab;
+    has_spare_hint_.store(true, std::memory_order_relaxed);
   }
   // For tests: whether a prepared slab waits.
   bool HasSpareForTesting() const {
@@ -94,6 +104,7 @@ class ChunkArena {
     if (spare_.bytes >= at_least) {
       Use(spare_);
       spare_ = Slab{};
+      has_spare_hint_.store(false, std::memory_order_relaxed);
       return;
     }
     const size_t bytes = SlabBytes(at_least);
@@ -128,6 +139,7 @@ class ChunkArena {
     reserved_ += slab.bytes;
     next_ = slab.base;
     remaining_ = slab.bytes;
+    remaining_hint_.store(remaining_, std::memory_order_relaxed);
   }
 
   mutable std::mutex mutex_;
@@ -135,6 +147,10 @@ class ChunkArena {
   Slab spare_;  // mapped and touched by Prepare, not in use yet (not counted as reserved)
   char* next_ = nullptr;
   size_t remaining_ = 0, reserved_ = 0;
+  // remaining_ and whether a spare waits, as of the last change under the mutex, for Prepare's
+  // lock-free first look.
+  std::atomic<size_t> remaining_hint_{0};
+  std::atomic<bool> has_spare_hint_{false};
 };
 
 }  // namespace de

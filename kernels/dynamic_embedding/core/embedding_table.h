@@ -387,8 +387,11 @@ class EmbeddingTable {
   char* EntryAt(const Shard& shard, uint32_t id) const;
   void AllocateChunkFor(Shard& shard, uint32_t id);
   // Before a writer takes a shard's lock to write up to `count` entries: the memory new ones
-  // would take is mapped and faulted in now, outside the lock (ChunkArena::Prepare).
-  void PrepareEntries(int64_t count);
+  // would take is mapped and faulted in now, outside the lock (ChunkArena::Prepare). `arena`: the
+  // caller's std::atomic_load of arena_, taken once for all the shards it writes.
+  void PrepareEntries(ChunkArena& arena, int64_t count) const;
+  void PrefetchEntryLines(const char* entry, size_t bytes) const;
+  void PrefetchEntryLines(const char* entry) const;
   static uint32_t IdAt(const Shard& shard, size_t pos);
   template <typename Fn>
   void ForEachLiveEntry(const Shard& shard, Fn&& fn) const;
@@ -432,10 +435,16 @@ class EmbeddingTable {
   void CopyRow(float* to, const float* from) const;
   void PrefetchIndex(uint64_t hash) const;
   void PrefetchEntry(uint64_t hash) const;
+  bool PrefetchEntry(uint64_t hash, size_t bytes) const;
 
   // Updates (embedding_table_update.h).
+  struct AdmissionCounts {
+    int64_t admitted = 0, rejected = 0;
+  };
   template <typename Fn>
-  bool UpdateLocked(Shard& shard, KeyView key, uint64_t hash, int64_t step, Fn&& fn);
+  bool UpdateLocked(Shard& shard, KeyView key, uint64_t hash, int64_t step, Fn&& fn,
+                    AdmissionCounts* counts);
+  void AddAdmissionCounts(const AdmissionCounts& counts);
   void RecordStep(int64_t step);
   bool Admit(Shard& shard, KeyView key, uint64_t hash);
 

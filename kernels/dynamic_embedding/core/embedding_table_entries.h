@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
+#include "kernels/dynamic_embedding/core/prefetch.h"
 
 namespace tf_ext {
 namespace de {
@@ -54,10 +55,22 @@ inline void EmbeddingTable<Key>::AllocateChunkFor(Shard& shard, uint32_t id) {
   }
 }
 template <typename Key>
-inline void EmbeddingTable<Key>::PrepareEntries(int64_t count) {
+inline void EmbeddingTable<Key>::PrepareEntries(ChunkArena& arena, int64_t count) const {
   // A bound from the atomics (the layout itself is read under the locks), plus two large chunks.
   const size_t per_entry = sizeof(Header) + sizeof(float) * dim_ * (1 + num_slots()) + 64;
-  std::atomic_load(&arena_)->Prepare(per_entry * static_cast<size_t>(count) + (size_t{32} << 10));
+  arena.Prepare(per_entry * static_cast<size_t>(count) + (size_t{32} << 10));
+}
+// Prefetches the cache lines of the entry at `entry`: its first `bytes`, or all of it.
+template <typename Key>
+inline void EmbeddingTable<Key>::PrefetchEntryLines(const char* entry, size_t bytes) const {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(entry);
+  for (uintptr_t line = begin & ~uintptr_t{63}; line < begin + bytes; line += 64) {
+    PrefetchLine(reinterpret_cast<const void*>(line));
+  }
+}
+template <typename Key>
+inline void EmbeddingTable<Key>::PrefetchEntryLines(const char* entry) const {
+  PrefetchEntryLines(entry, layout_.stride);
 }
 template <typename Key>
 inline uint32_t EmbeddingTable<Key>::IdAt(const Shard& shard, size_t pos) {
@@ -176,6 +189,9 @@ inline uint32_t EmbeddingTable<Key>::CreateEntry(Shard& shard, KeyView key, uint
   if (!shard.free_ids.empty()) {
     id = shard.free_ids.back();
     shard.free_ids.pop_back();
+    // The next entry created in this shard reuses the new last free id: a freed entry is
+    // anywhere in the shard's memory, so its lines start loading now.
+    if (!shard.free_ids.empty()) PrefetchEntryLines(EntryAt(shard, shard.free_ids.back()));
   } else {
     id = shard.allocated++;
     AllocateChunkFor(shard, id);

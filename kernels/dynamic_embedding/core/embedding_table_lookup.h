@@ -218,21 +218,26 @@ inline void EmbeddingTable<Key>::PrefetchIndex(uint64_t hash) const {
   const Shard& shard = ShardFor(hash);
   if (!shard.index.empty()) PrefetchLine(&shard.index[HomeSlot(shard, hash)]);
 }
-// The entry of the home slot's first tag match.
+// The entry of the home slot's first tag match: the cache lines of its first `bytes` (the header
+// and embedding for a lookup, the whole entry for an update: an entry may straddle a line more
+// than its size rounded up to lines). Returns whether a tag matched; if not, the key is missing.
 template <typename Key>
-inline void EmbeddingTable<Key>::PrefetchEntry(uint64_t hash) const {
+inline bool EmbeddingTable<Key>::PrefetchEntry(uint64_t hash, size_t bytes) const {
   const Shard& shard = ShardFor(hash);
-  if (shard.index.empty()) return;
+  if (shard.index.empty()) return false;
   const size_t mask = shard.index.size() - 1;
   for (size_t pos = HomeSlot(shard, hash);; pos = (pos + 1) & mask) {
     const uint64_t slot = shard.index[pos];
-    if (slot == 0) return;
+    if (slot == 0) return false;
     if (static_cast<uint32_t>(slot >> 32) == Tag(hash)) {
-      const char* entry = EntryAt(shard, static_cast<uint32_t>(slot) - 1);
-      for (size_t line = 0; line < layout_.stride; line += 64) PrefetchLine(entry + line);
-      return;
+      PrefetchEntryLines(EntryAt(shard, static_cast<uint32_t>(slot) - 1), bytes);
+      return true;
     }
   }
+}
+template <typename Key>
+inline void EmbeddingTable<Key>::PrefetchEntry(uint64_t hash) const {
+  PrefetchEntry(hash, sizeof(Header) + sizeof(float) * dim_);
 }
 
 }  // namespace de

@@ -40,39 +40,49 @@ inline bool EmbeddingTable<Key>::UpdateRow(KeyView key, int64_t step, Fn&& fn) {
   const uint64_t hash = StorageHash(key);
   Shard& shard = ShardFor(hash);
   bool ran;
+  AdmissionCounts counts;
   {
     ExclusiveGuard guard(shard.lock);
-    ran = UpdateLocked(shard, key, hash, step, fn);
+    ran = UpdateLocked(shard, key, hash, step, fn, &counts);
   }
+  AddAdmissionCounts(counts);
   if (ran) RecordStep(step);
   return ran;
 }
 
 // The keys are grouped by shard; within a shard, a two-stage software pipeline (as FindInOrder's)
 // prefetches the index slot and then the entry of the keys ahead, hiding a cold key's two
-// dependent cache misses.
+// dependent cache misses; for a key found missing there, it prefetches the admission sketch's
+// counters that its Increment will read instead.
 template <typename Key>
 template <typename KeyAt, typename Fn>
 inline int64_t EmbeddingTable<Key>::UpdateBatch(int64_t n, KeyAt&& key_at, int64_t step, Fn&& fn) {
   const ShardGroups groups = GroupByShard(n, key_at);
   constexpr int64_t kIndexAhead = 16, kEntryAhead = 8;
+  const std::shared_ptr<ChunkArena> arena = std::atomic_load(&arena_);
   int64_t ran = 0;
+  AdmissionCounts counts;  // added to the table's once: its atomics are shared by every writer
   for (size_t s = 0; s < shards_.size(); ++s) {
     const GroupedKey* group = groups.keys.get() + groups.first[s];
     const int64_t size = groups.first[s + 1] - groups.first[s];
     if (size == 0) continue;
-    PrepareEntries(size);
+    PrepareEntries(*arena, size);
     ExclusiveGuard guard(shards_[s].lock);
+    const size_t stride = layout_.stride;
+    auto prefetch_entry = [&](int64_t p) {
+      if (!PrefetchEntry(group[p].hash, stride) && sketch_) sketch_->Prefetch(group[p].hash);
+    };
     for (int64_t p = 0; p < std::min(size, kIndexAhead); ++p) PrefetchIndex(group[p].hash);
-    for (int64_t p = 0; p < std::min(size, kEntryAhead); ++p) PrefetchEntry(group[p].hash);
+    for (int64_t p = 0; p < std::min(size, kEntryAhead); ++p) prefetch_entry(p);
     for (int64_t p = 0; p < size; ++p) {
-      if (p + kEntryAhead < size) PrefetchEntry(group[p + kEntryAhead].hash);
+      if (p + kEntryAhead < size) prefetch_entry(p + kEntryAhead);
       if (p + kIndexAhead < size) PrefetchIndex(group[p + kIndexAhead].hash);
       const int64_t i = group[p].index;
-      ran += UpdateLocked(shards_[s], key_at(i), group[p].hash, step,
-                          [&](RowRef& row) { fn(i, row); });
+      ran += UpdateLocked(
+          shards_[s], key_at(i), group[p].hash, step, [&](RowRef& row) { fn(i, row); }, &counts);
     }
   }
+  AddAdmissionCounts(counts);
   if (ran > 0) RecordStep(step);
   return ran;
 }
@@ -94,6 +104,7 @@ inline int64_t EmbeddingTable<Key>::UpsertBatch(int64_t n, KeyAt&& key_at, Fn&& 
   BulkWrite bulk(bulk_writes_);
   const ShardGroups groups = GroupByShard(n, key_at);
   constexpr int64_t kIndexAhead = 16, kEntryAhead = 8;
+  const std::shared_ptr<ChunkArena> arena = std::atomic_load(&arena_);
   int64_t created = 0;
   for (size_t s = 0; s < shards_.size(); ++s) {
     Shard& shard = shards_[s];
@@ -101,16 +112,16 @@ inline int64_t EmbeddingTable<Key>::UpsertBatch(int64_t n, KeyAt&& key_at, Fn&& 
     const int64_t size = groups.first[s + 1] - groups.first[s];
     for (int64_t begin = 0; begin < size; begin += kWriteBatch) {
       const int64_t end = std::min<int64_t>(size, begin + kWriteBatch);
-      PrepareEntries(end - begin);
+      PrepareEntries(*arena, end - begin);
       ExclusiveGuard guard(shard.lock);
       for (int64_t p = begin; p < std::min(end, begin + kIndexAhead); ++p) {
         PrefetchIndex(group[p].hash);
       }
       for (int64_t p = begin; p < std::min(end, begin + kEntryAhead); ++p) {
-        PrefetchEntry(group[p].hash);
+        PrefetchEntry(group[p].hash, layout_.stride);
       }
       for (int64_t p = begin; p < end; ++p) {
-        if (p + kEntryAhead < end) PrefetchEntry(group[p + kEntryAhead].hash);
+        if (p + kEntryAhead < end) PrefetchEntry(group[p + kEntryAhead].hash, layout_.stride);
         if (p + kIndexAhead < end) PrefetchIndex(group[p + kIndexAhead].hash);
         const int64_t i = group[p].index;
         const KeyView key = key_at(i);
@@ -174,22 +185,23 @@ inline void EmbeddingTable<Key>::EnsureSlots(int num_slots, const std::vector<fl
   UnlockAll();
 }
 
-// UpdateRow's work under the shard's exclusive lock, which the caller holds.
+// UpdateRow's work under the shard's exclusive lock, which the caller holds. Counts an admission
+// or a rejection in `counts`, for the caller to add to the table's (AddAdmissionCounts).
 template <typename Key>
 template <typename Fn>
 inline bool EmbeddingTable<Key>::UpdateLocked(Shard& shard, KeyView key, uint64_t hash,
-                                              int64_t step, Fn&& fn) {
+                                              int64_t step, Fn&& fn, AdmissionCounts* counts) {
   size_t pos;
   uint32_t id;
   if (FindSlot(shard, key, hash, &pos)) {
     id = IdAt(shard, pos);
   } else {
     if (!Admit(shard, key, hash)) {
-      rejected_.fetch_add(1, std::memory_order_relaxed);
+      ++counts->rejected;
       return false;
     }
     id = CreateEntry(shard, key, hash);
-    admitted_.fetch_add(1, std::memory_order_relaxed);
+    ++counts->admitted;
   }
   MarkChanged(shard, id);
   RowRef row = RowOf(EntryAt(shard, id));
@@ -197,6 +209,12 @@ inline bool EmbeddingTable<Key>::UpdateLocked(Shard& shard, KeyView key, uint64_
   if (*row.update_count != std::numeric_limits<uint32_t>::max()) ++*row.update_count;
   *row.last_step = step;
   return true;
+}
+
+template <typename Key>
+inline void EmbeddingTable<Key>::AddAdmissionCounts(const AdmissionCounts& counts) {
+  if (counts.admitted > 0) admitted_.fetch_add(counts.admitted, std::memory_order_relaxed);
+  if (counts.rejected > 0) rejected_.fetch_add(counts.rejected, std::memory_order_relaxed);
 }
 
 // The latest training step any update recorded (what evict() uses by default).
