@@ -130,6 +130,37 @@ TEST(CountMinSketchTest, ExactWithFewIds) {
   EXPECT_EQ(sketch.Bytes(), size_t{4} * 4 * (1 << 16));
 }
 
+// A sketch of 2 MiB or more lives in mapped, huge-page-advised memory, a smaller one on the heap:
+// both count alike, and copies, swaps, merges and prefetches work on either.
+TEST(CountMinSketchTest, MappedAndHeapCountersAgree) {
+  CountMinSketch mapped(1 << 19, 4);  // 8 MiB: mapped
+  CountMinSketch heap(1 << 10, 4);    // 16 KiB: heap
+  ASSERT_EQ(mapped.Bytes(), size_t{8} << 20);
+  for (int k = 0; k < 50; ++k) {
+    const uint64_t hash = InitialRowKeyHash(int64_t{k});
+    mapped.Prefetch(hash);
+    heap.Prefetch(hash);
+    for (int i = 0; i <= k % 5; ++i) {
+      mapped.Increment(hash);
+      heap.Increment(hash);
+    }
+  }
+  for (int k = 0; k < 50; ++k) {
+    EXPECT_EQ(mapped.Estimate(InitialRowKeyHash(int64_t{k})), k % 5 + 1) << k;
+    EXPECT_GE(heap.Estimate(InitialRowKeyHash(int64_t{k})), uint32_t(k % 5 + 1)) << k;
+  }
+  CountMinSketch copy(mapped);  // copies from mapped memory into mapped memory
+  CountMinSketch other(1 << 19, 4);
+  other.SwapCounters(copy);  // `other` now holds the counts, `copy` zeros
+  std::vector<uint32_t> counters(mapped.NumCounters()), swapped(other.NumCounters());
+  mapped.CopyCounters(0, counters.size(), counters.data());
+  other.CopyCounters(0, swapped.size(), swapped.data());
+  EXPECT_EQ(counters, swapped);
+  EXPECT_EQ(copy.Estimate(InitialRowKeyHash(int64_t{4})), 0u);
+  copy.MaxCounters(0, counters.size(), counters.data());
+  EXPECT_EQ(copy.Estimate(InitialRowKeyHash(int64_t{4})), 5u);
+}
+
 // Rows 1..6: row k updated twice, last at step k (row 1 once, at step 1).
 EmbeddingTable<int64_t>* SixRows(EmbeddingTable<int64_t>* table) {
   for (int64_t k = 1; k <= 6; ++k) Train(*table, k, 1);
