@@ -172,6 +172,10 @@ def train_with_tape(
   # is the same); tf_ext's wrappers leave them to the all-to-all.
   horovods_own = tape_of is horovod.DistributedGradientTape
   check(f"{label}: allgathers", (allgathers > 0) == horovods_own, allgathers)
+  # The owners keep their part of an allgathered gradient (TfExtShardOf picks it); a gradient
+  # straight from the lookup's all-to-all is all theirs, and the update skips that mask.
+  masks = op_types.count("TfExtShardOf")
+  check(f"{label}: owner masks", (masks > 0) == horovods_own, masks)
   check_tables(label, tables["split"], tables["reference"], key_dtype, tolerance)
   check(
     f"{label}: dense weights",

@@ -142,6 +142,8 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
       self._hvd, self._name, {"dim": self._dim, "key_dtype": self._key_dtype.name}
     )
     self._optimizer_checked = False
+    # The graph tensors of keys that lookups' all-to-alls brought this rank (owned_gradient).
+    self._received_by_lookups = set()
 
   @property
   def distribution(self):
@@ -209,6 +211,8 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     with tf.name_scope(name or f"{self._name}_lookup"):
       distinct, positions, splits = sharded.distinct_by_shard(tf.reshape(ids, [-1]), self._ranks)
       received, _, received_splits = self._send_grouped(distinct, splits)
+      if not tf.executing_eagerly():
+        self._received_by_lookups.add(received.ref())
       owned_rows = super().lookup(received)
       rows, _ = self._hvd.alltoall(owned_rows, splits=received_splits)  # distinct's rows
       flat = _gather_rows(rows, positions)
@@ -307,6 +311,9 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     """The part of the IndexedSlices `gradient` of this table's anchor that this rank owns: all
     of it, unless a reduction that does not know rank-local gradients (Horovod's own tape, or
     its v1 DistributedOptimizer wrapped around the table's optimizer) allgathered every rank's."""
+    source = variable_lib.source_tensor(gradient.indices)
+    if source is not None and source.ref() in self._received_by_lookups:
+      return gradient  # keyed by the ids a lookup's all-to-all brought this rank: all its own
     owned = tf.equal(self.owner_of(gradient.indices), self._rank)
     return tf.IndexedSlices(
       tf.boolean_mask(gradient.values, owned),

@@ -235,11 +235,8 @@ def table_of(variable):
 def _distinct(keys):
   """Whether a graph tensor of keys is, through reshapes, the output of tf.unique: a lookup of a
   batch's distinct ids gets its gradient keyed by them, with nothing to sum (eagerly: False)."""
-  while getattr(keys, "op", None) is not None and keys.op.type in ("Reshape", "Identity"):
-    keys = keys.op.inputs[0]
-  return (
-    getattr(keys, "op", None) is not None and keys.op.type == "Unique" and keys.value_index == 0
-  )
+  source = variable_lib.source_tensor(keys)
+  return source is not None and (source.op.type, source.value_index) == ("Unique", 0)
 
 
 def apply_table_gradient(table, gradient, hyper, step):

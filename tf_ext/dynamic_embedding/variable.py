@@ -408,6 +408,14 @@ def served_by(replacements):
     _serving.replacements = previous
 
 
+def source_tensor(tensor):
+  """The graph tensor that `tensor` is, looking through reshapes and identities; None eagerly,
+  where a tensor keeps no op."""
+  while getattr(tensor, "op", None) is not None and tensor.op.type in ("Reshape", "Identity"):
+    tensor = tensor.op.inputs[0]
+  return tensor if getattr(tensor, "op", None) is not None else None
+
+
 def serving_replacement(table_or_name):
   """The replacement of a table (or a table's full name) in the active `served_by`, or None."""
   replacements = getattr(_serving, "replacements", None)
