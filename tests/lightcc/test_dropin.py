@@ -15,6 +15,7 @@ PAIRS = [
   (lightcc, horovod_tf),
   (lightcc_keras, horovod_keras),
   (lightcc_callbacks, horovod_callbacks),
+  (lightcc.elastic, horovod_tf.elastic),
 ]
 # What LightCC implements itself (the rest must be Horovod's own objects).
 OURS = {
@@ -24,10 +25,12 @@ OURS = {
     "grouped_allreduce",
     "DistributedOptimizer",
     "DistributedGradientTape",
+    "elastic",
     "keras",
   },
   lightcc_keras: {"init", "DistributedOptimizer", "callbacks", "load_model"},
   lightcc_callbacks: set(),
+  lightcc.elastic: {"run", "TensorFlowKerasState", "TensorFlowState"},
 }
 
 

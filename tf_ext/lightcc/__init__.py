@@ -55,7 +55,6 @@ from horovod.tensorflow import (
   cross_size,
   cuda_built,
   ddl_built,
-  elastic,
   functions,
   global_process_set,
   gloo_built,
@@ -96,7 +95,7 @@ from horovod.tensorflow import (
   vars_to_refs,
 )
 
-from tf_ext.lightcc import _reexport
+from tf_ext.lightcc import _reexport, elastic
 from tf_ext.lightcc.collectives import allreduce, grouped_allreduce
 from tf_ext.lightcc.reduction import fusion_policies, reduce_gradients
 from tf_ext.lightcc.state import init, light_config, reset_traffic, traffic

@@ -116,12 +116,18 @@ class Residuals:
         self._by_key[key] = residual
       return residual
 
+  def items(self):
+    """(key, variable) of every residual, in creation order."""
+    with self._lock:
+      return list(self._by_key.items())
+
 
 class _Process:
   """Set by init(): the configuration in force and, with 2D on, this rank's topology."""
 
   config = _config.LightConfig()
   topology = None
+  init_call = ((), {})  # init's arguments, for elastic.run's re-init after a reset
 
 
 process = _Process()
@@ -158,6 +164,7 @@ def traffic_counter():
 
 def init(*args, **kwargs):
   """horovod.tensorflow.init, plus LightCC's settings (`light_<name>=...` keywords override env)."""
+  process.init_call = (args, dict(kwargs))
   env_rank_size = _horovod_env.get_env_rank_and_size()
   world_size = env_rank_size[1] if env_rank_size else 1
   config = _config.resolve(world_size, kwargs)
