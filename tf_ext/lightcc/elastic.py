@@ -31,11 +31,15 @@ import horovod.tensorflow.elastic as _horovod_elastic
 import tensorflow as tf
 
 # Horovod's elastic API that LightCC does not change.
-from horovod.common.elastic import ObjectState, State  # noqa: F401
+from horovod.common.elastic import ObjectState, State, run_fn  # noqa: F401
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 
 from tf_ext.lightcc import _reexport
+from tf_ext.lightcc import fusion as _fusion
 from tf_ext.lightcc import state as _state
+
+# LightCC's own; every other name of horovod.tensorflow.elastic resolves to Horovod's object.
+__all__ = ["TensorFlowKerasState", "TensorFlowState", "run"]
 
 
 def _is_collective_failure(error):
@@ -64,8 +68,6 @@ def run(func):
       if _is_collective_failure(error):
         raise HorovodInternalError(error) from error
       raise
-
-  from horovod.common.elastic import run_fn  # noqa: PLC0415 (as Horovod's run does)
 
   return functools.wraps(func)(run_fn(wrapper, _lightcc_reset))
 
@@ -100,10 +102,14 @@ class _LightCCState:
     policies = _hvd.broadcast_object(policies, root_rank=0, name="lightcc_elastic_policies")
     for key, policy_state in policies.items():
       fusion = graph_state.fusions.get(key)
-      if fusion is None:  # a rank that joined: its model's fusion, before its first step
-        from tf_ext.lightcc import reduction  # noqa: PLC0415
-
-        fusion = reduction._fusion_for([tf.TensorSpec(shape, dtype) for shape, dtype in key])
+      if fusion is None:  # a rank that joined: its model's fusion (as reduction.py keys and
+        # makes it), before its first step
+        config = _state.process.config
+        fusion = graph_state.fusions[key] = _fusion.AdaptiveFusion(
+          [int(mb * (1 << 20)) for mb in config.fusion_buckets_mb],
+          config.fusion_probe_steps,
+          config.fusion_reprobe_steps,
+        )
       _set_policy(fusion, policy_state)
     self._lightcc_save()
 
