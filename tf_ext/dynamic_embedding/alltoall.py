@@ -35,6 +35,9 @@ DISTRIBUTIONS = (None, ALLTOALL)
 # The Horovod name of the build-time check, the same for every table so that ranks that create
 # different tables meet in it (and get an error) instead of waiting for each other.
 _CHECK_NAME = "tf_ext_alltoall_table_check"
+# The graph collection of the keys that lookups' all-to-alls brought this rank (owned_gradient):
+# kept with the graph, so it goes when the graph goes.
+_RECEIVED_BY_LOOKUPS = "tf_ext_alltoall_keys_received_by_lookups"
 
 
 def check_distribution(name, distribution, num_shards=None):
@@ -142,8 +145,6 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
       self._hvd, self._name, {"dim": self._dim, "key_dtype": self._key_dtype.name}
     )
     self._optimizer_checked = False
-    # The graph tensors of keys that lookups' all-to-alls brought this rank (owned_gradient).
-    self._received_by_lookups = set()
 
   @property
   def distribution(self):
@@ -212,7 +213,7 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
       distinct, positions, splits = sharded.distinct_by_shard(tf.reshape(ids, [-1]), self._ranks)
       received, _, received_splits = self._send_grouped(distinct, splits)
       if not tf.executing_eagerly():
-        self._received_by_lookups.add(received.ref())
+        received.graph.add_to_collection(_RECEIVED_BY_LOOKUPS, received)
       owned_rows = super().lookup(received)
       rows, _ = self._hvd.alltoall(owned_rows, splits=received_splits)  # distinct's rows
       flat = _gather_rows(rows, positions)
@@ -312,7 +313,9 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     of it, unless a reduction that does not know rank-local gradients (Horovod's own tape, or
     its v1 DistributedOptimizer wrapped around the table's optimizer) allgathered every rank's."""
     source = variable_lib.source_tensor(gradient.indices)
-    if source is not None and source.ref() in self._received_by_lookups:
+    if source is not None and any(
+      keys is source for keys in source.graph.get_collection(_RECEIVED_BY_LOOKUPS)
+    ):
       return gradient  # keyed by the ids a lookup's all-to-all brought this rank: all its own
     owned = tf.equal(self.owner_of(gradient.indices), self._rank)
     return tf.IndexedSlices(
