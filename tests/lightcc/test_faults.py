@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from _launch import HERE, ROOT, horovodrun
+from _launch import HERE, ROOT, horovodrun, init_in_subprocess
 
 GLOO_TIMEOUT = 15  # HOROVOD_GLOO_TIMEOUT_SECONDS in these tests (Horovod's default: 30)
 MARGIN = 15  # seconds beyond it, for a loaded machine
@@ -221,3 +221,79 @@ def test_elastic_training_restores_lightcc_state_and_resumes_on_the_remaining_ra
     )
   assert len(re.findall(r"finished 10 steps on 2 ranks", out)) == 2, out[-4000:]
   assert proc.returncode == 0, out[-4000:]
+
+
+ONE_PROCESS = """
+import copy, numpy as np, tensorflow as tf
+from tf_ext.lightcc import state as lightcc_state
+hvd.init(light_topk_allreduce=1, light_topk_ratio=0.1, light_topk_threshold=1000, light_fusion=1,
+         light_fusion_buckets_mb=[0.05, 0.5], light_fusion_probe_steps=2)
+w = [tf.Variable(tf.random.normal(s, seed=i)) for i, s in enumerate([(64, 256), (256, 8)])]
+sgd = tf.keras.optimizers.SGD(0.05, momentum=0.9)
+x = tf.random.normal((32, 64), seed=5)
+
+@tf.function
+def step():
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(tf.square(tf.nn.tanh(x @ w[0]) @ w[1] - 1.0))
+  grads = hvd.DistributedGradientTape(tape).gradient(loss, w)
+  sgd.apply_gradients(zip(grads, w))
+
+residuals = lambda: [v.numpy().copy() for _, v in lightcc_state.graph_state().residuals.items()]
+state = hvd.elastic.TensorFlowState(w, batch=0)
+calls, shutdowns, saved = [], [], {}
+# MPI (this process's controller without a launcher) cannot start again after a shutdown: the
+# reset's shutdown is counted instead (elastic runs on Gloo do shut down and start again).
+import horovod.tensorflow
+horovod.tensorflow.shutdown = lambda: shutdowns.append(1)
+hvd.init(light_topk_allreduce=0)  # LightCC's re-init must use the first call's arguments
+hvd.init(light_topk_allreduce=1, light_topk_ratio=0.1, light_topk_threshold=1000, light_fusion=1,
+         light_fusion_buckets_mb=[0.05, 0.5], light_fusion_probe_steps=2)
+
+@hvd.elastic.run
+def train(state):
+  calls.append(state.batch)
+  if len(calls) == 1:
+    for _ in range(5):
+      step()
+    state.batch = 5
+    state.commit()
+    saved["fusion"] = list(lightcc_state.graph_state().fusions.values())[0]
+    saved["residuals"] = residuals()
+    saved["policy"] = copy.deepcopy(vars(saved["fusion"].policy))
+    for _ in range(3):
+      step()
+    state.batch = 8
+    assert not all(np.array_equal(a, b) for a, b in zip(residuals(), saved["residuals"]))
+    assert len(saved["fusion"].policy.history) == len(saved["policy"]["history"]) + 3
+    # A collective failing the way Horovod's do (LightCC's alltoall included).
+    raise tf.errors.UnknownError(None, None, "HorovodAlltoall_x: Horovod has been shut down")
+  return state.batch
+
+assert train(state) == 5 and calls == [0, 5], calls  # restored, reset, called again
+assert shutdowns == [1], shutdowns
+fusion = saved["fusion"]
+assert all(np.array_equal(a, b) for a, b in zip(residuals(), saved["residuals"]))
+assert vars(fusion.policy) == saved["policy"]
+assert int(fusion.choice.numpy()) == fusion.policy.current
+assert float(fusion.last_time.numpy()) == -1.0
+assert hvd.light_config().topk and hvd.light_config().fusion  # LightCC's init ran again
+step()
+
+@hvd.elastic.run
+def broken(state):
+  raise tf.errors.InvalidArgumentError(None, None, "a bug of the model, not a fault")
+
+try:
+  broken(state)
+  raise AssertionError("Horovod's run would have returned None here")
+except tf.errors.InvalidArgumentError:
+  pass
+print("OK")
+"""
+
+
+def test_commit_restore_and_reset_in_one_process():
+  # One rank (no launcher): the commit, a failed collective, the restore and LightCC's re-init.
+  proc = init_in_subprocess({}, ONE_PROCESS)
+  assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

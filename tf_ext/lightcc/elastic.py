@@ -28,6 +28,7 @@ import functools
 
 import horovod.tensorflow as _hvd
 import horovod.tensorflow.elastic as _horovod_elastic
+import numpy as np
 import tensorflow as tf
 
 # Horovod's elastic API that LightCC does not change.
@@ -77,8 +78,9 @@ class _LightCCState:
 
   def _lightcc_save(self):
     graph_state = _state.graph_state()
+    # Copies in host memory (commit() is documented as a copy to host memory).
     self._lightcc_residuals = {
-      key: tf.identity(variable) for key, variable in graph_state.residuals.items()
+      key: np.array(variable.numpy(), copy=True) for key, variable in graph_state.residuals.items()
     }
     self._lightcc_policies = {
       key: copy.deepcopy(vars(fusion.policy)) for key, fusion in graph_state.fusions.items()
@@ -119,7 +121,7 @@ class _LightCCState:
     residuals = {key: value for key, value in getattr(self, "_lightcc_residuals", {}).items()}
     names = {key: variable.name for key, variable in _state.graph_state().residuals.items()}
     return (
-      {names.get(key, str(key)): value.numpy() for key, value in residuals.items()},
+      {names.get(key, str(key)): value.copy() for key, value in residuals.items()},
       [copy.deepcopy(p) for p in getattr(self, "_lightcc_policies", {}).values()],
     )
 
