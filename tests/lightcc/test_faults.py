@@ -7,7 +7,9 @@
   benchmarks/lightcc_cluster.Cluster; needs root): every rank ends with Horovod's error within
   HOROVOD_GLOO_TIMEOUT_SECONDS (+ a margin for this loaded 2-core machine), never hangs;
 - Horovod elastic with Gloo (3 ranks, --min-np 2): a rank SIGKILLed mid-step; the others restore
-  the last commit, LightCC's TOPK residuals and fusion policy included, and train on as 2 ranks.
+  the last commit, LightCC's TOPK residuals and fusion policy included, and train on as 2 ranks;
+- in one process: commit, a failed collective, restore and LightCC's re-init by
+  tf_ext.lightcc.elastic.run, which also lets other errors through (Horovod's returns None).
 """
 
 import os
