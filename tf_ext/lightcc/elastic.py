@@ -74,7 +74,20 @@ def run(func):
 
 
 class _LightCCState:
-  """commit / restore / sync of LightCC's own state (eager), mixed into Horovod's state classes."""
+  """commit / restore / sync of LightCC's own state (eager), mixed into Horovod's state classes:
+  each runs Horovod's, then LightCC's part."""
+
+  def save(self):
+    super().save()
+    self._lightcc_save()
+
+  def restore(self):
+    super().restore()
+    self._lightcc_load()
+
+  def sync(self):
+    super().sync()
+    self._lightcc_sync()
 
   def _lightcc_save(self):
     graph_state = _state.graph_state()
@@ -143,18 +156,6 @@ class TensorFlowKerasState(_LightCCState, _horovod_elastic.TensorFlowKerasState)
     super().__init__(model, optimizer=optimizer, backend=backend, **kwargs)
     self._lightcc_save()
 
-  def save(self):
-    super().save()
-    self._lightcc_save()
-
-  def restore(self):
-    super().restore()
-    self._lightcc_load()
-
-  def sync(self):
-    super().sync()
-    self._lightcc_sync()
-
 
 class TensorFlowState(_LightCCState, _horovod_elastic.TensorFlowState):
   """horovod.tensorflow.elastic.TensorFlowState, plus LightCC's TOPK residuals and fusion
@@ -165,20 +166,11 @@ class TensorFlowState(_LightCCState, _horovod_elastic.TensorFlowState):
     super().__init__(variables=variables, session=session, **kwargs)
     self._lightcc_save()
 
-  def save(self):
-    super().save()
-    self._lightcc_save()
-
-  def restore(self):
-    super().restore()
-    self._lightcc_load()
-
   def sync(self):
     # Horovod's broadcasts the variables once, when the state is made (eager); a rank that joins
     # later needs them too.
     _hvd.broadcast_variables(self.variables, root_rank=0)
     super().sync()
-    self._lightcc_sync()
 
 
 def _require_eager():
