@@ -4,14 +4,16 @@
   fusion, 4 ranks under horovodrun --gloo): every survivor ends, naming the failure (Gloo's
   "Connection closed by peer" from Horovod's background loop), within seconds, never hangs;
 - the link between two nodes taken down mid-exchange (2 network namespaces joined by a veth,
-  benchmarks/lightcc_cluster.Cluster; needs root): every rank ends with Horovod's error within
-  HOROVOD_GLOO_TIMEOUT_SECONDS (+ a margin for this loaded 2-core machine), never hangs;
+  benchmarks/lightcc_cluster.Cluster; needs root): every rank names Horovod's error within
+  HOROVOD_GLOO_TIMEOUT_SECONDS and ends within twice that (+ a margin for this loaded 2-core
+  machine), never hangs;
 - Horovod elastic with Gloo (3 ranks, --min-np 2): a rank SIGKILLed mid-step; the others restore
   the last commit, LightCC's TOPK residuals and fusion policy included, and train on as 2 ranks;
 - in one process: commit, a failed collective, restore and LightCC's re-init by
   tf_ext.lightcc.elastic.run, which also lets other errors through (Horovod's returns None).
 """
 
+import datetime
 import os
 import re
 import shutil
@@ -125,7 +127,9 @@ def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_t
       time.sleep(0.2)
     cut = time.time()
     lc.sh(["ip", "-n", cluster.netns[0], "link", "set", lc.IFACE, "down"])
-    bound = cut + GLOO_TIMEOUT + MARGIN
+    # A rank names the failure one timeout after the cut; Horovod's abort after it may wait out
+    # one more Gloo operation (seen once in CI: named at 15.1 s, ended at 30.2 s).
+    bound = cut + 2 * GLOO_TIMEOUT + MARGIN
     ended = {}  # rank -> seconds from the cut to its end
     while len(ended) < len(ranks) and time.time() < bound + 30:
       for r, (p, _) in ranks.items():
@@ -142,17 +146,28 @@ def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_t
     assert not hung, f"ranks {hung} still running {bound + 30 - cut:.0f} s after the cut:\n{report}"
     for r, t in text.items():
       failed = re.search(r"the step failed at ([\d.]+) after [\d.]+ s: (.*)", t)
-      aborted = re.search(r"Horovod background loop uncaught exception: (.*)", t)
+      aborted = re.search(
+        r"\[([\d-]+ [\d:.]+): E [^\]]*\] \[\d+\]: Horovod background loop uncaught exception: (.*)",
+        t,
+      )
       assert failed or aborted, f"rank {r} ended without naming the failure:\n{report}"
-      assert ended[r] < GLOO_TIMEOUT + MARGIN, f"rank {r} ended late:\n{report}"
+      assert ended[r] < bound - cut, f"rank {r} ended late:\n{report}"
+      named_at = (
+        float(failed.group(1))
+        if failed
+        else datetime.datetime.strptime(aborted.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+      )
+      assert named_at - cut < GLOO_TIMEOUT + MARGIN, f"rank {r} named the failure late:\n{report}"
       if failed:
-        assert float(failed.group(1)) < bound, f"rank {r} failed late:\n{report}"
         print(
           f"rank {r}: failed {float(failed.group(1)) - cut:.1f} s after the cut: "
           f"{failed.group(2)[:200]}"
         )
       else:
-        print(f"rank {r}: aborted {ended[r]:.1f} s after the cut: {aborted.group(1)[-160:]}")
+        print(
+          f"rank {r}: named the failure {named_at - cut:.1f} s and ended {ended[r]:.1f} s after "
+          f"the cut: {aborted.group(2)[-160:]}"
+        )
   finally:
     cluster.close()
 
