@@ -36,7 +36,7 @@ from horovod.common.elastic import ObjectState, State, run_fn  # noqa: F401
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 
 from tf_ext.lightcc import _reexport
-from tf_ext.lightcc import fusion as _fusion
+from tf_ext.lightcc import reduction as _reduction
 from tf_ext.lightcc import state as _state
 
 # LightCC's own; every other name of horovod.tensorflow.elastic resolves to Horovod's object.
@@ -51,7 +51,7 @@ def _is_collective_failure(error):
 def _lightcc_reset():
   _hvd.shutdown()
   args, kwargs = _state.process.init_call
-  _state.init(*args, **dict(kwargs))
+  _state.init(*args, **kwargs)
 
 
 def run(func):
@@ -116,22 +116,14 @@ class _LightCCState:
     policies = {key: vars(fusion.policy) for key, fusion in graph_state.fusions.items()}
     policies = _hvd.broadcast_object(policies, root_rank=0, name="lightcc_elastic_policies")
     for key, policy_state in policies.items():
-      fusion = graph_state.fusions.get(key)
-      if fusion is None:  # a rank that joined: its model's fusion (as reduction.py keys and
-        # makes it), before its first step
-        config = _state.process.config
-        fusion = graph_state.fusions[key] = _fusion.AdaptiveFusion(
-          [int(mb * (1 << 20)) for mb in config.fusion_buckets_mb],
-          config.fusion_probe_steps,
-          config.fusion_reprobe_steps,
-        )
-      _set_policy(fusion, policy_state)
+      # (A rank that joined has no fusion yet before its first step: it is made here.)
+      _set_policy(_reduction.fusion_for_key(key), policy_state)
     self._lightcc_save()
 
   def lightcc_committed(self):
     """What the last commit (or sync) saved of LightCC's state: ({residual name: numpy value},
     [policy state dicts]), for inspection and tests."""
-    residuals = {key: value for key, value in getattr(self, "_lightcc_residuals", {}).items()}
+    residuals = getattr(self, "_lightcc_residuals", {})
     names = {key: variable.name for key, variable in _state.graph_state().residuals.items()}
     return (
       {names.get(key, str(key)): value.copy() for key, value in residuals.items()},

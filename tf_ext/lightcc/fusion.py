@@ -115,10 +115,9 @@ class AdaptiveFusion:
   def reduce(self, tensors, reduce_bucket):
     """reduce_bucket(positions in `tensors`) -> their reduced tensors, in that order; returns all
     reduced tensors in input order, each as soon as its bucket is reduced."""
-    sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
 
     def branch(bucket_bytes):
-      return lambda: reduce_in_buckets(sizes, bucket_bytes, reduce_bucket)
+      return lambda: reduce_in_buckets(tensors, bucket_bytes, reduce_bucket)
 
     index = self._step_choice()
     # Branches without automatic control dependencies: in a tf.function they would make every
@@ -164,10 +163,16 @@ def _seconds_now(_):
   return np.float64(time.time())
 
 
-def reduce_in_buckets(sizes, bucket_bytes, reduce_bucket):
-  """All tensors reduced bucket by bucket (buckets_in_backprop_order), in input order: each
+def bytes_of_mib(mib):
+  """A size in MiB (the LIGHT_* settings' unit) in bytes."""
+  return int(mib * (1 << 20))
+
+
+def reduce_in_buckets(tensors, bucket_bytes, reduce_bucket):
+  """All `tensors` reduced bucket by bucket (buckets_in_backprop_order), in input order: each
   bucket's exchange depends only on its own tensors, so it starts as soon as they exist and its
   results are released as soon as it ends."""
+  sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
   out = [None] * len(sizes)
   for bucket in buckets_in_backprop_order(sizes, bucket_bytes):
     for i, r in zip(bucket, reduce_bucket(bucket)):

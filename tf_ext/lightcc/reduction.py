@@ -68,9 +68,8 @@ def reduce_gradients(
     if config.fusion:
       results = _fusion_for(tensors).reduce(tensors, reduce_positions)
     elif config.bucket_mb > 0:
-      sizes = [t.shape.num_elements() * t.dtype.size for t in tensors]
       results = _fusion.reduce_in_buckets(
-        sizes, max(1, int(config.bucket_mb * (1 << 20))), reduce_positions
+        tensors, max(1, _fusion.bytes_of_mib(config.bucket_mb)), reduce_positions
       )
     else:
       results = (reduce_bucket(compressible) if compressible else []) + (
@@ -116,17 +115,22 @@ def _variable_key(variable):
 
 def _fusion_for(tensors):
   """The AdaptiveFusion of this set of gradients (one per model), created on first use."""
-  key = tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+  return fusion_for_key(tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors))
+
+
+def fusion_for_key(key):
+  """The AdaptiveFusion of the gradients whose (shape, dtype) list is `key`, created on first use
+  with the configured candidates (also by elastic.py, for a rank that joins before its first
+  step)."""
   fusions = state.graph_state().fusions
   fusion = fusions.get(key)
   if fusion is None:
     config = state.process.config
-    fusion = _fusion.AdaptiveFusion(
-      [int(mb * (1 << 20)) for mb in config.fusion_buckets_mb],
+    fusion = fusions[key] = _fusion.AdaptiveFusion(
+      [_fusion.bytes_of_mib(mb) for mb in config.fusion_buckets_mb],
       config.fusion_probe_steps,
       config.fusion_reprobe_steps,
     )
-    fusions[key] = fusion
   return fusion
 
 
