@@ -53,6 +53,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h",
             "kernels/dynamic_embedding/core/gpu/host_exec.h",
             "kernels/dynamic_embedding/core/host_device.h",
+            "kernels/dynamic_embedding/core/huge_pages.h",
             "kernels/dynamic_embedding/core/initializers.h",
             "kernels/dynamic_embedding/core/limits.h",
             "kernels/dynamic_embedding/core/optimizers.h",

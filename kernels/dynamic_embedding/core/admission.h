@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels/dynamic_embedding/core/host_device.h"
+#include "kernels/dynamic_embedding/core/huge_pages.h"
 #include "kernels/dynamic_embedding/core/prefetch.h"
 
 namespace tf_ext {
@@ -128,10 +129,8 @@ class CountMinSketch {
   }
 
  private:
-  // The counters' memory: from 2 MiB on, mapped and advised as transparent huge pages, since an
-  // update reads `depth` random counters (with 4 KiB pages each is a TLB miss as well as a cache
-  // miss); smaller, from the heap. Zeroed by the constructor either way.
-  static constexpr size_t kHugePage = size_t{2} << 20;
+  // The counters' memory: from 2 MiB on, huge pages (huge_pages.h: an update reads `depth` random
+  // counters); smaller, or where the mapping fails, from the heap. Zeroed by the constructor.
   struct FreeCounters {
     size_t bytes;  // mapped bytes, 0 for the heap
     void operator()(std::atomic<uint32_t>* counters) const {
@@ -148,20 +147,10 @@ class CountMinSketch {
     static_assert(std::is_trivially_destructible_v<std::atomic<uint32_t>>);
     const size_t bytes = n * sizeof(std::atomic<uint32_t>);
     if (bytes >= kHugePage) {
-      // Over-map by a huge page and trim, so that the counters start on a huge page boundary.
       const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-      const size_t mapped = rounded + kHugePage;
-      void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (raw != MAP_FAILED) {
-        char* base = static_cast<char*>(raw);
-        char* start = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) &
-                                              ~(kHugePage - 1));
-        if (start > base) munmap(base, start - base);
-        char* end = start + rounded;
-        if (base + mapped > end) munmap(end, base + mapped - end);
-        madvise(start, rounded, MADV_HUGEPAGE);
+      if (char* mapped = MapHugePages(rounded)) {
         return Counters(
-            new (start) std::atomic<uint32_t>[n], FreeCounters { rounded });
+            new (mapped) std::atomic<uint32_t>[n], FreeCounters { rounded });
       }
     }
     void* heap = std::malloc(bytes);

@@ -12,6 +12,8 @@
 #include <new>
 #include <vector>
 
+#include "kernels/dynamic_embedding/core/huge_pages.h"
+
 namespace tf_ext {
 namespace de {
 
@@ -85,7 +87,6 @@ class ChunkArena {
   }
 
  private:
-  static constexpr size_t kHugePage = size_t{2} << 20;
   static constexpr size_t kPage = size_t{4} << 10;
   struct Slab {
     char* base = nullptr;
@@ -117,21 +118,14 @@ class ChunkArena {
     Use(MapSlab(bytes));
   }
   static Slab MapSlab(size_t bytes) {
-    // Huge pages need 2 MiB-aligned ranges: over-map, then trim the ends.
-    const bool huge = bytes % kHugePage == 0;
-    const size_t mapped = huge ? bytes + kHugePage : bytes;
-    char* base = static_cast<char*>(
-        mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (base == MAP_FAILED) throw std::bad_alloc();
-    char* slab = base;
-    if (huge) {
-      slab = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) &
-                                     ~(kHugePage - 1));
-      if (slab > base) munmap(base, slab - base);
-      char* end = slab + bytes;
-      if (base + mapped > end) munmap(end, base + mapped - end);
-      madvise(slab, bytes, MADV_HUGEPAGE);
+    char* slab;
+    if (bytes % kHugePage == 0) {
+      slab = MapHugePages(bytes);
+    } else {
+      void* raw = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      slab = raw == MAP_FAILED ? nullptr : static_cast<char*>(raw);
     }
+    if (slab == nullptr) throw std::bad_alloc();
     return Slab{slab, bytes, true};
   }
   void Use(const Slab& slab) {
