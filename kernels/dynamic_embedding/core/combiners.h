@@ -126,12 +126,7 @@ inline void AddRow(const float* from, int dim, float* to) {
 
 // Starts loading the cache lines of row[0..dim), for rows that lie too far apart for the hardware
 // prefetcher (a column window of a wide gradient).
-inline void PrefetchRow(const float* row, int dim) {
-  const char* first = reinterpret_cast<const char*>(row);
-  const char* last = reinterpret_cast<const char*>(row + dim) - 1;
-  for (const char* line = first; line <= last; line += 64) PrefetchLine(line);
-  PrefetchLine(last);
-}
+inline void PrefetchRow(const float* row, int dim) { PrefetchBytes(row, sizeof(float) * dim); }
 constexpr int64_t kRowsAhead = 16;
 
 // The distinct keys of key_at(0..n-1) in order of first occurrence (*distinct), and each key's

@@ -390,8 +390,6 @@ class EmbeddingTable {
   // would take is mapped and faulted in now, outside the lock (ChunkArena::Prepare). `arena`: the
   // caller's std::atomic_load of arena_, taken once for all the shards it writes.
   void PrepareEntries(ChunkArena& arena, int64_t count) const;
-  void PrefetchEntryLines(const char* entry, size_t bytes) const;
-  void PrefetchEntryLines(const char* entry) const;
   static uint32_t IdAt(const Shard& shard, size_t pos);
   template <typename Fn>
   void ForEachLiveEntry(const Shard& shard, Fn&& fn) const;

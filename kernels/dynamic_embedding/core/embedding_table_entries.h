@@ -60,18 +60,6 @@ inline void EmbeddingTable<Key>::PrepareEntries(ChunkArena& arena, int64_t count
   const size_t per_entry = sizeof(Header) + sizeof(float) * dim_ * (1 + num_slots()) + 64;
   arena.Prepare(per_entry * static_cast<size_t>(count) + (size_t{32} << 10));
 }
-// Prefetches the cache lines of the entry at `entry`: its first `bytes`, or all of it.
-template <typename Key>
-inline void EmbeddingTable<Key>::PrefetchEntryLines(const char* entry, size_t bytes) const {
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(entry);
-  for (uintptr_t line = begin & ~uintptr_t{63}; line < begin + bytes; line += 64) {
-    PrefetchLine(reinterpret_cast<const void*>(line));
-  }
-}
-template <typename Key>
-inline void EmbeddingTable<Key>::PrefetchEntryLines(const char* entry) const {
-  PrefetchEntryLines(entry, layout_.stride);
-}
 template <typename Key>
 inline uint32_t EmbeddingTable<Key>::IdAt(const Shard& shard, size_t pos) {
   return static_cast<uint32_t>(shard.index[pos]) - 1;
@@ -191,7 +179,8 @@ inline uint32_t EmbeddingTable<Key>::CreateEntry(Shard& shard, KeyView key, uint
     shard.free_ids.pop_back();
     // The next entry created in this shard reuses the new last free id: a freed entry is
     // anywhere in the shard's memory, so its lines start loading now.
-    if (!shard.free_ids.empty()) PrefetchEntryLines(EntryAt(shard, shard.free_ids.back()));
+    if (!shard.free_ids.empty())
+      PrefetchBytes(EntryAt(shard, shard.free_ids.back()), layout_.stride);
   } else {
     id = shard.allocated++;
     AllocateChunkFor(shard, id);

@@ -230,7 +230,7 @@ inline bool EmbeddingTable<Key>::PrefetchEntry(uint64_t hash, size_t bytes) cons
     const uint64_t slot = shard.index[pos];
     if (slot == 0) return false;
     if (static_cast<uint32_t>(slot >> 32) == Tag(hash)) {
-      PrefetchEntryLines(EntryAt(shard, static_cast<uint32_t>(slot) - 1), bytes);
+      PrefetchBytes(EntryAt(shard, static_cast<uint32_t>(slot) - 1), bytes);
       return true;
     }
   }

@@ -1,6 +1,10 @@
-// PrefetchLine: a software prefetch the compiler cannot delete. TensorFlow-free.
+// PrefetchLine: a software prefetch the compiler cannot delete; PrefetchBytes: over a range.
+// TensorFlow-free.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_PREFETCH_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_PREFETCH_H_
+
+#include <cstddef>
+#include <cstdint>
 
 namespace tf_ext {
 namespace de {
@@ -15,6 +19,14 @@ inline void PrefetchLine(const void* address) {
 #else
   __builtin_prefetch(address);
 #endif
+}
+
+// Starts loading every cache line of the `bytes` bytes at `begin` (a row, a table entry).
+inline void PrefetchBytes(const void* begin, size_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(begin);
+  for (uintptr_t line = first & ~uintptr_t{63}; line < first + bytes; line += 64) {
+    PrefetchLine(reinterpret_cast<const void*>(line));
+  }
 }
 
 }  // namespace de
