@@ -573,7 +573,8 @@ SETTINGS: Dict[str, Setting] = registry(
     Setting(
       "LIGHT_FUSION_PROBE_STEPS",
       "5",
-      "Steps each candidate runs when probed (the first is not counted).",
+      "Rounds of a probe: the candidates take turns, one step each, per round (the first "
+      "round is not counted).",
       capability="lightcc",
       parse=_int_at_least(2),
       attribute="fusion_probe_steps",

@@ -33,7 +33,7 @@ def _plan(shrink=1):
   params = sum(math.prod(s) for s in SHAPES)
   seed_ratio = lightcc_scaling.PROFILES["vgg16"]["step_s"] / (4 * params * 8 / 25e9)
   rate = seed_ratio * 4 * params * 8 / 0.6
-  return lightcc_scaling.emulated_plan("vgg16", UNITS, SHAPES, shrink, rate)
+  return lightcc_scaling.emulated_plan("vgg16", UNITS, SHAPES, shrink, rate, 25e9)
 
 
 def test_help():
@@ -107,6 +107,28 @@ def test_gradients_are_ready_in_backprop_order_without_using_the_cpu():
     np.testing.assert_allclose(v.numpy(), -2e-6 * g, rtol=1e-5, atol=1e-12)
 
 
+def test_stream_clock_runs_spans_back_to_back_whatever_their_launch():
+  # A GPU runs kernels launched ahead back to back: a span launched late (the CPU busy) still
+  # ends where the plan puts it; the "launch" clock instead adds the CPU's delay.
+  for mode, expected_end in (("stream", 0.06), ("launch", 0.08)):
+    clock = lightcc_scaling.DeviceClock(mode, first_unit=0)
+    start = time.perf_counter()
+    clock.run("forward", 0, 0.02)
+    time.sleep(0.02)  # the next span is launched 20 ms after the first one ended
+    clock.run("forward", 1, 0.02)
+    clock.run("backward", 1, 0.02)
+    end = clock.spans[-1][3] - start
+    assert expected_end <= end < expected_end + 0.015, (mode, end)
+    assert time.perf_counter() - start >= expected_end
+  # A step's first span waits for its launch in either mode.
+  clock = lightcc_scaling.DeviceClock("stream", first_unit=0)
+  clock.run("forward", 0, 0.01)
+  time.sleep(0.03)
+  launched = time.perf_counter()
+  clock.run("forward", 0, 0.01)
+  assert clock.spans[-1][2] >= launched
+
+
 def test_horovod_timeline_is_read_on_the_steps_clock(tmp_path):
   # Horovod's timeline format: metadata naming each tensor's "process", then B/E events in µs,
   # the file left open (no closing bracket) while recording.
@@ -140,5 +162,14 @@ def test_configs_exchange_in_buckets_scaled_like_the_gradients():
   plan = _plan(shrink=16)
   assert lightcc_scaling.config_env("2d+topk", 2, plan)["LIGHT_BUCKET_MB"] == "1.5625"
   assert lightcc_scaling.config_env("2d+onegroup", 2, plan)["LIGHT_BUCKET_MB"] == "0"
-  assert "LIGHT_BUCKET_MB" not in lightcc_scaling.config_env("2d+fusion", 2, plan)
+  fused = lightcc_scaling.config_env("2d+fusion", 2, plan)
+  assert "LIGHT_BUCKET_MB" not in fused and fused["LIGHT_FUSION_PROBE_STEPS"] == "5"
   assert lightcc_scaling.config_env("horovod", 2, plan) == {}
+  # The fixed sweep: a fusion configuration again, in fixed buckets of each candidate size.
+  sweep = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
+  assert sweep == [f"2d+topk@{mb:g}" for mb in plan["fusion_mb"]]
+  fixed = lightcc_scaling.config_env(sweep[0], 2, plan)
+  assert fixed["LIGHT_BUCKET_MB"] == f"{plan['fusion_mb'][0]:g}" and "LIGHT_FUSION" not in fixed
+  assert fixed["LIGHT_TOPK_ALLREDUCE"] == "1" and fixed["LIGHT_2D_ALLREDUCE"] == "1"
+  assert lightcc_scaling.label(sweep[0]) == f"2D+TOPK {plan['fusion_mb'][0]:g} MiB"
+  assert lightcc_scaling.fixed_sweep("2d+topk", plan) == []

@@ -5,17 +5,20 @@ import types
 import horovod.tensorflow as horovod_tf
 import horovod.tensorflow.keras as horovod_keras
 import horovod.tensorflow.keras.callbacks as horovod_callbacks
+import horovod.tensorflow.keras.elastic as horovod_keras_elastic
 import pytest
 
 import tf_ext.lightcc as lightcc
 import tf_ext.lightcc.keras as lightcc_keras
 import tf_ext.lightcc.keras.callbacks as lightcc_callbacks
+import tf_ext.lightcc.keras.elastic as lightcc_keras_elastic
 
 PAIRS = [
   (lightcc, horovod_tf),
   (lightcc_keras, horovod_keras),
   (lightcc_callbacks, horovod_callbacks),
   (lightcc.elastic, horovod_tf.elastic),
+  (lightcc_keras_elastic, horovod_keras_elastic),
 ]
 # What LightCC implements itself (the rest must be Horovod's own objects).
 OURS = {
@@ -28,9 +31,10 @@ OURS = {
     "elastic",
     "keras",
   },
-  lightcc_keras: {"init", "DistributedOptimizer", "callbacks", "load_model"},
+  lightcc_keras: {"init", "DistributedOptimizer", "callbacks", "elastic", "load_model"},
   lightcc_callbacks: set(),
   lightcc.elastic: {"run", "TensorFlowKerasState", "TensorFlowState"},
+  lightcc_keras_elastic: {"run", "KerasState", "TensorFlowKerasState"},
 }
 
 
@@ -54,6 +58,7 @@ def test_horovod_private_helpers_work_through_the_drop_in():
 def test_lightcc_names_are_ours_and_keras_is_our_submodule():
   assert lightcc.keras is lightcc_keras
   assert lightcc_keras.callbacks is lightcc_callbacks
+  assert lightcc_keras.elastic is lightcc_keras_elastic
   for module, names in OURS.items():
     for name in names:
       value = getattr(module, name)

@@ -323,3 +323,57 @@ def test_commit_restore_and_reset_in_one_process():
   # One rank (no launcher): the commit, a failed collective, the restore and LightCC's re-init.
   proc = init_in_subprocess({}, ONE_PROCESS)
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+KERAS_ONE_PROCESS = """
+import numpy as np, tensorflow as tf
+import horovod.tensorflow
+import tf_ext.lightcc.keras as khvd
+from tf_ext.lightcc import state as lightcc_state
+khvd.init(light_topk_allreduce=1, light_topk_ratio=0.1, light_topk_threshold=1000, light_fusion=1,
+          light_fusion_buckets_mb=[0.05, 0.5], light_fusion_probe_steps=2)
+tf.keras.utils.set_random_seed(3)
+model = tf.keras.Sequential([tf.keras.layers.Dense(256, "tanh", input_shape=(64,)),
+                             tf.keras.layers.Dense(8)])
+opt = khvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9))
+model.compile(opt, "mse")
+x = np.random.default_rng(0).normal(size=(320, 64)).astype(np.float32)
+y = np.tanh(x[:, :8])
+residuals = lambda: [v.numpy().copy() for _, v in lightcc_state.graph_state().residuals.items()]
+state = khvd.elastic.KerasState(model, opt, batch=0, epoch=0)
+shutdowns, calls, seen = [], [], {}
+horovod.tensorflow.shutdown = lambda: shutdowns.append(1)  # (see ONE_PROCESS)
+
+class FailOnce(tf.keras.callbacks.Callback):
+  def on_train_batch_end(self, batch, logs=None):
+    if len(calls) == 1 and batch == 6:
+      seen["lost"] = residuals()
+      raise tf.errors.UnknownError(None, None, "HorovodAllgather_x: Horovod has been shut down")
+
+@khvd.elastic.run
+def train(state):
+  calls.append(state.batch)
+  if len(calls) == 2:
+    seen["restored"] = residuals()
+    seen["committed"] = list(state.lightcc_committed()[0].values())
+  callbacks = [khvd.elastic.CommitStateCallback(state, batches_per_commit=4),
+               khvd.elastic.UpdateBatchStateCallback(state), FailOnce()]
+  return model.fit(x, y, batch_size=32, epochs=1, callbacks=callbacks, verbose=0)
+
+history = train(state)
+assert len(calls) == 2 and shutdowns == [1], (calls, shutdowns)
+assert seen["committed"] and all(r.any() for r in seen["committed"])  # TOPK left something unsent
+assert all(np.array_equal(a, b) for a, b in zip(seen["restored"], seen["committed"]))
+assert not all(np.array_equal(a, b) for a, b in zip(seen["lost"], seen["committed"]))
+assert np.isfinite(history.history["loss"][-1])
+assert type(khvd.elastic.KerasState(model, opt)).__mro__[1].__module__ == "tf_ext.lightcc.elastic"
+print("OK")
+"""
+
+
+def test_keras_elastic_state_carries_lightcc_state_in_one_process():
+  # tf_ext.lightcc.keras.elastic: Horovod's Keras callbacks commit a KerasState that holds the
+  # TOPK residuals; a failed collective restores them as committed (not as the lost batches left
+  # them) and fit runs again after LightCC's re-init.
+  proc = init_in_subprocess({}, KERAS_ONE_PROCESS)
+  assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

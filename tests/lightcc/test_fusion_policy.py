@@ -18,11 +18,26 @@ def test_explores_every_candidate_then_keeps_the_fastest():
   assert _drive(policy, times.get, 50) == 1  # stays: no re-probing configured
 
 
-def test_first_step_after_a_switch_is_not_counted():
+def test_candidates_take_turns_and_the_first_round_is_not_counted():
   policy = FusionPolicy(2, probe_steps=3, reprobe_steps=0)
-  slow_first = iter([9.0, 1.0, 1.0, 9.0, 2.0, 2.0])
-  _drive(policy, lambda _: next(slow_first), 6)
+  ran = []
+  times = iter([9.0, 9.0, 1.0, 2.0, 1.0, 2.0])
+
+  def step_time(choice):
+    ran.append(choice)
+    return next(times)
+
+  _drive(policy, step_time, 6)
+  assert ran == [0, 1, 0, 1, 0, 1]
   assert policy.medians == {0: 1.0, 1: 2.0} and policy.current == 0
+
+
+def test_a_load_that_grows_while_probing_does_not_pick_the_first_candidate():
+  # Candidate 1 is 5 % faster, but every step is 3 % slower than the one before: probing one
+  # candidate after the other would see candidate 0 fastest because it ran first.
+  policy = FusionPolicy(2, probe_steps=5, reprobe_steps=0)
+  steps = iter(range(100))
+  assert _drive(policy, lambda c: (1.0 - 0.05 * c) * 1.03 ** next(steps), 10) == 1
 
 
 def test_reprobes_neighbours_and_follows_a_change():
@@ -36,6 +51,24 @@ def test_reprobes_neighbours_and_follows_a_change():
 
 def test_buckets_follow_backprop_order_and_size():
   sizes = [10, 10, 10, 30, 5]
-  assert buckets_in_backprop_order(sizes, 20) == [[4], [3], [2, 1], [0]]  # 30 fills one alone
+  flat = {"tail_halvings": 0}
+  assert buckets_in_backprop_order(sizes, 20, **flat) == [[4], [3], [2], [1, 0]]  # 30 alone
   assert buckets_in_backprop_order(sizes, 1000) == [[4, 3, 2, 1, 0]]
   assert buckets_in_backprop_order(sizes, 1) == [[4], [3], [2], [1], [0]]
+
+
+def test_the_buckets_exchanged_last_are_smaller():
+  # 16 tensors of 1 byte, buckets of 8: the bucket with the first layer (exchanged last) holds
+  # 8 / 2**3 = 1, then 2, 4, and 8 for the rest, last layers first.
+  assert buckets_in_backprop_order([1] * 16, 8) == [
+    [15],
+    [14, 13, 12, 11, 10, 9, 8, 7],
+    [6, 5, 4, 3],
+    [2, 1],
+    [0],
+  ]
+  assert buckets_in_backprop_order([1] * 16, 8, tail_halvings=1) == [
+    [15, 14, 13, 12],
+    [11, 10, 9, 8, 7, 6, 5, 4],
+    [3, 2, 1, 0],
+  ]

@@ -12,9 +12,9 @@ Every name of `horovod.tensorflow.elastic` resolves here; LightCC has its own ve
       * the TOPK error-feedback residuals: committed and restored per rank; never broadcast, since
         each holds what that rank has not sent yet (rank 0's copy on every rank would send rank 0's
         unsent mass N times). A rank that joins starts from zeros, as at the first step;
-      * the adaptive fusion policies (probed medians, queue, current bucket size): committed,
-        restored, and broadcast from rank 0 by sync(), since every rank must pick the same bucket
-        size. The step clock restarts: the first step after a reset is not timed.
+      * the adaptive fusion policies (probed medians, a probe in progress, current bucket size):
+        committed, restored, and broadcast from rank 0 by sync(), since every rank must pick the
+        same bucket size. The step clock restarts: the first step after a reset is not timed.
 
 A reset changes the number of ranks, which LightCC bakes into a traced step (the 1/size of an
 average): build the step's tf.function inside the function that run() wraps, so that each call

@@ -7,8 +7,9 @@ tensor pays the per-collective latency many times, one bucket for everything ove
 Which size is best depends on the model, the link and the machine, so it is measured:
 
 Policy (settings in tf_ext/settings.py, LIGHT_FUSION_*):
-  1. explore: each candidate size of LIGHT_FUSION_BUCKETS_MB runs LIGHT_FUSION_PROBE_STEPS steps
-     (its first step is not counted: it may pay for the switch); the median step time is kept;
+  1. explore: the candidate sizes of LIGHT_FUSION_BUCKETS_MB take turns, one step each, for
+     LIGHT_FUSION_PROBE_STEPS rounds (the first round is not counted: a bucketing's first step
+     pays for its first negotiation); each one's median step time is kept;
   2. exploit the fastest; every LIGHT_FUSION_REPROBE_STEPS steps its neighbours in the candidate
      list are probed again and the fastest of the three is kept (the network and the load change).
 All bucketings exist in the graph behind one tf.switch_case, so switching needs no retracing and
@@ -33,16 +34,20 @@ import tensorflow as tf
 
 
 class FusionPolicy:
-  """Chooses a candidate index from a stream of (rank-averaged) step times. Pure Python."""
+  """Chooses a candidate index from a stream of (rank-averaged) step times. Pure Python.
+
+  Candidates are probed in interleaved rounds (A B C, A B C, ...) rather than one after the
+  other, so that a load or a network that drifts while probing weighs on every candidate alike;
+  the first round is not counted (a bucketing's first step pays for Horovod's first negotiation
+  of its tensors).
+  """
 
   def __init__(self, num_candidates, probe_steps, reprobe_steps):
     self.num_candidates = num_candidates
     self.probe_steps = max(2, probe_steps)
     self.reprobe_steps = reprobe_steps
     self.medians = {}
-    self._queue = list(range(num_candidates))  # candidates still to probe, in order
-    self._current = self._queue.pop(0)
-    self._samples = []
+    self._start_probing(list(range(num_candidates)))
     self._since_decision = 0
     self.history = []  # (step_seconds, index that produced it)
 
@@ -50,43 +55,64 @@ class FusionPolicy:
   def current(self):
     return self._current
 
+  def _start_probing(self, candidates):
+    self._probing = candidates
+    self._probe_step = 0  # steps run in this probe: round = step // len(candidates)
+    self._samples = {i: [] for i in candidates}
+    self._current = candidates[0]
+
   def observe(self, step_seconds):
     """Records the time of a step run with `current`; returns the index for the next step."""
     self.history.append((step_seconds, self._current))
-    if self._current not in self.medians:  # probing it
-      self._samples.append(step_seconds)
-      if len(self._samples) >= self.probe_steps:
-        self.medians[self._current] = statistics.median(self._samples[1:])
-        self._samples = []
-        if self._queue:
-          self._current = self._queue.pop(0)
-        else:
-          self._current = min(self.medians, key=self.medians.get)
-          self._since_decision = 0
+    if self._probing:
+      if self._probe_step >= len(self._probing):  # past the uncounted first round
+        self._samples[self._current].append(step_seconds)
+      self._probe_step += 1
+      if self._probe_step < self.probe_steps * len(self._probing):
+        self._current = self._probing[self._probe_step % len(self._probing)]
+        return self._current
+      for i, samples in self._samples.items():
+        self.medians[i] = statistics.median(samples)
+      self._probing = []
+      self._current = min(self.medians, key=self.medians.get)
+      self._since_decision = 0
       return self._current
     self._since_decision += 1
     if self.reprobe_steps and self._since_decision >= self.reprobe_steps:
       best = self._current
-      self._queue = [i for i in (best - 1, best + 1) if 0 <= i < self.num_candidates] + [best]
-      for i in self._queue:
+      neighbours = [i for i in (best - 1, best + 1) if 0 <= i < self.num_candidates]
+      for i in neighbours + [best]:
         self.medians.pop(i, None)
-      self._current = self._queue.pop(0)
+      self._start_probing(neighbours + [best])
     return self._current
 
 
-def buckets_in_backprop_order(sizes, bucket_bytes):
-  """Indices of tensors grouped into buckets of about bucket_bytes, last tensor first (backprop
-  computes the gradients of the last layers first)."""
+# The bucket exchanged last holds bucket_bytes / 2**TAIL_HALVINGS (see buckets_in_backprop_order).
+TAIL_HALVINGS = 3
+
+
+def buckets_in_backprop_order(sizes, bucket_bytes, tail_halvings=TAIL_HALVINGS):
+  """Indices of tensors grouped into buckets, last tensor first (backprop computes the gradients of
+  the last layers first), each bucket's indices in that order too.
+
+  The buckets exchanged last are smaller: the very last holds bucket_bytes / 2**tail_halvings,
+  and sizes double from there towards the output layers up to bucket_bytes. Whatever shares a
+  bucket with the first layers waits for their gradients, the last the backward pass computes:
+  a full-size last bucket held back gradients that were ready long before the backward pass ended
+  (a third of it in VGG16 at 1/16 of its size), and sent them all after it.
+  """
   buckets, current, filled = [], [], 0
-  for index in reversed(range(len(sizes))):
-    if current and filled + sizes[index] > bucket_bytes:
+  capacity = bucket_bytes / 2**tail_halvings
+  for index in range(len(sizes)):  # from the first layer, whose bucket goes last
+    if current and filled + sizes[index] > capacity:
       buckets.append(current)
       current, filled = [], 0
+      capacity = min(bucket_bytes, 2 * capacity)
     current.append(index)
     filled += sizes[index]
   if current:
     buckets.append(current)
-  return buckets
+  return [bucket[::-1] for bucket in reversed(buckets)]
 
 
 class AdaptiveFusion:

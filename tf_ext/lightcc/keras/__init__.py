@@ -2,8 +2,9 @@
 
 init and the LightCC extras are tf_ext.lightcc's; DistributedOptimizer, and the optimizer of a
 model load_model loads, reduce gradients the LightCC way when LIGHT_* settings are on (Horovod's
-own otherwise). Horovod's public Keras API is re-exported below by name; any other attribute of
-horovod.tensorflow.keras resolves to Horovod's own object.
+own otherwise); elastic's run and KerasState carry LightCC's state (keras/elastic.py). Horovod's
+public Keras API is re-exported below by name; any other attribute of horovod.tensorflow.keras
+resolves to Horovod's own object.
 """
 
 import horovod.tensorflow.keras as _hvd_keras
@@ -22,7 +23,6 @@ from horovod.tensorflow.keras import (
   cross_size,
   cuda_built,
   ddl_built,
-  elastic,
   global_process_set,
   gloo_built,
   gloo_enabled,
@@ -44,7 +44,7 @@ from horovod.tensorflow.keras import (
 )
 
 from tf_ext.lightcc import _reexport
-from tf_ext.lightcc.keras import callbacks
+from tf_ext.lightcc.keras import callbacks, elastic
 from tf_ext.lightcc.reduction import reduce_gradients as allreduce_gradients
 from tf_ext.lightcc.state import init, light_config, reset_traffic, traffic
 from tf_ext.lightcc.wrappers import KerasDistributedOptimizer as DistributedOptimizer
@@ -55,6 +55,7 @@ __all__ = [
   "DistributedOptimizer",
   "allreduce_gradients",
   "callbacks",
+  "elastic",
   "init",
   "light_config",
   "load_model",
@@ -75,7 +76,6 @@ __all__ = [
   "cross_size",
   "cuda_built",
   "ddl_built",
-  "elastic",
   "global_process_set",
   "gloo_built",
   "gloo_enabled",
