@@ -799,6 +799,8 @@ def parse_args(argv):
     args.fixed_sweep = False
     if args.configs == ",".join(CONFIG_NAMES):
       args.configs = ",".join(QUICK_CONFIGS)
+  if args.fusion_rounds < 2:
+    p.error("--fusion-rounds must be at least 2 (the first round is not counted)")
   args.profiles = [x for x in args.profiles.split(",") if x]
   args.configs = [x for x in args.configs.split(",") if x]
   bad = [x for x in args.profiles if x not in PROFILES] + [
