@@ -249,11 +249,21 @@ def test_elastic_training_restores_lightcc_state_and_resumes_on_the_remaining_ra
   assert proc.returncode == 0, out[-4000:]
 
 
-ONE_PROCESS = """
+# What both one-process programs below start with: LightCC's settings (TOPK and fusion) and this
+# rank's TOPK residuals, read.
+ONE_PROCESS_SETUP = """
 import copy, numpy as np, tensorflow as tf
+import horovod.tensorflow
 from tf_ext.lightcc import state as lightcc_state
-hvd.init(light_topk_allreduce=1, light_topk_ratio=0.1, light_topk_threshold=1000, light_fusion=1,
-         light_fusion_buckets_mb=[0.05, 0.5], light_fusion_probe_steps=2)
+SETTINGS = dict(light_topk_allreduce=1, light_topk_ratio=0.1, light_topk_threshold=1000,
+                light_fusion=1, light_fusion_buckets_mb=[0.05, 0.5], light_fusion_probe_steps=2)
+residuals = lambda: [v.numpy().copy() for _, v in lightcc_state.graph_state().residuals.items()]
+"""
+
+ONE_PROCESS = (
+  ONE_PROCESS_SETUP
+  + """
+hvd.init(**SETTINGS)
 w = [tf.Variable(tf.random.normal(s, seed=i)) for i, s in enumerate([(64, 256), (256, 8)])]
 sgd = tf.keras.optimizers.SGD(0.05, momentum=0.9)
 x = tf.random.normal((32, 64), seed=5)
@@ -265,16 +275,13 @@ def step():
   grads = hvd.DistributedGradientTape(tape).gradient(loss, w)
   sgd.apply_gradients(zip(grads, w))
 
-residuals = lambda: [v.numpy().copy() for _, v in lightcc_state.graph_state().residuals.items()]
 state = hvd.elastic.TensorFlowState(w, batch=0)
 calls, shutdowns, saved = [], [], {}
 # MPI (this process's controller without a launcher) cannot start again after a shutdown: the
 # reset's shutdown is counted instead (elastic runs on Gloo do shut down and start again).
-import horovod.tensorflow
 horovod.tensorflow.shutdown = lambda: shutdowns.append(1)
 hvd.init(light_topk_allreduce=0)  # LightCC's re-init must use the first call's arguments
-hvd.init(light_topk_allreduce=1, light_topk_ratio=0.1, light_topk_threshold=1000, light_fusion=1,
-         light_fusion_buckets_mb=[0.05, 0.5], light_fusion_probe_steps=2)
+hvd.init(**SETTINGS)
 
 @hvd.elastic.run
 def train(state):
@@ -317,6 +324,7 @@ except tf.errors.InvalidArgumentError:
   pass
 print("OK")
 """
+)
 
 
 def test_commit_restore_and_reset_in_one_process():
@@ -325,13 +333,11 @@ def test_commit_restore_and_reset_in_one_process():
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-KERAS_ONE_PROCESS = """
-import numpy as np, tensorflow as tf
-import horovod.tensorflow
+KERAS_ONE_PROCESS = (
+  ONE_PROCESS_SETUP
+  + """
 import tf_ext.lightcc.keras as khvd
-from tf_ext.lightcc import state as lightcc_state
-khvd.init(light_topk_allreduce=1, light_topk_ratio=0.1, light_topk_threshold=1000, light_fusion=1,
-          light_fusion_buckets_mb=[0.05, 0.5], light_fusion_probe_steps=2)
+khvd.init(**SETTINGS)
 tf.keras.utils.set_random_seed(3)
 model = tf.keras.Sequential([tf.keras.layers.Dense(256, "tanh", input_shape=(64,)),
                              tf.keras.layers.Dense(8)])
@@ -339,7 +345,6 @@ opt = khvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9))
 model.compile(opt, "mse")
 x = np.random.default_rng(0).normal(size=(320, 64)).astype(np.float32)
 y = np.tanh(x[:, :8])
-residuals = lambda: [v.numpy().copy() for _, v in lightcc_state.graph_state().residuals.items()]
 state = khvd.elastic.KerasState(model, opt, batch=0, epoch=0)
 shutdowns, calls, seen = [], [], {}
 horovod.tensorflow.shutdown = lambda: shutdowns.append(1)  # (see ONE_PROCESS)
@@ -369,6 +374,7 @@ assert np.isfinite(history.history["loss"][-1])
 assert type(khvd.elastic.KerasState(model, opt)).__mro__[1].__module__ == "tf_ext.lightcc.elastic"
 print("OK")
 """
+)
 
 
 def test_keras_elastic_state_carries_lightcc_state_in_one_process():
