@@ -173,3 +173,72 @@ def test_configs_exchange_in_buckets_scaled_like_the_gradients():
   assert fixed["LIGHT_TOPK_ALLREDUCE"] == "1" and fixed["LIGHT_2D_ALLREDUCE"] == "1"
   assert lightcc_scaling.label(sweep[0]) == f"2D+TOPK {plan['fusion_mb'][0]:g} MiB"
   assert lightcc_scaling.fixed_sweep("2d+topk", plan) == []
+
+
+def _row(name, step_s, steps=8, chosen=None, plan=None):
+  """A summarized run as the report reads it."""
+  return {
+    "name": name,
+    "env": lightcc_scaling.config_env(name, 2, plan) if plan else {},
+    "steps": steps,
+    "step_s": step_s,
+    "images_per_s": 100 / step_s,
+    "efficiency": 0.2 / step_s,
+    "link_bytes_per_step": [1.0, 3.0],
+    "fusion": [{"chosen": chosen}] if chosen is not None else [],
+    "overlap": {"first_reduced": 0.1, "backward_end": 0.2, "last_reduced": 0.3},
+  }
+
+
+def test_fusion_and_its_fixed_sizes_run_interleaved_and_pool_their_steps():
+  plan = _plan(shrink=16)
+  fixed = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
+  group = ["2d+topk+fusion", *fixed]
+  listed, order = lightcc_scaling.run_order(["horovod", "2d+topk+fusion"], plan, True, 2)
+  assert listed == ["horovod", *group]
+  assert order == ["horovod", *group, *group]  # runs once, then the group twice, interleaved
+  assert lightcc_scaling.run_order(["horovod", "2d+topk+fusion"], plan, False, 2) == (
+    ["horovod", "2d+topk+fusion"],
+    ["horovod", "2d+topk+fusion"],
+  )
+
+  def run(step_s, steps, chosen=None):
+    return _row("2d+topk+fusion", step_s, steps, chosen)
+
+  failed = {"name": "2d+topk+fusion", "error": "exit 1"}
+  pooled = lightcc_scaling.pool_repeats([run(0.4, 10, 0), failed, run(0.3, 30, 2)])
+  assert math.isclose(pooled["step_s"], (0.4 * 10 + 0.3 * 30) / 40)  # over all steps, not runs
+  assert pooled["steps"] == 40
+  assert math.isclose(pooled["images_per_s"], 100 / pooled["step_s"])
+  assert math.isclose(pooled["efficiency"], 0.2 / pooled["step_s"])
+  assert [r.get("step_s") for r in pooled["repeats"]] == [0.4, None, 0.3]
+  assert pooled["repeats"][1] == {"error": "exit 1"}
+  assert [r["fusion"][0]["chosen"] for r in pooled["repeats"] if "fusion" in r] == [0, 2]
+  one = run(0.4, 10)
+  assert lightcc_scaling.pool_repeats([one]) is one
+  assert lightcc_scaling.pool_repeats([failed, failed]) == failed
+
+
+def test_report_judges_pooled_and_single_fusion_runs(capsys):
+  plan = dict(_plan(shrink=16), fusion_mb=[2.06, 8.25, 128])  # VGG16's at 1/16
+  small, middle, large = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
+  fused = lightcc_scaling.pool_repeats(
+    [_row("2d+topk+fusion", 0.40, chosen=2), _row("2d+topk+fusion", 0.38, chosen=1)]
+  )
+  rows = [
+    _row("horovod", 2.0, plan=plan),
+    fused,
+    _row("2d+topk+fp16+fusion", 0.37, chosen=0, plan=plan),  # not swept: one run, no verdict
+    lightcc_scaling.pool_repeats([_row(small, 0.45, plan=plan), _row(small, 0.45, plan=plan)]),
+    lightcc_scaling.pool_repeats([_row(middle, 0.36, plan=plan), _row(middle, 0.36, plan=plan)]),
+    lightcc_scaling.pool_repeats([_row(large, 0.50, plan=plan), _row(large, 0.50, plan=plan)]),
+  ]
+  verdicts = lightcc_scaling.report({"vgg16": (plan, 0.3, rows)}, None)
+  out = capsys.readouterr().out
+  assert " 128/8.25" in out  # each run's choice
+  assert "vgg16 2d+topk+fusion: 16 steps in 2 runs, s/step 0.400 / 0.380" in out
+  fixed = [v for v in verdicts if "fixed bucket sizes" in v]
+  assert len(fixed) == 1 and fixed[0].startswith("MISS")  # 0.36 / 0.39 = 0.92x
+  assert (
+    "0.923x the best of 3" in fixed[0] and "means of 16 steps in 2 interleaved runs" in fixed[0]
+  )
