@@ -81,6 +81,21 @@ def _netns_skip_reason():
   return None
 
 
+def _horovod_log_time(stamp):
+  """Seconds since the epoch of a Horovod log time, "2026-11-28 08:18:08. 42000" (its
+  microseconds are padded with spaces)."""
+  seconds, _, micros = stamp.partition(".")
+  return datetime.datetime.strptime(
+    f"{seconds}.{micros.replace(' ', '0')}", "%Y-%m-%d %H:%M:%S.%f"
+  ).timestamp()
+
+
+def test_horovod_log_times_with_space_padded_microseconds():
+  start = datetime.datetime(2026, 11, 28, 8, 18, 8).timestamp()
+  assert _horovod_log_time("2026-11-28 08:18:08. 42000") == pytest.approx(start + 0.042)
+  assert _horovod_log_time("2026-11-28 08:18:08.532199") == pytest.approx(start + 0.532199)
+
+
 def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_timeout(tmp_path):
   reason = _netns_skip_reason()
   if reason:
@@ -156,16 +171,14 @@ def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_t
     for r, t in text.items():
       failed = re.search(r"the step failed at ([\d.]+) after [\d.]+ s: (.*)", t)
       aborted = re.search(
-        r"\[([\d-]+ [\d:.]+): E [^\]]*\] \[\d+\]: Horovod background loop uncaught exception: (.*)",
+        # Horovod pads the microseconds with spaces, not zeros: "08:18:08. 42000".
+        r"\[([\d-]+ [\d:]+\.[ \d]+): E [^\]]*\] \[\d+\]: Horovod background loop uncaught "
+        r"exception: (.*)",
         t,
       )
       assert failed or aborted, f"rank {r} ended without naming the failure:\n{report}"
       assert ended[r] < bound - cut, f"rank {r} ended late:\n{report}"
-      named_at = (
-        float(failed.group(1))
-        if failed
-        else datetime.datetime.strptime(aborted.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
-      )
+      named_at = float(failed.group(1)) if failed else _horovod_log_time(aborted.group(1))
       assert named_at - cut < GLOO_TIMEOUT + MARGIN, f"rank {r} named the failure late:\n{report}"
       if failed:
         print(
