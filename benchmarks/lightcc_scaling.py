@@ -479,22 +479,22 @@ def worker(args):
   if distributed:
     hvd.reset_traffic()
   before = lightcc_cluster._read_counters() if distributed else {}
-  steps = []
-  t0 = time.perf_counter()
-  for _ in range(spec["steps"]):
+
+  def recorded_step():
+    """Runs one step; its begin and end, and its spans and marks from its begin."""
     clock.spans.clear()
     marks.clear()
     begin = time.perf_counter()
     step().numpy()
-    end = time.perf_counter()
-    steps.append(
-      {
-        "begin": begin,
-        "end": end,
-        "spans": [(k, u, s - begin, e - begin) for k, u, s, e in clock.spans],
-        "marks": [(i, m - begin) for i, m in marks],
-      }
-    )
+    return {
+      "begin": begin,
+      "end": time.perf_counter(),
+      "spans": [(k, u, s - begin, e - begin) for k, u, s, e in clock.spans],
+      "marks": [(i, m - begin) for i, m in marks],
+    }
+
+  t0 = time.perf_counter()
+  steps = [recorded_step() for _ in range(spec["steps"])]
   barrier()
   elapsed = time.perf_counter() - t0
   after = lightcc_cluster._read_counters() if distributed else {}
@@ -505,22 +505,10 @@ def worker(args):
       hvd.start_timeline(path)
       barrier()
       anchor = time.perf_counter()  # the barrier's allreduce just ended: aligns the two clocks
-      clock.spans.clear()
-      marks.clear()
-      begin = time.perf_counter()
-      step().numpy()
-      end = time.perf_counter()
+      steps.append(recorded_step())
       barrier()
       hvd.stop_timeline()
-      steps.append(
-        {
-          "begin": begin,
-          "end": end,
-          "spans": [(k, u, s - begin, e - begin) for k, u, s, e in clock.spans],
-          "marks": [(i, m - begin) for i, m in marks],
-        }
-      )
-      collectives = horovod_collectives(path, anchor - begin)
+      collectives = horovod_collectives(path, anchor - steps[-1]["begin"])
     except Exception as error:  # the timeline is extra: the figures stand without it
       timeline_error = f"{type(error).__name__}: {error}"
   result = {
@@ -548,11 +536,28 @@ def worker(args):
 # --------------------------------------------------------------------------------- parent side
 
 
+def worker_argv(spec_path, result_dir):
+  """The command line of one rank (or of the one-rank baseline) running this script's worker."""
+  argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
+  return argv + ["--result-dir", result_dir]
+
+
+def launch_config(cluster, config, spec_path, result_dir, plan, args, **env):
+  """Runs a configuration's ranks on the cluster: (rank -> result, None) or (None, failure)."""
+  env = dict(config_env(config, args.ranks_per_node, plan), **env)
+  argv = worker_argv(spec_path, result_dir)
+  return lightcc_cluster.launch_ranks(cluster, argv, env, result_dir, args.timeout)
+
+
+def config_dir(pdir, config):
+  """A configuration's result folder ("2d+topk@2.06" -> 2d_topk_at_2.06) in the profile's."""
+  return os.path.join(pdir, config.replace("+", "_").replace("@", "_at_"))
+
+
 def run_single(spec_path, result_dir, timeout):
   """The one-rank baseline: the same step in one process, no Horovod, no namespace."""
   os.makedirs(result_dir, exist_ok=True)
-  argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
-  argv += ["--result-dir", result_dir]
+  argv = worker_argv(spec_path, result_dir)
   env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHT_", "HOROVOD_"))}
   env.update(PYTHONPATH=_common.REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
   with open(os.path.join(result_dir, "rank0.log"), "w") as log:
@@ -606,12 +611,11 @@ def add_timeline(row, cluster, spec_path, pdir, plan, args):
   the timeline's step) and adds that step (row["timeline_run"]) and its collective figures to the
   row; a failure is reported and leaves the row's timed figures as they are."""
   config = row["name"]
-  result_dir = os.path.join(pdir, config.replace("+", "_").replace("@", "_at_") + "_timeline")
-  argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
-  argv += ["--result-dir", result_dir]
-  env = dict(config_env(config, args.ranks_per_node, plan), HOROVOD_TIMELINE="DYNAMIC")
+  result_dir = config_dir(pdir, config) + "_timeline"
   t = time.perf_counter()
-  got, failure = lightcc_cluster.launch_ranks(cluster, argv, env, result_dir, args.timeout)
+  got, failure = launch_config(
+    cluster, config, spec_path, result_dir, plan, args, HOROVOD_TIMELINE="DYNAMIC"
+  )
   timeline = None if failure else got[0]["timeline"]
   error = failure["error"] if failure else timeline["collectives_error"]
   if error:
@@ -1002,13 +1006,8 @@ def main(argv=None):
       for config in order:
         t = time.perf_counter()
         repeat, runs_of = len(runs[config]), order.count(config)
-        argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
-        result_dir = os.path.join(pdir, config.replace("+", "_").replace("@", "_at_"))
-        if runs_of > 1:
-          result_dir += f"_r{repeat + 1}"
-        argv += ["--result-dir", result_dir]
-        env = config_env(config, args.ranks_per_node, plan)
-        got, failure = lightcc_cluster.launch_ranks(cluster, argv, env, result_dir, args.timeout)
+        result_dir = config_dir(pdir, config) + (f"_r{repeat + 1}" if runs_of > 1 else "")
+        got, failure = launch_config(cluster, config, spec_path, result_dir, plan, args)
         shown = f"{config} (run {repeat + 1}/{runs_of})" if runs_of > 1 else config
         if failure:
           runs[config].append({"name": config, **failure})
