@@ -90,9 +90,9 @@ FORWARD_SHARE = 1 / 3  # forward : backward = 1 : 2
 
 # Adaptive fusion: candidate bucket sizes S/16, S/4 and Horovod's default fusion threshold, 128 MiB
 # (which holds the whole shrunk step: one bucket), probed in --fusion-rounds interleaved rounds
-# (LIGHT_FUSION_PROBE_STEPS, default 5 as LightCC's; the first round is not counted; the warm-up
-# covers the probe); never re-probed within a run.
-FUSION_CANDIDATES = 3
+# (LIGHT_FUSION_PROBE_STEPS, default 5 as LightCC's; the first round is not counted; close sizes
+# are refined); never re-probed within a run. Fusion configurations warm up for their longest
+# probe, then for --warmup steps as the others: the timed steps run the chosen size, settled.
 FUSION = {"LIGHT_FUSION": "1", "LIGHT_FUSION_REPROBE_STEPS": "0"}
 HOROVOD_FUSION_MB = 128
 
@@ -188,6 +188,14 @@ def pool_repeats(rows):
     for r in rows
   ]
   return pooled
+
+
+def fusion_warmup(warmup, plan):
+  """Warm-up steps of a fusion configuration: its longest probe, then `warmup` steps, as the
+  other configurations, of the size it chose."""
+  from tf_ext.lightcc.fusion import FusionPolicy
+
+  return FusionPolicy.longest_probe(len(plan["fusion_mb"]), plan["fusion_rounds"]) + warmup
 
 
 def config_env(name, ranks_per_node, plan):
@@ -471,8 +479,9 @@ def worker(args):
     if distributed:
       horovod_hvd.allreduce(tf.constant(0.0), op=horovod_hvd.Sum, name="scaling_barrier").numpy()
 
+  fusion_on = distributed and hvd.light_config().fusion
   t = time.perf_counter()
-  for _ in range(spec["warmup"]):
+  for _ in range(spec["fusion_warmup"] if fusion_on else spec["warmup"]):
     step().numpy()
   warmup_s = time.perf_counter() - t
   barrier()
@@ -863,7 +872,11 @@ def parse_args(argv):
   p.add_argument("--latency", default="20ms")
   p.add_argument("--shrink", type=int, default=16, help="gradient sizes divided by this")
   p.add_argument(
-    "--warmup", type=int, default=16, help="warm-up steps (fusion probes 3 sizes x 5 rounds)"
+    "--warmup",
+    type=int,
+    default=16,
+    help="warm-up steps; fusion configurations first probe their sizes (3 sizes x 5 rounds, "
+    "as many again for sizes that end close: 30 steps at most)",
   )
   p.add_argument(
     "--fusion-rounds",
@@ -927,12 +940,6 @@ def parse_args(argv):
   if bad:
     p.error(f"unknown profile(s)/config(s) {bad}")
   args.timeline_png = args.timeline_png or os.path.splitext(args.png)[0] + "_timeline.png"
-  probing = FUSION_CANDIDATES * args.fusion_rounds
-  if any("fusion" in c for c in args.configs) and args.warmup < probing:
-    print(
-      f"note: fusion probes 3 sizes x {args.fusion_rounds} rounds; --warmup {args.warmup} < "
-      f"{probing} times its probing"
-    )
   return args
 
 
@@ -981,6 +988,7 @@ def main(argv=None):
       spec = {
         "plan": plan,
         "warmup": args.warmup,
+        "fusion_warmup": fusion_warmup(args.warmup, plan),
         "steps": args.steps,
         "inter_op_threads": args.inter_op_threads,
         "clock": args.clock,

@@ -574,7 +574,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "LIGHT_FUSION_PROBE_STEPS",
       "5",
       "Rounds of a probe: the candidates take turns, one step each, per round (the first "
-      "round is not counted).",
+      "round is not counted); those within 3 % of the fastest then take as many rounds again.",
       capability="lightcc",
       parse=_int_at_least(2),
       attribute="fusion_probe_steps",

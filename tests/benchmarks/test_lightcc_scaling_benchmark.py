@@ -175,6 +175,12 @@ def test_configs_exchange_in_buckets_scaled_like_the_gradients():
   assert lightcc_scaling.fixed_sweep("2d+topk", plan) == []
 
 
+def test_fusion_warms_up_for_its_longest_probe_then_as_the_others():
+  plan = dict(_plan(shrink=16), fusion_mb=[2.06, 8.25, 128], fusion_rounds=5)
+  # 3 sizes x 5 rounds, as many again if all three end close, then the others' 16 warm-up steps.
+  assert lightcc_scaling.fusion_warmup(16, plan) == 3 * 5 * 2 + 16
+
+
 def _row(name, step_s, steps=8, chosen=None, plan=None):
   """A summarized run as the report reads it."""
   return {

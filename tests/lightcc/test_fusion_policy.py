@@ -35,9 +35,30 @@ def test_candidates_take_turns_and_the_first_round_is_not_counted():
 def test_a_load_that_grows_while_probing_does_not_pick_the_first_candidate():
   # Candidate 1 is 5 % faster, but every step is 3 % slower than the one before: probing one
   # candidate after the other would see candidate 0 fastest because it ran first.
+  # The two end within 3 % of each other, so they are refined (10 more steps).
   policy = FusionPolicy(2, probe_steps=5, reprobe_steps=0)
   steps = iter(range(100))
-  assert _drive(policy, lambda c: (1.0 - 0.05 * c) * 1.03 ** next(steps), 10) == 1
+  assert _drive(policy, lambda c: (1.0 - 0.05 * c) * 1.03 ** next(steps), 20) == 1
+
+
+def test_close_candidates_are_probed_again_before_the_choice():
+  # The first probe's counted steps make candidate 1 look 1 % faster than 0, within 3 %; 2 is far
+  # behind. 0 and 1 then take turns for 3 more rounds, all counted, and the medians over both
+  # probes (0: 1.0 x 5, 1: 0.99 0.99 1.05 1.05 1.05) choose 0.
+  policy = FusionPolicy(3, probe_steps=3, reprobe_steps=0)
+  ran = []
+  first_probe = [9.0, 9.0, 9.0, 1.0, 0.99, 2.0, 1.0, 0.99, 2.0]
+  times = iter(first_probe + [1.0, 1.05] * 3)
+
+  def step_time(choice):
+    ran.append(choice)
+    return next(times)
+
+  assert _drive(policy, step_time, 9 + 6) == 0
+  assert ran == [0, 1, 2] * 3 + [0, 1] * 3
+  assert policy.medians == {0: 1.0, 1: 1.05, 2: 2.0}
+  assert len(ran) <= FusionPolicy.longest_probe(3, probe_steps=3)
+  assert _drive(policy, lambda c: 1.0, 20) == 0  # decided: no more probing
 
 
 def test_reprobes_neighbours_and_follows_a_change():

@@ -10,8 +10,12 @@ Policy (settings in tf_ext/settings.py, LIGHT_FUSION_*):
   1. explore: the candidate sizes of LIGHT_FUSION_BUCKETS_MB take turns, one step each, for
      LIGHT_FUSION_PROBE_STEPS rounds (the first round is not counted: a bucketing's first step
      pays for its first negotiation); each one's median step time is kept;
-  2. exploit the fastest; every LIGHT_FUSION_REPROBE_STEPS steps its neighbours in the candidate
-     list are probed again and the fastest of the three is kept (the network and the load change).
+  2. refine: the sizes whose median is within CLOSE of the fastest's take turns for as many
+     rounds again, every one counted, and their medians are taken over both probes (telling
+     close sizes apart needs more steps; their steps cost little, as they are all fast);
+  3. exploit the fastest; every LIGHT_FUSION_REPROBE_STEPS steps its neighbours in the candidate
+     list are probed again (refined alike) and the fastest of the three is kept (the network
+     and the load change).
 All bucketings exist in the graph behind one tf.switch_case, so switching needs no retracing and
 works in TF1 sessions too. Every rank must pick the same branch: the step time the policy sees is
 the average over ranks (one scalar allreduce per step), so all ranks make identical decisions.
@@ -39,8 +43,14 @@ class FusionPolicy:
   Candidates are probed in interleaved rounds (A B C, A B C, ...) rather than one after the
   other, so that a load or a network that drifts while probing weighs on every candidate alike;
   the first round is not counted (a bucketing's first step pays for Horovod's first negotiation
-  of its tensors).
+  of its tensors). Candidates that end close to the fastest are then refined (module docstring).
   """
+
+  # Medians within 3 % of the fastest's are refined. Four steps' medians told ResNet50's 0.38 and
+  # 1.52 MiB buckets apart by 0.7-3.5 %, the wrong way round in three runs of three, where they
+  # were 1.6 % apart; refined, the choice was the best fixed size in three runs of three
+  # (docs/benchmarks.md, 2026-11-28). Sizes further apart rarely swap places.
+  CLOSE = 0.03
 
   def __init__(self, num_candidates, probe_steps, reprobe_steps):
     self.num_candidates = num_candidates
@@ -51,30 +61,45 @@ class FusionPolicy:
     self._since_decision = 0
     self.history = []  # (step_seconds, index that produced it)
 
+  @staticmethod
+  def longest_probe(num_candidates, probe_steps):
+    """Steps of the first probe at most (every candidate close enough to be refined)."""
+    return 2 * num_candidates * max(2, probe_steps)
+
   @property
   def current(self):
     return self._current
 
-  def _start_probing(self, candidates):
+  def _start_probing(self, candidates, refining=False):
     self._probing = candidates
+    self._refining = refining
     self._probe_step = 0  # steps run in this probe: round = step // len(candidates)
-    self._samples = {i: [] for i in candidates}
+    if not refining:  # a refinement adds to the samples of the probe before it
+      self._samples = {i: [] for i in candidates}
     self._current = candidates[0]
 
   def observe(self, step_seconds):
     """Records the time of a step run with `current`; returns the index for the next step."""
     self.history.append((step_seconds, self._current))
     if self._probing:
-      if self._probe_step >= len(self._probing):  # past the uncounted first round
+      # Past the uncounted first round; every round of a refinement counts.
+      if self._refining or self._probe_step >= len(self._probing):
         self._samples[self._current].append(step_seconds)
       self._probe_step += 1
       if self._probe_step < self.probe_steps * len(self._probing):
         self._current = self._probing[self._probe_step % len(self._probing)]
         return self._current
-      for i, samples in self._samples.items():
-        self.medians[i] = statistics.median(samples)
+      for i in self._probing:
+        self.medians[i] = statistics.median(self._samples[i])
+      fastest = min(self._probing, key=self.medians.get)
+      close = [
+        i for i in self._probing if self.medians[i] <= self.medians[fastest] * (1 + self.CLOSE)
+      ]
+      if len(close) > 1 and not self._refining:
+        self._start_probing(close, refining=True)
+        return self._current
       self._probing = []
-      self._current = min(self.medians, key=self.medians.get)
+      self._current = fastest
       self._since_decision = 0
       return self._current
     self._since_decision += 1
