@@ -107,6 +107,29 @@ def test_gradients_are_ready_in_backprop_order_without_using_the_cpu():
     np.testing.assert_allclose(v.numpy(), -2e-6 * g, rtol=1e-5, atol=1e-12)
 
 
+def test_units_without_time_share_the_next_timed_units_sleeps():
+  plan = _plan()
+  assert lightcc_scaling.unit_groups(plan["units"]) == [[0], [1], [2, 3]]
+  # A trailing unit without time keeps a group (and a backward pass-through) of its own.
+  units = plan["units"] + [dict(plan["units"][2], forward_s=0.0, backward_s=0.0)]
+  assert lightcc_scaling.unit_groups(units) == [[0], [1], [2, 3], [4]]
+
+
+def test_timed_steps_run_without_marks():
+  plan = _plan()
+  variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
+  stored = [tf.Variable(tf.ones(s), trainable=False) for s in SHAPES]
+  clock, marks = lightcc_scaling.DeviceClock(), []
+  step = lightcc_scaling.build_step(tf, plan, variables, stored, clock, lambda t: t)
+  marked = lightcc_scaling.build_step(tf, plan, variables, stored, clock, lambda t: t, marks)
+  step().numpy()
+  assert marks == []
+  marked().numpy()
+  assert sorted(v for v, _ in marks) == list(range(len(SHAPES)))
+  # Both steps applied the same stored gradients.
+  np.testing.assert_allclose(variables[0].numpy(), -2e-6 * np.ones(SHAPES[0]), rtol=1e-5)
+
+
 def test_stream_clock_runs_spans_back_to_back_whatever_their_launch():
   # A GPU runs kernels launched ahead back to back: a span launched late (the CPU busy) still
   # ends where the plan puts it; the "launch" clock instead adds the CPU's delay.
