@@ -387,7 +387,7 @@ bench-cluster: build bench-deps
 	  $(VENV)/bin/python benchmarks/lightcc_cluster.py $(BENCH_ARGS))
 
 # Issue 39's scaling efficiency on the same emulated cluster (root: sudo when not root); about
-# 10 min, BENCH_ARGS=--quick for < 2 min.
+# 50 min, BENCH_ARGS=--quick for 2-4 min.
 bench-scaling: build bench-deps
 	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
 	  $(VENV)/bin/python benchmarks/lightcc_scaling.py $(BENCH_ARGS))

@@ -55,7 +55,7 @@ backward ended, to reduced, handed to the update, and the collectives, aligned o
 before the step) and the table's collective columns come from that step.
 
   make bench-scaling                                     # VGG16 and ResNet50, every config
-  make bench-scaling BENCH_ARGS=--quick                  # < 2 min: VGG16, 3 configs
+  make bench-scaling BENCH_ARGS=--quick                  # 2-4 min: VGG16, 3 configs
   sudo .venv/bin/python benchmarks/lightcc_scaling.py --profiles vgg16 --configs horovod,2d+topk
   sudo .venv/bin/python benchmarks/lightcc_scaling.py --ranks-per-node 4 --quick
   # the same V100s on an ordinary 1 Gbit/s network, at a tenth of the time scale
@@ -948,7 +948,7 @@ def parse_args(argv):
     "--quick",
     action="store_true",
     help=f"VGG16 only, shrink 32, configs {','.join(QUICK_CONFIGS)}, 10 warm-up + 3 steps, "
-    "fusion probed in 3 rounds, no fixed sweep (< 2 min)",
+    "fusion probed in 3 rounds, no fixed sweep (2-4 min)",
   )
   p.add_argument("--png", default=os.path.join(_common.REPO, "benchmarks", "lightcc_scaling.png"))
   p.add_argument("--timeline-png", help="default: beside --png, named <its name>_timeline.png")
