@@ -517,12 +517,12 @@ def worker(args):
     hvd.reset_traffic()
   before = lightcc_cluster._read_counters() if distributed else {}
 
-  def recorded_step(run=step):
-    """Runs one step; its begin and end, and its spans and marks from its begin."""
+  def marked_run():
+    """Runs the marked step; its begin and end, and its spans and marks from its begin."""
     clock.spans.clear()
     marks.clear()
     begin = time.perf_counter()
-    run().numpy()
+    marked_step().numpy()
     return {
       "begin": begin,
       "end": time.perf_counter(),
@@ -531,7 +531,11 @@ def worker(args):
     }
 
   t0, cpu0 = time.perf_counter(), time.process_time()
-  steps = [recorded_step() for _ in range(spec["steps"])]
+  step_s_each = []
+  for _ in range(spec["steps"]):
+    begin = time.perf_counter()
+    step().numpy()
+    step_s_each.append(time.perf_counter() - begin)
   barrier()
   elapsed, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
   after = lightcc_cluster._read_counters() if distributed else {}
@@ -544,14 +548,14 @@ def worker(args):
       hvd.start_timeline(path)
       barrier()
       anchor = time.perf_counter()  # the barrier's allreduce just ended: aligns the two clocks
-      marked = recorded_step(marked_step)
+      marked = marked_run()
       barrier()
       hvd.stop_timeline()
       collectives = horovod_collectives(path, anchor - marked["begin"])
     except Exception as error:  # the timeline is extra: the figures stand without it
       timeline_error = f"{type(error).__name__}: {error}"
   if marked is None:
-    marked = recorded_step(marked_step)
+    marked = marked_run()
   result = {
     "rank": rank,
     "steps": spec["steps"],
@@ -567,7 +571,7 @@ def worker(args):
     if distributed
     else [],
     "timeline": dict(marked, collectives=collectives, collectives_error=timeline_error),
-    "step_s_each": [s["end"] - s["begin"] for s in steps],
+    "step_s_each": step_s_each,
     "peak_rss": _peak_rss(),
   }
   with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
