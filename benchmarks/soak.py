@@ -3,13 +3,15 @@
 kills it with SIGKILL at random moments and restarts it from the last checkpoint link.
 
 The driver (this script) starts a training child (this script with --child), kills it at seeded
-random moments (uniform in [0.5, 1.5] x --kill-interval seconds after it restored), restarts it,
-and samples the child's resident memory (/proc/<pid>/status VmRSS) every --sample-s seconds. The
-child trains a small CTR model (a table of dim --dim with FrequencyAdmission(--min-count, a
-count-min sketch) and EvictionPolicy(ttl_steps=--ttl-steps), Adagrad) on batches of the
-Criteo-like stream (benchmarks/_criteo_like.py), evicts every --evict-every steps, writes a delta
-link every --delta-every steps and a full one every --full-every (tf_ext.DeltaCheckpointManager,
-with the dense weights and the optimizer), and looks rows up from a second thread all along.
+random moments (uniform in [0.5, 1.5] x --kill-interval seconds after the child wrote its first
+link, so that every child makes progress and every kill leaves a link to restore, however slow
+the machine), restarts it, and samples the child's resident memory (/proc/<pid>/status VmRSS)
+every --sample-s seconds. The child trains a small CTR model (a table of dim --dim with
+FrequencyAdmission(--min-count, a count-min sketch) and EvictionPolicy(ttl_steps=--ttl-steps),
+Adagrad) on batches of the Criteo-like stream (benchmarks/_criteo_like.py), evicts every
+--evict-every steps, writes a delta link every --delta-every steps and a full one every
+--full-every (tf_ext.DeltaCheckpointManager, with the dense weights and the optimizer), and
+looks rows up from a second thread all along.
 
 What it checks, each with a PASS/MISS line:
   memory    the RSS slope over the steady part (from --steady-fraction of the run on, each
@@ -29,6 +31,8 @@ What it checks, each with a PASS/MISS line:
             batch trains) of every window of --auc-every steps that a restarted child trained
             again must equal, within --auc-tolerance, what the killed child measured on it.
 
+The run ends once --minutes are over and at least --min-kills kills were survived: past
+--minutes, a child still owed a kill is killed as soon as it has written a link, and restarted.
 The exit status is 1 when a row is lost, a restore differs, a child fails other than by the
 driver's SIGKILL, or nothing was restored; the memory and AUC lines are reported, not enforced.
 
@@ -73,6 +77,9 @@ def parse_args(argv=None):
   p = argument_parser(__doc__)
   p.add_argument("--minutes", type=float, default=30.0, help="length of the run")
   p.add_argument("--kill-interval", type=float, default=150.0, help="mean seconds between kills")
+  p.add_argument(
+    "--min-kills", type=int, default=1, help="kills (and restores) the run has, even past --minutes"
+  )
   p.add_argument("--seed", type=int, default=0, help="seeds the stream and the kill moments")
   p.add_argument("--batch", type=int, default=1024, help="samples per training step")
   p.add_argument("--day-samples", type=int, default=100_000, help="samples per day of stream")
@@ -102,6 +109,8 @@ def parse_args(argv=None):
     p.error("--auc-every must divide --delta-every, which must divide --full-every")
   if args.minutes <= 0 or args.kill_interval <= 0:
     p.error("--minutes and --kill-interval must be > 0")
+  if args.min_kills < 0:
+    p.error("--min-kills must be >= 0")
   return args
 
 
@@ -415,15 +424,16 @@ def read_events(path):
 
 
 def drive(args, argv):
-  """Runs children until --minutes are over, killing each at a random moment; returns the RSS
-  samples (t, segment, rss) and the kills (t, segment)."""
+  """Runs children until --minutes are over and --min-kills kills were survived, killing each
+  child at a random moment after its first link; returns the RSS samples (t, segment, rss), the
+  kills (t, segment), the children's exit statuses and the start time."""
   rng = np.random.default_rng([args.seed, 37])
   events_path = os.path.join(args.dir, EVENTS)
   start = time.time()
   deadline = start + args.minutes * 60
   samples, kills, exits = [], [], []
-  segment = 0
-  while time.time() < deadline:
+  segment, said_overtime = 0, False
+  while True:
     env = dict(os.environ, SOAK_SEGMENT=str(segment))
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", *argv], env=env)
     kill_at = None
@@ -433,17 +443,21 @@ def drive(args, argv):
       if rss is not None:
         samples.append((now - start, segment, rss))
       if kill_at is None and any(
-        e["kind"] == "ready" and e["seg"] == segment for e in read_events(events_path)[-50:]
+        e["kind"] == "save" and e["seg"] == segment for e in read_events(events_path)[-50:]
       ):
         kill_at = now + rng.uniform(0.5, 1.5) * args.kill_interval
-      if now >= deadline:
+      owed = len(kills) < args.min_kills
+      if now >= deadline and not owed:
         open(os.path.join(args.dir, STOP), "w").close()
-      elif kill_at is not None and now >= kill_at:
+      elif kill_at is not None and (now >= kill_at or now >= deadline):
         child.send_signal(signal.SIGKILL)
         child.wait()
         kills.append((now - start, segment))
         log(f"[soak] {now - start:7.1f}s: SIGKILL to segment {segment}")
         break
+      elif now >= deadline and not said_overtime:
+        said_overtime = True
+        log(f"[soak] --minutes are over; going on until kill {args.min_kills} (--min-kills)")
       time.sleep(args.sample_s)
     exits.append(child.returncode)
     if child.returncode not in (0, -signal.SIGKILL):

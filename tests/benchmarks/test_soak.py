@@ -1,6 +1,7 @@
 """benchmarks/soak.py on a tiny setting: half a minute, killed with SIGKILL once (or more) and
 restarted from its last link; its verdicts on rows and restores pass (the memory line needs the
-long run and is not asserted)."""
+long run and is not asserted). Each child is killed only after it wrote a link, so a slow or busy
+machine still gets a restore to check."""
 
 import json
 import os
@@ -35,3 +36,19 @@ def test_soak_survives_a_kill_and_loses_nothing(tmp_path):
   results = json.loads(out.read_text())
   assert results["kills"] >= 1 and results["restores"] == results["restores_matched"] >= 1
   assert results["rows_lost"] == 0 and results["steps"] > 0
+  events = [
+    json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+  ]
+  for killed in range(results["kills"]):
+    assert any(e["kind"] == "save" and e["seg"] == killed for e in events), killed
+
+
+def test_a_negative_kill_count_is_refused():
+  proc = subprocess.run(
+    [sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--min-kills=-1"],
+    env=dict(os.environ, PYTHONPATH=ROOT),
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert proc.returncode == 2 and "--min-kills must be >= 0" in proc.stderr
