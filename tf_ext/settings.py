@@ -37,6 +37,10 @@ CAPABILITIES = {
   "harp": "HARP_",
 }
 
+# LightCC's fusion probe does not count its first round (Horovod's first negotiation of each
+# bucketing), so a probe needs one round more to measure anything (tf_ext/lightcc/fusion.py).
+FUSION_MIN_PROBE_ROUNDS = 2
+
 
 def _flag(raw):
   value = raw.strip().lower()
@@ -576,7 +580,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "Rounds of a probe: the candidates take turns, one step each, per round (the first "
       "round is not counted); those within 3 % of the fastest then take as many rounds again.",
       capability="lightcc",
-      parse=_int_at_least(2),
+      parse=_int_at_least(FUSION_MIN_PROBE_ROUNDS),
       attribute="fusion_probe_steps",
     ),
     Setting(

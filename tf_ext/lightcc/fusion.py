@@ -36,6 +36,8 @@ import horovod.tensorflow as _hvd
 import numpy as np
 import tensorflow as tf
 
+from tf_ext.settings import FUSION_MIN_PROBE_ROUNDS
+
 
 class FusionPolicy:
   """Chooses a candidate index from a stream of (rank-averaged) step times. Pure Python.
@@ -54,7 +56,7 @@ class FusionPolicy:
 
   def __init__(self, num_candidates, probe_steps, reprobe_steps):
     self.num_candidates = num_candidates
-    self.probe_steps = max(2, probe_steps)
+    self.probe_steps = max(FUSION_MIN_PROBE_ROUNDS, probe_steps)
     self.reprobe_steps = reprobe_steps
     self.medians = {}
     self._start_probing(list(range(num_candidates)))
@@ -64,7 +66,7 @@ class FusionPolicy:
   @staticmethod
   def longest_probe(num_candidates, probe_steps):
     """Steps of the first probe at most (every candidate close enough to be refined)."""
-    return 2 * num_candidates * max(2, probe_steps)
+    return 2 * num_candidates * max(FUSION_MIN_PROBE_ROUNDS, probe_steps)
 
   @property
   def current(self):
