@@ -19,16 +19,19 @@ TINY = [
 ]
 
 
-def test_soak_survives_a_kill_and_loses_nothing(tmp_path):
-  out = tmp_path / "soak.json"
-  proc = subprocess.run(
-    [sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), *TINY]
-    + [f"--dir={tmp_path / 'run'}", f"--json={out}"],
+def _run(*options, timeout):
+  return subprocess.run(
+    [sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), *options],
     env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
     capture_output=True,
     text=True,
-    timeout=240,
+    timeout=timeout,
   )
+
+
+def test_soak_survives_a_kill_and_loses_nothing(tmp_path):
+  out = tmp_path / "soak.json"
+  proc = _run(*TINY, f"--dir={tmp_path / 'run'}", f"--json={out}", timeout=240)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
   lines = {line.split(":")[0].strip(): line for line in proc.stdout.splitlines() if ":" in line}
   assert "PASS" in lines["rows lost"] and lines["rows lost"].split(":")[1].split()[0] == "0"
@@ -44,11 +47,5 @@ def test_soak_survives_a_kill_and_loses_nothing(tmp_path):
 
 
 def test_a_negative_kill_count_is_refused():
-  proc = subprocess.run(
-    [sys.executable, os.path.join(ROOT, "benchmarks", "soak.py"), "--min-kills=-1"],
-    env=dict(os.environ, PYTHONPATH=ROOT),
-    capture_output=True,
-    text=True,
-    timeout=60,
-  )
+  proc = _run("--min-kills=-1", timeout=60)
   assert proc.returncode == 2 and "--min-kills must be >= 0" in proc.stderr
