@@ -54,6 +54,13 @@ with it on, for one extra step inside hvd.start_timeline after their warm-up: th
 backward ended, to reduced, handed to the update, and the collectives, aligned on the barrier
 before the step) and the table's collective columns come from that step.
 
+Noise. The 4 ranks use most of the 2 cores (about 100 ms of CPU per rank in a 0.25 s ResNet50
+step), so a whole run can be 5-15 % slower than the next when the shared machine is: such runs
+take more CPU time per step, and every configuration gets them. Each run prints its CPU time per
+step and its TCP retransmits per step (tbf drops what overflows its --latency queue); the verdict
+of fusion against its best fixed size gives its standard error over the runs, and says so when the
+target lies within two of them.
+
   make bench-scaling                                     # VGG16 and ResNet50, every config
   make bench-scaling BENCH_ARGS=--quick                  # 2-4 min: VGG16, 3 configs
   sudo .venv/bin/python benchmarks/lightcc_scaling.py --profiles vgg16 --configs horovod,2d+topk
@@ -69,6 +76,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -188,10 +196,28 @@ def pool_repeats(rows):
     for n in range(len(ok[0]["link_bytes_per_step"]))
   ]
   pooled["repeats"] = [
-    {"step_s": r["step_s"], "fusion": r["fusion"]} if "error" not in r else {"error": r["error"]}
+    {"step_s": r["step_s"], "cpu_s_per_rank_step": r["cpu_s_per_rank_step"], "fusion": r["fusion"]}
+    if "error" not in r
+    else {"error": r["error"]}
     for r in rows
   ]
   return pooled
+
+
+def ratio_with_error(slower_runs, faster_runs):
+  """mean(faster_runs) / mean(slower_runs) of two lists of per-run step times, and its standard
+  error from the runs' spread (first order): whole runs here are slower together when the shared
+  machine is (their CPU time per step rises with their step time), so a ratio closer to its
+  target than two standard errors says less than its digits suggest."""
+  a, b = statistics.fmean(slower_runs), statistics.fmean(faster_runs)
+  ratio = b / a
+  if min(len(slower_runs), len(faster_runs)) < 2:
+    return ratio, float("nan")
+  relative = (
+    statistics.variance(slower_runs) / (len(slower_runs) * a * a)
+    + statistics.variance(faster_runs) / (len(faster_runs) * b * b)
+  ) ** 0.5
+  return ratio, ratio * relative
 
 
 def fusion_warmup(warmup, plan):
@@ -621,10 +647,12 @@ def summarize(name, results, plan, single_step_s):
   r0 = results[0]
   step_s = r0["elapsed_s"] / r0["steps"]
   link = [0.0] * lightcc_cluster.NODES
+  retransmitted = 0
   for r in results.values():
     node = r["rank"] // lightcc_cluster.RANKS_PER_NODE
     if r["rank"] % lightcc_cluster.RANKS_PER_NODE == 0:  # counters are per namespace
       link[node] = r["counters"][f"{lightcc_cluster.IFACE}_tx_bytes"] / r["steps"]
+      retransmitted += r["counters"]["tcp_retrans_segs"]
   return {
     "name": name,
     "env": config_env(name, lightcc_cluster.RANKS_PER_NODE, plan),
@@ -633,6 +661,8 @@ def summarize(name, results, plan, single_step_s):
     "images_per_s": BATCH * world / step_s,
     "efficiency": single_step_s / step_s,
     "link_bytes_per_step": link,
+    # TCP segments sent again, both nodes: tbf drops what overflows its queue (--latency).
+    "retransmits_per_step": retransmitted / r0["steps"],
     "analytic_inter_bytes_all_ranks": sum(r["traffic"]["inter_bytes"] for r in results.values())
     / r0["steps"],
     "fusion": r0["fusion"],
@@ -750,11 +780,14 @@ def report(profile_rows, args):
   for name, (_, _, rows) in profile_rows.items():
     for r in rows:
       if "repeats" in r:
+        done = [run for run in r["repeats"] if "error" not in run]
         each = " / ".join(
           f"{run['step_s']:.3f}" if "error" not in run else "failed" for run in r["repeats"]
         )
+        cpu = " / ".join(f"{run['cpu_s_per_rank_step'] * 1e3:.0f}" for run in done)
         print(
-          f"  {name} {r['name']}: {r['steps']} steps in {len(r['repeats'])} runs, s/step {each}"
+          f"  {name} {r['name']}: {r['steps']} steps in {len(r['repeats'])} runs, s/step {each} "
+          f"(CPU/rank {cpu} ms/step)"
         )
   verdicts = []
   for name, (_, _, rows) in profile_rows.items():
@@ -784,8 +817,16 @@ def report(profile_rows, args):
         best = max(fixed, key=lambda x: x["images_per_s"])
         x = r["images_per_s"] / best["images_per_s"]
         pooled = ""
-        if "repeats" in r:
-          pooled = f", means of {r['steps']} steps in {len(r['repeats'])} interleaved runs each"
+        if "repeats" in r and "repeats" in best:
+          _, error = ratio_with_error(
+            *([run["step_s"] for run in row["repeats"] if "error" not in run] for row in (r, best))
+          )
+          pooled = (
+            f", means of {r['steps']} steps in {len(r['repeats'])} interleaved runs each; "
+            f"+-{error:.3f} (1 s.e. over runs)"
+          )
+          if abs(x - FIXED_TARGET) < 2 * error:
+            pooled += ": within 2 s.e. of the target, so the runs cannot tell"
         verdicts.append(
           f"{_common.verdict(x >= FIXED_TARGET)}: {name} {r['name']} = {x:.3f}x the best of "
           f"{len(fixed)} fixed bucket sizes, {best['env'].get('LIGHT_BUCKET_MB')} MiB "
@@ -1069,7 +1110,8 @@ def main(argv=None):
         runs[config].append(row)
         print(
           f"  {shown}: {row['step_s']:.3f} s/step, efficiency {row['efficiency']:.1%}, link "
-          f"{max(row['link_bytes_per_step']) / 1e6:.2f} MB/step, CPU/rank "
+          f"{max(row['link_bytes_per_step']) / 1e6:.2f} MB/step, "
+          f"{row['retransmits_per_step']:.1f} TCP retransmits/step, CPU/rank "
           f"{row['cpu_s_per_rank_step'] * 1e3:.0f} ms/step, peak RSS/rank "
           f"{row['peak_rss'] / 2**30:.2f} GiB ({time.perf_counter() - t:.0f}s)",
           flush=True,

@@ -214,6 +214,7 @@ def _row(name, step_s, steps=8, chosen=None, plan=None):
     "images_per_s": 100 / step_s,
     "efficiency": 0.2 / step_s,
     "link_bytes_per_step": [1.0, 3.0],
+    "cpu_s_per_rank_step": step_s / 4,
     "fusion": [{"chosen": chosen}] if chosen is not None else [],
     "overlap": {"first_reduced": 0.1, "backward_end": 0.2, "last_reduced": 0.3},
   }
@@ -252,7 +253,7 @@ def test_report_judges_pooled_and_single_fusion_runs(capsys):
   plan = dict(_plan(shrink=16), fusion_mb=[2.06, 8.25, 128])  # VGG16's at 1/16
   small, middle, large = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
   fused = lightcc_scaling.pool_repeats(
-    [_row("2d+topk+fusion", 0.40, chosen=2), _row("2d+topk+fusion", 0.38, chosen=1)]
+    [_row("2d+topk+fusion", 0.42, chosen=2), _row("2d+topk+fusion", 0.36, chosen=1)]
   )
   rows = [
     _row("horovod", 2.0, plan=plan),
@@ -265,9 +266,20 @@ def test_report_judges_pooled_and_single_fusion_runs(capsys):
   verdicts = lightcc_scaling.report({"vgg16": (plan, 0.3, rows)}, None)
   out = capsys.readouterr().out
   assert " 128/8.25" in out  # each run's choice
-  assert "vgg16 2d+topk+fusion: 16 steps in 2 runs, s/step 0.400 / 0.380" in out
+  assert "vgg16 2d+topk+fusion: 16 steps in 2 runs, s/step 0.420 / 0.360 (CPU/rank 105 / 90" in out
   fixed = [v for v in verdicts if "fixed bucket sizes" in v]
   assert len(fixed) == 1 and fixed[0].startswith("MISS")  # 0.36 / 0.39 = 0.92x
   assert (
     "0.923x the best of 3" in fixed[0] and "means of 16 steps in 2 interleaved runs" in fixed[0]
   )
+  # The fusion runs are 0.06 s apart: 0.923 is 0.7 standard errors below the target.
+  assert "+-0.071 (1 s.e. over runs): within 2 s.e. of the target" in fixed[0]
+
+
+def test_ratio_error_grows_with_the_runs_spread():
+  ratio, error = lightcc_scaling.ratio_with_error([0.5, 0.5], [0.4, 0.4])
+  assert math.isclose(ratio, 0.8) and error == 0  # runs that repeat exactly: no doubt
+  ratio, error = lightcc_scaling.ratio_with_error([0.4, 0.6], [0.4, 0.4])
+  # mean 0.5, sample variance 0.02 over 2 runs: relative error sqrt(0.02 / 2) / 0.5 = 0.2
+  assert math.isclose(ratio, 0.8) and math.isclose(error, 0.8 * 0.2)
+  assert math.isnan(lightcc_scaling.ratio_with_error([0.5], [0.4, 0.4])[1])  # one run: unknown
