@@ -128,18 +128,18 @@ server.stop()
 
 
 def _read_counters():
-  """Bytes and packets of this namespace's lcc0 and lo (/sys as remounted by `ip netns exec`),
-  and its TCP segments sent and retransmitted (/proc/net/snmp is per namespace): a tbf queue
-  that overflows shows as retransmissions."""
+  """Bytes counters of this namespace's lcc0 and lo (/sys as remounted by `ip netns exec`), and
+  its TCP segments retransmitted (/proc/net/snmp is per namespace): a tbf queue that overflows
+  shows as retransmissions."""
   out = {}
   for dev in (IFACE, "lo"):
-    for key in ("tx_bytes", "rx_bytes", "tx_packets"):
+    for key in ("tx_bytes", "rx_bytes"):
       with open(f"/sys/class/net/{dev}/statistics/{key}") as f:
         out[f"{dev}_{key}"] = int(f.read())
   with open("/proc/net/snmp") as f:
     names, values = [line.split()[1:] for line in f if line.startswith("Tcp:")]
   tcp = dict(zip(names, map(int, values)))
-  out.update(tcp_out_segs=tcp["OutSegs"], tcp_retrans_segs=tcp["RetransSegs"])
+  out["tcp_retrans_segs"] = tcp["RetransSegs"]
   return out
 
 

@@ -204,18 +204,18 @@ def pool_repeats(rows):
   return pooled
 
 
-def ratio_with_error(slower_runs, faster_runs):
-  """mean(faster_runs) / mean(slower_runs) of two lists of per-run step times, and its standard
-  error from the runs' spread (first order): whole runs here are slower together when the shared
-  machine is (their CPU time per step rises with their step time), so a ratio closer to its
-  target than two standard errors says less than its digits suggest."""
-  a, b = statistics.fmean(slower_runs), statistics.fmean(faster_runs)
-  ratio = b / a
-  if min(len(slower_runs), len(faster_runs)) < 2:
+def speed_ratio_with_error(runs, reference_runs):
+  """The speed of `runs` against `reference_runs` (lists of per-run step times): mean(reference)
+  / mean(runs), and its standard error from the runs' spread (first order). Whole runs here are
+  slower together when the shared machine is (their CPU time per step rises with their step
+  time), so a ratio closer to its target than two standard errors says less than its digits."""
+  mean, reference = statistics.fmean(runs), statistics.fmean(reference_runs)
+  ratio = reference / mean
+  if min(len(runs), len(reference_runs)) < 2:
     return ratio, float("nan")
   relative = (
-    statistics.variance(slower_runs) / (len(slower_runs) * a * a)
-    + statistics.variance(faster_runs) / (len(faster_runs) * b * b)
+    statistics.variance(runs) / (len(runs) * mean * mean)
+    + statistics.variance(reference_runs) / (len(reference_runs) * reference * reference)
   ) ** 0.5
   return ratio, ratio * relative
 
@@ -780,11 +780,8 @@ def report(profile_rows, args):
   for name, (_, _, rows) in profile_rows.items():
     for r in rows:
       if "repeats" in r:
-        done = [run for run in r["repeats"] if "error" not in run]
-        each = " / ".join(
-          f"{run['step_s']:.3f}" if "error" not in run else "failed" for run in r["repeats"]
-        )
-        cpu = " / ".join(f"{run['cpu_s_per_rank_step'] * 1e3:.0f}" for run in done)
+        each = _each_run(r["repeats"], "step_s", ".3f")
+        cpu = _each_run(r["repeats"], "cpu_s_per_rank_step", ".0f", scale=1e3)
         print(
           f"  {name} {r['name']}: {r['steps']} steps in {len(r['repeats'])} runs, s/step {each} "
           f"(CPU/rank {cpu} ms/step)"
@@ -818,7 +815,7 @@ def report(profile_rows, args):
         x = r["images_per_s"] / best["images_per_s"]
         pooled = ""
         if "repeats" in r and "repeats" in best:
-          _, error = ratio_with_error(
+          _, error = speed_ratio_with_error(
             *([run["step_s"] for run in row["repeats"] if "error" not in run] for row in (r, best))
           )
           pooled = (
@@ -834,6 +831,13 @@ def report(profile_rows, args):
         )
   print("\n" + "\n".join(verdicts))
   return verdicts
+
+
+def _each_run(repeats, key, spec, scale=1):
+  """One figure of each of a configuration's runs, " / "-joined; "failed" for a failed run."""
+  return " / ".join(
+    format(run[key] * scale, spec) if "error" not in run else "failed" for run in repeats
+  )
 
 
 def _optional(value, spec):

@@ -277,9 +277,11 @@ def test_report_judges_pooled_and_single_fusion_runs(capsys):
 
 
 def test_ratio_error_grows_with_the_runs_spread():
-  ratio, error = lightcc_scaling.ratio_with_error([0.5, 0.5], [0.4, 0.4])
+  ratio, error = lightcc_scaling.speed_ratio_with_error([0.5, 0.5], [0.4, 0.4])
   assert math.isclose(ratio, 0.8) and error == 0  # runs that repeat exactly: no doubt
-  ratio, error = lightcc_scaling.ratio_with_error([0.4, 0.6], [0.4, 0.4])
+  ratio, error = lightcc_scaling.speed_ratio_with_error([0.4, 0.6], [0.4, 0.4])
   # mean 0.5, sample variance 0.02 over 2 runs: relative error sqrt(0.02 / 2) / 0.5 = 0.2
   assert math.isclose(ratio, 0.8) and math.isclose(error, 0.8 * 0.2)
-  assert math.isnan(lightcc_scaling.ratio_with_error([0.5], [0.4, 0.4])[1])  # one run: unknown
+  assert math.isnan(
+    lightcc_scaling.speed_ratio_with_error([0.5], [0.4, 0.4])[1]
+  )  # one run: unknown
