@@ -167,14 +167,17 @@ def fixed_sweep(config, plan):
 
 def run_order(configs, plan, sweep, repeats):
   """(the configurations as the report lists them, the order they run in). With the fixed sweep,
-  each swept fusion configuration and its fixed sizes form a group that runs `repeats` times,
-  the groups' runs interleaved (fusion, @a, @b, @c, fusion, ...): a load or a link that drifts for
-  a while then weighs on all of them alike; other configurations run once, first."""
+  each swept fusion configuration and its fixed sizes form a group that runs `repeats` times in
+  rounds, each round one run of each (fusion, @a, @b, @c, then @a, @b, @c, fusion, ...): a load or
+  a link that drifts for a while then weighs on one round's runs alike, and the verdict compares
+  them round by round. Each round starts one later in the group, so that no configuration always
+  runs first after the previous one's exchange. Other configurations run once, first."""
   groups = [[c, *fixed_sweep(c, plan)] for c in configs if sweep and fixed_sweep(c, plan)]
   grouped = {c for g in groups for c in g}
   listed = list(configs) + [c for g in groups for c in g[1:] if c not in configs]
   once = [c for c in configs if c not in grouped]
-  return listed, once + [c for _ in range(repeats) for g in groups for c in g]
+  rounds = [g[n % len(g) :] + g[: n % len(g)] for n in range(repeats) for g in groups]
+  return listed, once + [c for group_round in rounds for c in group_round]
 
 
 def pool_repeats(rows):
@@ -205,19 +208,22 @@ def pool_repeats(rows):
 
 
 def speed_ratio_with_error(runs, reference_runs):
-  """The speed of `runs` against `reference_runs` (lists of per-run step times): mean(reference)
-  / mean(runs), and its standard error from the runs' spread (first order). Whole runs here are
-  slower together when the shared machine is (their CPU time per step rises with their step
-  time), so a ratio closer to its target than two standard errors says less than its digits."""
-  mean, reference = statistics.fmean(runs), statistics.fmean(reference_runs)
-  ratio = reference / mean
-  if min(len(runs), len(reference_runs)) < 2:
+  """The speed of `runs` against `reference_runs`, the per-run step times of two configurations
+  that ran in the same rounds (run_order; None for a failed run), over the rounds where both ran:
+  mean(reference) / mean(runs), and its standard error from how the rounds' pairs stray from that
+  ratio (first order). The shared machine slows whole rounds for minutes, and both of a round's
+  runs alike (their CPU time per step rises with their step time): pairing the runs by round takes
+  that out of the error, which unpaired runs' spread would count twice. A ratio closer to its
+  target than two standard errors says less than its digits."""
+  pairs = [(x, y) for x, y in zip(runs, reference_runs) if x is not None and y is not None]
+  if not pairs:
+    return float("nan"), float("nan")
+  mean = statistics.fmean(x for x, _ in pairs)
+  ratio = statistics.fmean(y for _, y in pairs) / mean
+  if len(pairs) < 2:
     return ratio, float("nan")
-  relative = (
-    statistics.variance(runs) / (len(runs) * mean * mean)
-    + statistics.variance(reference_runs) / (len(reference_runs) * reference * reference)
-  ) ** 0.5
-  return ratio, ratio * relative
+  strays = [y - ratio * x for x, y in pairs]
+  return ratio, (statistics.variance(strays) / len(pairs)) ** 0.5 / mean
 
 
 def fusion_warmup(warmup, plan):
@@ -815,12 +821,13 @@ def report(profile_rows, args):
         x = r["images_per_s"] / best["images_per_s"]
         pooled = ""
         if "repeats" in r and "repeats" in best:
-          _, error = speed_ratio_with_error(
-            *([run["step_s"] for run in row["repeats"] if "error" not in run] for row in (r, best))
+          paired, error = speed_ratio_with_error(
+            *([run.get("step_s") for run in row["repeats"]] for row in (r, best))
           )
+          x = x if math.isnan(paired) else paired  # no round where both ran: the pooled ratio
           pooled = (
-            f", means of {r['steps']} steps in {len(r['repeats'])} interleaved runs each; "
-            f"+-{error:.3f} (1 s.e. over runs)"
+            f", means of {r['steps']} steps in {len(r['repeats'])} interleaved rounds; "
+            f"+-{error:.3f} (1 s.e., runs paired by round)"
           )
           if abs(x - FIXED_TARGET) < 2 * error:
             pooled += ": within 2 s.e. of the target, so the runs cannot tell"

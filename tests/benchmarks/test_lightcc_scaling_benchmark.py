@@ -226,7 +226,14 @@ def test_fusion_and_its_fixed_sizes_run_interleaved_and_pool_their_steps():
   group = ["2d+topk+fusion", *fixed]
   listed, order = lightcc_scaling.run_order(["horovod", "2d+topk+fusion"], plan, True, 2)
   assert listed == ["horovod", *group]
-  assert order == ["horovod", *group, *group]  # runs once, then the group twice, interleaved
+  # Horovod runs once, then the group in two rounds, the second starting one later in the group.
+  assert order == ["horovod", *group, *group[1:], group[0]]
+  three_sizes = dict(plan, fusion_mb=[2.06, 8.25, 128])
+  group = ["2d+topk+fusion", *lightcc_scaling.fixed_sweep("2d+topk+fusion", three_sizes)]
+  _, five = lightcc_scaling.run_order(["2d+topk+fusion"], three_sizes, True, 5)
+  rounds = [five[n : n + 4] for n in range(0, len(five), 4)]
+  assert len(rounds) == 5 and all(sorted(r) == sorted(group) for r in rounds)
+  assert [r[0] for r in rounds] == [*group, group[0]]  # each one first in turn
   assert lightcc_scaling.run_order(["horovod", "2d+topk+fusion"], plan, False, 2) == (
     ["horovod", "2d+topk+fusion"],
     ["horovod", "2d+topk+fusion"],
@@ -270,10 +277,10 @@ def test_report_judges_pooled_and_single_fusion_runs(capsys):
   fixed = [v for v in verdicts if "fixed bucket sizes" in v]
   assert len(fixed) == 1 and fixed[0].startswith("MISS")  # 0.36 / 0.39 = 0.92x
   assert (
-    "0.923x the best of 3" in fixed[0] and "means of 16 steps in 2 interleaved runs" in fixed[0]
+    "0.923x the best of 3" in fixed[0] and "means of 16 steps in 2 interleaved rounds" in fixed[0]
   )
   # The fusion runs are 0.06 s apart: 0.923 is 0.7 standard errors below the target.
-  assert "+-0.071 (1 s.e. over runs): within 2 s.e. of the target" in fixed[0]
+  assert "+-0.071 (1 s.e., runs paired by round): within 2 s.e. of the target" in fixed[0]
 
 
 def test_ratio_error_grows_with_the_runs_spread():
@@ -283,4 +290,17 @@ def test_ratio_error_grows_with_the_runs_spread():
   # mean 0.5, sample variance 0.02 over 2 runs: relative error sqrt(0.02 / 2) / 0.5 = 0.2
   assert math.isclose(ratio, 0.8) and math.isclose(error, 0.8 * 0.2)
   _, error = lightcc_scaling.speed_ratio_with_error([0.5], [0.4, 0.4])
-  assert math.isnan(error)  # one run: no spread to judge by
+  assert math.isnan(error)  # one round: no spread to judge by
+
+
+def test_ratio_error_pairs_the_runs_by_round():
+  # The second round is 1.5x slower for both: the machine, not the configurations.
+  ratio, error = lightcc_scaling.speed_ratio_with_error([0.4, 0.6], [0.32, 0.48])
+  assert math.isclose(ratio, 0.8) and math.isclose(error, 0, abs_tol=1e-12)
+  # The same runs, the reference's rounds swapped: now the spread is the configurations'.
+  _, unpaired = lightcc_scaling.speed_ratio_with_error([0.4, 0.6], [0.48, 0.32])
+  assert unpaired > 0.1
+  # A round where either failed is left out of both means.
+  ratio, error = lightcc_scaling.speed_ratio_with_error([0.4, None, 0.5], [0.32, 0.9, 0.4])
+  assert math.isclose(ratio, 0.8) and math.isclose(error, 0, abs_tol=1e-12)
+  assert all(map(math.isnan, lightcc_scaling.speed_ratio_with_error([None, 0.5], [0.4, None])))
