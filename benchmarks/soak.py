@@ -32,7 +32,9 @@ What it checks, each with a PASS/MISS line:
             again must equal, within --auc-tolerance, what the killed child measured on it.
 
 The run ends once --minutes are over and at least --min-kills kills were survived: past
---minutes, a child still owed a kill is killed as soon as it has written a link, and restarted.
+--minutes, a child still owed a kill is killed as soon as it has written a link, and restarted;
+the last child stops once it has written a link, so that it trained and its second thread looked
+rows up (a lookups line that counts none is a MISS).
 The exit status is 1 when a row is lost, a restore differs, a child fails other than by the
 driver's SIGKILL, or nothing was restored; the memory and AUC lines are reported, not enforced.
 
@@ -446,16 +448,16 @@ def drive(args, argv):
         e["kind"] == "save" and e["seg"] == segment for e in read_events(events_path)[-50:]
       ):
         kill_at = now + rng.uniform(0.5, 1.5) * args.kill_interval
-      owed = len(kills) < args.min_kills
-      if now >= deadline and not owed:
+      owed, linked = len(kills) < args.min_kills, kill_at is not None
+      if now >= deadline and not owed and linked:
         open(os.path.join(args.dir, STOP), "w").close()
-      elif kill_at is not None and (now >= kill_at or now >= deadline):
+      elif linked and (now >= kill_at or now >= deadline):
         child.send_signal(signal.SIGKILL)
         child.wait()
         kills.append((now - start, segment))
         log(f"[soak] {now - start:7.1f}s: SIGKILL to segment {segment}")
         break
-      elif now >= deadline and not said_overtime:
+      elif now >= deadline and owed and not said_overtime:
         said_overtime = True
         log(f"[soak] --minutes are over; going on until kill {args.min_kills} (--min-kills)")
       time.sleep(args.sample_s)
@@ -602,7 +604,7 @@ def report(args, samples, kills, exits, start, results):
       f"AUC {own[0]['auc']:.4f} -> {own[-1]['auc']:.4f}, table {own[-1]['size']:,} rows"
     )
   lookups = next((e for e in events if e["kind"] == "lookups"), None)
-  lookup_ok = lookups is not None and lookups["error_count"] == 0
+  lookup_ok = lookups is not None and lookups["error_count"] == 0 and lookups["count"] > 0
   print(
     f"lookups      : {lookups['count'] if lookups else 0:,} from the second thread in the last "
     f"segment, {lookups['error_count'] if lookups else 'n/a'} errors: {verdict(lookup_ok)}"
