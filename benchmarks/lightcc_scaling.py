@@ -797,14 +797,14 @@ def report(profile_rows, args):
     ok = {r["name"]: r for r in rows if "error" not in r}
     if not ok:
       continue
-    hvd_eff = ok["horovod"]["efficiency"] if "horovod" in ok else float("nan")
+    hvd_eff = f"{ok['horovod']['efficiency']:.1%}" if "horovod" in ok else "not run"
     target = TARGETS[name]
     light = [r for r in ok.values() if r["name"] != "horovod"]
     if light:
       best = max(light, key=lambda r: r["efficiency"])
       verdicts.append(
         f"{_common.verdict(best['efficiency'] >= target)}: {name} LightCC's best configuration "
-        f"{best['name']} {best['efficiency']:.1%} (target >= {target:.0%}); Horovod {hvd_eff:.1%}"
+        f"{best['name']} {best['efficiency']:.1%} (target >= {target:.0%}); Horovod {hvd_eff}"
       )
     fused = [r for r in ok.values() if r["fusion"]]
     if fused and "horovod" in ok:

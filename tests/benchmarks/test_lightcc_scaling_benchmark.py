@@ -283,6 +283,13 @@ def test_report_judges_pooled_and_single_fusion_runs(capsys):
   assert "+-0.071 (1 s.e., runs paired by round): within 2 s.e. of the target" in fixed[0]
 
 
+def test_report_says_when_horovod_did_not_run(capsys):
+  plan = _plan(shrink=16)
+  verdicts = lightcc_scaling.report({"resnet50": (plan, 0.2, [_row("2d+topk", 0.25)])}, None)
+  capsys.readouterr()
+  assert verdicts[0].endswith("2d+topk 80.0% (target >= 90%); Horovod not run")
+
+
 def test_ratio_error_grows_with_the_runs_spread():
   ratio, error = lightcc_scaling.speed_ratio_with_error([0.5, 0.5], [0.4, 0.4])
   assert math.isclose(ratio, 0.8) and error == 0  # runs that repeat exactly: no doubt
