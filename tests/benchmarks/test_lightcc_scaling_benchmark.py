@@ -311,3 +311,12 @@ def test_ratio_error_pairs_the_runs_by_round():
   ratio, error = lightcc_scaling.speed_ratio_with_error([0.4, None, 0.5], [0.32, 0.9, 0.4])
   assert math.isclose(ratio, 0.8) and math.isclose(error, 0, abs_tol=1e-12)
   assert all(map(math.isnan, lightcc_scaling.speed_ratio_with_error([None, 0.5], [0.4, None])))
+
+
+def test_counters_outside_the_cluster_leave_the_missing_link_out():
+  """The worker run by hand (docs/benchmarks.md, fusion's cost measured apart) has no lcc0."""
+  cluster = lightcc_scaling.lightcc_cluster
+  counters = cluster._read_counters()
+  assert counters["lo_tx_bytes"] >= 0 and "tcp_retrans_segs" in counters
+  has_link = os.path.isdir(f"/sys/class/net/{cluster.IFACE}")
+  assert (f"{cluster.IFACE}_tx_bytes" in counters) == has_link
