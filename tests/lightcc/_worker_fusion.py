@@ -1,5 +1,8 @@
 """Rank program: adaptive fusion reduces exactly like Horovod, and all ranks switch together.
 
+FREEZE=1 turns re-probes off, freezes the choice after the probe and traces the step again: the
+new graph reduces alike without the switch over the candidates.
+
 TOPK=1 also sends the larger gradients through TOPK at ratio 1.0 (so still exactly Horovod's
 result): buckets then mix TOPK and dense gradients, and the TOPK residual's layout must not depend
 on the bucket size in force.
@@ -17,11 +20,12 @@ import tf_ext.lightcc as hvd
 
 two_d = int(os.environ.get("TWO_D", "0"))
 topk = int(os.environ.get("TOPK", "0"))
+freeze = int(os.environ.get("FREEZE", "0"))
 hvd.init(
   light_fusion=1,
   light_fusion_buckets_mb=[0.001, 0.01, 1],
   light_fusion_probe_steps=2,
-  light_fusion_reprobe_steps=3,
+  light_fusion_reprobe_steps=0 if freeze else 3,
   light_2d_allreduce=two_d,
   light_intra_size=2,
   light_topk_allreduce=topk,
@@ -34,22 +38,43 @@ variables = [tf.Variable(tf.zeros(s)) for s in shapes]
 rng = np.random.default_rng(rank)
 
 
-@tf.function
-def step(gradients):
-  with tf.GradientTape() as tape:
-    loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, gradients)])
-  return hvd.DistributedGradientTape(tape).gradient(loss, variables)
+def traced_step():
+  @tf.function
+  def step(gradients):
+    with tf.GradientTape() as tape:
+      loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, gradients)])
+    return hvd.DistributedGradientTape(tape).gradient(loss, variables)
+
+  return step
+
+
+def run_steps(step, steps, failures):
+  for number in range(steps):
+    grads = [tf.constant(rng.normal(size=s), tf.float32) for s in shapes]
+    ours = step(grads)
+    for o, g in zip(ours, grads):
+      expected = flat_hvd.allreduce(g, op=flat_hvd.Average).numpy()
+      if not np.allclose(o.numpy(), expected, rtol=1e-5, atol=1e-6):
+        failures.append(f"step {number}: max diff {np.abs(o.numpy() - expected).max()}")
 
 
 failures = []
-for number in range(20):
-  grads = [tf.constant(rng.normal(size=s), tf.float32) for s in shapes]
-  ours = step(grads)
-  for o, g in zip(ours, grads):
-    expected = flat_hvd.allreduce(g, op=flat_hvd.Average).numpy()
-    if not np.allclose(o.numpy(), expected, rtol=1e-5, atol=1e-6):
-      failures.append(f"step {number}: max diff {np.abs(o.numpy() - expected).max()}")
+if hvd.freeze_settled_fusion():
+  failures.append("froze before any step was traced")
+step = traced_step()
+run_steps(step, 20, failures)
 policy = hvd.fusion_policies()[0]
+if freeze:
+  # Re-probes off: the probe (at most 2 x 3 x 2 steps) is over, so the choice freezes, and a
+  # step traced now holds that bucketing alone: no switch, no step clock (the history stops).
+  if not hvd.freeze_settled_fusion():
+    failures.append(f"not settled after 20 steps: {policy.history}")
+  frozen_step, steps_seen = traced_step(), len(policy.history)
+  run_steps(frozen_step, 5, failures)
+  graph = frozen_step.get_concrete_function([tf.TensorSpec(s, tf.float32) for s in shapes]).graph
+  switches = [op.type for op in graph.get_operations() if "Case" in op.type or "If" in op.type]
+  if switches or len(policy.history) != steps_seen:
+    failures.append(f"frozen step kept {switches}, {len(policy.history) - steps_seen} clock ticks")
 choices = np.array([index for _, index in policy.history], np.int32)
 everyone = flat_hvd.allgather(tf.constant(choices[None, :])).numpy()
 if len(set(choices.tolist())) < 3:

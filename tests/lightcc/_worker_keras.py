@@ -4,7 +4,8 @@ TOPK=1 trains with TOPK 1 % + fp16 (threshold 0, so every gradient is compressed
 TABLE=1 also trains a tf_ext dynamic embedding table (Adam, through DynamicEmbeddingOptimizer)
 next to the dense layers. RELOAD_DIR=<dir>: after training, each rank saves the model there,
 loads it back with tf_ext.lightcc.keras.load_model and trains it one more epoch, counting only
-that epoch's traffic. Every run checks that all ranks end with identical weights and rows.
+that epoch's traffic. FUSION=1 exchanges in adaptive buckets, frozen and retraced once chosen
+(FusionSettledCallback). Every run checks that all ranks end with identical weights and rows.
 """
 
 import os
@@ -22,8 +23,16 @@ import tf_ext.lightcc.keras as hvd
 topk = int(os.environ["TOPK"])
 with_table = int(os.environ.get("TABLE", "0"))
 epochs = int(os.environ.get("EPOCHS", "40"))
+fusion = int(os.environ.get("FUSION", "0"))
 hvd.init(
-  light_topk_allreduce=topk, light_topk_ratio=0.01, light_topk_fp16=topk, light_topk_threshold=0
+  light_topk_allreduce=topk,
+  light_topk_ratio=0.01,
+  light_topk_fp16=topk,
+  light_topk_threshold=0,
+  light_fusion=fusion,
+  light_fusion_buckets_mb=[0.01, 1],
+  light_fusion_probe_steps=2,
+  light_fusion_reprobe_steps=0,
 )
 tf.keras.utils.set_random_seed(1)
 digits = load_digits()
@@ -54,9 +63,21 @@ model.compile(
 callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
 if os.environ.get("LOG_DIR"):
   callbacks.append(hvd.callbacks.LightCCTrafficCallback(os.environ["LOG_DIR"], every_n_batches=5))
+if fusion:
+  settled = hvd.callbacks.FusionSettledCallback()
+  callbacks.append(settled)
 model.fit(
   x_train[shard], y_train[shard], batch_size=32, epochs=epochs, verbose=0, callbacks=callbacks
 )
+if fusion:
+  # Retraced in the first epoch; the retraced train function has no step clock, so the policy
+  # saw no step after it.
+  steps_seen = len(tf_ext.lightcc.fusion_policies()[0].history)
+  print(
+    f"FUSION rank={hvd.rank()} retraced_after={settled.retraced_after_batch} "
+    f"steps_seen={steps_seen}",
+    flush=True,
+  )
 if os.environ.get("RELOAD_DIR"):
   path = os.path.join(os.environ["RELOAD_DIR"], f"rank{hvd.rank()}.keras")
   model.save(path)

@@ -93,3 +93,14 @@ def test_the_buckets_exchanged_last_are_smaller():
     [11, 10, 9, 8, 7, 6, 5, 4],
     [3, 2, 1, 0],
   ]
+
+
+def test_settles_after_the_probe_only_without_reprobes():
+  times = {0: 1.0, 1: 0.6, 2: 0.8}
+  once = FusionPolicy(3, probe_steps=2, reprobe_steps=0)
+  assert not once.settled
+  _drive(once, times.get, 6)
+  assert once.settled and once.current == 1 and not once.frozen
+  reprobing = FusionPolicy(3, probe_steps=2, reprobe_steps=4)
+  _drive(reprobing, times.get, 6)
+  assert reprobing.current == 1 and not reprobing.settled

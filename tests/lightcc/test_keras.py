@@ -50,3 +50,13 @@ def test_replicas_with_a_dynamic_embedding_table_stay_identical_and_traffic_reac
     "lightcc/compression_ratio",
   } <= set(scalars), scalars.keys()
   assert min(scalars["lightcc/compression_ratio"]) > 2  # TOPK 1 % on the dense layers
+
+
+def test_fusion_settled_callback_retraces_once_the_choice_is_made():
+  proc = horovodrun("_worker_keras.py", TOPK=0, FUSION=1, EPOCHS=3)
+  assert_ok(proc)  # replicas identical
+  seen = re.findall(r"FUSION rank=\d retraced_after=(\d+) steps_seen=(\d+)", proc.stdout)
+  assert len(seen) == 4, proc.stdout
+  # 2 candidates x 2 rounds, refined at most once more: settled within the first 8 batches, and
+  # no step after the retrace reached the policy (the first step is never timed).
+  assert all(int(batch) < 8 and int(steps) == int(batch) for batch, steps in seen), proc.stdout

@@ -97,7 +97,7 @@ from horovod.tensorflow import (
 
 from tf_ext.lightcc import _reexport, elastic
 from tf_ext.lightcc.collectives import allreduce, grouped_allreduce
-from tf_ext.lightcc.reduction import fusion_policies, reduce_gradients
+from tf_ext.lightcc.reduction import freeze_settled_fusion, fusion_policies, reduce_gradients
 from tf_ext.lightcc.state import init, light_config, reset_traffic, traffic
 from tf_ext.lightcc.wrappers import DistributedGradientTape, DistributedOptimizer
 
@@ -106,6 +106,7 @@ __all__ = [
   "DistributedGradientTape",
   "DistributedOptimizer",
   "allreduce",
+  "freeze_settled_fusion",
   "fusion_policies",
   "grouped_allreduce",
   "init",

@@ -17,8 +17,11 @@ Policy (settings in tf_ext/settings.py, LIGHT_FUSION_*):
      list are probed again (refined alike) and the fastest of the three is kept (the network
      and the load change).
 All bucketings exist in the graph behind one tf.switch_case, so switching needs no retracing and
-works in TF1 sessions too. Every rank must pick the same branch: the step time the policy sees is
-the average over ranks (one scalar allreduce per step), so all ranks make identical decisions.
+works in TF1 sessions too. With re-probes off, once the probe is over, every rank may freeze the
+choice after the same step and retrace: the new graph holds the chosen bucketing alone
+(reduction.freeze_settled_fusion; for Keras, callbacks.FusionSettledCallback).
+Every rank must pick the same branch: the step time the policy sees is the average over ranks
+(one scalar allreduce per step), so all ranks make identical decisions.
 
 Nothing waits for the last bucket: each output of the switch_case (lowered to Switch/Merge) is
 released when its own bucket is reduced. The step clock runs at the start of a step, off the
@@ -62,6 +65,11 @@ class FusionPolicy:
     self._start_probing(list(range(num_candidates)))
     self._since_decision = 0
     self.history = []  # (step_seconds, index that produced it)
+    # Set by reduction.freeze_settled_fusion() on every rank after the same step: graphs traced
+    # from then on hold only the choice. Not on settling alone, since a rank may retrace alone
+    # (a batch of its own shape), and its graph must keep the collectives of the others'. Here,
+    # so that elastic commits, restores and syncs it with the rest of the policy.
+    self.frozen = False
 
   @staticmethod
   def longest_probe(num_candidates, probe_steps):
@@ -71,6 +79,11 @@ class FusionPolicy:
   @property
   def current(self):
     return self._current
+
+  @property
+  def settled(self):
+    """The choice is final: the probe is over and re-probes are off."""
+    return not self._probing and not self.reprobe_steps
 
   def _start_probing(self, candidates, refining=False):
     self._probing = candidates
@@ -168,6 +181,11 @@ class AdaptiveFusion:
   def reduce(self, tensors, reduce_bucket):
     """reduce_bucket(positions in `tensors`) -> their reduced tensors, in that order; returns all
     reduced tensors in input order, each as soon as its bucket is reduced."""
+
+    if self.policy.frozen:
+      # Its choice is final: a graph traced now holds that bucketing alone. The others, dead
+      # branches of the switch, cost each rank CPU every step and memory (docs/lightcc.md).
+      return reduce_in_buckets(tensors, self.candidates[self.policy.current], reduce_bucket)
 
     def branch(bucket_bytes):
       return lambda: reduce_in_buckets(tensors, bucket_bytes, reduce_bucket)

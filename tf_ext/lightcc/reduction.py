@@ -137,3 +137,19 @@ def fusion_for_key(key):
 def fusion_policies():
   """The adaptive fusion policies in use (their probed medians and history), for inspection."""
   return [f.policy for f in state.graph_state().fusions.values()]
+
+
+def freeze_settled_fusion():
+  """Freezes the choice of every adaptive fusion in use once all have made their final one
+  (probe over, LIGHT_FUSION_REPROBE_STEPS=0), and says whether it did. A step function traced
+  after a freeze holds only the chosen bucketing, so it runs lighter than the switch over every
+  candidate; retrace it after this returns True (Keras: callbacks.FusionSettledCallback).
+
+  Call it on every rank after the same step, as any collective: the policies then agree on every
+  rank, and all ranks must hold the same graph. False before the first traced step."""
+  fusions = list(state.graph_state().fusions.values())
+  if not fusions or not all(f.policy.settled for f in fusions):
+    return False
+  for fusion in fusions:
+    fusion.policy.frozen = True
+  return True

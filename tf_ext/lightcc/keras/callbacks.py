@@ -11,11 +11,12 @@ from horovod.tensorflow.keras.callbacks import (
   MetricAverageCallback,
 )
 
-from tf_ext.lightcc import _reexport, state
+from tf_ext.lightcc import _reexport, reduction, state
 
 __all__ = [
   "BestModelCheckpoint",
   "BroadcastGlobalVariablesCallback",
+  "FusionSettledCallback",
   "LearningRateScheduleCallback",
   "LearningRateWarmupCallback",
   "LightCCTrafficCallback",
@@ -49,6 +50,21 @@ class LightCCTrafficCallback(tf.keras.callbacks.Callback):
       tf.summary.scalar("lightcc/inter_bytes_per_step", figures["inter_bytes"] / self._every)
       tf.summary.scalar("lightcc/compression_ratio", figures["compression_ratio"])
     self._writer.flush()
+
+
+class FusionSettledCallback(tf.keras.callbacks.Callback):
+  """Once adaptive fusion has made its final choice (LIGHT_FUSION_REPROBE_STEPS=0), freezes it
+  and retraces the train function, so that the batches after it run the chosen bucketing alone
+  instead of a switch over every candidate. Every rank does so after the same batch."""
+
+  def __init__(self):
+    super().__init__()
+    self.retraced_after_batch = None  # in the epoch where it happened
+
+  def on_train_batch_end(self, batch, logs=None):
+    if self.retraced_after_batch is None and reduction.freeze_settled_fusion():
+      self.model.make_train_function(force=True)
+      self.retraced_after_batch = batch
 
 
 __getattr__, __dir__ = _reexport.fallback(__name__, globals(), _hvd_callbacks)
