@@ -128,10 +128,15 @@ server.stop()
 
 
 def _read_counters():
-  """Bytes counters of this namespace's lcc0 and lo (/sys as remounted by `ip netns exec`), and
-  its TCP segments retransmitted (/proc/net/snmp is per namespace): a tbf queue that overflows
-  shows as retransmissions. A worker run by hand outside the cluster has no lcc0: its counters
-  are left out (the cluster always makes lcc0, so its reports always have them)."""
+  """Counters to tell where a slow run's time went, each read before and after the timed steps:
+  - bytes of this namespace's lcc0 and lo (/sys as remounted by `ip netns exec`);
+  - its TCP segments sent again (/proc/net/snmp is per namespace), and of them the tail loss
+    probes (sent when an ACK is late, nothing need be lost) and the retransmission timeouts;
+  - the packets lcc0's tbf dropped (`tc -s`): the link's own losses;
+  - the host's CPU ticks and those stolen from this VM by its hypervisor (/proc/stat, not per
+    namespace): time the ranks wait that their own CPU time does not show.
+  A worker run by hand outside the cluster has no lcc0: its link counters are left out (the
+  cluster always makes lcc0, so its reports always have them)."""
   out = {}
   for dev in (IFACE, "lo"):
     if not os.path.isdir(f"/sys/class/net/{dev}"):
@@ -139,11 +144,29 @@ def _read_counters():
     for key in ("tx_bytes", "rx_bytes"):
       with open(f"/sys/class/net/{dev}/statistics/{key}") as f:
         out[f"{dev}_{key}"] = int(f.read())
-  with open("/proc/net/snmp") as f:
-    names, values = [line.split()[1:] for line in f if line.startswith("Tcp:")]
-  tcp = dict(zip(names, map(int, values)))
+  tcp = _proc_net_table("/proc/net/snmp", "Tcp:")
+  tcp_ext = _proc_net_table("/proc/net/netstat", "TcpExt:")
   out["tcp_retrans_segs"] = tcp["RetransSegs"]
+  out["tcp_loss_probes"] = tcp_ext.get("TCPLossProbes", 0)
+  out["tcp_timeouts"] = tcp_ext.get("TCPTimeouts", 0)
+  if f"{IFACE}_tx_bytes" in out:
+    shown = subprocess.run(
+      ["tc", "-s", "-j", "qdisc", "show", "dev", IFACE], capture_output=True, text=True
+    )
+    if shown.returncode == 0 and shown.stdout.strip():
+      out["qdisc_drops"] = sum(q.get("drops", 0) for q in json.loads(shown.stdout))
+  with open("/proc/stat") as f:
+    ticks = [int(v) for v in f.readline().split()[1:]]
+  out["cpu_ticks"] = sum(ticks[:8])  # user .. steal (guest time is inside user)
+  out["cpu_steal_ticks"] = ticks[7]
   return out
+
+
+def _proc_net_table(path, prefix):
+  """One table of /proc/net/snmp or /proc/net/netstat (a names line, then a values line)."""
+  with open(path) as f:
+    names, values = [line.split()[1:] for line in f if line.startswith(prefix)]
+  return dict(zip(names, map(int, values)))
 
 
 def worker(args):

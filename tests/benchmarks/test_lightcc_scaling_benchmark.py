@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -215,6 +216,7 @@ def _row(name, step_s, steps=8, chosen=None, plan=None):
     "efficiency": 0.2 / step_s,
     "link_bytes_per_step": [1.0, 3.0],
     "cpu_s_per_rank_step": step_s / 4,
+    "steal_share": 0.05,
     "fusion": [{"chosen": chosen}] if chosen is not None else [],
     "overlap": {"first_reduced": 0.1, "backward_end": 0.2, "last_reduced": 0.3},
   }
@@ -320,3 +322,76 @@ def test_counters_outside_the_cluster_leave_the_missing_link_out():
   assert counters["lo_tx_bytes"] >= 0 and "tcp_retrans_segs" in counters
   has_link = os.path.isdir(f"/sys/class/net/{cluster.IFACE}")
   assert (f"{cluster.IFACE}_tx_bytes" in counters) == has_link
+  assert ("qdisc_drops" in counters) == has_link
+
+
+def test_counters_tell_late_acks_and_stolen_cpu_from_losses():
+  cluster = lightcc_scaling.lightcc_cluster
+  before = cluster._read_counters()
+  time.sleep(0.05)
+  after = cluster._read_counters()
+  assert {"tcp_loss_probes", "tcp_timeouts"} <= after.keys()
+  assert after["cpu_ticks"] > before["cpu_ticks"] >= before["cpu_steal_ticks"] >= 0
+
+
+def test_summary_splits_retransmissions_and_reads_steal_per_run():
+  cluster = lightcc_scaling.lightcc_cluster
+  timeline = {"begin": 0.0, "end": 1.0, "spans": [], "marks": [], "collectives": []}
+
+  def rank(number, retrans, probes, drops, steal):
+    counters = {
+      f"{cluster.IFACE}_tx_bytes": 1000,
+      "tcp_retrans_segs": retrans,
+      "tcp_loss_probes": probes,
+      "tcp_timeouts": 1,
+      "qdisc_drops": drops,
+      "cpu_ticks": 400,
+      "cpu_steal_ticks": steal,
+    }
+    traffic = {"inter_bytes": 0}
+    return dict(
+      rank=number,
+      steps=10,
+      elapsed_s=2.0,
+      warmup_s=1.0,
+      cpu_s=0.5,
+      fusion=[],
+      timeline=timeline,
+      peak_rss=1,
+      counters=counters,
+      traffic=traffic,
+    )
+
+  per_node = cluster.RANKS_PER_NODE
+  results = {r: rank(r, 30, 20, 0, 40) for r in range(cluster.WORLD)}
+  results[per_node] = rank(per_node, 10, 10, 5, 99)  # node 1's counters (its first rank)
+  row = lightcc_scaling.summarize("2d", results, _plan(shrink=16), 0.1)
+  assert row["retransmits_per_step"] == 4.0 and row["loss_probes_per_step"] == 3.0
+  assert row["timeouts_per_step"] == 0.2 and row["link_drops_per_step"] == 0.5
+  assert row["steal_share"] == 0.1  # the host's, read by rank 0
+
+
+def test_a_run_the_host_stole_from_runs_again_a_bounded_number_of_times(monkeypatch, capsys):
+  steals = iter([0.2, 0.1, 0.0])
+  monkeypatch.setattr(lightcc_scaling, "launch_config", lambda *a: ({0: {}}, None))
+  monkeypatch.setattr(
+    lightcc_scaling, "summarize", lambda *a: dict(_row("2d", 0.3), steal_share=next(steals))
+  )
+
+  def run(**options):
+    args = lightcc_scaling.parse_args(["--max-steal", "0.05", *options.get("argv", [])])
+    return lightcc_scaling.run_undisturbed(None, "2d", "spec", "dir", {}, args, 0.1, "2d")
+
+  row, disturbed = run()
+  assert row["steal_share"] == 0.0 and [r["steal_share"] for r in disturbed] == [0.2, 0.1]
+  assert capsys.readouterr().out.count("run again") == 2
+  steals = iter([0.2, 0.1, 0.0])
+  row, disturbed = run(argv=["--steal-retries", "1"])
+  assert row["steal_share"] == 0.1 and len(disturbed) == 1  # kept: no retry left
+  monkeypatch.setattr(
+    lightcc_scaling, "launch_config", lambda *a: (None, {"error": "exit 1", "logs": "..."})
+  )
+  row, disturbed = run()
+  assert row == {"name": "2d", "error": "exit 1", "logs": "..."} and disturbed == []
+  with pytest.raises(SystemExit):
+    lightcc_scaling.parse_args(["--max-steal", "2"])
