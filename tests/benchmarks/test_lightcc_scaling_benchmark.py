@@ -217,6 +217,11 @@ def _row(name, step_s, steps=8, chosen=None, plan=None):
     "link_bytes_per_step": [1.0, 3.0],
     "cpu_s_per_rank_step": step_s / 4,
     "steal_share": 0.05,
+    "retransmits_per_step": 2.0,
+    "loss_probes_per_step": 1.5,
+    "timeouts_per_step": 0.0,
+    "link_drops_per_step": 0.0,
+    "peak_rss": 2**30,
     "fusion": [{"chosen": chosen}] if chosen is not None else [],
     "overlap": {"first_reduced": 0.1, "backward_end": 0.2, "last_reduced": 0.3},
   }
