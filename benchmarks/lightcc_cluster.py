@@ -130,8 +130,9 @@ server.stop()
 def _read_counters():
   """Counters to tell where a slow run's time went, each read before and after the timed steps:
   - bytes of this namespace's lcc0 and lo (/sys as remounted by `ip netns exec`);
-  - its TCP segments sent again (/proc/net/snmp is per namespace), and of them the tail loss
-    probes (sent when an ACK is late, nothing need be lost) and the retransmission timeouts;
+  - its TCP segments sent again (/proc/net/snmp is per namespace), its tail loss probes (sent
+    when an ACK is late, though nothing need be lost; new data or a segment sent again) and its
+    retransmission timeouts;
   - the packets lcc0's tbf dropped (`tc -s`): the link's own losses;
   - the host's CPU ticks and those stolen from this VM by its hypervisor (/proc/stat, not per
     namespace): time the ranks wait that their own CPU time does not show.

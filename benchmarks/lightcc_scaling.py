@@ -58,10 +58,10 @@ Noise. The 4 ranks use most of the 2 cores (about 100 ms of CPU per rank in a 0.
 step), so a run is slower when the hypervisor lends the machine's CPUs to others (steal time in
 /proc/stat; a ResNet50 run with 20 % steal took 0.357 s a step, runs with none 0.25 s). Each run
 prints the host's steal share over its timed steps, and a run over --max-steal (5 %) is run again
-(--steal-retries, 2). It also prints its CPU time and TCP retransmits per step, split into tail
-loss probes (an ACK came late, as when a vCPU waits) and timeouts, and the packets its link's tbf
-dropped. The verdict of fusion against its best fixed size gives its standard error over the
-runs, and says so when the target lies within two of them.
+(--steal-retries, 2). It also prints its CPU time per step and, per step, its TCP retransmits,
+tail loss probes (an ACK came late, as when a vCPU waits) and timeouts, and the packets its
+link's tbf dropped. The verdict of fusion against its best fixed size gives its standard error
+over the runs, and says so when the target lies within two of them.
 
   make bench-scaling                                     # VGG16 and ResNet50, every config
   make bench-scaling BENCH_ARGS=--quick                  # 2-4 min: VGG16, 3 configs
@@ -652,9 +652,9 @@ def run_undisturbed(cluster, config, spec_path, result_dir, plan, args, single_s
     print(
       f"  {shown}: {row['step_s']:.3f} s/step, efficiency {row['efficiency']:.1%}, link "
       f"{max(row['link_bytes_per_step']) / 1e6:.2f} MB/step, "
-      f"{row['retransmits_per_step']:.1f} TCP retransmits/step "
-      f"({row['loss_probes_per_step']:.1f} loss probes, {row['timeouts_per_step']:.1f} "
-      f"timeouts; {row['link_drops_per_step']:.1f} drops at the link), steal "
+      f"TCP per step {row['retransmits_per_step']:.1f} retransmits, "
+      f"{row['loss_probes_per_step']:.1f} loss probes, {row['timeouts_per_step']:.1f} timeouts, "
+      f"{row['link_drops_per_step']:.1f} drops at the link; steal "
       f"{row['steal_share']:.0%}, CPU/rank {row['cpu_s_per_rank_step'] * 1e3:.0f} ms/step, peak "
       f"RSS/rank {row['peak_rss'] / 2**30:.2f} GiB ({time.perf_counter() - t:.0f}s)"
       + (f"; steal over {args.max_steal:.0%}: run again" if again else ""),
@@ -714,8 +714,8 @@ def summarize(name, results, plan, single_step_s):
     "images_per_s": BATCH * world / step_s,
     "efficiency": single_step_s / step_s,
     "link_bytes_per_step": link,
-    # TCP segments sent again, both nodes; of them the loss probes (an ACK was late) and the
-    # timeouts; and the packets the tbf dropped (its queue, --latency, overflowed).
+    # TCP segments sent again, both nodes; tail loss probes (an ACK was late) and timeouts; and
+    # the packets the tbf dropped (its queue, --latency, overflowed).
     "retransmits_per_step": tcp["tcp_retrans_segs"] / r0["steps"],
     "loss_probes_per_step": tcp["tcp_loss_probes"] / r0["steps"],
     "timeouts_per_step": tcp["tcp_timeouts"] / r0["steps"],
