@@ -44,6 +44,7 @@ Targets (informational, exit status 0): 2D + TOPK >= 2x Horovod steps/s; 2D inte
 
 import argparse
 import atexit
+import glob
 import importlib.util
 import json
 import os
@@ -390,6 +391,8 @@ def launch_ranks(cluster, argv, env, result_dir, timeout):
   from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
   os.makedirs(result_dir, exist_ok=True)
+  for stale in glob.glob(os.path.join(result_dir, "rank*.json")):  # a run again in the same dir
+    os.remove(stale)
   hosts = ",".join(f"node{i}:{RANKS_PER_NODE}" for i in range(NODES))
   server = cluster.popen(
     0,
