@@ -699,13 +699,13 @@ def summarize(name, results, plan, single_step_s):
   step_s = r0["elapsed_s"] / r0["steps"]
   link = [0.0] * lightcc_cluster.NODES
   per_node = ("tcp_retrans_segs", "tcp_loss_probes", "tcp_timeouts", "qdisc_drops")
-  tcp = dict.fromkeys(per_node, 0)  # both nodes' sums
+  node_sums = dict.fromkeys(per_node, 0)  # both nodes' counters added
   for r in results.values():
     node = r["rank"] // lightcc_cluster.RANKS_PER_NODE
     if r["rank"] % lightcc_cluster.RANKS_PER_NODE == 0:  # counters are per namespace
       link[node] = r["counters"][f"{lightcc_cluster.IFACE}_tx_bytes"] / r["steps"]
       for key in per_node:
-        tcp[key] += r["counters"].get(key, 0)
+        node_sums[key] += r["counters"].get(key, 0)
   return {
     "name": name,
     "env": config_env(name, lightcc_cluster.RANKS_PER_NODE, plan),
@@ -716,10 +716,10 @@ def summarize(name, results, plan, single_step_s):
     "link_bytes_per_step": link,
     # TCP segments sent again, both nodes; tail loss probes (an ACK was late) and timeouts; and
     # the packets the tbf dropped (its queue, --latency, overflowed).
-    "retransmits_per_step": tcp["tcp_retrans_segs"] / r0["steps"],
-    "loss_probes_per_step": tcp["tcp_loss_probes"] / r0["steps"],
-    "timeouts_per_step": tcp["tcp_timeouts"] / r0["steps"],
-    "link_drops_per_step": tcp["qdisc_drops"] / r0["steps"],
+    "retransmits_per_step": node_sums["tcp_retrans_segs"] / r0["steps"],
+    "loss_probes_per_step": node_sums["tcp_loss_probes"] / r0["steps"],
+    "timeouts_per_step": node_sums["tcp_timeouts"] / r0["steps"],
+    "link_drops_per_step": node_sums["qdisc_drops"] / r0["steps"],
     "steal_share": steal_share(r0["counters"]),
     "analytic_inter_bytes_all_ranks": sum(r["traffic"]["inter_bytes"] for r in results.values())
     / r0["steps"],
