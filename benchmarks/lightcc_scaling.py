@@ -636,19 +636,17 @@ def worker_argv(spec_path, result_dir):
 
 
 def run_undisturbed(cluster, config, spec_path, result_dir, plan, args, single_step, shown):
-  """Runs a configuration once (row, or a failure row), again while its host lent more than
-  --max-steal of the CPU to others during the timed steps (at most --steal-retries times): such
-  a run measures the neighbours, and hits configurations that need more CPU harder. Returns the
-  row and the disturbed rows it replaced."""
-  disturbed = []
-  while True:
-    t = time.perf_counter()
+  """Runs a configuration (lightcc_cluster.run_undisturbed: again while the host's steal was over
+  --max-steal). Returns its row, or a failure row, and the disturbed rows it replaced."""
+
+  def run_once():
     got, failure = launch_config(cluster, config, spec_path, result_dir, plan, args)
-    if failure:
-      print(f"  {shown}: FAILED: {failure['error']}\n{failure['logs']}", flush=True)
-      return {"name": config, **failure}, disturbed
-    row = summarize(config, got, plan, single_step)
-    again = row["steal_share"] > args.max_steal and len(disturbed) < args.steal_retries
+    return {"name": config, **failure} if failure else summarize(config, got, plan, single_step)
+
+  def show(row, again, seconds):
+    if "error" in row:
+      print(f"  {shown}: FAILED: {row['error']}\n{row['logs']}", flush=True)
+      return
     print(
       f"  {shown}: {row['step_s']:.3f} s/step, efficiency {row['efficiency']:.1%}, link "
       f"{max(row['link_bytes_per_step']) / 1e6:.2f} MB/step, "
@@ -656,13 +654,12 @@ def run_undisturbed(cluster, config, spec_path, result_dir, plan, args, single_s
       f"{row['loss_probes_per_step']:.1f} loss probes, {row['timeouts_per_step']:.1f} timeouts, "
       f"{row['link_drops_per_step']:.1f} drops at the link; steal "
       f"{row['steal_share']:.0%}, CPU/rank {row['cpu_s_per_rank_step'] * 1e3:.0f} ms/step, peak "
-      f"RSS/rank {row['peak_rss'] / 2**30:.2f} GiB ({time.perf_counter() - t:.0f}s)"
+      f"RSS/rank {row['peak_rss'] / 2**30:.2f} GiB ({seconds:.0f}s)"
       + (f"; steal over {args.max_steal:.0%}: run again" if again else ""),
       flush=True,
     )
-    if not again:
-      return row, disturbed
-    disturbed.append(row)
+
+  return lightcc_cluster.run_undisturbed(run_once, args, show)
 
 
 def launch_config(cluster, config, spec_path, result_dir, plan, args, **env):
@@ -720,7 +717,7 @@ def summarize(name, results, plan, single_step_s):
     "loss_probes_per_step": node_sums["tcp_loss_probes"] / r0["steps"],
     "timeouts_per_step": node_sums["tcp_timeouts"] / r0["steps"],
     "link_drops_per_step": node_sums["qdisc_drops"] / r0["steps"],
-    "steal_share": steal_share(r0["counters"]),
+    "steal_share": lightcc_cluster.steal_share(r0["counters"]),
     "analytic_inter_bytes_all_ranks": sum(r["traffic"]["inter_bytes"] for r in results.values())
     / r0["steps"],
     "fusion": r0["fusion"],
@@ -766,12 +763,6 @@ def add_timeline(row, cluster, spec_path, pdir, plan, args):
 
 # From Horovod's timeline (overlap_figures): only the charted configurations have them.
 COLLECTIVE_FIGURES = ("first_collective", "collective_s_before_backward_end")
-
-
-def steal_share(counters):
-  """The share of the host's CPU time that its hypervisor gave to others between two readings
-  (the counters' differences): time the ranks waited that their own CPU time does not show."""
-  return counters.get("cpu_steal_ticks", 0) / max(1, counters.get("cpu_ticks", 0))
 
 
 def overlap_figures(timeline, plan):
@@ -1018,16 +1009,7 @@ def parse_args(argv):
     help="the seed cluster's inter-node link, which sets the compute/link ratio (25gbit: the "
     "seed's VPC; 1gbit: the same GPUs on an ordinary 1 Gbit/s network)",
   )
-  p.add_argument(
-    "--max-steal",
-    type=float,
-    default=0.05,
-    help="a run during whose timed steps the hypervisor gave more than this share of the host's "
-    "CPU to others is run again (1 never)",
-  )
-  p.add_argument(
-    "--steal-retries", type=int, default=2, help="times a disturbed run is run again at most"
-  )
+  lightcc_cluster.add_steal_options(p)
   p.add_argument("--burst", default="512kb")
   p.add_argument("--latency", default="20ms")
   p.add_argument("--shrink", type=int, default=16, help="gradient sizes divided by this")
@@ -1092,8 +1074,7 @@ def parse_args(argv):
   if args.fusion_rounds < 2:
     p.error("--fusion-rounds must be at least 2 (the first round is not counted)")
   _common.require_positive(p, args, ["repeats", "steps"])
-  if not 0 <= args.max_steal <= 1 or args.steal_retries < 0:
-    p.error("--max-steal is a share in [0, 1] and --steal-retries at least 0")
+  lightcc_cluster.check_steal_options(p, args)
   args.profiles = [x for x in args.profiles.split(",") if x]
   args.configs = [x for x in args.configs.split(",") if x]
   bad = [x for x in args.profiles if x not in PROFILES] + [
@@ -1167,9 +1148,10 @@ def main(argv=None):
         sys.exit(f"one-rank baseline failed: {failure['error']}\n{failure['logs']}")
       single_step = single[0]["elapsed_s"] / single[0]["steps"]
       single_cpu = single[0]["cpu_s"] / single[0]["steps"]
+      single_steal = lightcc_cluster.steal_share(single[0]["counters"])
       print(
         f"  1 rank: {single_step:.3f} s/step, CPU {single_cpu * 1e3:.0f} ms/step, steal "
-        f"{steal_share(single[0]['counters']):.0%} ({time.perf_counter() - t:.0f}s)",
+        f"{single_steal:.0%} ({time.perf_counter() - t:.0f}s)",
         flush=True,
       )
       spec["world"] = lightcc_cluster.WORLD

@@ -400,3 +400,42 @@ def test_a_run_the_host_stole_from_runs_again_a_bounded_number_of_times(monkeypa
   assert row == {"name": "2d", "error": "exit 1", "logs": "..."} and disturbed == []
   with pytest.raises(SystemExit):
     lightcc_scaling.parse_args(["--max-steal", "2"])
+
+
+def test_the_exchange_only_benchmark_reads_steal_and_runs_disturbed_runs_again(capsys):
+  """bench-cluster (lightcc_cluster.py) shares the scaling benchmark's rule for disturbed runs."""
+  cluster = lightcc_scaling.lightcc_cluster
+  counters = {
+    f"{cluster.IFACE}_tx_bytes": 100,
+    f"{cluster.IFACE}_rx_bytes": 100,
+    "lo_tx_bytes": 10,
+    "cpu_ticks": 200,
+    "cpu_steal_ticks": 30,
+  }
+  rank = dict(
+    counters=counters,
+    traffic={"inter_bytes": 0, "intra_bytes": 0},
+    elapsed_s=2.0,
+    warmup_s=1.0,
+    light_config="",
+    fusion=[],
+  )
+  args = cluster.parse_args(["--steps", "4", "--steal-retries", "1"])
+  args.total_bytes = 1000
+  row = cluster.summarize("2d", {"LIGHT_2D_ALLREDUCE": "1"}, dict.fromkeys(range(4), rank), args)
+  assert row["steal_share"] == 0.15 and row["step_s"] == 0.5
+  runs = iter([row, dict(row, steal_share=0.0)])
+  shown = []
+  kept, disturbed = cluster.run_undisturbed(lambda: next(runs), args, lambda *a: shown.append(a))
+  assert kept["steal_share"] == 0.0 and disturbed == [row]
+  assert [again for _, again, _ in shown] == [True, False]
+  cluster.show_run(row, True, 3.0, args)
+  assert "steal 15%" in capsys.readouterr().out
+  runs = iter([row, row, row])
+  kept, disturbed = cluster.run_undisturbed(lambda: next(runs), args, lambda *a: None)
+  assert kept is row and len(disturbed) == 1  # --steal-retries 1: the second is kept
+  failed = {"name": "2d", "error": "rank 1 exited with 1", "logs": ""}
+  kept, disturbed = cluster.run_undisturbed(lambda: failed, args, lambda *a: None)
+  assert kept is failed and disturbed == []  # a failure is reported, never run again
+  with pytest.raises(SystemExit):
+    cluster.parse_args(["--max-steal", "-0.1"])
