@@ -492,21 +492,23 @@ def run_undisturbed(run_once, args, show):
   """Calls run_once() -> a row with its "steal_share" (or a failure row, with "error") again while
   the host lent more than --max-steal of the CPU to others during its timed steps, at most
   --steal-retries times: such a run measures the neighbours, and hits configurations that need
-  more CPU harder. show(row, again, seconds it took) prints each run. Returns the row kept and
-  those it replaced."""
-  disturbed = []
+  more CPU harder. When no run was under --max-steal, the one with the least steal is kept.
+  show(row, again, seconds it took) prints each run. Returns the row kept and those it replaced
+  (in run order)."""
+  runs = []
   while True:
     started = time.perf_counter()
     row = run_once()
     again = (
-      "error" not in row
-      and row["steal_share"] > args.max_steal
-      and len(disturbed) < args.steal_retries
+      "error" not in row and row["steal_share"] > args.max_steal and len(runs) < args.steal_retries
     )
     show(row, again, time.perf_counter() - started)
+    if "error" in row:
+      return row, runs
+    runs.append(row)
     if not again:
-      return row, disturbed
-    disturbed.append(row)
+      kept = min(runs, key=lambda r: r["steal_share"])  # the last one, unless all were disturbed
+      return kept, [r for r in runs if r is not kept]
 
 
 def show_run(row, again, seconds, args):

@@ -58,9 +58,9 @@ Noise. The 4 ranks use most of the 2 cores (about 100 ms of CPU per rank in a 0.
 step), so a run is slower when the hypervisor lends the machine's CPUs to others (steal time in
 /proc/stat; a ResNet50 run with 20 % steal took 0.357 s a step, runs with none 0.25 s). Each run
 prints the host's steal share over its timed steps, and a run over --max-steal (5 %) is run again
-(--steal-retries, 2). It also prints its CPU time per step and, per step, its TCP retransmits,
-tail loss probes (an ACK came late, as when a vCPU waits) and timeouts, and the packets its
-link's tbf dropped. The verdict of fusion against its best fixed size gives its standard error
+(--steal-retries, 2; when every try was over, the one with the least steal is kept). It also
+prints its CPU time per step and, per step, its TCP retransmits, tail loss probes (an ACK came
+late, as when a vCPU waits) and timeouts, and the packets its link's tbf dropped. The verdict of fusion against its best fixed size gives its standard error
 over the runs, and says so when the target lies within two of them.
 
   make bench-scaling                                     # VGG16 and ResNet50, every config

@@ -431,9 +431,10 @@ def test_the_exchange_only_benchmark_reads_steal_and_runs_disturbed_runs_again(c
   assert [again for _, again, _ in shown] == [True, False]
   cluster.show_run(row, True, 3.0, args)
   assert "steal 15%" in capsys.readouterr().out
-  runs = iter([row, row, row])
+  runs = iter([dict(row, steal_share=0.1), dict(row, steal_share=0.3)])
   kept, disturbed = cluster.run_undisturbed(lambda: next(runs), args, lambda *a: None)
-  assert kept is row and len(disturbed) == 1  # --steal-retries 1: the second is kept
+  # --steal-retries 1, both disturbed: the one with less steal is kept, whichever came first.
+  assert kept["steal_share"] == 0.1 and [r["steal_share"] for r in disturbed] == [0.3]
   failed = {"name": "2d", "error": "rank 1 exited with 1", "logs": ""}
   kept, disturbed = cluster.run_undisturbed(lambda: failed, args, lambda *a: None)
   assert kept is failed and disturbed == []  # a failure is reported, never run again
