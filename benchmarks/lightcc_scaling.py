@@ -60,8 +60,9 @@ step), so a run is slower when the hypervisor lends the machine's CPUs to others
 prints the host's steal share over its timed steps, and a run over --max-steal (5 %) is run again
 (--steal-retries, 2; when every try was over, the one with the least steal is kept). It also
 prints its CPU time per step and, per step, its TCP retransmits, tail loss probes (an ACK came
-late, as when a vCPU waits) and timeouts, and the packets its link's tbf dropped. The verdict of fusion against its best fixed size gives its standard error
-over the runs, and says so when the target lies within two of them.
+late, as when a vCPU waits) and timeouts, and the packets its link's tbf dropped. The verdict of
+fusion against its best fixed size gives its standard error over the runs, and says so when the
+target lies within two of them.
 
   make bench-scaling                                     # VGG16 and ResNet50, every config
   make bench-scaling BENCH_ARGS=--quick                  # 2-4 min: VGG16, 3 configs
@@ -1168,7 +1169,7 @@ def main(argv=None):
           cluster, config, spec_path, result_dir, plan, args, single_step, shown
         )
         runs[config].append(row)
-        disturbed.extend(runs_disturbed)
+        disturbed.extend(dict(r, profile=name) for r in runs_disturbed)
       rows = [pool_repeats(runs[config]) for config in listed]
       timeline_spec = os.path.join(pdir, "spec_timeline.json")
       with open(timeline_spec, "w") as f:
@@ -1182,7 +1183,10 @@ def main(argv=None):
     print(
       f"disturbed     : {len(disturbed)} run(s) ran again, the host's steal over "
       f"--max-steal {args.max_steal:.0%}: "
-      + ", ".join(f"{r['name']} {r['step_s']:.3f} s ({r['steal_share']:.0%})" for r in disturbed)
+      + ", ".join(
+        f"{r['profile']} {r['name']} {r['step_s']:.3f} s ({r['steal_share']:.0%})"
+        for r in disturbed
+      )
     )
   results["disturbed_runs"] = disturbed
   results["verdicts"] = report(profile_rows, args)
