@@ -512,6 +512,7 @@ def run_undisturbed(run_once, args, show):
 
 
 def show_run(row, again, seconds, args):
+  """Prints one run of a configuration (run_undisturbed's show)."""
   if "error" in row:
     print(f"   FAILED after {seconds:.0f}s: {row['error']}\n{row['logs']}", flush=True)
     return
