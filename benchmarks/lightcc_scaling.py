@@ -106,9 +106,11 @@ FORWARD_SHARE = 1 / 3  # forward : backward = 1 : 2
 # Adaptive fusion: candidate bucket sizes S/16, S/4 and Horovod's default fusion threshold, 128 MiB
 # (which holds the whole shrunk step: one bucket), probed in --fusion-rounds interleaved rounds
 # (LIGHT_FUSION_PROBE_STEPS, default 5 as LightCC's; the first round is not counted; close sizes
-# are refined); never re-probed within a run. Fusion configurations warm up for their longest
-# probe, then for --warmup steps as the others: the timed steps run the chosen size, settled.
-FUSION = {"LIGHT_FUSION": "1", "LIGHT_FUSION_REPROBE_STEPS": "0"}
+# are refined), each in a graph that holds it alone (LIGHT_FUSION_RETRACE=1: behind the switch,
+# the dead branches' CPU made the probe favour small buckets); never re-probed within a run.
+# Fusion configurations warm up for their longest probe, then for --warmup steps as the others:
+# the timed steps run the chosen size, frozen.
+FUSION = {"LIGHT_FUSION": "1", "LIGHT_FUSION_REPROBE_STEPS": "0", "LIGHT_FUSION_RETRACE": "1"}
 HOROVOD_FUSION_MB = 128
 
 
@@ -542,18 +544,21 @@ def worker(args):
       horovod_hvd.allreduce(tf.constant(0.0), op=horovod_hvd.Sum, name="scaling_barrier").numpy()
 
   fusion_on = distributed and hvd.light_config().fusion
-  frozen_after = None
+  if fusion_on:
+    # Each bucket size is probed in a graph that holds it alone (LIGHT_FUSION_RETRACE=1), and the
+    # choice is frozen once settled (re-probes are off), as a Keras user's FusionSettledCallback
+    # does; the warm-up goes on with the chosen bucketing alone.
+    step = hvd.FusionStepFunction(lambda: build_step(tf, plan, variables, stored, clock, wrapper))
+    marked_step = hvd.FusionStepFunction(
+      lambda: build_step(tf, plan, variables, stored, clock, wrapper, marks),
+      freeze_when_settled=False,
+    )
   t = time.perf_counter()
   marked_step().numpy()  # traced now, run once more after the timed steps
-  for number in range(spec["fusion_warmup"] if fusion_on else spec["warmup"]):
+  for _ in range(spec["fusion_warmup"] if fusion_on else spec["warmup"]):
     step().numpy()
-    if fusion_on and frozen_after is None and hvd.freeze_settled_fusion():
-      # The probe is over (re-probes are off): both steps are traced again with the chosen
-      # bucketing alone, as a Keras user's FusionSettledCallback does; the warm-up goes on.
-      step = build_step(tf, plan, variables, stored, clock, wrapper)
-      marked_step = build_step(tf, plan, variables, stored, clock, wrapper, marks)
-      marked_step().numpy()
-      frozen_after = number + 1
+  if fusion_on:
+    marked_step().numpy()  # traced again with the frozen choice
   warmup_s = time.perf_counter() - t
   barrier()
   if distributed:
@@ -612,7 +617,8 @@ def worker(args):
         "chosen": p.current,
         "median_step_s": p.medians,
         "history": p.history,
-        "frozen_after_steps": frozen_after,
+        "frozen_after_steps": step.frozen_after_steps,
+        "step_functions_traced": step.traced,
       }
       for p in hvd.fusion_policies()
     ]

@@ -592,6 +592,17 @@ SETTINGS: Dict[str, Setting] = registry(
       attribute="fusion_reprobe_steps",
     ),
     Setting(
+      "LIGHT_FUSION_RETRACE",
+      "0",
+      "1: a step's graph holds the bucket size in force alone, so that a probe times the graph "
+      "that will run; the step function must be traced again whenever hvd.fusion_graph_key() "
+      "changes (Keras: FusionSettledCallback does it). 0: every candidate size sits behind one "
+      "tf.switch_case, and nothing is traced again (TF1 Sessions need 0).",
+      capability="lightcc",
+      parse=_flag,
+      attribute="fusion_retrace",
+    ),
+    Setting(
       "LIGHT_BUCKET_MB",
       "25",
       "Without LIGHT_FUSION: MiB per bucket (PyTorch DDP's default size) in which 2D and TOPK "

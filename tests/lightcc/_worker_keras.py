@@ -5,7 +5,9 @@ TABLE=1 also trains a tf_ext dynamic embedding table (Adam, through DynamicEmbed
 next to the dense layers. RELOAD_DIR=<dir>: after training, each rank saves the model there,
 loads it back with tf_ext.lightcc.keras.load_model and trains it one more epoch, counting only
 that epoch's traffic. FUSION=1 exchanges in adaptive buckets, frozen and retraced once chosen
-(FusionSettledCallback). Every run checks that all ranks end with identical weights and rows.
+(FusionSettledCallback); with RETRACE=1 (LIGHT_FUSION_RETRACE) the callback also gives each
+batch the train function of the bucket size in force. Every run checks that all ranks end with
+identical weights and rows.
 """
 
 import os
@@ -24,6 +26,7 @@ topk = int(os.environ["TOPK"])
 with_table = int(os.environ.get("TABLE", "0"))
 epochs = int(os.environ.get("EPOCHS", "40"))
 fusion = int(os.environ.get("FUSION", "0"))
+retrace = int(os.environ.get("RETRACE", "0"))
 hvd.init(
   light_topk_allreduce=topk,
   light_topk_ratio=0.01,
@@ -33,6 +36,7 @@ hvd.init(
   light_fusion_buckets_mb=[0.01, 1],
   light_fusion_probe_steps=2,
   light_fusion_reprobe_steps=0,
+  light_fusion_retrace=retrace,
 )
 tf.keras.utils.set_random_seed(1)
 digits = load_digits()
@@ -75,7 +79,7 @@ if fusion:
   steps_seen = len(tf_ext.lightcc.fusion_policies()[0].history)
   print(
     f"FUSION rank={hvd.rank()} retraced_after={settled.retraced_after_batch} "
-    f"steps_seen={steps_seen}",
+    f"steps_seen={steps_seen} traced={settled.traced}",
     flush=True,
   )
 if os.environ.get("RELOAD_DIR"):

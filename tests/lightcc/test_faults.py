@@ -4,9 +4,9 @@
   fusion, 4 ranks under horovodrun --gloo): every survivor ends, naming the failure (Gloo's
   "Connection closed by peer" from Horovod's background loop), within seconds, never hangs;
 - the link between two nodes taken down mid-exchange (2 network namespaces joined by a veth,
-  benchmarks/lightcc_cluster.Cluster; needs root): every rank names Horovod's error within
-  HOROVOD_GLOO_TIMEOUT_SECONDS and ends within twice that (+ a margin for this loaded 2-core
-  machine), never hangs;
+  benchmarks/lightcc_cluster.Cluster; needs root): the first ranks name Horovod's error within
+  HOROVOD_GLOO_TIMEOUT_SECONDS, every rank names it and ends within twice that (+ a margin for
+  this loaded 2-core machine), never hangs;
 - Horovod elastic with Gloo (3 ranks, --min-np 2): a rank SIGKILLed mid-step; the others restore
   the last commit, LightCC's TOPK residuals and fusion policy included, and train on as 2 ranks;
 - in one process: commit, a failed collective, restore and LightCC's re-init by
@@ -168,6 +168,7 @@ def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_t
     text = logs()
     report = "\n".join(f"--- rank {r}\n{t[-1500:]}" for r, t in text.items())
     assert not hung, f"ranks {hung} still running {bound + 30 - cut:.0f} s after the cut:\n{report}"
+    named = {}  # rank -> seconds from the cut until it named the failure
     for r, t in text.items():
       failed = re.search(r"the step failed at ([\d.]+) after [\d.]+ s: (.*)", t)
       aborted = re.search(
@@ -179,7 +180,11 @@ def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_t
       assert failed or aborted, f"rank {r} ended without naming the failure:\n{report}"
       assert ended[r] < bound - cut, f"rank {r} ended late:\n{report}"
       named_at = float(failed.group(1)) if failed else _horovod_log_time(aborted.group(1))
-      assert named_at - cut < GLOO_TIMEOUT + MARGIN, f"rank {r} named the failure late:\n{report}"
+      named[r] = named_at - cut
+      # A rank whose last operation waits on a rank that itself waits across the cut hears of it
+      # only when that one times out: one timeout later (seen once: 30.0 s, "Application timeout
+      # caused pair closure", the other three at 15 s).
+      assert named[r] < 2 * GLOO_TIMEOUT + MARGIN, f"rank {r} named the failure late:\n{report}"
       if failed:
         print(
           f"rank {r}: failed {float(failed.group(1)) - cut:.1f} s after the cut: "
@@ -190,6 +195,7 @@ def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_t
           f"rank {r}: named the failure {named_at - cut:.1f} s and ended {ended[r]:.1f} s after "
           f"the cut: {aborted.group(2)[-160:]}"
         )
+    assert min(named.values()) < GLOO_TIMEOUT + MARGIN, f"none named it within a timeout:\n{report}"
   finally:
     cluster.close()
 

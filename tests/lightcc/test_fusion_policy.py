@@ -104,3 +104,36 @@ def test_settles_after_the_probe_only_without_reprobes():
   reprobing = FusionPolicy(3, probe_steps=2, reprobe_steps=4)
   _drive(reprobing, times.get, 6)
   assert reprobing.current == 1 and not reprobing.settled
+
+
+def test_a_retraced_graph_one_step_behind_times_each_candidate_by_what_ran():
+  # LIGHT_FUSION_RETRACE=1: step n runs the graph of the index current when it was chosen (after
+  # step n-1), and at its start the policy is told step n-1's time, with step n-1's index. Each
+  # candidate's first step (its tracing: 9.0) is not counted, and the probe ends once every
+  # candidate has its counted steps.
+  times = {0: 1.0, 1: 0.6, 2: 0.8}
+  policy = FusionPolicy(3, probe_steps=3, reprobe_steps=0)
+  ran = [policy.current]  # step 0, whose time no one observes (the clock's first step)
+  for _ in range(FusionPolicy.longest_probe(3, probe_steps=3)):
+    ran.append(policy.current)
+    previous = ran[-2]
+    policy.observe(times[previous] if previous in ran[:-2] else 9.0, ran=previous)
+  assert ran[:6] == [0, 0, 1, 2, 0, 1] and policy.settled and policy.current == 1
+  assert policy.medians == {0: 1.0, 1: 0.6, 2: 0.8}
+  assert [index for _, index in policy.history] == ran[:-1]
+
+
+def test_a_step_of_a_candidate_no_longer_probed_does_not_stall_the_probe():
+  # One step behind, the first step of a refinement still runs the last candidate of the probe
+  # before it (2, not close to the others): its time is kept aside, it takes a turn, and 0 and 1
+  # are refined.
+  policy = FusionPolicy(3, probe_steps=2, reprobe_steps=0)
+  for index, seconds in [(0, 9.0), (1, 9.0), (2, 9.0), (0, 1.0), (1, 1.01), (2, 3.0)]:
+    policy.observe(seconds, ran=index)
+  assert policy.current == 0 and not policy.settled  # refining 0 and 1
+  policy.observe(3.0, ran=2)
+  for index, seconds in [(1, 0.9), (0, 1.0), (1, 0.9), (0, 1.0)]:
+    assert policy.current == index
+    policy.observe(seconds, ran=index)
+  assert policy.settled and policy.current == 1
+  assert policy.medians == {0: 1.0, 1: 0.9, 2: 3.0}

@@ -55,8 +55,23 @@ def test_replicas_with_a_dynamic_embedding_table_stay_identical_and_traffic_reac
 def test_fusion_settled_callback_retraces_once_the_choice_is_made():
   proc = horovodrun("_worker_keras.py", TOPK=0, FUSION=1, EPOCHS=3)
   assert_ok(proc)  # replicas identical
-  seen = re.findall(r"FUSION rank=\d retraced_after=(\d+) steps_seen=(\d+)", proc.stdout)
+  seen = re.findall(r"FUSION rank=\d retraced_after=(\d+) steps_seen=(\d+) ", proc.stdout)
   assert len(seen) == 4, proc.stdout
   # 2 candidates x 2 rounds, refined at most once more: settled within the first 8 batches, and
   # no step after the retrace reached the policy (the first step is never timed).
   assert all(int(batch) < 8 and int(steps) == int(batch) for batch, steps in seen), proc.stdout
+
+
+def test_fusion_settled_callback_gives_each_batch_the_graph_of_its_bucket_size_under_retrace():
+  proc = horovodrun("_worker_keras.py", TOPK=0, FUSION=1, RETRACE=1, EPOCHS=3)
+  assert_ok(proc)  # replicas identical
+  seen = re.findall(
+    r"FUSION rank=\d retraced_after=(\d+) steps_seen=(\d+) traced=(\d+)", proc.stdout
+  )
+  assert len(seen) == 4, proc.stdout
+  # One train function per candidate (2), then the frozen choice's; each decision runs one batch
+  # late (probe and refinement: 2 batches more at most than the switch).
+  assert all(
+    int(batch) < 10 and int(steps) == int(batch) and int(traced) == 3
+    for batch, steps, traced in seen
+  ), proc.stdout

@@ -97,7 +97,13 @@ from horovod.tensorflow import (
 
 from tf_ext.lightcc import _reexport, elastic
 from tf_ext.lightcc.collectives import allreduce, grouped_allreduce
-from tf_ext.lightcc.reduction import freeze_settled_fusion, fusion_policies, reduce_gradients
+from tf_ext.lightcc.reduction import (
+  FusionStepFunction,
+  freeze_settled_fusion,
+  fusion_graph_key,
+  fusion_policies,
+  reduce_gradients,
+)
 from tf_ext.lightcc.state import init, light_config, reset_traffic, traffic
 from tf_ext.lightcc.wrappers import DistributedGradientTape, DistributedOptimizer
 
@@ -105,8 +111,10 @@ __all__ = [
   # LightCC's own (or its versions of Horovod's).
   "DistributedGradientTape",
   "DistributedOptimizer",
+  "FusionStepFunction",
   "allreduce",
   "freeze_settled_fusion",
+  "fusion_graph_key",
   "fusion_policies",
   "grouped_allreduce",
   "init",

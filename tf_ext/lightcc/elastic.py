@@ -136,7 +136,7 @@ def _set_policy(fusion, policy_state):
   vars(fusion.policy).clear()
   vars(fusion.policy).update(policy_state)
   fusion.choice.assign(fusion.policy.current)
-  fusion.last_time.assign(-1.0)  # the time across a reset is no step time
+  fusion.forget_last_step()  # the time across a reset is no step time
 
 
 class TensorFlowKerasState(_LightCCState, _horovod_elastic.TensorFlowKerasState):

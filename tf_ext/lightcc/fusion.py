@@ -19,7 +19,10 @@ Policy (settings in tf_ext/settings.py, LIGHT_FUSION_*):
 All bucketings exist in the graph behind one tf.switch_case, so switching needs no retracing and
 works in TF1 sessions too. With re-probes off, once the probe is over, every rank may freeze the
 choice after the same step and retrace: the new graph holds the chosen bucketing alone
-(reduction.freeze_settled_fusion; for Keras, callbacks.FusionSettledCallback).
+(reduction.freeze_settled_fusion; for Keras, callbacks.FusionSettledCallback). With
+LIGHT_FUSION_RETRACE=1 there is no switch: a graph holds the size in force alone, so the probe
+times the graph that will run, and the caller traces the step again whenever the size changes
+(reduction.FusionStepFunction); each decision then runs one step late.
 Every rank must pick the same branch: the step time the policy sees is the average over ranks
 (one scalar allreduce per step), so all ranks make identical decisions.
 
@@ -73,8 +76,9 @@ class FusionPolicy:
 
   @staticmethod
   def longest_probe(num_candidates, probe_steps):
-    """Steps of the first probe at most (every candidate close enough to be refined)."""
-    return 2 * num_candidates * max(FUSION_MIN_PROBE_ROUNDS, probe_steps)
+    """Steps until the first probe's choice runs, at most (every candidate close enough to be
+    refined; retraced graphs run each decision one step late, in each of the two phases)."""
+    return 2 * num_candidates * max(FUSION_MIN_PROBE_ROUNDS, probe_steps) + 2
 
   @property
   def current(self):
@@ -88,20 +92,32 @@ class FusionPolicy:
   def _start_probing(self, candidates, refining=False):
     self._probing = candidates
     self._refining = refining
-    self._probe_step = 0  # steps run in this probe: round = step // len(candidates)
+    self._probe_step = 0  # steps run in this probe: the turn of candidates[step % len]
     if not refining:  # a refinement adds to the samples of the probe before it
       self._samples = {i: [] for i in candidates}
+      self._timed_once = set()  # a candidate's first step in a probe is not counted
+    # Counted steps each candidate needs before the probe ends.
+    self._needed = {
+      i: len(self._samples[i]) + self.probe_steps if refining else self.probe_steps - 1
+      for i in candidates
+    }
     self._current = candidates[0]
 
-  def observe(self, step_seconds):
-    """Records the time of a step run with `current`; returns the index for the next step."""
-    self.history.append((step_seconds, self._current))
+  def observe(self, step_seconds, ran=None):
+    """Records the time of a step that ran candidate `ran` (default `current`: the switch runs
+    the index returned for its step; a retraced graph runs the index that was current when it
+    was chosen, one step behind); returns the index for the next step."""
+    ran = self._current if ran is None else ran
+    self.history.append((step_seconds, ran))
     if self._probing:
-      # Past the uncounted first round; every round of a refinement counts.
-      if self._refining or self._probe_step >= len(self._probing):
-        self._samples[self._current].append(step_seconds)
+      # A candidate's first step in a probe pays for its first negotiation (and, retraced, its
+      # tracing): not counted. Every step of a refinement counts. A step of a candidate that is
+      # no longer probed (retraced graphs lag one step) adds to its samples, which no one reads.
+      if ran in self._samples and (self._refining or ran in self._timed_once):
+        self._samples[ran].append(step_seconds)
+      self._timed_once.add(ran)
       self._probe_step += 1
-      if self._probe_step < self.probe_steps * len(self._probing):
+      if any(len(self._samples[i]) < self._needed[i] for i in self._probing):
         self._current = self._probing[self._probe_step % len(self._probing)]
         return self._current
       for i in self._probing:
@@ -156,15 +172,28 @@ def buckets_in_backprop_order(sizes, bucket_bytes, tail_halvings=TAIL_HALVINGS):
 
 
 class AdaptiveFusion:
-  """The bucketed reduction of one model's gradients, with its policy and step clock."""
+  """The bucketed reduction of one model's gradients, with its policy and step clock.
+
+  retrace=False: the graph holds every candidate behind one tf.switch_case, whose index the step
+  clock picks (no retracing; TF1 Sessions). retrace=True: a graph holds the candidate current
+  when it was traced alone, plus the clock, and the caller traces the step again whenever
+  graph_key() changes, so that a probe times the graph that will run; every candidate's graph
+  is traced once and kept by the caller.
+  """
 
   _instances = itertools.count()
+  # Observed steps in a row whose graph ran another candidate than the policy's: a retraced
+  # graph is one step behind at most, so more means the step function was not traced again.
+  STALE_STEPS_ALLOWED = 2
 
-  def __init__(self, candidates_bytes, probe_steps, reprobe_steps):
+  def __init__(self, candidates_bytes, probe_steps, reprobe_steps, retrace=False):
     self.candidates = list(candidates_bytes)
+    self.retrace = retrace
     self._number = next(self._instances)
     self.policy = FusionPolicy(len(self.candidates), probe_steps, reprobe_steps)
     self._lock = threading.Lock()
+    self._ran_last = None  # retraced: the candidate of the previous step's graph
+    self._stale_steps = 0
     with tf.init_scope():
       self.choice = tf.Variable(
         self.policy.current, dtype=tf.int32, trainable=False, name="lightcc_fusion_choice"
@@ -173,10 +202,36 @@ class AdaptiveFusion:
         -1.0, dtype=tf.float64, trainable=False, name="lightcc_fusion_last_time"
       )
 
-  def _observe(self, seconds):
+  def graph_key(self):
+    """What a graph of this fusion holds: a step traced under another key is out of date."""
+    if self.policy.frozen or self.retrace:
+      return (self.policy.frozen, self.policy.current)
+    return (False, None)
+
+  def forget_last_step(self):
+    """The next step's time is no step time (an elastic reset happened in between)."""
+    self.last_time.assign(-1.0)
+    self._ran_last = None
+    self._stale_steps = 0
+
+  def _observe(self, seconds, pinned):
     with self._lock:
-      index = self.policy.observe(float(seconds)) if seconds > 0 else self.policy.current
-    return np.int32(index)
+      # The switch runs the policy's index; a retraced graph its own (`pinned`), and the time
+      # observed now is the previous step's, so it belongs to the previous graph's candidate.
+      ran, self._ran_last = self._ran_last, (pinned if pinned >= 0 else None)
+      if seconds <= 0:
+        return np.int32(self.policy.current)
+      if pinned >= 0:
+        self._stale_steps = 0 if pinned == self.policy.current else self._stale_steps + 1
+        if self._stale_steps > self.STALE_STEPS_ALLOWED:
+          raise RuntimeError(
+            "LIGHT_FUSION_RETRACE=1: the step ran the graph of bucket candidate "
+            f"{pinned} for {self._stale_steps} steps while adaptive fusion chose "
+            f"{self.policy.current}: trace the step function again whenever "
+            "hvd.fusion_graph_key() changes (Keras: khvd.callbacks.FusionSettledCallback), or "
+            "set LIGHT_FUSION_RETRACE=0"
+          )
+      return np.int32(self.policy.observe(float(seconds), ran))
 
   def reduce(self, tensors, reduce_bucket):
     """reduce_bucket(positions in `tensors`) -> their reduced tensors, in that order; returns all
@@ -186,6 +241,18 @@ class AdaptiveFusion:
       # Its choice is final: a graph traced now holds that bucketing alone. The others, dead
       # branches of the switch, cost each rank CPU every step and memory (docs/lightcc.md).
       return reduce_in_buckets(tensors, self.candidates[self.policy.current], reduce_bucket)
+
+    if self.retrace:
+      graph = tf.compat.v1.get_default_graph()
+      if not tf.executing_eagerly() and not graph.building_function:
+        raise ValueError(
+          "LIGHT_FUSION_RETRACE=1 needs a step that can be traced again (tf.function, Keras, "
+          "eager); a TF1 Session keeps one graph: set LIGHT_FUSION_RETRACE=0 there"
+        )
+      # The clock runs for its side effects (automatic control dependencies keep it).
+      pinned = self.policy.current
+      self._step_choice(pinned)
+      return reduce_in_buckets(tensors, self.candidates[pinned], reduce_bucket)
 
     def branch(bucket_bytes):
       return lambda: reduce_in_buckets(tensors, bucket_bytes, reduce_bucket)
@@ -204,9 +271,10 @@ class AdaptiveFusion:
     finally:
       graph._add_control_dependencies = automatic
 
-  def _step_choice(self):
+  def _step_choice(self, pinned=-1):
     """This step's candidate index, decided at the step's start from the previous step's time
     (step start to step start, averaged over ranks); -1 on the first step, which the policy skips.
+    `pinned`: the candidate this graph holds alone (retraced), -1 for the switch.
 
     Its only input is the clock, so it does not wait for any gradient. The clock and the policy
     are stateless numpy_functions: in a tf.function, automatic control dependencies chain every
@@ -222,7 +290,9 @@ class AdaptiveFusion:
     elapsed = _hvd.allreduce(
       elapsed, op=_hvd.Average, name=f"lightcc_fusion_step_time_{self._number}"
     )
-    choice = tf.numpy_function(self._observe, [elapsed], tf.int32, stateful=False)
+    choice = tf.numpy_function(
+      self._observe, [elapsed, tf.constant(pinned, tf.int32)], tf.int32, stateful=False
+    )
     choice = tf.ensure_shape(choice, [])
     with tf.control_dependencies([elapsed]):  # last_time is read before it is written
       update = tf.group(self.choice.assign(choice), self.last_time.assign(now))

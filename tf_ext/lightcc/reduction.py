@@ -130,6 +130,7 @@ def fusion_for_key(key):
       [_fusion.bytes_of_mib(mb) for mb in config.fusion_buckets_mb],
       config.fusion_probe_steps,
       config.fusion_reprobe_steps,
+      retrace=config.fusion_retrace,
     )
   return fusion
 
@@ -137,6 +138,59 @@ def fusion_for_key(key):
 def fusion_policies():
   """The adaptive fusion policies in use (their probed medians and history), for inspection."""
   return [f.policy for f in state.graph_state().fusions.values()]
+
+
+def fusion_graph_key():
+  """What the graph of a step must hold for the adaptive fusions in use: a step function traced
+  under one key is right as long as the key stays the same. It changes when a choice freezes
+  (freeze_settled_fusion) and, with LIGHT_FUSION_RETRACE=1, whenever the bucket size in force
+  changes; every rank's key changes after the same step, as the policies agree. () before the
+  first traced step, which makes the fusions. FusionStepFunction keeps one step function per key.
+  """
+  return tuple(f.graph_key() for f in state.graph_state().fusions.values())
+
+
+class FusionStepFunction:
+  """A step function that is traced again whenever adaptive fusion needs another graph.
+
+  `make_step()` returns a new step function (a tf.function, traced at its first call); one is
+  made and kept for each fusion_graph_key() met, so with LIGHT_FUSION_RETRACE=1 each candidate
+  bucket size is traced once, and every step runs the graph of the size in force. With
+  freeze_when_settled, the choice is frozen (freeze_settled_fusion) after the step that settles
+  it, and the steps after it run a graph that holds the chosen bucketing alone. Every rank must
+  call it for the same steps, as any collective:
+
+      step = hvd.FusionStepFunction(make_step)
+      for batch in data:
+        loss = step(batch)
+  """
+
+  def __init__(self, make_step, freeze_when_settled=True):
+    self._make_step = make_step
+    self._freeze = freeze_when_settled
+    self._functions = {}
+    self.steps = 0
+    self.frozen_after_steps = None  # steps run when the choice froze
+
+  @property
+  def traced(self):
+    """Step functions made so far: one per graph key met."""
+    return len(set(map(id, self._functions.values())))
+
+  def __call__(self, *args, **kwargs):
+    key = fusion_graph_key()
+    function = self._functions.get(key)
+    if function is None:
+      function = self._functions[key] = self._make_step()
+    result = function(*args, **kwargs)
+    self.steps += 1
+    if not key:
+      # Its first trace made the fusions, holding the size then current; the first step is
+      # never timed, so the key is still that graph's.
+      self._functions.setdefault(fusion_graph_key(), function)
+    if self._freeze and self.frozen_after_steps is None and freeze_settled_fusion():
+      self.frozen_after_steps = self.steps
+    return result
 
 
 def freeze_settled_fusion():

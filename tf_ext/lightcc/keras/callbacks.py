@@ -55,16 +55,33 @@ class LightCCTrafficCallback(tf.keras.callbacks.Callback):
 class FusionSettledCallback(tf.keras.callbacks.Callback):
   """Once adaptive fusion has made its final choice (LIGHT_FUSION_REPROBE_STEPS=0), freezes it
   and retraces the train function, so that the batches after it run the chosen bucketing alone
-  instead of a switch over every candidate. Every rank does so after the same batch."""
+  instead of a switch over every candidate. With LIGHT_FUSION_RETRACE=1 it also gives every
+  batch the train function of the bucket size in force (each traced once and kept), as
+  lightcc.FusionStepFunction does for a step function of one's own. Every rank does so after
+  the same batch."""
 
   def __init__(self):
     super().__init__()
-    self.retraced_after_batch = None  # in the epoch where it happened
+    self.retraced_after_batch = None  # in the epoch where the choice froze
+    self._functions = {}  # fusion_graph_key() -> train function
+
+  @property
+  def traced(self):
+    """Train functions traced for adaptive fusion so far, the first one included."""
+    return len(set(map(id, self._functions.values())))
 
   def on_train_batch_end(self, batch, logs=None):
+    if not self._functions:
+      # The first batch traced the train function (and made the fusions) with the key of now:
+      # its step is never timed, so nothing changed during it.
+      self._functions[reduction.fusion_graph_key()] = self.model.train_function
     if self.retraced_after_batch is None and reduction.freeze_settled_fusion():
-      self.model.make_train_function(force=True)
       self.retraced_after_batch = batch
+    key = reduction.fusion_graph_key()
+    function = self._functions.get(key)
+    if function is None:
+      function = self._functions[key] = self.model.make_train_function(force=True)
+    self.model.train_function = function
 
 
 __getattr__, __dir__ = _reexport.fallback(__name__, globals(), _hvd_callbacks)
