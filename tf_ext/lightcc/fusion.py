@@ -182,8 +182,9 @@ class AdaptiveFusion:
   """
 
   _instances = itertools.count()
-  # Observed steps in a row whose graph ran another candidate than the policy's: a retraced
-  # graph is one step behind at most, so more means the step function was not traced again.
+  # Retraced: steps whose graph held another candidate than the one the policy had chosen for
+  # them (the one current when the graph was picked). FusionStepFunction never runs one; a few
+  # are let through, more mean the step function is not traced again.
   STALE_STEPS_ALLOWED = 2
 
   def __init__(self, candidates_bytes, probe_steps, reprobe_steps, retrace=False):
@@ -221,13 +222,13 @@ class AdaptiveFusion:
       ran, self._ran_last = self._ran_last, (pinned if pinned >= 0 else None)
       if seconds <= 0:
         return np.int32(self.policy.current)
-      if pinned >= 0:
-        self._stale_steps = 0 if pinned == self.policy.current else self._stale_steps + 1
+      if pinned >= 0 and pinned != self.policy.current:
+        self._stale_steps += 1
         if self._stale_steps > self.STALE_STEPS_ALLOWED:
           raise RuntimeError(
             "LIGHT_FUSION_RETRACE=1: the step ran the graph of bucket candidate "
-            f"{pinned} for {self._stale_steps} steps while adaptive fusion chose "
-            f"{self.policy.current}: trace the step function again whenever "
+            f"{pinned} where adaptive fusion had chosen {self.policy.current} "
+            f"({self._stale_steps} steps so far): trace the step function again whenever "
             "hvd.fusion_graph_key() changes (Keras: khvd.callbacks.FusionSettledCallback), or "
             "set LIGHT_FUSION_RETRACE=0"
           )
