@@ -216,6 +216,7 @@ class AdaptiveFusion:
     self._stale_steps = 0
 
   def _observe(self, seconds, pinned):
+    pinned = int(pinned)  # (numpy's int32: the policy's history stays plain Python)
     with self._lock:
       # The switch runs the policy's index; a retraced graph its own (`pinned`), and the time
       # observed now is the previous step's, so it belongs to the previous graph's candidate.
