@@ -106,21 +106,35 @@ def test_settles_after_the_probe_only_without_reprobes():
   assert reprobing.current == 1 and not reprobing.settled
 
 
+def _drive_retraced(policy, times, steps):
+  """LIGHT_FUSION_RETRACE=1: step n runs the graph of the index current when it was chosen
+  (after step n-1), and at its start the policy is told step n-1's time, with step n-1's index.
+  A candidate's graph is traced before its first step: that tracing falls in the step before
+  (9.0), its first negotiation in its own first step (9.0), and both are untimed."""
+  ran = [policy.current]  # step 0, whose time no one observes (the clock's first step)
+  for _ in range(steps):
+    ran.append(policy.current)
+    untimed = ran[-1] not in ran[:-1] or ran[-2] not in ran[:-2]
+    policy.observe(9.0 if untimed else times[ran[-2]], ran=ran[-2], untimed=untimed)
+  return ran
+
+
 def test_a_retraced_graph_one_step_behind_times_each_candidate_by_what_ran():
-  # LIGHT_FUSION_RETRACE=1: step n runs the graph of the index current when it was chosen (after
-  # step n-1), and at its start the policy is told step n-1's time, with step n-1's index. Each
-  # candidate's first step (its tracing: 9.0) is not counted, and the probe ends once every
-  # candidate has its counted steps.
+  # The probe ends once every candidate has its counted steps, with none of the tracing in them.
   times = {0: 1.0, 1: 0.6, 2: 0.8}
   policy = FusionPolicy(3, probe_steps=3, reprobe_steps=0)
-  ran = [policy.current]  # step 0, whose time no one observes (the clock's first step)
-  for _ in range(FusionPolicy.longest_probe(3, probe_steps=3)):
-    ran.append(policy.current)
-    previous = ran[-2]
-    policy.observe(times[previous] if previous in ran[:-2] else 9.0, ran=previous)
+  ran = _drive_retraced(policy, times, 16)
   assert ran[:6] == [0, 0, 1, 2, 0, 1] and policy.settled and policy.current == 1
   assert policy.medians == {0: 1.0, 1: 0.6, 2: 0.8}
   assert [index for _, index in policy.history] == ran[:-1]
+
+
+def test_a_retraced_probe_whose_candidates_all_end_close_runs_its_choice_within_the_bound():
+  times = {0: 1.0, 1: 0.99, 2: 1.01}  # all within 3 %: all refined
+  policy = FusionPolicy(3, probe_steps=3, reprobe_steps=0)
+  ran = _drive_retraced(policy, times, FusionPolicy.longest_probe(3, probe_steps=3) - 1)
+  assert policy.settled and ran[-1] == policy.current == 1
+  assert len(ran) == FusionPolicy.longest_probe(3, probe_steps=3)  # the bound is reached
 
 
 def test_a_step_of_a_candidate_no_longer_probed_does_not_stall_the_probe():

@@ -76,9 +76,10 @@ class FusionPolicy:
 
   @staticmethod
   def longest_probe(num_candidates, probe_steps):
-    """Steps until the first probe's choice runs, at most (every candidate close enough to be
-    refined; retraced graphs run each decision one step late, in each of the two phases)."""
-    return 2 * num_candidates * max(FUSION_MIN_PROBE_ROUNDS, probe_steps) + 2
+    """Steps until the first probe's choice runs, at most: every candidate close enough to be
+    refined; retraced, each decision runs one step late (in each of the two phases), and each
+    candidate's graph costs the step before its first one (whose time holds its tracing)."""
+    return 2 * num_candidates * max(FUSION_MIN_PROBE_ROUNDS, probe_steps) + 2 + num_candidates
 
   @property
   def current(self):
@@ -103,17 +104,18 @@ class FusionPolicy:
     }
     self._current = candidates[0]
 
-  def observe(self, step_seconds, ran=None):
+  def observe(self, step_seconds, ran=None, untimed=False):
     """Records the time of a step that ran candidate `ran` (default `current`: the switch runs
     the index returned for its step; a retraced graph runs the index that was current when it
-    was chosen, one step behind); returns the index for the next step."""
+    was chosen, one step behind); returns the index for the next step. An `untimed` step (its
+    time holds a tracing) takes its turn but is not counted."""
     ran = self._current if ran is None else ran
     self.history.append((step_seconds, ran))
     if self._probing:
       # A candidate's first step in a probe pays for its first negotiation (and, retraced, its
       # tracing): not counted. Every step of a refinement counts. A step of a candidate that is
       # no longer probed (retraced graphs lag one step) adds to its samples, which no one reads.
-      if ran in self._samples and (self._refining or ran in self._timed_once):
+      if ran in self._samples and (self._refining or ran in self._timed_once) and not untimed:
         self._samples[ran].append(step_seconds)
       self._timed_once.add(ran)
       self._probe_step += 1
@@ -195,6 +197,8 @@ class AdaptiveFusion:
     self._lock = threading.Lock()
     self._ran_last = None  # retraced: the candidate of the previous step's graph
     self._stale_steps = 0
+    self._graphs_run = set()  # graphs (traced step functions) that have run a step
+    self._last_graph_was_new = False
     with tf.init_scope():
       self.choice = tf.Variable(
         self.policy.current, dtype=tf.int32, trainable=False, name="lightcc_fusion_choice"
@@ -214,13 +218,19 @@ class AdaptiveFusion:
     self.last_time.assign(-1.0)
     self._ran_last = None
     self._stale_steps = 0
+    self._last_graph_was_new = False
 
-  def _observe(self, seconds, pinned):
-    pinned = int(pinned)  # (numpy's int32: the policy's history stays plain Python)
+  def _observe(self, seconds, pinned, graph):
+    pinned, graph = int(pinned), int(graph)  # (numpy's int32: the history stays plain Python)
     with self._lock:
       # The switch runs the policy's index; a retraced graph its own (`pinned`), and the time
       # observed now is the previous step's, so it belongs to the previous graph's candidate.
       ran, self._ran_last = self._ran_last, (pinned if pinned >= 0 else None)
+      # A new graph's tracing falls in the previous step's time (from its clock to this one's),
+      # its first negotiations in its own first step: neither is a step time.
+      new = graph >= 0 and graph not in self._graphs_run
+      untimed, self._last_graph_was_new = new or self._last_graph_was_new, new
+      self._graphs_run.add(graph)
       if seconds <= 0:
         return np.int32(self.policy.current)
       if pinned >= 0 and pinned != self.policy.current:
@@ -233,7 +243,7 @@ class AdaptiveFusion:
             "hvd.fusion_graph_key() changes (Keras: khvd.callbacks.FusionSettledCallback), or "
             "set LIGHT_FUSION_RETRACE=0"
           )
-      return np.int32(self.policy.observe(float(seconds), ran))
+      return np.int32(self.policy.observe(float(seconds), ran, untimed=untimed))
 
   def reduce(self, tensors, reduce_bucket):
     """reduce_bucket(positions in `tensors`) -> their reduced tensors, in that order; returns all
@@ -253,7 +263,7 @@ class AdaptiveFusion:
         )
       # The clock runs for its side effects (automatic control dependencies keep it).
       pinned = self.policy.current
-      self._step_choice(pinned)
+      self._step_choice(pinned=pinned)
       return reduce_in_buckets(tensors, self.candidates[pinned], reduce_bucket)
 
     def branch(bucket_bytes):
@@ -293,13 +303,24 @@ class AdaptiveFusion:
       elapsed, op=_hvd.Average, name=f"lightcc_fusion_step_time_{self._number}"
     )
     choice = tf.numpy_function(
-      self._observe, [elapsed, tf.constant(pinned, tf.int32)], tf.int32, stateful=False
+      self._observe,
+      [elapsed, tf.constant(pinned, tf.int32), tf.constant(_new_graph_number(), tf.int32)],
+      tf.int32,
+      stateful=False,
     )
     choice = tf.ensure_shape(choice, [])
     with tf.control_dependencies([elapsed]):  # last_time is read before it is written
       update = tf.group(self.choice.assign(choice), self.last_time.assign(now))
     with tf.control_dependencies([update]):
       return tf.identity(choice)
+
+
+_graph_numbers = itertools.count()
+
+
+def _new_graph_number():
+  """A number for the graph being traced; -1 when eager, where no step is a first run."""
+  return -1 if tf.executing_eagerly() else next(_graph_numbers)
 
 
 def _seconds_now(_):
