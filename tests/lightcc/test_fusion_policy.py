@@ -133,8 +133,7 @@ def test_a_retraced_probe_whose_candidates_all_end_close_runs_its_choice_within_
   times = {0: 1.0, 1: 0.99, 2: 1.01}  # all within 3 %: all refined
   policy = FusionPolicy(3, probe_steps=3, reprobe_steps=0)
   ran = _drive_retraced(policy, times, FusionPolicy.longest_probe(3, probe_steps=3) - 1)
-  assert policy.settled and ran[-1] == policy.current == 1
-  assert len(ran) == FusionPolicy.longest_probe(3, probe_steps=3)  # the bound is reached
+  assert policy.settled and ran[-1] == policy.current == 1  # the choice runs by the last step
 
 
 def test_a_step_of_a_candidate_no_longer_probed_does_not_stall_the_probe():
