@@ -169,25 +169,41 @@ class FusionStepFunction:
     self._make_step = make_step
     self._freeze = freeze_when_settled
     self._functions = {}
+    self._made = 0
     self.steps = 0
     self.frozen_after_steps = None  # steps run when the choice froze
 
   @property
   def traced(self):
-    """Step functions made so far: one per graph key met."""
-    return len(set(map(id, self._functions.values())))
+    """Step functions made so far (one per graph key met), the first one included."""
+    return self._made
 
-  def __call__(self, *args, **kwargs):
+  def current(self):
+    """The step function of the graph adaptive fusion needs now, made if it is new."""
     key = fusion_graph_key()
     function = self._functions.get(key)
     if function is None:
       function = self._functions[key] = self._make_step()
+      self._made += 1
+    if key and all(frozen for frozen, _ in key):
+      # Frozen choices are final: the probe's graphs will not run again, and each holds memory.
+      self._functions = {key: function}
+    return function
+
+  def first_step_ran(self, function):
+    """`function` ran the first step, before any fusion existed: its trace made the fusions
+    with the sizes then current, and the first step is never timed, so it is the graph of the
+    key of now."""
+    self._functions[fusion_graph_key()] = function
+    self._made = max(self._made, 1)
+
+  def __call__(self, *args, **kwargs):
+    first = not fusion_graph_key()
+    function = self.current()
     result = function(*args, **kwargs)
     self.steps += 1
-    if not key:
-      # Its first trace made the fusions, holding the size then current; the first step is
-      # never timed, so the key is still that graph's.
-      self._functions.setdefault(fusion_graph_key(), function)
+    if first:
+      self.first_step_ran(function)
     if self._freeze and self.frozen_after_steps is None and freeze_settled_fusion():
       self.frozen_after_steps = self.steps
     return result

@@ -63,25 +63,21 @@ class FusionSettledCallback(tf.keras.callbacks.Callback):
   def __init__(self):
     super().__init__()
     self.retraced_after_batch = None  # in the epoch where the choice froze
-    self._functions = {}  # fusion_graph_key() -> train function
+    self._train_functions = reduction.FusionStepFunction(
+      lambda: self.model.make_train_function(force=True)
+    )
 
   @property
   def traced(self):
     """Train functions traced for adaptive fusion so far, the first one included."""
-    return len(set(map(id, self._functions.values())))
+    return self._train_functions.traced
 
   def on_train_batch_end(self, batch, logs=None):
-    if not self._functions:
-      # The first batch traced the train function (and made the fusions) with the key of now:
-      # its step is never timed, so nothing changed during it.
-      self._functions[reduction.fusion_graph_key()] = self.model.train_function
+    if not self._train_functions.traced:
+      self._train_functions.first_step_ran(self.model.train_function)
     if self.retraced_after_batch is None and reduction.freeze_settled_fusion():
       self.retraced_after_batch = batch
-    key = reduction.fusion_graph_key()
-    function = self._functions.get(key)
-    if function is None:
-      function = self._functions[key] = self.model.make_train_function(force=True)
-    self.model.train_function = function
+    self.model.train_function = self._train_functions.current()
 
 
 __getattr__, __dir__ = _reexport.fallback(__name__, globals(), _hvd_callbacks)
