@@ -96,6 +96,8 @@ if retrace:
   # One graph per candidate, then the frozen choice's; none holds a switch.
   if step.frozen_after_steps is None or step.traced != 4 or len(traced) != 4:
     failures.append(f"frozen after {step.frozen_after_steps}, {len(traced)} traced")
+  if list(step._functions.values()) != [traced[-1]]:  # the probe's graphs are let go
+    failures.append(f"kept {len(step._functions)} step functions after the freeze")
   if not all(type(index) is int for _, index in policy.history):  # policies are saved as JSON
     failures.append(f"history holds {[type(index) for _, index in policy.history]}")
   if any(switches_in(s) for s in traced):
