@@ -133,6 +133,7 @@ CONFIG_NAMES = [
   "2d+fusion",
   "2d+topk+fusion",
   "2d+topk+fp16+fusion",
+  "2d+topk+fusion+switch",
   "2d+onegroup",
   "2d+topk+onegroup",
 ]
@@ -149,6 +150,7 @@ LABELS = {
   "2d+fusion": "2D+fusion",
   "2d+topk+fusion": "2D+TOPK+fusion",
   "2d+topk+fp16+fusion": "2D+TOPK+fp16+fusion",
+  "2d+topk+fusion+switch": "2D+TOPK+fusion, switch probe",
   "2d+onegroup": "2D one group",
   "2d+topk+onegroup": "2D+TOPK one group",
 }
@@ -256,6 +258,8 @@ def config_env(name, ranks_per_node, plan):
   if "fusion" in parts:
     env.update(FUSION, LIGHT_FUSION_PROBE_STEPS=str(plan["fusion_rounds"]))
     env["LIGHT_FUSION_BUCKETS_MB"] = ",".join(f"{x:g}" for x in plan["fusion_mb"])
+    if "switch" in parts:  # probed behind one tf.switch_case, as before LIGHT_FUSION_RETRACE
+      env["LIGHT_FUSION_RETRACE"] = "0"
   elif fixed_mb:
     env["LIGHT_BUCKET_MB"] = fixed_mb
   elif parts & {"2d", "topk"}:

@@ -189,6 +189,11 @@ def test_configs_exchange_in_buckets_scaled_like_the_gradients():
   fused = lightcc_scaling.config_env("2d+fusion", 2, plan)
   assert "LIGHT_BUCKET_MB" not in fused and fused["LIGHT_FUSION_PROBE_STEPS"] == "5"
   assert lightcc_scaling.config_env("horovod", 2, plan) == {}
+  # Fusion probes each size in a graph of its own; "+switch" probes behind the switch, as before.
+  assert fused["LIGHT_FUSION_RETRACE"] == "1"
+  switch = lightcc_scaling.config_env("2d+topk+fusion+switch", 2, plan)
+  retrace = lightcc_scaling.config_env("2d+topk+fusion", 2, plan)
+  assert switch == dict(retrace, LIGHT_FUSION_RETRACE="0")
   # The fixed sweep: a fusion configuration again, in fixed buckets of each candidate size.
   sweep = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
   assert sweep == [f"2d+topk@{mb:g}" for mb in plan["fusion_mb"]]
