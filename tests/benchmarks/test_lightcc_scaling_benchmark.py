@@ -207,8 +207,9 @@ def test_configs_exchange_in_buckets_scaled_like_the_gradients():
 def test_fusion_warms_up_for_its_longest_probe_then_as_the_others():
   plan = dict(_plan(shrink=16), fusion_mb=[2.06, 8.25, 128], fusion_rounds=5)
   # 3 sizes x 5 rounds, as many again if all three end close, a step for each of the two
-  # decisions to take effect (each size's graph is traced again), then the others' 16 steps.
-  assert lightcc_scaling.fusion_warmup(16, plan) == 3 * 5 * 2 + 2 + 16
+  # decisions to take effect and one per size whose time holds its graph's tracing (each size
+  # has a graph of its own), then the others' 16 steps.
+  assert lightcc_scaling.fusion_warmup(16, plan) == 3 * 5 * 2 + 2 + 3 + 16
 
 
 def _row(name, step_s, steps=8, chosen=None, plan=None):
