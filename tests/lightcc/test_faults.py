@@ -96,7 +96,7 @@ def test_horovod_log_times_with_space_padded_microseconds():
   assert _horovod_log_time("2026-11-28 08:18:08.532199") == pytest.approx(start + 0.532199)
 
 
-def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_the_gloo_timeout(tmp_path):
+def test_a_link_cut_mid_exchange_ends_every_rank_with_an_error_within_two_gloo_timeouts(tmp_path):
   reason = _netns_skip_reason()
   if reason:
     pytest.skip(reason)
