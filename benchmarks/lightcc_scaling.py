@@ -540,8 +540,12 @@ def worker(args):
   ]
   first_unit = min(n for n, u in enumerate(plan["units"]) if u["forward_s"] > 0)
   clock, marks = DeviceClock(spec.get("clock", "stream"), first_unit), []
-  step = build_step(tf, plan, variables, stored, clock, wrapper)
-  marked_step = build_step(tf, plan, variables, stored, clock, wrapper, marks)
+
+  def make_step():
+    return build_step(tf, plan, variables, stored, clock, wrapper)
+
+  def make_marked_step():
+    return build_step(tf, plan, variables, stored, clock, wrapper, marks)
 
   def barrier():
     if distributed:
@@ -552,11 +556,10 @@ def worker(args):
     # Each bucket size is probed in a graph that holds it alone (LIGHT_FUSION_RETRACE=1), and the
     # choice is frozen once settled (re-probes are off), as a Keras user's FusionSettledCallback
     # does; the warm-up goes on with the chosen bucketing alone.
-    step = hvd.FusionStepFunction(lambda: build_step(tf, plan, variables, stored, clock, wrapper))
-    marked_step = hvd.FusionStepFunction(
-      lambda: build_step(tf, plan, variables, stored, clock, wrapper, marks),
-      freeze_when_settled=False,
-    )
+    step = hvd.FusionStepFunction(make_step)
+    marked_step = hvd.FusionStepFunction(make_marked_step, freeze_when_settled=False)
+  else:
+    step, marked_step = make_step(), make_marked_step()
   t = time.perf_counter()
   marked_step().numpy()  # traced now, run once more after the timed steps
   for _ in range(spec["fusion_warmup"] if fusion_on else spec["warmup"]):
