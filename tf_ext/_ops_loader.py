@@ -49,6 +49,10 @@ def try_load():
 
 
 def _load_checked():
+  try:  # the library reads it as it loads, and would take a bad value for 0
+    settings.get("TF_EXT_GPU_TABLES")
+  except ValueError as error:
+    raise ImportError(f"tf_ext: {error}") from None
   path = library_path()
   if not os.path.exists(path):
     raise ImportError(

@@ -61,6 +61,13 @@ def _auto_flag(raw):
     raise ValueError("expected 0, 1 or auto") from None
 
 
+def _gpu_tables(raw):
+  """TF_EXT_GPU_TABLES: the op library compares the exact text."""
+  if raw not in ("0", "1", "host"):
+    raise ValueError("expected 0, 1 or host")
+  return raw
+
+
 def _int_at_least(minimum):
   def parse(raw):
     value = int(raw)
@@ -248,11 +255,14 @@ SETTINGS: Dict[str, Setting] = registry(
       "TF_EXT_GPU_TABLES",
       "0",
       "Read when the op library loads: `1` registers the GPU kernels of the table ops that serve "
-      "GPU tables (create, find, insert, remove, size, clear, the optimizer step), so a table "
-      "created under `tf.device('/GPU:0')` lives in GPU memory (a build with CUDA: "
-      "`TF_EXT_CUDA`). `0`: tables stay in host memory on every device, as before.",
+      "GPU tables (create, find, insert, remove, size, clear, the optimizer step, eviction, "
+      "statistics, checkpoints), so a table created under `tf.device('/GPU:0')` lives in GPU "
+      "memory (a build with CUDA: `TF_EXT_CUDA`). `0`: tables stay in host memory on every "
+      "device, as before. `host`, for tests without a GPU: every int64 table is the GPU table "
+      "core run on host threads, served by the same kernels as on a GPU (slow; the ops that do "
+      "not serve GPU tables refuse it).",
       capability="dynamic_embedding",
-      parse=_flag,
+      parse=_gpu_tables,
     ),
     Setting(
       "TF_EXT_PS_WAIT_TIMEOUT_S",

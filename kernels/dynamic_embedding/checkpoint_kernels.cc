@@ -211,10 +211,8 @@ class SaveSnapshotOp : public TableKernel {
       return written;
     });
     OP_REQUIRES(ctx, version != de::EmbeddingTable<Key>::kSnapshotNoBase,
-                errors::FailedPrecondition(
-                    "dynamic embedding table '", table->name(), "': no delta since version ", since,
-                    " can be taken (the table was restored, or never snapshotted with tracking, or "
-                    "a later delta was committed since): write a full snapshot"));
+                errors::FailedPrecondition("dynamic embedding table '", table->name(),
+                                           "': ", de::NoDeltaBase(since)));
     OP_REQUIRES_OK(ctx, status);
     // Nothing of it is kept: the temporary file is deleted, and the path keeps what it held.
     OP_REQUIRES(
@@ -228,25 +226,28 @@ class SaveSnapshotOp : public TableKernel {
     SetOutputs(ctx, version, header, bytes);
   }
 
-  // A GPU table writes full snapshots, in the same file format (device_table_snapshot.h); it
-  // keeps no versions, so its version output is -1.
+  // A GPU table writes full and delta snapshots in the same file format, by the same rules
+  // (device_table_snapshot.h).
   void SaveFromDevice(OpKernelContext* ctx, DynamicTable* table) {
     const std::string path(ctx->input(1).scalar<tstring>()());
-    OP_REQUIRES(ctx, ScalarInput(ctx, 2) < 0,
-                errors::FailedPrecondition(
-                    "dynamic embedding table '", table->name(),
-                    "': the table lives in GPU memory, which writes full snapshots only (delta "
-                    "snapshots from the GPU are not built yet): write a full snapshot"));
+    const int64_t since = ScalarInput(ctx, 2);
+    const DynamicTable::LockedCore core = table->device_table();  // for the whole save
+    const cudaStream_t stream = StreamOf(ctx);
     de::SnapshotHeader header = HeaderOf(ctx, *table);
     std::string problem;
-    int64_t bytes = 0;
+    int64_t version = -1, bytes = 0;
     const Status status = WriteFileInPlace(path, &bytes, [&](FileSink* sink) {
-      problem = de::WriteDeviceSnapshot(*table->device_table(), StreamOf(ctx), &header, sink);
+      problem = de::WriteDeviceSnapshot(*core, stream, &header, sink, /*chunk_rows=*/0, since,
+                                        track_, &version);
       return problem.empty();
     });
+    OP_REQUIRES(ctx, version != de::DeviceSnapshotPlan::kNoDeltaBase,
+                errors::FailedPrecondition("dynamic embedding table '", table->name(),
+                                           "': ", de::NoDeltaBase(since)));
     OP_REQUIRES_OK(ctx, status);
     OP_REQUIRES_OK(ctx, DynamicTable::FromCore(problem));
-    SetOutputs(ctx, -1, header, bytes);
+    if (track_) OP_REQUIRES_OK(ctx, DynamicTable::FromCore(core->CommitSnapshot(stream, version)));
+    SetOutputs(ctx, version, header, bytes);
   }
 
   bool track_;
@@ -512,8 +513,7 @@ Status LoadIntoDevice(OpKernelContext* ctx, DynamicTable* table,
                       const std::vector<std::string>& paths, bool merge, bool verify_only,
                       int64_t* step) {
   std::string error;
-  std::unique_ptr<de::DeviceTable> fresh =
-      de::MakeCudaTable(table->device_table()->options(), &error);
+  std::unique_ptr<de::DeviceTable> fresh = table->device_table()->NewEmpty(&error);
   if (fresh == nullptr) return DynamicTable::FromCore(error);
   const cudaStream_t stream = StreamOf(ctx);
   for (const std::string& path : paths) {
@@ -565,20 +565,20 @@ class RestoreSnapshotsOp : public TableKernel {
       OP_REQUIRES(ctx, !chain.empty(), table->Invalid("restore: paths holds an empty chain"));
     }
     int64_t step = 0;
-    if (table->on_gpu()) {  // keeps no versions: -1
+    if (table->on_gpu()) {
       OP_REQUIRES(ctx, chains.size() == 1 && num_shards_ == 1,
                   table->Invalid("a table in GPU memory restores one chain whole, not the "
                                  "chains of a table split across another number of ranks"));
       OP_REQUIRES_OK(
           ctx, LoadIntoDevice(ctx, table.get(), chains[0], /*merge=*/false, verify_only_, &step));
-      OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {-1, step}));
-      return;
+    } else {
+      OP_REQUIRES_OK(
+          ctx, LoadChains(table.get(), chains, num_shards_, shard_index_, verify_only_, &step));
     }
-    OP_REQUIRES_OK(ctx,
-                   LoadChains(table.get(), chains, num_shards_, shard_index_, verify_only_, &step));
     int64_t version = -1;
     if (track_ && !verify_only_) {
-      version = table->key_dtype() == ::tensorflow::DT_STRING
+      version = table->on_gpu() ? table->device_table()->MarkSnapshotBase(StreamOf(ctx))
+                : table->key_dtype() == ::tensorflow::DT_STRING
                     ? table->table<std::string>()->MarkSnapshotBase()
                     : table->table<int64_t>()->MarkSnapshotBase();
     }

@@ -2,12 +2,15 @@
 #include "kernels/dynamic_embedding/table_backend.h"
 
 #include <cstdlib>
+#include <memory>
+#include <set>
 #include <string>
 
 #include "kernels/dynamic_embedding/apply_rows.h"
 #include "kernels/dynamic_embedding/table_kernel.h"
 #include "kernels/dynamic_embedding/table_resource.h"
 #include "tensorflow/core/framework/device_base.h"
+#include "tensorflow/core/framework/kernel_def.pb.h"
 #include "tensorflow/core/framework/kernel_def_builder.h"
 #include "tensorflow/core/platform/stream_executor.h"
 
@@ -74,39 +77,58 @@ class CpuTableBackend : public TableBackend<Key> {
 // The GPU table core, on the op's stream; keys and rows in device memory.
 class GpuTableBackend : public TableBackend<int64_t> {
  public:
-  explicit GpuTableBackend(de::DeviceTable* table) : table_(table) {}
+  explicit GpuTableBackend(DynamicTable* table) : table_(table) {}
 
   Status Find(OpKernelContext* ctx, const Tensor& keys, float* rows) override {
-    return DynamicTable::FromCore(table_->Find(StreamOf(ctx), keys.NumElements(),
-                                               keys.flat<int64_t>().data(), rows, nullptr));
+    return DynamicTable::FromCore(table_->device_table()->Find(
+        StreamOf(ctx), keys.NumElements(), keys.flat<int64_t>().data(), rows, nullptr));
   }
   Status Insert(OpKernelContext* ctx, const Tensor& keys, const float* rows) override {
-    return DynamicTable::FromCore(table_->InsertOrAssign(StreamOf(ctx), keys.NumElements(),
-                                                         keys.flat<int64_t>().data(), rows));
+    return DynamicTable::FromCore(table_->device_table()->InsertOrAssign(
+        StreamOf(ctx), keys.NumElements(), keys.flat<int64_t>().data(), rows));
   }
   Status Remove(OpKernelContext* ctx, const Tensor& keys) override {
-    return DynamicTable::FromCore(
-        table_->Remove(StreamOf(ctx), keys.NumElements(), keys.flat<int64_t>().data(), nullptr));
+    return DynamicTable::FromCore(table_->device_table()->Remove(
+        StreamOf(ctx), keys.NumElements(), keys.flat<int64_t>().data(), nullptr));
   }
   Status Apply(OpKernelContext* ctx, const de::OptimizerParams& params, int64_t step,
                const Tensor& keys, const float* gradients) override {
-    return DynamicTable::FromCore(table_->ApplyGradients(
+    return DynamicTable::FromCore(table_->device_table()->ApplyGradients(
         StreamOf(ctx), params, step, keys.NumElements(), keys.flat<int64_t>().data(), gradients));
   }
 
  private:
-  de::DeviceTable* table_;  // owned by the resource, with this backend
+  DynamicTable* table_;  // owns this backend
 };
 
 }  // namespace
 
+GpuTables GpuTablesSetting() {
+  const char* value = std::getenv("TF_EXT_GPU_TABLES");
+  const std::string setting = value == nullptr ? "0" : value;
+  if (setting == "1") return GpuTables::kOn;
+  if (setting == "host") return GpuTables::kHost;
+  return GpuTables::kOff;  // tf_ext refuses other values before it loads the library
+}
+
+namespace {
+// The ops with a kernel over the backend; filled while the library loads, read-only after.
+std::set<std::string>& GpuServedOps() {
+  static auto* ops = new std::set<std::string>();
+  return *ops;
+}
+}  // namespace
+
+bool ServesGpuTables(const std::string& op) { return GpuServedOps().count(op) > 0; }
+
 bool RegisterGpuKernel(::tensorflow::KernelDefBuilder& builder, const char* kernel_class,
                        OpKernel* (*create)(OpKernelConstruction*)) {
-  const char* enabled = std::getenv("TF_EXT_GPU_TABLES");
-  if (enabled == nullptr || std::string(enabled) != "1") return false;
+  std::unique_ptr<const ::tensorflow::KernelDef> def(
+      builder.Device(::tensorflow::DEVICE_GPU).Build());
+  GpuServedOps().insert(def->op());
+  if (GpuTablesSetting() != GpuTables::kOn) return false;
   // Registrars live as long as the library, as REGISTER_KERNEL_BUILDER's static ones do.
-  new ::tensorflow::kernel_factory::OpKernelRegistrar(
-      builder.Device(::tensorflow::DEVICE_GPU).Build(), kernel_class, create);
+  new ::tensorflow::kernel_factory::OpKernelRegistrar(def.release(), kernel_class, create);
   return true;
 }
 
@@ -118,7 +140,7 @@ cudaStream_t StreamOf(OpKernelContext* ctx) {
 
 void DynamicTable::MakeBackends() {
   if (device_table_) {
-    int64_backend_ = std::make_unique<GpuTableBackend>(device_table_.get());
+    int64_backend_ = std::make_unique<GpuTableBackend>(this);
   } else if (string_table_) {
     string_backend_ = std::make_unique<CpuTableBackend<std::string>>(this);
   } else {

@@ -57,16 +57,28 @@ void ParallelFor(OpKernelContext* ctx, int64_t n, int64_t cost, Fn&& fn) {
   pool->ParallelFor(n, cost, [&fn](int64_t begin, int64_t end) { fn(begin, end); });
 }
 
+// TF_EXT_GPU_TABLES (tf_ext/settings.py), read when the op library loads: "0" (or unset), "1",
+// or "host" (int64 tables on the CPU are the GPU table core on host threads, for tests).
+enum class GpuTables { kOff, kOn, kHost };
+GpuTables GpuTablesSetting();
+
+// Whether op `op` has a kernel that serves GPU tables (RegisterGpuKernel), registered or not.
+bool ServesGpuTables(const std::string& op);
+
 // A table in GPU memory is served only by the kernels registered for the GPU (those over the
 // backend, RegisterGpuKernel), a table in host memory only by CPU kernels: never a host kernel
-// reading device memory, or the reverse.
+// reading device memory, or the reverse. The GPU table core in host memory (TF_EXT_GPU_TABLES=
+// host) is served by the CPU kernels of the ops that serve GPU tables, and refused by the others
+// as a GPU table is.
 inline Status CheckPlacement(const OpKernel& kernel, bool kernel_on_gpu,
                              const DynamicTable& table) {
-  if (table.on_gpu() && !kernel_on_gpu) {
+  const bool served_on_host =
+      table.core_in_host_memory() && !kernel_on_gpu && ServesGpuTables(kernel.type_string());
+  if (table.on_gpu() && !kernel_on_gpu && !served_on_host) {
     return table.Invalid(
         "the table lives in GPU memory, and this op (", kernel.type_string(),
         ") has no GPU kernel yet: GPU tables serve find, insert, remove, size, clear, the "
-        "optimizer step, eviction, statistics and full checkpoints (docs/dynamic_embedding.md, "
+        "optimizer step, eviction, statistics and checkpoints (docs/dynamic_embedding.md, "
         "GPU tables)");
   }
   if (!table.on_gpu() && kernel_on_gpu) {
@@ -165,10 +177,10 @@ class TableKernel : public OpKernel {
   OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
 
 // Registers a kernel for the GPU if TF_EXT_GPU_TABLES=1 when the op library loads (settings:
-// dynamic_embedding); returns whether it did. Opt-in because TensorFlow places an op on a GPU
-// whenever a GPU kernel exists: registered always, every table of a GPU machine would move into
-// GPU memory, where the ops without a GPU kernel (fused lookups, checkpoints, eviction) cannot
-// serve it.
+// dynamic_embedding), and records that its op serves GPU tables; returns whether it registered.
+// Opt-in because TensorFlow places an op on a GPU whenever a GPU kernel exists: registered always,
+// every table of a GPU machine would move into GPU memory, where the ops without a GPU kernel
+// (fused lookups, checkpoints, eviction) cannot serve it.
 bool RegisterGpuKernel(::tensorflow::KernelDefBuilder& builder, const char* kernel_class,
                        OpKernel* (*create)(OpKernelConstruction*));
 inline bool RegisterGpuKernel(::tensorflow::KernelDefBuilder&& builder, const char* kernel_class,

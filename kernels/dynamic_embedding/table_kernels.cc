@@ -28,6 +28,9 @@ namespace {
 
 // The most counters (4 bytes each) an admission sketch may have: 1 GiB.
 constexpr int64_t kMaxSketchCounters = int64_t{1} << 28;
+// Host threads of a GPU table core in host memory (TF_EXT_GPU_TABLES=host): more than one, so
+// its bodies race as on a GPU.
+constexpr int kHostTableThreads = 2;
 
 class DynamicTableOp : public OpKernel {
  public:
@@ -116,9 +119,12 @@ class DynamicTableOp : public OpKernel {
         ::tensorflow::MakeResourceHandle<DynamicTable>(ctx, cinfo.container(), cinfo.name());
   }
 
-  // A table in host memory, or under a GPU placement in GPU memory.
+  // A table in host memory, or under a GPU placement in GPU memory; with TF_EXT_GPU_TABLES=host
+  // an int64 table on the CPU is the GPU table core on host threads.
   Status Create(bool on_gpu, DynamicTable** out) const {
-    if (!on_gpu) {
+    const bool core_on_host =
+        !on_gpu && key_dtype_ == ::tensorflow::DT_INT64 && GpuTablesSetting() == GpuTables::kHost;
+    if (!on_gpu && !core_on_host) {
       *out = new DynamicTable(table_name_, key_dtype_, dim_, init_, admission_, max_rows_);
       return ::tensorflow::OkStatus();
     }
@@ -136,7 +142,9 @@ class DynamicTableOp : public OpKernel {
     options.admission = admission_;
     options.max_rows = max_rows_;
     std::string error;
-    std::unique_ptr<de::DeviceTable> device_table = de::MakeCudaTable(options, &error);
+    std::unique_ptr<de::DeviceTable> device_table =
+        core_on_host ? de::MakeHostTable(options, &error, kHostTableThreads)
+                     : de::MakeCudaTable(options, &error);
     if (!device_table) return ::tensorflow::errors::FailedPrecondition(error);
     *out = new DynamicTable(table_name_, std::move(device_table), max_rows_);
     return ::tensorflow::OkStatus();

@@ -5,6 +5,7 @@
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESOURCE_H_
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
@@ -69,10 +70,27 @@ class DynamicTable : public ::tensorflow::ResourceBase {
     if (device_table_) return device_table_->options().admission;
     return string_table_ ? string_table_->admission() : int64_table_->admission();
   }
-  // Whether the table lives in GPU memory: then table<Key>() is null, and only the kernels with a
-  // GPU registration (those over the backend) serve it.
+  // Whether the table is the GPU table core, in GPU memory (or in host memory with
+  // TF_EXT_GPU_TABLES=host): then table<Key>() is null, and only the kernels of the ops with a GPU
+  // registration (those over the backend) serve it.
   bool on_gpu() const { return device_table_ != nullptr; }
-  de::DeviceTable* device_table() { return device_table_.get(); }
+  // Whether that core keeps its rows in host memory (TF_EXT_GPU_TABLES=host); fixed for life.
+  bool core_in_host_memory() const { return device_table_ && device_table_->InHostMemory(); }
+
+  // The GPU table core, locked while the handle lives: the core is used from one host thread at
+  // a time, and TensorFlow runs independent ops of one table at once (two lookups of a shared
+  // table, a lookup beside an insert that grows the table).
+  class LockedCore {
+   public:
+    LockedCore(std::mutex& mutex, de::DeviceTable* core) : lock_(mutex), core_(core) {}
+    de::DeviceTable* operator->() const { return core_; }
+    de::DeviceTable& operator*() const { return *core_; }
+
+   private:
+    std::unique_lock<std::mutex> lock_;
+    de::DeviceTable* core_;
+  };
+  LockedCore device_table() const { return LockedCore(device_mutex_, device_table_.get()); }
 
   // The CPU table core (null for a GPU table).
   template <typename Key>
@@ -82,30 +100,30 @@ class DynamicTable : public ::tensorflow::ResourceBase {
 
   // On a GPU table these run on `stream` and wait for it.
   int64_t Size(cudaStream_t stream = nullptr) const {
-    if (device_table_) return device_table_->Size(stream);
+    if (device_table_) return device_table()->Size(stream);
     return string_table_ ? string_table_->Size() : int64_table_->Size();
   }
   size_t BytesInUse() const {
-    if (device_table_) return device_table_->BytesInUse();
+    if (device_table_) return device_table()->BytesInUse();
     return string_table_ ? string_table_->BytesInUse() : int64_table_->BytesInUse();
   }
   ::tensorflow::Status Clear(cudaStream_t stream = nullptr) {
-    if (device_table_) return FromCore(device_table_->Clear(stream));
+    if (device_table_) return FromCore(device_table()->Clear(stream));
     string_table_ ? string_table_->Clear() : int64_table_->Clear();
     return ::tensorflow::OkStatus();
   }
   de::TableCounters Counters(cudaStream_t stream = nullptr) const {
-    if (device_table_) return device_table_->Counters(stream);
+    if (device_table_) return device_table()->Counters(stream);
     return string_table_ ? string_table_->Counters() : int64_table_->Counters();
   }
   int64_t LatestStep(cudaStream_t stream = nullptr) const {
-    if (device_table_) return device_table_->LatestStep(stream);
+    if (device_table_) return device_table()->LatestStep(stream);
     return string_table_ ? string_table_->latest_step() : int64_table_->latest_step();
   }
   // Removes the rows `criteria` condemns; *evicted: how many.
   ::tensorflow::Status Evict(const de::EvictionCriteria& criteria, int64_t* evicted,
                              cudaStream_t stream = nullptr) {
-    if (device_table_) return FromCore(device_table_->Evict(stream, criteria, evicted));
+    if (device_table_) return FromCore(device_table()->Evict(stream, criteria, evicted));
     *evicted = string_table_ ? string_table_->Evict(criteria) : int64_table_->Evict(criteria);
     return ::tensorflow::OkStatus();
   }
@@ -134,6 +152,7 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   std::unique_ptr<de::EmbeddingTable<int64_t>> int64_table_;
   std::unique_ptr<de::EmbeddingTable<std::string>> string_table_;
   std::unique_ptr<de::DeviceTable> device_table_;
+  mutable std::mutex device_mutex_;  // LockedCore
   std::unique_ptr<TableBackend<int64_t>> int64_backend_;
   std::unique_ptr<TableBackend<std::string>> string_backend_;
 

@@ -8,14 +8,16 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_python(code, timeout=240, check=True):
+def run_python(code, timeout=240, check=True, args=(), env=None):
+  """Runs `code` with sys.argv[1:] = args; `env` adds to (or overrides) the environment."""
   env = dict(
     os.environ,
     PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
     TF_CPP_MIN_LOG_LEVEL="2",
+    **(env or {}),
   )
   proc = subprocess.run(
-    [sys.executable, "-c", textwrap.dedent(code)],
+    [sys.executable, "-c", textwrap.dedent(code), *args],
     env=env,
     timeout=timeout,
     capture_output=True,

@@ -95,6 +95,13 @@ constexpr size_t kSnapshotChunkBytes = size_t{1} << 20;
 // counting block heads or string keys' bytes), saturating at UINT64_MAX: what the header claims.
 uint64_t MinimumSnapshotBytes(const SnapshotHeader& header);
 
+// Why a table (CPU or GPU) cannot give a delta since `since_version`.
+inline std::string NoDeltaBase(int64_t since_version) {
+  return "no delta since version " + std::to_string(since_version) +
+         " can be taken (the table was restored, or never snapshotted with tracking, or a later "
+         "delta was committed since): write a full snapshot";
+}
+
 // The admission state a snapshot of a table with this admission spec holds.
 inline void DescribeAdmission(const AdmissionSpec& spec, SnapshotHeader* header) {
   header->admission = spec.min_count <= 1 ? SnapshotAdmission::kNone

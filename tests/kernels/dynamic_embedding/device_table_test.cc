@@ -22,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -569,6 +570,7 @@ std::string CpuSnapshot(EmbeddingTable<int64_t>& cpu) {
   return sink.bytes;
 }
 
+// Applies a full or delta snapshot to the CPU table: removed ids, then rows.
 void CpuRestore(const std::string& bytes, EmbeddingTable<int64_t>* cpu) {
   StringSource source(bytes);
   SnapshotReader reader(&source);
@@ -577,7 +579,10 @@ void CpuRestore(const std::string& bytes, EmbeddingTable<int64_t>* cpu) {
   cpu->EnsureSlots(header.num_slots, header.slot_initial_values);
   const int dim = cpu->dim(), slots = header.num_slots;
   ASSERT_EQ(reader.ReadRecords(
-                nullptr,
+                [&](int64_t key) {
+                  cpu->Remove(key);
+                  return true;
+                },
                 [&](int64_t key, uint32_t count, int64_t step, const float* values) {
                   cpu->Upsert(key, [&](RowRef& row, bool) {
                     std::memcpy(row.embedding, values, sizeof(float) * dim);
@@ -637,6 +642,180 @@ TEST_P(DeviceTableTest, SnapshotsMoveBetweenTheGpuAndTheCpuTableExactly) {
   StringSource wrong_dim(cpu_file);
   auto narrow = MakeOrDie(backend, Options(5, init));
   EXPECT_NE(ReadDeviceSnapshot(&wrong_dim, *narrow, nullptr).find("dim"), std::string::npos);
+}
+
+// One tracked snapshot of `gpu` (full: since_version < 0), committed as the save kernel does;
+// returns its bytes, and its version in *version.
+std::string TrackedSnapshot(DeviceTable& gpu, int64_t since_version, uint64_t sequence,
+                            int64_t* version) {
+  StringSink sink;
+  SnapshotHeader header;
+  header.table_name = "t";
+  header.chain_id = 7;
+  header.sequence = sequence;
+  EXPECT_EQ(WriteDeviceSnapshot(gpu, nullptr, &header, &sink, /*chunk_rows=*/300, since_version,
+                                /*track=*/true, version),
+            "");
+  EXPECT_EQ(gpu.CommitSnapshot(nullptr, *version), "");
+  return sink.bytes;
+}
+
+SnapshotHeader HeaderOfFile(const std::string& bytes) {
+  StringSource source(bytes);
+  SnapshotReader reader(&source);
+  SnapshotHeader header;
+  EXPECT_EQ(reader.ReadHeader(&header), "");
+  return header;
+}
+
+// A chain of a full snapshot and deltas taken from the GPU table while it trains, takes new ids,
+// loses ids to removal and eviction and gets some back, restores the table as it was at each
+// save: into a new GPU table and into the CPU table, exactly. Each delta holds only the rows
+// written since the save before it, and the removed ids.
+TEST_P(DeviceTableTest, DeltaSnapshotsRestoreTheTableAsItWasAtEachSave) {
+  const Backend& backend = GetParam();
+  const int dim = 4;
+  const InitializerSpec init{InitializerKind::kUniform, -0.1f, 0.1f, 5};
+  DeviceTableOptions options = Options(dim, init);
+  auto gpu = MakeOrDie(backend, options);
+  OptimizerParams adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.learning_rate = 0.01f;
+  adam.epsilon = 1e-7f;
+  std::mt19937_64 rng(35);
+  std::normal_distribution<float> gradient(0.0f, 1.0f);
+  auto train = [&](int64_t step, int64_t n, int64_t range) {
+    const std::vector<int64_t> keys = Keys(rng, n, range);
+    std::vector<float> grads(keys.size() * dim);
+    for (float& g : grads) g = gradient(rng);
+    Buffer<int64_t> device_keys(backend, keys);
+    Buffer<float> device_grads(backend, grads);
+    ASSERT_EQ(gpu->ApplyGradients(nullptr, adam, step, keys.size(), device_keys.get(),
+                                  device_grads.get()),
+              "");
+  };
+  train(1, 4000, 3000);
+  int64_t version = -1;
+  std::vector<std::string> chain = {TrackedSnapshot(*gpu, -1, 0, &version)};
+  EXPECT_EQ(HeaderOfFile(chain[0]).kind, SnapshotKind::kFull);
+  for (int64_t save = 1; save <= 6; ++save) {
+    const int64_t step = 1 + save;
+    const int64_t size_before = gpu->Size(nullptr);
+    train(step, 200, 3000 + 500 * save);  // a few rows change, some ids are new
+    // Removals: a batch of ids (thousands over the run, so the removal log grows), then every
+    // third save an eviction of the rows idle for 3 steps (at save 3 also of the least recently
+    // updated past 1000 rows); ids removed now and trained again later come back in a later delta.
+    const std::vector<int64_t> doomed = Keys(rng, 1500, 3000);
+    Buffer<int64_t> device_doomed(backend, doomed);
+    ASSERT_EQ(gpu->Remove(nullptr, doomed.size(), device_doomed.get(), nullptr), "");
+    if (save % 3 == 0) {
+      EvictionCriteria criteria;
+      criteria.now_step = step;
+      criteria.ttl_steps = 3;
+      criteria.max_size = save == 3 ? 1000 : 0;  // then the least recently updated go too
+      int64_t evicted = 0;
+      ASSERT_EQ(gpu->Evict(nullptr, criteria, &evicted), "");
+      EXPECT_GT(evicted, 0);
+    }
+    const std::vector<int64_t> inserted = Keys(rng, 50, 100);
+    std::vector<float> values(inserted.size() * dim, 0.5f * save);
+    Buffer<int64_t> device_inserted(backend, inserted);
+    Buffer<float> device_values(backend, values);
+    ASSERT_EQ(
+        gpu->InsertOrAssign(nullptr, inserted.size(), device_inserted.get(), device_values.get()),
+        "");
+    const int64_t since = version;
+    chain.push_back(TrackedSnapshot(*gpu, since, save, &version));
+    EXPECT_GT(version, since);
+    const SnapshotHeader header = HeaderOfFile(chain.back());
+    EXPECT_EQ(header.kind, SnapshotKind::kDelta);
+    EXPECT_LE(header.rows, 250u) << "a delta holds the rows written since its base, not "
+                                 << size_before << " rows";
+    EXPECT_GT(header.tombstones, 0u);
+    const Contents expected = ContentsOf(*gpu);
+    auto restored = MakeOrDie(backend, options);
+    EmbeddingTable<int64_t> cpu(dim, init);
+    for (const std::string& file : chain) {
+      StringSource source(file);
+      ASSERT_EQ(ReadDeviceSnapshot(&source, *restored, nullptr), "");
+      CpuRestore(file, &cpu);
+    }
+    ExpectSameContents(expected, ContentsOf(*restored), Backend{"exact", false, 1});
+    ExpectSameContents(expected, ContentsOf(cpu), Backend{"exact", false, 1});
+  }
+}
+
+// A delta needs a base the table tracked since and did not commit past; a restored or cleared
+// table tracks again only from MarkSnapshotBase (or a new full snapshot).
+TEST_P(DeviceTableTest, DeltaWithoutABaseIsRefusedAndNothingIsWritten) {
+  const Backend& backend = GetParam();
+  auto gpu = MakeOrDie(backend, Options(3));
+  const std::vector<int64_t> keys = {1, 2, 3};
+  Buffer<int64_t> device_keys(backend, keys);
+  Buffer<float> rows(backend, std::vector<float>(9, 1.0f));
+  ASSERT_EQ(gpu->InsertOrAssign(nullptr, 3, device_keys.get(), rows.get()), "");
+  auto refused = [&](int64_t since) {
+    StringSink sink;
+    SnapshotHeader header;
+    int64_t version = 0;
+    const std::string error =
+        WriteDeviceSnapshot(*gpu, nullptr, &header, &sink, 0, since, true, &version);
+    EXPECT_EQ(version, DeviceSnapshotPlan::kNoDeltaBase);
+    EXPECT_TRUE(sink.bytes.empty());
+    return error.find("no delta since version " + std::to_string(since)) != std::string::npos;
+  };
+  EXPECT_TRUE(refused(1)) << "never snapshotted with tracking";
+  int64_t first = -1, second = -1;
+  TrackedSnapshot(*gpu, -1, 0, &first);
+  TrackedSnapshot(*gpu, first, 1, &second);
+  EXPECT_TRUE(refused(first)) << "a later delta was committed";
+  EXPECT_TRUE(refused(second + 5)) << "a version the table has not reached";
+  int64_t third = -1;
+  TrackedSnapshot(*gpu, second, 2, &third);
+  auto other = MakeOrDie(backend, Options(3));
+  ASSERT_EQ(gpu->SwapContents(*other), "");
+  EXPECT_TRUE(refused(third)) << "swapped in (a restore)";
+  const int64_t base = gpu->MarkSnapshotBase(nullptr);
+  EXPECT_GT(base, third) << "versions never go back";
+  ASSERT_EQ(other->SwapContents(*gpu), "");  // the rows come back
+  EXPECT_TRUE(refused(base)) << "each swap stops tracking";
+  const int64_t again = gpu->MarkSnapshotBase(nullptr);
+  int64_t after_base = -1;
+  ASSERT_EQ(gpu->Remove(nullptr, 1, device_keys.get(), nullptr), "");
+  const SnapshotHeader header = HeaderOfFile(TrackedSnapshot(*gpu, again, 3, &after_base));
+  EXPECT_EQ(header.rows, 0u);
+  EXPECT_EQ(header.tombstones, 1u);
+  ASSERT_EQ(gpu->Clear(nullptr), "");
+  EXPECT_TRUE(refused(after_base)) << "cleared";
+}
+
+// A table is used from one host thread at a time: a call from another thread while one runs is
+// an error that says so, and changes nothing; a call made inside a running one on its own thread
+// (here, from an export's visitor) runs.
+TEST_P(DeviceTableTest, ACallFromASecondThreadWhileOneRunsIsRefused) {
+  const Backend& backend = GetParam();
+  auto gpu = MakeOrDie(backend, Options(2));
+  const std::vector<int64_t> keys = {5, 6};
+  Buffer<int64_t> device_keys(backend, keys);
+  Buffer<float> rows(backend, std::vector<float>(4, 1.0f));
+  ASSERT_EQ(gpu->InsertOrAssign(nullptr, 2, device_keys.get(), rows.get()), "");
+  std::string from_other_thread, from_same_thread = "not run";
+  ASSERT_EQ(gpu->Export(nullptr, 0,
+                        [&](const HostRows&) {
+                          std::thread other([&] {
+                            from_other_thread = gpu->Remove(nullptr, 2, device_keys.get(), nullptr);
+                          });
+                          other.join();
+                          from_same_thread =
+                              gpu->Find(nullptr, 2, device_keys.get(), rows.get(), nullptr);
+                          return true;
+                        }),
+            "");
+  EXPECT_NE(from_other_thread.find("called from two threads at once"), std::string::npos)
+      << from_other_thread;
+  EXPECT_EQ(from_same_thread, "");
+  EXPECT_EQ(gpu->Size(nullptr), 2) << "the refused removal changed nothing";
+  EXPECT_EQ(gpu->Remove(nullptr, 2, device_keys.get(), nullptr), "") << "free again after the call";
 }
 
 // Ids waiting for admission keep their counts across a save and restore: seen once before the

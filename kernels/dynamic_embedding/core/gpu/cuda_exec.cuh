@@ -118,6 +118,7 @@ class CudaExec {
  public:
   // tile_lanes: threads per key in ForTiles, a power of two up to 32.
   explicit CudaExec(int tile_lanes = kDefaultTileLanes) : tile_lanes_(tile_lanes) {}
+  static constexpr bool kHostMemory = false;
 
   void Bind(cudaStream_t stream) { stream_ = stream; }
 

@@ -39,6 +39,16 @@ TF_EXT_HOST_DEVICE inline void Add(int64_t* p, int64_t value) {
 #endif
 }
 
+// Adds `value` to *p; returns what *p held before.
+TF_EXT_HOST_DEVICE inline int64_t FetchAdd(int64_t* p, int64_t value) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int64_t>(
+      atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(value)));
+#else
+  return __atomic_fetch_add(p, value, __ATOMIC_RELAXED);
+#endif
+}
+
 // Adds `amount` for each calling thread whose flag is set. On a GPU a warp adds its count once:
 // a million threads adding to one counter one by one would take longer than their lookups. Call it
 // where every thread of the body passes (not under a branch), so the warp's threads meet there.

@@ -24,7 +24,7 @@ constexpr int64_t kExtraSlots = 2;
 struct EntryMeta {
   int64_t last_step;
   uint32_t update_count;
-  uint32_t unused;
+  uint32_t version;  // the table's version when the row was last written (delta snapshots)
 };
 
 // The table's device counters.
@@ -36,6 +36,7 @@ enum Counter : int {
   kRejected,
   kHits,
   kScratch,  // per-operation results: rows removed, evicted, distinct keys
+  kLogged,   // entries of the removal log (RemovalLog)
   kNumCounters
 };
 
@@ -56,7 +57,19 @@ struct TableView {
   uint64_t mask;        // probed slots - 1
   int64_t capacity;     // probed slots; then kExtraSlots
   int dim;
-  int stride;  // floats per row: dim * (1 + num_slots)
+  int stride;        // floats per row: dim * (1 + num_slots)
+  uint32_t version;  // stamped on every row written (EntryMeta::version)
+};
+
+// While the table tracks changes for delta snapshots, each removal appends its key and the
+// table's version here, so a delta can name the ids removed since its base. keys is null while
+// the table does not track; the log has room for every removal of the operation (the table makes
+// it before the operation starts).
+struct RemovalLog {
+  uint64_t* keys;
+  uint32_t* versions;
+  int64_t* count;  // the kLogged counter (stripe 0)
+  uint32_t version;
 };
 
 struct SketchView {
@@ -90,6 +103,11 @@ TF_EXT_HOST_DEVICE inline int64_t ExtraSlot(const TableView& t, uint64_t key) {
 TF_EXT_HOST_DEVICE inline bool Live(const TableView& t, int64_t s) {
   const uint64_t key = atomic::Load(t.keys + s);
   return s < t.capacity ? key < kTombstoneKey : key != 0;
+}
+
+// Whether slot s holds a row written after the snapshot of version `after` (-1: any row).
+TF_EXT_HOST_DEVICE inline bool Written(const TableView& t, int64_t s, int64_t after) {
+  return Live(t, s) && static_cast<int64_t>(t.meta[s].version) > after;
 }
 
 // The threads that work on one key together. A tile scans tile.size() consecutive slots per probe
@@ -351,8 +369,9 @@ TF_EXT_HOST_DEVICE inline void ReadRow(const TableView& t, const InitializerSpec
 
 // Removes the key in slot s (-1: none) if it is `key`; returns whether this call removed it.
 // Every thread of the body calls it (the counts are per warp, atomic::AddWhere), for its index i;
-// the operation's removals are counted in kScratch too.
-TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t key, int64_t i) {
+// the operation's removals are counted in kScratch too, and logged while the table tracks.
+TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, const RemovalLog& log, int64_t s,
+                                        int64_t key, int64_t i) {
   const uint64_t k = static_cast<uint64_t>(key);
   const bool extra = s >= t.capacity;
   const bool removed =
@@ -360,6 +379,11 @@ TF_EXT_HOST_DEVICE inline bool RemoveAt(const TableView& t, int64_t s, int64_t k
   atomic::AddWhere(Stripe(t.counters, kSize, i), removed, -1);
   atomic::AddWhere(Stripe(t.counters, kTombstones, i), removed && !extra, 1);
   atomic::AddWhere(Stripe(t.counters, kScratch, i), removed, 1);
+  if (removed && log.keys != nullptr) {
+    const int64_t at = atomic::FetchAdd(log.count, 1);
+    log.keys[at] = k;
+    log.versions[at] = log.version;
+  }
   return removed;
 }
 

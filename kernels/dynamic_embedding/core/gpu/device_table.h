@@ -78,6 +78,14 @@ struct DeviceTableOptions {
 // flight, and four 16-byte vectors per lane still move a row of 128 floats in two rounds.
 constexpr int kDefaultTileLanes = 4;
 
+// What a snapshot begun by DeviceTable::BeginSnapshot will hold.
+struct DeviceSnapshotPlan {
+  int64_t version = -1;    // the snapshot's version; kNoDeltaBase: no delta since that version
+  int64_t rows = 0;        // rows it holds
+  int64_t tombstones = 0;  // ids removed since its base (a delta's)
+  static constexpr int64_t kNoDeltaBase = -2;
+};
+
 // Rows in host memory, as a snapshot holds them: for each of n keys its update count, last step
 // and the embedding followed by each optimizer slot (dim * (1 + num_slots) floats).
 struct HostRows {
@@ -93,6 +101,10 @@ class DeviceTable {
   virtual ~DeviceTable() = default;
 
   virtual const DeviceTableOptions& options() const = 0;
+  // Whether keys, rows and the pointers calls take are host memory (MakeHostTable's table).
+  virtual bool InHostMemory() const = 0;
+  // A new empty table of the same options on the same backend (a restore fills one aside).
+  virtual std::unique_ptr<DeviceTable> NewEmpty(std::string* error) const = 0;
   int dim() const { return options().dim; }
   virtual int num_slots() const = 0;
   virtual std::vector<float> slot_initial_values() const = 0;
@@ -140,17 +152,42 @@ class DeviceTable {
   virtual int64_t LatestStep(cudaStream_t stream) = 0;
   virtual TableCounters Counters(cudaStream_t stream) = 0;
 
-  // Every row, in chunks of at most chunk_rows through pinned host memory: visit(rows) for each
-  // chunk, valid during the call; false stops. The table is not changed; extra memory is one
-  // chunk on the device and one on the host.
+  // Every row (with changed_after >= 0, those written after the snapshot of that version), in
+  // chunks of at most chunk_rows through pinned host memory: visit(rows) for each chunk, valid
+  // during the call; false stops. The table is not changed; extra memory is one chunk on the
+  // device and one on the host.
   virtual std::string Export(cudaStream_t stream, int64_t chunk_rows,
-                             const std::function<bool(const HostRows&)>& visit) = 0;
+                             const std::function<bool(const HostRows&)>& visit,
+                             int64_t changed_after = -1) = 0;
+
+  // Delta snapshots, with the CPU table's rules (embedding_table_snapshot.h). Every row written
+  // carries the table's version; each snapshot takes the current version and moves the table to
+  // the next. While the table tracks changes (from a tracked snapshot or MarkSnapshotBase on, until
+  // Clear or SwapContents), each removal also logs its id and version.
+  //
+  // Begins a snapshot, full (since_version < 0) or a delta of what changed after the snapshot of
+  // since_version; with track, the table tracks changes from this snapshot on, so that deltas can
+  // follow it. A delta needs the table to have tracked since since_version, and no later snapshot
+  // committed: else plan->version is kNoDeltaBase and nothing changed. Then Export(...,
+  // changed_after = since_version) and ExportRemoved(since_version, ...) give its content.
+  virtual std::string BeginSnapshot(cudaStream_t stream, int64_t since_version, bool track,
+                                    DeviceSnapshotPlan* plan) = 0;
+  // The ids removed after the snapshot of since_version (while tracking), in chunks of at most
+  // chunk_rows in host memory: visit(n, ids) for each; false stops.
+  virtual std::string ExportRemoved(cudaStream_t stream, int64_t since_version, int64_t chunk_rows,
+                                    const std::function<bool(int64_t, const int64_t*)>& visit) = 0;
+  // The snapshot of `version` is stored: the log drops what it covers, and no delta can be taken
+  // since an earlier version any more.
+  virtual std::string CommitSnapshot(cudaStream_t stream, int64_t version) = 0;
+  // After a restore: starts tracking changes from the content as it is; returns the version a
+  // delta can be taken since.
+  virtual int64_t MarkSnapshotBase(cudaStream_t stream) = 0;
   // Restores rows exactly (embedding, slots, update count, last step), replacing the rows of
   // keys already present. The rows carry num_slots() slots (EnsureSlots first).
   virtual std::string Import(cudaStream_t stream, const HostRows& rows) = 0;
   // Remove for keys in host memory (staged through the device; for restores of deltas).
   virtual std::string RemoveHostKeys(cudaStream_t stream, int64_t n, const int64_t* keys) = 0;
-  // Removes every row.
+  // Removes every row, and stops tracking changes (as the CPU table's Clear does).
   virtual std::string Clear(cudaStream_t stream) = 0;
   // The admission sketch's counters (admission.h; 0 without sketch admission): width * depth of
   // them, in the CPU table's CountMinSketch order, read or written [first, first + n) at a time
@@ -163,7 +200,9 @@ class DeviceTable {
                                   const uint32_t* counters, bool keep_larger) = 0;
   // Exchanges the rows, slots, metadata and admission counts of this table and `other`, a table
   // of the same options made by the same factory: a restore fills a new table and swaps it in
-  // only once every file read cleanly. "" or why not (then neither table changed).
+  // only once every file read cleanly. Both stop tracking changes (MarkSnapshotBase starts it
+  // again) and continue from the later of their versions. "" or why not (then neither table
+  // changed).
   virtual std::string SwapContents(DeviceTable& other) = 0;
 };
 

@@ -11,9 +11,11 @@
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_IMPL_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -24,6 +26,18 @@
 namespace tf_ext {
 namespace de {
 namespace gpu {
+
+template <typename Exec>
+std::unique_ptr<DeviceTable> MakeTable(const DeviceTableOptions& options, Exec exec,
+                                       std::string* error);
+
+// Whether slot s holds a row that eviction's criteria condemn (Condemned).
+TF_EXT_HOST_DEVICE inline bool CondemnedAt(const TableView& t, const EvictionCriteria& c,
+                                           int64_t s) {
+  const EntryMeta meta = t.meta[s];
+  return Live(t, s) &&
+         Condemned(c, meta.last_step, meta.update_count, t.values + s * t.stride, t.dim);
+}
 
 // The table: its storage, and each operation as a few passes of kernel bodies over a batch.
 template <typename Exec>
@@ -37,6 +51,7 @@ class DeviceTableImpl : public DeviceTable {
       : options_(options), exec_(std::move(exec)) {}
   ~DeviceTableImpl() override {
     storage_.Release(exec_);
+    log_.Release(exec_);
     exec_.FreeLasting(counters_);
     exec_.FreeLasting(sketch_);
   }
@@ -74,7 +89,37 @@ class DeviceTableImpl : public DeviceTable {
     return Rebuild(capacity, 0, {});
   }
 
+  // The table is used from one host thread at a time (device_table.h): a call made while
+  // another thread's call runs gets Busy()'s error instead of racing on the table's host state.
+  // A call made inside another on the same thread (RemoveHostKeys's Remove) runs. Binds the
+  // stream for the call.
+  class OneCaller {
+   public:
+    OneCaller(DeviceTableImpl* table, cudaStream_t stream) : table_(table) {
+      const std::thread::id me = std::this_thread::get_id();
+      std::thread::id holder;
+      owns_ = table->caller_.compare_exchange_strong(holder, me, std::memory_order_acquire);
+      nested_ = !owns_ && holder == me;
+      if (ok()) table->exec_.Bind(stream);
+    }
+    ~OneCaller() {
+      if (owns_) table_->caller_.store(std::thread::id(), std::memory_order_release);
+    }
+    bool ok() const { return owns_ || nested_; }
+
+   private:
+    DeviceTableImpl* table_;
+    bool owns_ = false, nested_ = false;
+  };
+  std::string Busy() const {
+    return Error("called from two threads at once; a table is used from one host thread at a time");
+  }
+
   const DeviceTableOptions& options() const override { return options_; }
+  bool InHostMemory() const override { return Exec::kHostMemory; }
+  std::unique_ptr<DeviceTable> NewEmpty(std::string* error) const override {
+    return MakeTable(options_, exec_, error);
+  }
   int num_slots() const override { return num_slots_; }
   std::vector<float> slot_initial_values() const override { return slot_init_; }
   int64_t Capacity() const override { return capacity_; }
@@ -89,7 +134,12 @@ class DeviceTableImpl : public DeviceTable {
   TableView View() const {
     return TableView{storage_.keys, storage_.values,    storage_.meta,
                      counters_,     storage_.summaries, static_cast<uint64_t>(capacity_ - 1),
-                     capacity_,     options_.dim,       Stride()};
+                     capacity_,     options_.dim,       Stride(),
+                     version_};
+  }
+  RemovalLog Log() const {
+    return RemovalLog{tracking_ ? log_.keys : nullptr, log_.versions, Stripe(counters_, kLogged),
+                      version_};
   }
   SketchView Sketch() const {
     return SketchView{sketch_, sketch_width_mask_, options_.admission.sketch_depth,
@@ -117,7 +167,8 @@ class DeviceTableImpl : public DeviceTable {
 
   std::string Find(cudaStream_t stream, int64_t n, const int64_t* keys, float* rows,
                    bool* found) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     if (n <= 0) return "";
     const TableView t = View();
     const InitializerSpec init = options_.initializer;
@@ -147,13 +198,16 @@ class DeviceTableImpl : public DeviceTable {
       for (int slot = 1; slot * t.dim < t.stride; ++slot) {
         FillFloats(tile, row + slot * t.dim, t.dim, slot_init[slot - 1]);
       }
-      if (tile.lane() == 0) t.meta[slots[i]] = EntryMeta{*Stripe(t.counters, kLatestStep), 0, 0};
+      if (tile.lane() == 0) {
+        t.meta[slots[i]] = EntryMeta{*Stripe(t.counters, kLatestStep), 0, t.version};
+      }
     });
   }
 
   std::string FindOrInsert(cudaStream_t stream, int64_t n, const int64_t* keys,
                            float* rows) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     if (n <= 0) return "";
     std::string error = CheckRowLimit(n, keys);
     if (error.empty()) error = MakeRoom(n);
@@ -244,7 +298,8 @@ class DeviceTableImpl : public DeviceTable {
 
   std::string ApplyGradients(cudaStream_t stream, const OptimizerParams& params, int64_t step,
                              int64_t n, const int64_t* keys, const float* gradients) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     std::string error = EnsureSlots(stream, NumSlots(params.kind), SlotInitialValues(params));
     if (!error.empty() || n <= 0) return error;
     error = CheckRowLimit(n, keys);
@@ -316,6 +371,7 @@ class DeviceTableImpl : public DeviceTable {
       EntryMeta& meta = t.meta[slot_of[d]];
       if (meta.update_count != ~uint32_t{0}) ++meta.update_count;
       meta.last_step = step;
+      meta.version = t.version;
     });
     RecordStep(step, /*if_updated=*/true);
     return Checked("apply_gradients");
@@ -361,8 +417,10 @@ class DeviceTableImpl : public DeviceTable {
       const int64_t d = e / width;
       const int j = static_cast<int>(e - d * width);
       t.values[slot_of[d] * t.stride + j] = rows[source_of[d] * width + j];
-      if (full_rows && j == 0) {
-        t.meta[slot_of[d]] = EntryMeta{steps[source_of[d]], counts[source_of[d]], 0};
+      if (j == 0) {
+        EntryMeta& meta = t.meta[slot_of[d]];
+        if (full_rows) meta = EntryMeta{steps[source_of[d]], counts[source_of[d]], 0};
+        meta.version = t.version;
       }
     });
     return Checked("assign");
@@ -370,26 +428,33 @@ class DeviceTableImpl : public DeviceTable {
 
   std::string InsertOrAssign(cudaStream_t stream, int64_t n, const int64_t* keys,
                              const float* rows) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     return AssignRows(n, keys, rows, /*full_rows=*/false, nullptr, nullptr);
   }
 
   std::string Remove(cudaStream_t stream, int64_t n, const int64_t* keys,
                      int64_t* removed) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     if (removed != nullptr) *removed = 0;
     if (n <= 0) return "";
+    const std::string error = MakeLogRoom(n);
+    if (!error.empty()) return error;
     const TableView t = View();
+    const RemovalLog log = Log();
     ZeroCounter(kScratch);
-    exec_.For(n,
-              [=] TF_EXT_HOST_DEVICE(int64_t i) { RemoveAt(t, FindSlot(t, keys[i]), keys[i], i); });
+    exec_.For(n, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      RemoveAt(t, log, FindSlot(t, keys[i]), keys[i], i);
+    });
     if (removed != nullptr) *removed = ReadCounter(kScratch);
     return Checked("remove");
   }
 
   std::string EnsureSlots(cudaStream_t stream, int num_slots,
                           const std::vector<float>& slot_init) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     if (num_slots <= num_slots_) return "";
     if (num_slots > kMaxSlots || static_cast<int>(slot_init.size()) < num_slots) {
       return Error("bad optimizer slots: " + std::to_string(num_slots));
@@ -401,15 +466,22 @@ class DeviceTableImpl : public DeviceTable {
 
   std::string Evict(cudaStream_t stream, const EvictionCriteria& criteria,
                     int64_t* evicted) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     const TableView t = View();
     const EvictionCriteria c = criteria;
+    if (tracking_) {  // the removal log makes room for the condemned rows first
+      ZeroCounter(kScratch);
+      exec_.For(t.capacity + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
+        atomic::AddWhere(Stripe(t.counters, kScratch, s), CondemnedAt(t, c, s), 1);
+      });
+      const std::string no_room = MakeLogRoom(ReadCounter(kScratch));
+      if (!no_room.empty()) return no_room;
+    }
+    const RemovalLog log = Log();
     ZeroCounter(kScratch);
     exec_.For(t.capacity + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
-      const EntryMeta meta = t.meta[s];
-      const bool condemned = Live(t, s) && Condemned(c, meta.last_step, meta.update_count,
-                                                     t.values + s * t.stride, t.dim);
-      RemoveAt(t, condemned ? s : -1, static_cast<int64_t>(t.keys[s]), s);
+      RemoveAt(t, log, CondemnedAt(t, c, s) ? s : -1, static_cast<int64_t>(t.keys[s]), s);
     });
     int64_t removed = ReadCounter(kScratch);
     std::string error;
@@ -451,10 +523,13 @@ class DeviceTableImpl : public DeviceTable {
       return Error("out of device memory sorting for eviction");
     }
     const int64_t* victims = sorted_slots.get();
+    const std::string no_room = MakeLogRoom(std::min(excess, rows));
+    if (!no_room.empty()) return no_room;
+    const RemovalLog log = Log();
     ZeroCounter(kScratch);
     exec_.For(std::min(excess, rows), [=] TF_EXT_HOST_DEVICE(int64_t i) {
       const int64_t s = victims[i];
-      RemoveAt(t, s, static_cast<int64_t>(t.keys[s]), i);
+      RemoveAt(t, log, s, static_cast<int64_t>(t.keys[s]), i);
     });
     *removed += ReadCounter(kScratch);
     return "";
@@ -481,8 +556,10 @@ class DeviceTableImpl : public DeviceTable {
   }
 
   std::string Export(cudaStream_t stream, int64_t chunk_rows,
-                     const std::function<bool(const HostRows&)>& visit) override {
-    exec_.Bind(stream);
+                     const std::function<bool(const HostRows&)>& visit,
+                     int64_t changed_after) override {
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     if (chunk_rows <= 0) chunk_rows = kDefaultChunkRows;
     const TableView t = View();
     const int64_t slots = capacity_ + kExtraSlots;
@@ -500,7 +577,7 @@ class DeviceTableImpl : public DeviceTable {
       const int64_t count = std::min(chunk_rows, slots - begin);
       int64_t* is_live = live.get();
       exec_.For(count + 1, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-        is_live[i] = i < count && Live(t, begin + i);
+        is_live[i] = i < count && Written(t, begin + i, changed_after);
       });
       if (!exec_.ExclusiveSum(is_live, before.get(), count + 1)) return Error("out of memory");
       int64_t rows = 0;
@@ -542,8 +619,165 @@ class DeviceTableImpl : public DeviceTable {
     return "";
   }
 
-  std::string Import(cudaStream_t stream, const HostRows& rows) override {
+  std::string BeginSnapshot(cudaStream_t stream, int64_t since_version, bool track,
+                            DeviceSnapshotPlan* plan) override {
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
+    *plan = DeviceSnapshotPlan();
+    const bool full = since_version < 0;
+    if (!full && (!tracking_ || since_version < std::max(tracked_since_, committed_version_) ||
+                  since_version >= version_)) {
+      plan->version = DeviceSnapshotPlan::kNoDeltaBase;
+      return "";
+    }
+    plan->version = version_++;
+    if (track) StartTracking(plan->version);
+    if (full) {
+      plan->rows = ReadCounter(kSize);
+      return Checked("snapshot");
+    }
+    const TableView t = View();
+    ZeroCounter(kScratch);
+    exec_.For(capacity_ + kExtraSlots, [=] TF_EXT_HOST_DEVICE(int64_t s) {
+      atomic::AddWhere(Stripe(t.counters, kScratch, s), Written(t, s, since_version), 1);
+    });
+    plan->rows = ReadCounter(kScratch);
+    const uint32_t* versions = log_.versions;
+    ZeroCounter(kScratch);
+    exec_.For(ReadCounter(kLogged), [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      atomic::AddWhere(Stripe(t.counters, kScratch, i), versions[i] > since_version, 1);
+    });
+    plan->tombstones = ReadCounter(kScratch);
+    return Checked("snapshot");
+  }
+
+  std::string ExportRemoved(cudaStream_t stream, int64_t since_version, int64_t chunk_rows,
+                            const std::function<bool(int64_t, const int64_t*)>& visit) override {
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
+    if (!tracking_) return "";
+    if (chunk_rows <= 0) chunk_rows = kDefaultChunkRows;
+    const int64_t logged = ReadCounter(kLogged);
+    std::vector<uint64_t> keys(static_cast<size_t>(std::min(chunk_rows, logged)));
+    std::vector<uint32_t> versions(keys.size());
+    std::vector<int64_t> removed;
+    for (int64_t begin = 0; begin < logged; begin += chunk_rows) {
+      const int64_t count = std::min(chunk_rows, logged - begin);
+      exec_.ToHost(keys.data(), log_.keys + begin, sizeof(uint64_t) * count);
+      exec_.ToHost(versions.data(), log_.versions + begin, sizeof(uint32_t) * count);
+      exec_.Sync();
+      const std::string failure = Checked("export removed ids");
+      if (!failure.empty()) return failure;
+      removed.clear();
+      for (int64_t i = 0; i < count; ++i) {
+        if (versions[i] > since_version) removed.push_back(static_cast<int64_t>(keys[i]));
+      }
+      if (!removed.empty() && !visit(static_cast<int64_t>(removed.size()), removed.data())) {
+        return Error("export stopped");
+      }
+    }
+    return "";
+  }
+
+  // Drops the removal log's entries of versions up to `version`, keeping the others in order.
+  std::string CommitSnapshot(cudaStream_t stream, int64_t version) override {
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
+    committed_version_ = std::max(committed_version_, version);
+    const int64_t logged = ReadCounter(kLogged);
+    if (logged == 0) return "";
+    Scratch<Exec, int64_t> kept(exec_, logged + 1), before(exec_, logged + 1);
+    Scratch<Exec, uint64_t> keys(exec_, logged);
+    Scratch<Exec, uint32_t> versions(exec_, logged);
+    if (!kept.ok() || !before.ok() || !keys.ok() || !versions.ok()) {
+      return Error("out of device memory committing a snapshot");
+    }
+    const uint64_t* log_keys = log_.keys;
+    uint32_t* log_versions = log_.versions;
+    int64_t* keeps = kept.get();
+    exec_.For(logged + 1, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      keeps[i] = i < logged && log_versions[i] > version;
+    });
+    if (!exec_.ExclusiveSum(keeps, before.get(), logged + 1)) return Error("out of memory");
+    const int64_t* kept_before = before.get();
+    uint64_t* key_out = keys.get();
+    uint32_t* version_out = versions.get();
+    exec_.For(logged, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      if (!keeps[i]) return;
+      key_out[kept_before[i]] = log_keys[i];
+      version_out[kept_before[i]] = log_versions[i];
+    });
+    int64_t remaining = 0;
+    exec_.ToHost(&remaining, kept_before + logged, sizeof(int64_t));
+    exec_.Sync();
+    uint64_t* log_out = log_.keys;
+    exec_.For(remaining, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      log_out[i] = key_out[i];
+      log_versions[i] = version_out[i];
+    });
+    SetCounter(kLogged, remaining);
+    log_bound_ = remaining;
+    exec_.Sync();  // the scratch copies are freed on return
+    return Checked("commit a snapshot");
+  }
+
+  int64_t MarkSnapshotBase(cudaStream_t stream) override {
     exec_.Bind(stream);
+    const int64_t version = version_++;
+    StartTracking(version);
+    return version;
+  }
+
+  // Tracking starts with an empty log: the snapshot at `version` holds everything before it.
+  void StartTracking(int64_t version) {
+    if (tracking_) return;
+    tracking_ = true;
+    tracked_since_ = version;
+    ZeroCounter(kLogged);
+    log_bound_ = 0;
+  }
+  void StopTracking() {
+    tracking_ = false;
+    ZeroCounter(kLogged);
+    log_bound_ = 0;
+  }
+
+  // While tracking, makes room in the removal log for `removals` more entries (growing it to
+  // twice what it needs); the exact count is read only when the running bound says it may be full.
+  std::string MakeLogRoom(int64_t removals) {
+    if (!tracking_ || removals <= 0) return "";
+    if (log_bound_ + removals <= log_.capacity) {
+      log_bound_ += removals;
+      return "";
+    }
+    const int64_t logged = ReadCounter(kLogged);
+    log_bound_ = logged + removals;
+    if (log_bound_ <= log_.capacity) return "";
+    RemovalLogStorage grown;
+    if (!grown.Allocate(exec_, std::max<int64_t>(1024, 2 * log_bound_))) {
+      grown.Release(exec_);
+      log_bound_ = logged;
+      return Error("out of device memory for the log of removed ids, growing to " +
+                   std::to_string(2 * (logged + removals)) +
+                   " entries (a committed delta or full save empties it)");
+    }
+    const uint64_t* old_keys = log_.keys;
+    const uint32_t* old_versions = log_.versions;
+    uint64_t* new_keys = grown.keys;
+    uint32_t* new_versions = grown.versions;
+    exec_.For(logged, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      new_keys[i] = old_keys[i];
+      new_versions[i] = old_versions[i];
+    });
+    exec_.Sync();
+    log_.Release(exec_);
+    log_ = grown;
+    return Checked("grow the log of removed ids");
+  }
+
+  std::string Import(cudaStream_t stream, const HostRows& rows) override {
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     const int stride = Stride();
     for (int64_t begin = 0; begin < rows.n; begin += kDefaultChunkRows) {
       const int64_t count = std::min(kDefaultChunkRows, rows.n - begin);
@@ -569,7 +803,8 @@ class DeviceTableImpl : public DeviceTable {
   }
 
   std::string RemoveHostKeys(cudaStream_t stream, int64_t n, const int64_t* keys) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     for (int64_t begin = 0; begin < n; begin += kDefaultChunkRows) {
       const int64_t count = std::min(kDefaultChunkRows, n - begin);
       Scratch<Exec, int64_t> staged(exec_, count);
@@ -588,7 +823,8 @@ class DeviceTableImpl : public DeviceTable {
   }
   std::string ReadSketch(cudaStream_t stream, uint64_t first, size_t n,
                          uint32_t* counters) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     if (first + n > SketchCounters()) return Error("sketch counters out of range");
     if (n == 0) return "";
     exec_.ToHost(counters, sketch_ + first, sizeof(uint32_t) * n);
@@ -597,7 +833,8 @@ class DeviceTableImpl : public DeviceTable {
   }
   std::string WriteSketch(cudaStream_t stream, uint64_t first, size_t n, const uint32_t* counters,
                           bool keep_larger) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     if (first + n > SketchCounters()) return Error("sketch counters out of range");
     if (n == 0) return "";
     Scratch<Exec, uint32_t> staged(exec_, static_cast<int64_t>(n));
@@ -632,14 +869,19 @@ class DeviceTableImpl : public DeviceTable {
     std::swap(num_slots_, other->num_slots_);
     std::swap(slot_init_, other->slot_init_);
     std::swap(occupied_bound_, other->occupied_bound_);
+    version_ = other->version_ = std::max(version_, other->version_);
+    StopTracking();
+    other->StopTracking();
     return "";
   }
 
   std::string Clear(cudaStream_t stream) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     EmptySlots(View());
     ZeroCounter(kSize);
     ZeroCounter(kTombstones);
+    StopTracking();
     return Checked("clear");
   }
 
@@ -761,7 +1003,8 @@ class DeviceTableImpl : public DeviceTable {
   }
 
   std::string Reserve(cudaStream_t stream, int64_t rows) override {
-    exec_.Bind(stream);
+    const OneCaller caller(this, stream);
+    if (!caller.ok()) return Busy();
     occupied_bound_ = capacity_;  // read the exact count
     return MakeRoom(rows);
   }
@@ -784,7 +1027,8 @@ class DeviceTableImpl : public DeviceTable {
     if (num_slots > 0) exec_.ToDevice(fresh.slot_init, slot_init.data(), sizeof(float) * num_slots);
     const TableView to{fresh.keys, fresh.values,    fresh.meta,
                        counters_,  fresh.summaries, static_cast<uint64_t>(capacity - 1),
-                       capacity,   options_.dim,    stride};
+                       capacity,   options_.dim,    stride,
+                       version_};
     EmptySlots(to);
     if (storage_.keys != nullptr) {
       const TableView from = View();
@@ -834,6 +1078,24 @@ class DeviceTableImpl : public DeviceTable {
     return "";
   }
 
+  // The removal log's device storage (RemovalLog).
+  struct RemovalLogStorage {
+    uint64_t* keys = nullptr;
+    uint32_t* versions = nullptr;
+    int64_t capacity = 0;
+    bool Allocate(Exec& exec, int64_t entries) {
+      keys = static_cast<uint64_t*>(exec.AllocLasting(sizeof(uint64_t) * entries));
+      versions = static_cast<uint32_t*>(exec.AllocLasting(sizeof(uint32_t) * entries));
+      capacity = entries;
+      return keys && versions;
+    }
+    void Release(Exec& exec) {
+      exec.FreeLasting(keys);
+      exec.FreeLasting(versions);
+      *this = RemovalLogStorage();
+    }
+  };
+
   // The table's device storage for one capacity and number of optimizer slots.
   struct Storage {
     uint64_t* keys = nullptr;
@@ -876,6 +1138,14 @@ class DeviceTableImpl : public DeviceTable {
   std::vector<float> slot_init_;
   int64_t occupied_bound_ = 0;  // an upper bound of rows + tombstones
   int64_t lookups_ = 0, evicted_ = 0;
+  // Delta snapshots: the version stamped on rows written now (1 and up, as the CPU table's), and
+  // whether removals are logged, since which version, up to which one a snapshot is stored.
+  uint32_t version_ = 1;
+  bool tracking_ = false;
+  int64_t tracked_since_ = 0, committed_version_ = 0;
+  RemovalLogStorage log_;
+  int64_t log_bound_ = 0;                  // an upper bound of the log's entries
+  std::atomic<std::thread::id> caller_{};  // OneCaller
 };
 
 // Builds a table over `exec`: null and *error if it cannot.

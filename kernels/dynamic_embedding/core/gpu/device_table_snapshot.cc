@@ -7,29 +7,51 @@ namespace tf_ext {
 namespace de {
 
 std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, SnapshotHeader* header,
-                                ByteSink* sink, int64_t chunk_rows) {
+                                ByteSink* sink, int64_t chunk_rows, int64_t since_version,
+                                bool track, int64_t* version) {
+  const bool full = since_version < 0;
+  DeviceSnapshotPlan plan;
+  std::string error = table.BeginSnapshot(stream, since_version, track, &plan);
+  if (version != nullptr) *version = plan.version;
+  if (!error.empty()) return error;
+  if (plan.version == DeviceSnapshotPlan::kNoDeltaBase) {
+    return NoDeltaBase(since_version);
+  }
   const int dim = table.dim();
-  header->kind = SnapshotKind::kFull;
+  header->kind = full ? SnapshotKind::kFull : SnapshotKind::kDelta;
   header->key_type = SnapshotKeyType::kInt64;
   header->dim = static_cast<uint32_t>(dim);
   header->num_slots = static_cast<uint32_t>(table.num_slots());
   header->slot_initial_values = table.slot_initial_values();
-  header->sequence = 0;
-  header->rows = static_cast<uint64_t>(table.Size(stream));
-  header->tombstones = 0;
+  header->rows = static_cast<uint64_t>(plan.rows);
+  header->tombstones = static_cast<uint64_t>(plan.tombstones);
   DescribeAdmission(table.options().admission, header);
   SnapshotWriter writer(sink);
   if (!writer.Begin(*header)) return "writing the snapshot header failed";
-  const int stride = dim * (1 + table.num_slots());
   bool written = true;
-  const std::string error = table.Export(stream, chunk_rows, [&](const HostRows& rows) {
-    for (int64_t i = 0; i < rows.n && written; ++i) {
-      const float* values = rows.values + i * stride;
-      written =
-          writer.Row(rows.keys[i], rows.update_counts[i], rows.last_steps[i], values, values + dim);
-    }
-    return written;
-  });
+  if (!full) {
+    error =
+        table.ExportRemoved(stream, since_version, chunk_rows, [&](int64_t n, const int64_t* keys) {
+          for (int64_t i = 0; i < n && written; ++i) {
+            written = writer.Tombstone(keys[i]);
+          }
+          return written;
+        });
+    if (!written) return "writing a removed id failed";
+    if (!error.empty()) return error;
+  }
+  const int stride = dim * (1 + table.num_slots());
+  error = table.Export(
+      stream, chunk_rows,
+      [&](const HostRows& rows) {
+        for (int64_t i = 0; i < rows.n && written; ++i) {
+          const float* values = rows.values + i * stride;
+          written = writer.Row(rows.keys[i], rows.update_counts[i], rows.last_steps[i], values,
+                               values + dim);
+        }
+        return written;
+      },
+      full ? -1 : since_version);
   if (!written) return "writing a snapshot row failed";
   if (!error.empty()) return error;
   if (header->admission == SnapshotAdmission::kSketch) {

@@ -13,11 +13,16 @@
 namespace tf_ext {
 namespace de {
 
-// Writes a full snapshot of `table`, with its admission sketch. Of *header it keeps chain_id,
-// step and table_name and fills in the rest, as written (rows, slots, admission). "" or what
-// went wrong.
+// Writes a snapshot of `table`, with its admission sketch: a full one (since_version < 0) or a
+// delta of what changed after the snapshot of since_version (the ids removed since, then the
+// rows written since), by DeviceTable::BeginSnapshot's rules; with track, deltas can follow it
+// (commit it with DeviceTable::CommitSnapshot once it is stored). Of *header it keeps chain_id,
+// sequence, step and table_name and fills in the rest, as written (kind, rows, tombstones, slots,
+// admission). *version (optional): the snapshot's version, or DeviceSnapshotPlan::kNoDeltaBase
+// when no delta since since_version can be taken (then nothing is written). "" or what went wrong.
 std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, SnapshotHeader* header,
-                                ByteSink* sink, int64_t chunk_rows = 0);
+                                ByteSink* sink, int64_t chunk_rows = 0, int64_t since_version = -1,
+                                bool track = false, int64_t* version = nullptr);
 
 // Applies a full or delta snapshot of int64 keys to `table` (a full one onto an empty table
 // restores it): removed ids first, then rows. Rows with fewer optimizer slots than the table get

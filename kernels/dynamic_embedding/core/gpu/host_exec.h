@@ -23,6 +23,7 @@ namespace gpu {
 class HostExec {
  public:
   explicit HostExec(int threads) : threads_(std::max(1, threads)) {}
+  static constexpr bool kHostMemory = true;
 
   void Bind(cudaStream_t) {}
   void* Alloc(size_t bytes) { return std::malloc(bytes); }
