@@ -180,7 +180,7 @@ class TableKernel : public OpKernel {
 // dynamic_embedding), and records that its op serves GPU tables; returns whether it registered.
 // Opt-in because TensorFlow places an op on a GPU whenever a GPU kernel exists: registered always,
 // every table of a GPU machine would move into GPU memory, where the ops without a GPU kernel
-// (fused lookups, checkpoints, eviction) cannot serve it.
+// (fused lookups, exports) cannot serve it.
 bool RegisterGpuKernel(::tensorflow::KernelDefBuilder& builder, const char* kernel_class,
                        OpKernel* (*create)(OpKernelConstruction*));
 inline bool RegisterGpuKernel(::tensorflow::KernelDefBuilder&& builder, const char* kernel_class,
