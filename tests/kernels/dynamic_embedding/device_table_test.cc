@@ -183,6 +183,15 @@ std::vector<int64_t> Keys(std::mt19937_64& rng, int64_t n, int64_t range) {
   return keys;
 }
 
+// The optimizer of the cases that train with one.
+OptimizerParams Adam() {
+  OptimizerParams adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.learning_rate = 0.01f;
+  adam.epsilon = 1e-7f;
+  return adam;
+}
+
 class DeviceTableTest : public ::testing::TestWithParam<Backend> {};
 
 TEST(DeviceTableBackends, GpuRunFindsTheGpu) {
@@ -598,10 +607,7 @@ void CpuRestore(const std::string& bytes, EmbeddingTable<int64_t>* cpu) {
 
 TEST_P(DeviceTableTest, SnapshotsMoveBetweenTheGpuAndTheCpuTableExactly) {
   const Backend& backend = GetParam();
-  OptimizerParams adam;
-  adam.kind = OptimizerKind::kAdam;
-  adam.learning_rate = 0.01f;
-  adam.epsilon = 1e-7f;
+  const OptimizerParams adam = Adam();
   const InitializerSpec init{InitializerKind::kTruncatedNormal, 0.0f, 0.2f, 1};
   auto gpu = MakeOrDie(backend, Options(6, init));
   std::mt19937_64 rng(2);
@@ -678,10 +684,7 @@ TEST_P(DeviceTableTest, DeltaSnapshotsRestoreTheTableAsItWasAtEachSave) {
   const InitializerSpec init{InitializerKind::kUniform, -0.1f, 0.1f, 5};
   DeviceTableOptions options = Options(dim, init);
   auto gpu = MakeOrDie(backend, options);
-  OptimizerParams adam;
-  adam.kind = OptimizerKind::kAdam;
-  adam.learning_rate = 0.01f;
-  adam.epsilon = 1e-7f;
+  const OptimizerParams adam = Adam();
   std::mt19937_64 rng(35);
   std::normal_distribution<float> gradient(0.0f, 1.0f);
   auto train = [&](int64_t step, int64_t n, int64_t range) {
@@ -939,10 +942,7 @@ TEST_P(DeviceTableTest, LongRandomSequenceKeepsBothTablesEqual) {
   DeviceTableOptions options = Options(dim, init);
   options.admission = admission;
   auto gpu = MakeOrDie(backend, options);
-  OptimizerParams adam;
-  adam.kind = OptimizerKind::kAdam;
-  adam.learning_rate = 0.01f;
-  adam.epsilon = 1e-7f;
+  const OptimizerParams adam = Adam();
   std::mt19937_64 rng(2026);
   std::normal_distribution<float> gradient(0.0f, 1.0f);
   std::uniform_int_distribution<int> pick(0, 99);
