@@ -32,7 +32,8 @@
 // the table is unchanged.
 //
 // Pointers to keys, rows and gradients are device memory (host memory for MakeHostTable's table).
-// Calls return "" or what went wrong; a table is used from one host thread at a time.
+// Calls return "" or what went wrong; a table is used from one host thread at a time (a call
+// from another thread while one runs returns an error saying so, and changes nothing).
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_H_
 
