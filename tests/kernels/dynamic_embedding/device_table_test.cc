@@ -728,8 +728,10 @@ TEST_P(DeviceTableTest, DeltaSnapshotsRestoreTheTableAsItWasAtEachSave) {
         gpu->InsertOrAssign(nullptr, inserted.size(), device_inserted.get(), device_values.get()),
         "");
     const int64_t since = version;
+    const size_t bytes_with_log = gpu->BytesInUse();
     chain.push_back(TrackedSnapshot(*gpu, since, save, &version));
     EXPECT_GT(version, since);
+    EXPECT_LT(gpu->BytesInUse(), bytes_with_log) << "the commit gave the removal log's memory back";
     const SnapshotHeader header = HeaderOfFile(chain.back());
     EXPECT_EQ(header.kind, SnapshotKind::kDelta);
     EXPECT_LE(header.rows, 250u) << "a delta holds the rows written since its base, not "

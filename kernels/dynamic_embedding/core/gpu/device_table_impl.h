@@ -128,7 +128,8 @@ class DeviceTableImpl : public DeviceTable {
     return slots * (sizeof(uint64_t) + sizeof(EntryMeta) + sizeof(float) * Stride()) +
            sizeof(uint32_t) * SummaryWords(capacity_) +
            (sketch_ ? sizeof(uint32_t) * (sketch_width_mask_ + 1) * options_.admission.sketch_depth
-                    : 0);
+                    : 0) +
+           static_cast<size_t>(log_.capacity) * (sizeof(uint64_t) + sizeof(uint32_t));
   }
 
   TableView View() const {
@@ -679,45 +680,22 @@ class DeviceTableImpl : public DeviceTable {
     return "";
   }
 
-  // Drops the removal log's entries of versions up to `version`, keeping the others in order.
+  // Drops the removal log's entries of versions up to `version`, keeping the others in order,
+  // and gives back the memory they held.
   std::string CommitSnapshot(cudaStream_t stream, int64_t version) override {
     const OneCaller caller(this, stream);
     if (!caller.ok()) return Busy();
     committed_version_ = std::max(committed_version_, version);
     const int64_t logged = ReadCounter(kLogged);
-    if (logged == 0) return "";
-    Scratch<Exec, int64_t> kept(exec_, logged + 1), before(exec_, logged + 1);
-    Scratch<Exec, uint64_t> keys(exec_, logged);
-    Scratch<Exec, uint32_t> versions(exec_, logged);
-    if (!kept.ok() || !before.ok() || !keys.ok() || !versions.ok()) {
-      return Error("out of device memory committing a snapshot");
-    }
-    const uint64_t* log_keys = log_.keys;
-    uint32_t* log_versions = log_.versions;
-    int64_t* keeps = kept.get();
-    exec_.For(logged + 1, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      keeps[i] = i < logged && log_versions[i] > version;
-    });
-    if (!exec_.ExclusiveSum(keeps, before.get(), logged + 1)) return Error("out of memory");
-    const int64_t* kept_before = before.get();
-    uint64_t* key_out = keys.get();
-    uint32_t* version_out = versions.get();
+    const uint32_t* versions = log_.versions;
+    int64_t* counters = counters_;
+    ZeroCounter(kScratch);
     exec_.For(logged, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      if (!keeps[i]) return;
-      key_out[kept_before[i]] = log_keys[i];
-      version_out[kept_before[i]] = log_versions[i];
+      atomic::AddWhere(Stripe(counters, kScratch, i), versions[i] > version, 1);
     });
-    int64_t remaining = 0;
-    exec_.ToHost(&remaining, kept_before + logged, sizeof(int64_t));
-    exec_.Sync();
-    uint64_t* log_out = log_.keys;
-    exec_.For(remaining, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      log_out[i] = key_out[i];
-      log_versions[i] = version_out[i];
-    });
-    SetCounter(kLogged, remaining);
-    log_bound_ = remaining;
-    exec_.Sync();  // the scratch copies are freed on return
+    const int64_t kept = ReadCounter(kScratch);
+    if (kept > 0) return RebuildLog(std::max<int64_t>(1024, 2 * kept), version, logged);
+    EmptyLog();
     return Checked("commit a snapshot");
   }
 
@@ -733,13 +711,17 @@ class DeviceTableImpl : public DeviceTable {
     if (tracking_) return;
     tracking_ = true;
     tracked_since_ = version;
-    ZeroCounter(kLogged);
-    log_bound_ = 0;
+    EmptyLog();
   }
   void StopTracking() {
     tracking_ = false;
+    EmptyLog();
+  }
+  // Drops every entry of the removal log, and its memory.
+  void EmptyLog() {
     ZeroCounter(kLogged);
     log_bound_ = 0;
+    log_.Release(exec_);
   }
 
   // While tracking, makes room in the removal log for `removals` more entries (growing it to
@@ -751,28 +733,56 @@ class DeviceTableImpl : public DeviceTable {
       return "";
     }
     const int64_t logged = ReadCounter(kLogged);
+    if (logged + removals > log_.capacity) {
+      const std::string error =
+          RebuildLog(std::max<int64_t>(1024, 2 * (logged + removals)), -1, logged);
+      if (!error.empty()) return error;
+    }
     log_bound_ = logged + removals;
-    if (log_bound_ <= log_.capacity) return "";
-    RemovalLogStorage grown;
-    if (!grown.Allocate(exec_, std::max<int64_t>(1024, 2 * log_bound_))) {
-      grown.Release(exec_);
-      log_bound_ = logged;
-      return Error("out of device memory for the log of removed ids, growing to " +
-                   std::to_string(2 * (logged + removals)) +
-                   " entries (a committed delta or full save empties it)");
+    return "";
+  }
+
+  // Moves the removal log's `logged` entries of versions after `after` (-1: every one), in order,
+  // into new storage of `capacity` entries. "" or the error; then the log is unchanged.
+  std::string RebuildLog(int64_t capacity, int64_t after, int64_t logged) {
+    RemovalLogStorage fresh;
+    Scratch<Exec, int64_t> kept(exec_, logged + 1), before(exec_, logged + 1);
+    if (!fresh.Allocate(exec_, capacity) || !kept.ok() || !before.ok()) {
+      fresh.Release(exec_);
+      return Error("out of device memory for the log of removed ids (" + std::to_string(capacity) +
+                   " entries; a committed delta or full save empties it)");
     }
     const uint64_t* old_keys = log_.keys;
     const uint32_t* old_versions = log_.versions;
-    uint64_t* new_keys = grown.keys;
-    uint32_t* new_versions = grown.versions;
-    exec_.For(logged, [=] TF_EXT_HOST_DEVICE(int64_t i) {
-      new_keys[i] = old_keys[i];
-      new_versions[i] = old_versions[i];
+    int64_t* keeps = kept.get();
+    exec_.For(logged + 1, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      keeps[i] = i < logged && old_versions[i] > after;
     });
+    if (!exec_.ExclusiveSum(keeps, before.get(), logged + 1)) {
+      fresh.Release(exec_);
+      return Error("out of memory");
+    }
+    const int64_t* kept_before = before.get();
+    uint64_t* new_keys = fresh.keys;
+    uint32_t* new_versions = fresh.versions;
+    exec_.For(logged, [=] TF_EXT_HOST_DEVICE(int64_t i) {
+      if (!keeps[i]) return;
+      new_keys[kept_before[i]] = old_keys[i];
+      new_versions[kept_before[i]] = old_versions[i];
+    });
+    int64_t remaining = 0;
+    exec_.ToHost(&remaining, kept_before + logged, sizeof(int64_t));
     exec_.Sync();
+    const std::string failure = Checked("rebuild the log of removed ids");
+    if (!failure.empty()) {
+      fresh.Release(exec_);
+      return failure;
+    }
     log_.Release(exec_);
-    log_ = grown;
-    return Checked("grow the log of removed ids");
+    log_ = fresh;
+    SetCounter(kLogged, remaining);
+    log_bound_ = remaining;
+    return "";
   }
 
   std::string Import(cudaStream_t stream, const HostRows& rows) override {
