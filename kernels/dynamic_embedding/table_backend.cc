@@ -104,11 +104,14 @@ class GpuTableBackend : public TableBackend<int64_t> {
 }  // namespace
 
 GpuTables GpuTablesSetting() {
-  const char* value = std::getenv("TF_EXT_GPU_TABLES");
-  const std::string setting = value == nullptr ? "0" : value;
-  if (setting == "1") return GpuTables::kOn;
-  if (setting == "host") return GpuTables::kHost;
-  return GpuTables::kOff;  // tf_ext refuses other values before it loads the library
+  static const GpuTables setting = [] {  // read once, as the library loads (and registers)
+    const char* value = std::getenv("TF_EXT_GPU_TABLES");
+    const std::string text = value == nullptr ? "0" : value;
+    if (text == "1") return GpuTables::kOn;
+    if (text == "host") return GpuTables::kHost;
+    return GpuTables::kOff;  // tf_ext refuses other values before it loads the library
+  }();
+  return setting;
 }
 
 namespace {
