@@ -14,6 +14,7 @@ import json
 import shutil
 
 import numpy as np
+import pytest
 from _subprocess import run_python
 
 HOST_CORE = {"TF_EXT_GPU_TABLES": "host"}
@@ -86,16 +87,20 @@ print(json.dumps([link["kind"], link["rows"], link["tombstones"], int(table.size
 """
 
 
-def _train_and_save(tmp_path, name, env=None):
-  out = tmp_path / name
-  out.mkdir()
-  proc = run_python(TRAIN_AND_SAVE, args=[str(out)], env=env)
-  return out, json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """TRAIN_AND_SAVE's folder and printed result, with GPU-core tables ("gpu") and CPU tables
+  ("cpu"); the cases read them and copy what they change."""
+  runs = {}
+  for name, env in (("gpu", HOST_CORE), ("cpu", None)):
+    out = tmp_path_factory.mktemp(name)
+    proc = run_python(TRAIN_AND_SAVE, args=[str(out)], env=env)
+    runs[name] = out, json.loads(proc.stdout.strip().splitlines()[-1])
+  return runs
 
 
-def test_gpu_table_kernels_train_and_save_delta_chains_as_the_cpu_table_does(tmp_path):
-  gpu_out, gpu = _train_and_save(tmp_path, "gpu", HOST_CORE)
-  cpu_out, cpu = _train_and_save(tmp_path, "cpu")
+def test_gpu_table_kernels_train_and_save_delta_chains_as_the_cpu_table_does(trained):
+  (gpu_out, gpu), (cpu_out, cpu) = trained["gpu"], trained["cpu"]
   assert "has no GPU kernel yet" in gpu["refusal"] and "TfExtTableExport" in gpu["refusal"]
   assert cpu["refusal"] == "none"
   kinds = [link[0] for link in gpu["links"]]
@@ -108,16 +113,16 @@ def test_gpu_table_kernels_train_and_save_delta_chains_as_the_cpu_table_does(tmp
     np.testing.assert_array_equal(gpu_record[key], cpu_record[key], err_msg=key)
 
 
-def test_delta_chains_move_between_gpu_and_cpu_tables_and_continue_after_a_restore(tmp_path):
-  gpu_out, _ = _train_and_save(tmp_path, "gpu", HOST_CORE)
-  cpu_out, _ = _train_and_save(tmp_path, "cpu")
+def test_delta_chains_move_between_gpu_and_cpu_tables_and_continue_after_a_restore(
+  trained, tmp_path
+):
   continued = {}
   for chain_of, into, env in (
     ("gpu", "cpu", None),
     ("cpu", "gpu", HOST_CORE),
     ("gpu", "gpu", HOST_CORE),
   ):
-    out = gpu_out if chain_of == "gpu" else cpu_out
+    out = trained[chain_of][0]
     chain = tmp_path / f"{chain_of}_into_{into}"
     shutil.copytree(out / "chain", chain)
     proc = run_python(RESTORE_AND_CONTINUE, args=[str(chain), str(out / "record.npz")], env=env)
