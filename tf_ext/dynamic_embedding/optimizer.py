@@ -349,7 +349,10 @@ def _split(grads_and_vars):
         grad, tf.IndexedSlices
       ):
         grad = table.owned_gradient(grad)
-      tables.append((table, grad))
+      if hasattr(table, "split_gradient"):  # a group of tables (a tf_ext.tfra Variable's)
+        tables.extend(table.split_gradient(grad))
+      else:
+        tables.append((table, grad))
   return tables, dense
 
 

@@ -1,0 +1,372 @@
+"""`import tf_ext.tfra as de`: TFRA programs over tf_ext tables, eagerly, in tf.function, in TF1
+graphs and in Keras, against TensorFlow's own dense embeddings where the semantics are TFRA's."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_ext.tfra as de
+
+
+def _name(request):
+  return request.node.name.replace("[", "_").replace("]", "")
+
+
+def test_the_public_path_is_the_capability_package():
+  from tf_ext.dynamic_embedding import tfra as home
+
+  assert de is home
+  assert de.keras.layers.BasicEmbedding is de.keras.layers.Embedding
+  assert de.train.Checkpoint is de.train.DECheckpoint
+
+
+def test_variable_reads_writes_and_exports(request):
+  var = de.get_variable(_name(request), dim=3)
+  keys = tf.constant([5, -1, 2**40], tf.int64)
+  values = tf.reshape(tf.range(9, dtype=tf.float32), [3, 3])
+  var.upsert(keys, values)
+  assert int(var.size()) == 3
+  got = var.lookup(tf.constant([[2**40, 7]], tf.int64))
+  assert got.shape == (1, 2, 3)
+  np.testing.assert_array_equal(got[0, 0], [6, 7, 8])
+  np.testing.assert_array_equal(got[0, 1], [0, 0, 0])  # TFRA's default initializer: zeros
+  exported_keys, exported_values = var.export()
+  order = np.argsort(exported_keys.numpy())
+  np.testing.assert_array_equal(exported_keys.numpy()[order], [-1, 5, 2**40])
+  np.testing.assert_array_equal(exported_values.numpy()[order], values.numpy()[[1, 0, 2]])
+  var.remove(tf.constant([5, 99], tf.int64))
+  assert int(var.size()) == 2
+  # accum: existing keys get new - old added, missing keys are set to new.
+  var.accum(
+    tf.constant([-1, 11], tf.int64),
+    tf.ones([2, 3]),
+    tf.fill([2, 3], 3.0),
+    tf.constant([True, False]),
+  )
+  np.testing.assert_array_equal(var.lookup(tf.constant([-1, 11], tf.int64)), [[5, 6, 7], [3, 3, 3]])
+  var.clear()
+  assert int(var.size()) == 0
+
+
+def test_int32_keys_and_half_rows_convert_exactly(request):
+  var = de.get_variable(_name(request), key_dtype=tf.int32, value_dtype=tf.float16, dim=2)
+  values = tf.constant([[0.1, -65504.0], [6e-8, 3.0]], tf.float16)
+  var.upsert(tf.constant([3, -7], tf.int32), values)
+  got = var.lookup(tf.constant([-7, 3], tf.int32))
+  assert got.dtype == tf.float16
+  np.testing.assert_array_equal(got.numpy(), values.numpy()[[1, 0]])
+  keys, rows = var.export()
+  assert keys.dtype == tf.int32 and rows.dtype == tf.float16
+
+
+@pytest.mark.parametrize(
+  "initializer, expected",
+  [(None, 0.0), (0.5, 0.5), (np.full([4], -2.0), -2.0), (tf.keras.initializers.Ones(), 1.0)],
+)
+def test_constant_initializers_read_as_in_tfra(request, initializer, expected):
+  var = de.get_variable(_name(request), dim=4, initializer=initializer)
+  np.testing.assert_array_equal(
+    var.lookup(tf.constant([1, 2], tf.int64)), np.full([2, 4], expected)
+  )
+
+
+def test_random_initializers_draw_per_key_with_the_asked_distribution(request):
+  var = de.get_variable(
+    _name(request), dim=16, initializer=tf.keras.initializers.RandomNormal(stddev=0.3)
+  )
+  other = de.get_variable(
+    _name(request) + "_other", dim=16, initializer=tf.keras.initializers.RandomNormal(stddev=0.3)
+  )
+  rows = var.lookup(tf.range(4000, dtype=tf.int64)).numpy()
+  assert abs(rows.std() - 0.3) < 0.01 and abs(rows.mean()) < 0.01
+  # The same key reads the same row again; another table without a seed starts elsewhere.
+  np.testing.assert_array_equal(rows[:10], var.lookup(tf.range(10, dtype=tf.int64)))
+  assert not np.allclose(rows[:10], other.lookup(tf.range(10, dtype=tf.int64)))
+
+
+def test_a_partitioned_variable_routes_keys_by_its_partitioner(request):
+  def by_thousands(keys, shard_num):
+    return tf.cast((keys // 1000) % shard_num, tf.int32)
+
+  var = de.get_variable(
+    _name(request), dim=2, devices=["/CPU:0"] * 3, partitioner=by_thousands, initializer=1.0
+  )
+  assert [t.name for t in var.tables] == [f"{var.name}_mht_{i}of3" for i in (1, 2, 3)]
+  keys = tf.constant([0, 1, 1000, 2000, 2001, 2002, 3000], tf.int64)
+  var.upsert(keys, tf.stack([tf.cast(keys, tf.float32)] * 2, axis=1))
+  assert [int(var.size(i)) for i in range(3)] == [3, 1, 3]
+  np.testing.assert_array_equal(
+    var.lookup(tf.constant([2002, 5, 1000], tf.int64)), [[2002, 2002], [1, 1], [1000, 1000]]
+  )
+  optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+  ids = tf.constant([2002, 7, 1000, 7], tf.int64)
+  with tf.GradientTape() as tape:
+    rows, wrapper = de.embedding_lookup(var, ids, name="lookup", return_trainable=True)
+    loss = tf.reduce_sum(rows)
+  optimizer.apply_gradients([(tape.gradient(loss, wrapper), wrapper)])
+  np.testing.assert_array_equal(
+    var.lookup(tf.constant([2002, 7, 1000], tf.int64)), [[2001.5] * 2, [0.0] * 2, [999.5] * 2]
+  )
+  assert [int(var.size(i)) for i in range(3)] == [4, 1, 3]  # 7 went to shard 0
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sparse_lookups_train_as_tensorflow_dense_embeddings(request, combiner, weighted):
+  """embedding_lookup_sparse and SGD/Adagrad updates of a de.Variable give what
+  tf.nn.embedding_lookup_sparse and the same optimizer give on a dense variable."""
+  rng = np.random.default_rng(0)
+  vocabulary, dim = 50, 4
+  dense = tf.Variable(rng.normal(size=[vocabulary, dim]).astype(np.float32))
+  var = de.get_variable(_name(request), dim=dim)
+  var.upsert(tf.range(vocabulary, dtype=tf.int64), dense.read_value())
+  dense_opt = tf.keras.optimizers.Adagrad(0.1)
+  de_opt = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adagrad(0.1))
+  for step in range(4):
+    indices = [[0, 0], [0, 1], [1, 0], [3, 0], [3, 1], [3, 2]]
+    ids = tf.SparseTensor(indices, rng.integers(0, vocabulary, 6), [4, 3])
+    weights = tf.SparseTensor(indices, rng.uniform(0.5, 2.0, 6).astype(np.float32), [4, 3])
+    weights = weights if weighted else None
+    with tf.GradientTape(persistent=True) as tape:
+      expected = tf.nn.embedding_lookup_sparse(dense, ids, weights, combiner=combiner)
+      got, wrapper = de.embedding_lookup_sparse(
+        var, ids, weights, combiner=combiner, name="sparse", return_trainable=True
+      )
+      target = tf.constant(rng.normal(size=[4, dim]).astype(np.float32))
+      dense_loss = tf.reduce_sum(tf.square(expected - target))
+      de_loss = tf.reduce_sum(tf.square(got - target))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6, err_msg=f"step {step}")
+    dense_opt.apply_gradients([(tape.gradient(dense_loss, dense), dense)])
+    de_opt.apply_gradients([(tape.gradient(de_loss, wrapper), wrapper)])
+  np.testing.assert_allclose(
+    var.lookup(tf.range(vocabulary, dtype=tf.int64)), dense.read_value(), rtol=1e-5, atol=1e-6
+  )
+
+
+def test_safe_sparse_lookup_fills_empty_rows_and_looks_minus_one_up(request):
+  var = de.get_variable(_name(request), dim=2, initializer=0.25)
+  var.upsert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 1.0], [3.0, 5.0]]))
+  ids = tf.SparseTensor(
+    [[0, 0, 0], [0, 0, 1], [1, 1, 0], [1, 1, 1]], tf.constant([1, 2, 2, -1], tf.int64), [2, 2, 2]
+  )
+  weights = tf.SparseTensor(ids.indices, [1.0, 3.0, 1.0, -2.0], ids.dense_shape)
+  got = de.safe_embedding_lookup_sparse(var, ids, weights, combiner="mean")
+  assert got.shape == (2, 2, 2)
+  # Row (0, 0): weighted mean of 1 and 2; (1, 1): id -1's weight is <= 0, so only 2 stays;
+  # the empty rows are zeros.
+  np.testing.assert_allclose(got, [[[2.5, 4.0], [0, 0]], [[0, 0], [3.0, 5.0]]])
+  # With "sum", weights are not pruned and -1 is an ordinary id (its initial row), as in TFRA.
+  summed = de.safe_embedding_lookup_sparse(var, ids, None, combiner="sum", default_id=2)
+  np.testing.assert_allclose(summed[1, 1], [3.25, 5.25])
+  np.testing.assert_allclose(summed[0, 1], [3.0, 5.0])  # default_id's row
+
+
+def test_embedding_lookup_unique_equals_embedding_lookup(request):
+  var = de.get_variable(_name(request), dim=3, initializer=tf.keras.initializers.RandomUniform())
+  ids = tf.constant([[4, 4, 9], [9, 1, 4]], tf.int64)
+  unique = de.embedding_lookup_unique(var, ids, name="unique")
+  assert unique.shape == (2, 3, 3)
+  np.testing.assert_array_equal(unique, de.embedding_lookup(var, ids, name="plain"))
+
+
+def test_tf_function_training_through_a_shadow_variable(request):
+  var = de.get_variable(_name(request), dim=2)
+  shadow = de.shadow_ops.ShadowVariable(var, name="shadow")
+  optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(1.0))
+
+  @tf.function
+  def step(ids):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(de.shadow_ops.embedding_lookup(shadow, ids))
+    optimizer.apply_gradients([(tape.gradient(loss, shadow), shadow)])
+
+  for _ in range(3):
+    step(tf.constant([1, 1, 2], tf.int64))
+  np.testing.assert_array_equal(var.lookup(tf.constant([1, 2], tf.int64)), [[-6, -6], [-3, -3]])
+  assert var.get_trainable_by_name("shadow") is shadow
+
+
+def test_tf1_graph_trains_saves_and_restores(tmp_path):
+  prefix = str(tmp_path / "model")
+  with tf.Graph().as_default():
+    var = de.get_variable("graph_table", dim=2, initializer=tf.keras.initializers.Zeros())
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    rows = de.embedding_lookup(var, ids)
+    loss = tf.reduce_sum(tf.square(rows - 1.0))
+    train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.1)).minimize(
+      loss, global_step=tf.compat.v1.train.get_or_create_global_step()
+    )
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())  # wrappers need no local init
+      for _ in range(5):
+        session.run(train, {ids: [3, 4, 4]})
+      trained = session.run(var.lookup(tf.constant([3, 4], tf.int64)))
+      saver.save(session, prefix)
+    assert np.all(trained > 0.3)
+  with tf.Graph().as_default():
+    var = de.get_variable("graph_table", dim=2)
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as session:
+      saver.restore(session, prefix)
+      np.testing.assert_array_equal(session.run(var.lookup(tf.constant([3, 4], tf.int64))), trained)
+      assert session.run(var.size()) == 2
+
+
+def test_get_variable_reuse_follows_the_variable_scope():
+  with tf.Graph().as_default():
+    first = de.get_variable("scoped", dim=2)
+    with pytest.raises(ValueError, match="already exists"):
+      de.get_variable("scoped", dim=2)
+    with tf.compat.v1.variable_scope("", reuse=True):
+      assert de.get_variable("scoped", dim=2) is first
+    with tf.compat.v1.variable_scope("outer"):
+      assert de.get_variable("scoped", dim=2).name == "outer/scoped"
+
+
+def test_checkpoint_round_trip(request, tmp_path):
+  var = de.get_variable(_name(request), dim=2)
+  var.upsert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0]]))
+  path = de.train.Checkpoint(emb=var).save(str(tmp_path / "ckpt"))
+  fresh = de.Variable(name=_name(request) + "_fresh", dim=2)
+  de.train.Checkpoint(emb=fresh).restore(path).assert_consumed()
+  keys, values = fresh.export()
+  order = np.argsort(keys.numpy())
+  np.testing.assert_array_equal(values.numpy()[order], [[1, 2], [3, 4]])
+
+
+def _deepfm_like(name):
+  ids = tf.keras.Input(shape=(3,), dtype=tf.int64)
+  embedding = de.keras.layers.Embedding(4, name=name)
+  squashed = de.keras.layers.SquashedEmbedding(4, combiner="mean", name=name + "_sq")
+  features = tf.concat([tf.reshape(embedding(ids), [-1, 12]), squashed(ids)], 1)
+  return tf.keras.Model(ids, tf.keras.layers.Dense(1, activation="sigmoid")(features))
+
+
+def test_keras_layers_train_and_weights_reload(request, tmp_path):
+  rng = np.random.default_rng(1)
+  x, y = rng.integers(0, 200, (256, 3)), rng.integers(0, 2, 256).astype(np.float32)
+  model = _deepfm_like(_name(request))
+  model.compile(de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(0.01)), "binary_crossentropy")
+  history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+  assert history.history["loss"][-1] < history.history["loss"][0]
+  assert [w.name.split(":")[0] for w in model.trainable_weights][:2] == [
+    f"{_name(request)}-shadow",
+    f"{_name(request)}_sq-shadow",
+  ]
+  model.save_weights(str(tmp_path / "weights"))
+  fresh = _deepfm_like(_name(request) + "_fresh")
+  fresh.load_weights(str(tmp_path / "weights"))
+  np.testing.assert_array_equal(fresh.predict(x, verbose=0), model.predict(x, verbose=0))
+  # A SavedModel (de.keras.models.save_model) serves the same predictions without the layers.
+  de.keras.models.save_model(model, str(tmp_path / "saved"))
+  served = tf.saved_model.load(str(tmp_path / "saved"))
+  np.testing.assert_allclose(served(tf.constant(x[:8])), model.predict(x[:8], verbose=0), atol=1e-6)
+
+
+def test_field_wise_embedding_pools_per_field(request):
+  layer = de.keras.layers.FieldWiseEmbedding(
+    2,
+    3,
+    slot_map_fn=lambda ids: tf.math.floormod(ids, 3),
+    initializer=tf.keras.initializers.Zeros(),
+    name=_name(request),
+  )
+  layer.params.upsert(tf.range(10, dtype=tf.int64), tf.ones([10, 2]))
+  out = layer(tf.constant([[0, 3, 1], [2, 5, 8]], tf.int64))
+  np.testing.assert_array_equal(out[:, :, 0], [[2, 1, 0], [0, 0, 3]])
+
+
+@pytest.mark.parametrize("policy", [de.TimestampRestrictPolicy, de.FrequencyRestrictPolicy])
+def test_restrict_keeps_the_rows_the_policy_ranks_first(request, policy):
+  var = de.get_variable(_name(request), dim=1, restrict_policy=policy)
+  optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1))
+  shadow = de.shadow_ops.ShadowVariable(var, name="restrict")
+  # Ids 0..9, each trained at steps 10 - id on: id 0 most often, id 9 least often and latest
+  # for the timestamp policy we train them in reverse: the latest trained come first.
+  order = range(10) if policy is de.FrequencyRestrictPolicy else reversed(range(10))
+  for step, last in enumerate(order):
+    with tf.GradientTape() as tape:
+      ids = tf.range(last + 1, dtype=tf.int64) if policy is de.FrequencyRestrictPolicy else [last]
+      loss = tf.reduce_sum(de.shadow_ops.embedding_lookup(shadow, tf.constant(ids, tf.int64)))
+    optimizer.apply_gradients([(tape.gradient(loss, shadow), shadow)])
+    del step
+  assert int(var.size()) == 10
+  var.restrict(4, trigger=12)  # not above the trigger: nothing happens
+  assert int(var.size()) == 10
+  var.restrict(4)
+  keys, _ = var.export()
+  assert sorted(keys.numpy().tolist()) == [0, 1, 2, 3]
+
+
+def test_restrict_without_a_policy_does_nothing(request):
+  var = de.get_variable(_name(request), dim=1)
+  assert var.restrict(1) is None
+
+
+def test_bad_input_is_refused_by_name(request):
+  name = _name(request)
+  with pytest.raises(TypeError, match="int64-int32.*not supported"):
+    de.get_variable(name + "_a", value_dtype=tf.int32)
+  with pytest.raises(ValueError, match="'/GPU:7', which this process does not have"):
+    de.get_variable(name + "_b", devices=["/GPU:7"])
+  with pytest.raises(NotImplementedError, match="Redis.*num_shards"):
+    de.RedisTableCreator(de.RedisTableConfig(redis_address="127.0.0.1"))
+  with pytest.raises(ValueError, match="values differ"):
+    de.get_variable(name + "_c", dim=2, initializer=np.array([1.0, 2.0]))
+  with pytest.raises(NotImplementedError, match="synchronous=True"):
+    de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(), synchronous=True)
+  var = de.get_variable(name + "_d", dim=2)
+  with pytest.raises(TypeError, match="key_dtype should be same"):
+    de.embedding_lookup(var, tf.constant([1], tf.int32), name="x")
+  with pytest.raises(ValueError, match="Must specify a name"):
+    de.embedding_lookup(var, tf.constant([1], tf.int64))
+  with pytest.raises(TypeError, match="params should be a Variable"):
+    de.embedding_lookup(tf.Variable([1.0]), tf.constant([1], tf.int64), name="x")
+  with pytest.raises(TypeError, match="restrict_policy must be subclass"):
+    de.get_variable(name + "_e", restrict_policy=de.TimestampRestrictPolicy(var))
+
+
+def test_hkv_creator_falls_back_to_the_cpu_table_without_a_gpu(request):
+  var = de.get_variable(_name(request), dim=2, kv_creator=de.HkvHashTableCreator())
+  assert not tf.config.list_logical_devices("GPU")
+  assert "CPU" in var.tables[0].device
+  var.upsert(tf.constant([1], tf.int64), tf.constant([[1.0, 2.0]]))
+  np.testing.assert_array_equal(var.lookup(tf.constant([1], tf.int64)), [[1, 2]])
+
+
+_SNAPSHOT_OF_TENSORFLOW = """
+import sys, types
+import tensorflow as tf
+
+def snapshot():
+  found = {}
+  for name, module in list(sys.modules.items()):
+    if name.startswith(("tensorflow", "keras")) and isinstance(module, types.ModuleType):
+      for attribute, value in list(vars(module).items()):
+        found[(name, attribute)] = id(value)
+        if isinstance(value, type):
+          for member, inner in list(vars(value).items()):
+            found[(name, attribute, member)] = id(inner)
+  return found
+
+tf.keras.optimizers.Adam  # loads Keras (tf.keras is a lazy loader until first used)
+before = snapshot()
+import tf_ext.tfra
+after = snapshot()
+changed = sorted(str(k) for k in before if after.get(k) != before[k])
+print(len(before), changed)
+"""
+
+
+def test_importing_tfra_patches_nothing_in_tensorflow():
+  """TFRA's import replaces TensorFlow functions and methods (patch_on_tf); tf_ext.tfra's changes
+  no attribute of any TensorFlow or Keras module or class already loaded."""
+  result = subprocess.run(
+    [sys.executable, "-c", _SNAPSHOT_OF_TENSORFLOW], capture_output=True, text=True, check=True
+  )
+  count, changed = result.stdout.strip().splitlines()[-1].split(" ", 1)
+  assert int(count) > 10000 and changed == "[]", changed

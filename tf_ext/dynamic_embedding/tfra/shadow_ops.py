@@ -1,0 +1,58 @@
+"""TFRA's `de.shadow_ops`: ShadowVariable, the trainable handle of a Variable in eager code,
+tf.function and Keras layers, and the lookups through it."""
+
+import tensorflow as tf
+
+from tf_ext.dynamic_embedding.tfra import variable as variable_lib
+
+
+class ShadowVariable(variable_lib.TrainableWrapper):
+  """The trainable handle of `params` under `name`: Keras layers hold one as their weight, and the
+  optimizer's var_list takes it. Lookups through it (`de.shadow_ops.embedding_lookup`) train
+  `params`' rows."""
+
+  def __init__(
+    self,
+    params,
+    name="ShadowVariable",
+    max_norm=None,
+    trainable=True,
+    distribute_strategy=None,
+    **kwargs,
+  ):
+    del distribute_strategy, kwargs
+    if not isinstance(params, variable_lib.Variable):
+      raise TypeError(f"params must be a de.Variable, got {type(params).__name__}")
+    super().__init__(params, max_norm=max_norm, trainable=trainable and params.trainable, name=name)
+    params.trainable_store[name] = self
+
+
+# TFRA's names for the same role.
+DEResourceVariable = ShadowVariable
+HvdVariable = ShadowVariable
+
+
+def embedding_lookup(shadow, ids, partition_strategy=None, name=None, validate_indices=None):
+  """The rows of `ids` through `shadow`: ids.shape + [dim]."""
+  del partition_strategy, validate_indices
+  if not isinstance(shadow, ShadowVariable):
+    raise TypeError(f"shadow must be a ShadowVariable, got {type(shadow).__name__}")
+  with tf.name_scope(name or "shadow_embedding_lookup"):
+    return shadow.lookup(ids)
+
+
+def embedding_lookup_unique(shadow, ids, dim=None, with_unique=True, name=None):
+  """As embedding_lookup, looking each distinct id up once."""
+  if dim is not None and dim != shadow.params.dim:
+    raise ValueError(f"dim {dim} differs from the Variable's dim {shadow.params.dim}")
+  ids = tf.convert_to_tensor(ids)
+  if not with_unique:
+    return embedding_lookup(shadow, ids, name=name)
+  with tf.name_scope(name or "shadow_embedding_lookup_unique"):
+    flat = tf.reshape(ids, [-1])
+    unique, positions = tf.unique(flat)
+    rows = shadow.lookup(unique)
+    rows = tf.gather(rows, positions)
+    rows = tf.reshape(rows, tf.concat([tf.shape(ids), [shadow.params.dim]], 0))
+    rows.set_shape(ids.shape.concatenate([shadow.params.dim]))
+    return rows

@@ -1,0 +1,503 @@
+"""TFRA's `dynamic_embedding.Variable` and `get_variable`, each a group of tf_ext tables.
+
+A Variable holds one tf_ext table per device of `devices` (TFRA's shards), named as TFRA names its
+tables (`<name>_mht_<i>of<n>`), and routes keys to them with TFRA's `partitioner`. Training goes
+through tf_ext: a lookup's gradient reaches the scalar TrainableWrapper (or ShadowVariable) that
+the lookup read, keyed by the looked-up ids, and the optimizer wrapped by
+`de.DynamicEmbeddingOptimizer` updates the rows and their slots inside the table
+(tf_ext/dynamic_embedding/optimizer.py). Updates are applied as deltas inside the table, so TFRA's
+`bp_v2=True` semantics hold either way.
+"""
+
+import weakref
+
+import tensorflow as tf
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops, variable_scope
+from tensorflow.python.platform import tf_logging
+from tensorflow.python.trackable import base as trackable
+from tensorflow.python.trackable import data_structures
+
+from tf_ext import _ops_loader
+from tf_ext.dynamic_embedding import alltoall
+from tf_ext.dynamic_embedding import variable as table_lib
+from tf_ext.dynamic_embedding.tfra import creators, dtypes, initial_rows
+
+
+class GraphKeys:
+  """TFRA's (deprecated) collection names; Variables are not added to them, as in TFRA."""
+
+  DYNAMIC_EMBEDDING_VARIABLES = "dynamic_embedding_variables"
+  TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
+
+
+class ModelMode:
+  """TFRA's model mode. tf_ext lookups never insert in either mode (a missing key reads its
+  initial row; only optimizer updates create rows), so the mode only records the choice."""
+
+  TRAIN = "train"
+  INFERENCE = "inference"
+  CURRENT_SETTING = TRAIN
+
+
+def get_model_mode():
+  return ModelMode.CURRENT_SETTING
+
+
+def enable_train_mode():
+  ModelMode.CURRENT_SETTING = ModelMode.TRAIN
+
+
+def enable_inference_mode():
+  ModelMode.CURRENT_SETTING = ModelMode.INFERENCE
+
+
+def default_partition_fn(keys, shard_num):
+  """TFRA's default: int keys by `key mod shard_num`, strings by their fast hash."""
+  if shard_num <= 1:
+    return tf.zeros(tf.shape(keys), tf.int32)
+  keys = tf.convert_to_tensor(keys)
+  if keys.dtype == tf.string:
+    ids = tf.strings.to_hash_bucket_fast(keys, shard_num)
+    return tf.cast(tf.bitwise.bitwise_and(ids, 0x7FFFFFFF), tf.int32)
+  return tf.cast(tf.math.floormod(keys, shard_num), tf.int32)
+
+
+def _check_devices(name, devices):
+  """The devices as a list; ValueError for one this process does not have."""
+  if devices is None:
+    gpus = tf.config.list_logical_devices("GPU")
+    return [gpus[0].name if gpus else "/CPU:0"]
+  devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
+  if not devices:
+    raise ValueError(f"tf_ext.tfra Variable '{name}': devices is an empty list")
+  local = {
+    (d.device_type, tf.DeviceSpec.from_string(d.name).device_index)
+    for d in tf.config.list_logical_devices()
+  }
+  for device in devices:
+    spec = tf.DeviceSpec.from_string(device)
+    # A device of another task (a parameter server) is checked when the session places it.
+    if spec.job is None and spec.device_type is not None:
+      if (spec.device_type.upper(), spec.device_index or 0) not in local:
+        raise ValueError(
+          f"tf_ext.tfra Variable '{name}': devices names {device!r}, which this process does not "
+          f"have (it has {sorted(d.name for d in tf.config.list_logical_devices())})"
+        )
+  return devices
+
+
+class _ShardedTarget:
+  """What a wrapper of a Variable of several tables names as its table: the optimizer hands it the
+  lookup's gradient, and it gives each table the part of its keys (TablesStage, optimizer.py)."""
+
+  def __init__(self, variable):
+    self._variable = weakref.ref(variable)
+
+  @property
+  def name(self):
+    return self._variable().name
+
+  def split_gradient(self, gradient):
+    """[(table, IndexedSlices of its keys)] of a gradient keyed by stored keys."""
+    variable = self._variable()
+    parts = variable.partition(gradient.indices)
+    values = tf.dynamic_partition(gradient.values, parts, variable.shard_num)
+    keys = tf.dynamic_partition(gradient.indices, parts, variable.shard_num)
+    return [
+      (table, tf.IndexedSlices(v, k, gradient.dense_shape))
+      for table, k, v in zip(variable.tables, keys, values)
+    ]
+
+
+class Variable(trackable.Trackable):
+  """TFRA's dynamic embedding Variable: rows of `dim` values for keys of `key_dtype`."""
+
+  def __init__(
+    self,
+    key_dtype=tf.int64,
+    value_dtype=tf.float32,
+    dim=1,
+    devices=None,
+    partitioner=default_partition_fn,
+    shared_name=None,
+    name="DynamicEmbedding_Variable",
+    initializer=None,
+    trainable=True,
+    checkpoint=True,
+    init_size=0,
+    kv_creator=None,
+    restrict_policy=None,
+    bp_v2=False,
+    distribution=None,
+  ):
+    self.name = name
+    self.key_dtype = tf.as_dtype(key_dtype)
+    self.value_dtype = tf.as_dtype(value_dtype)
+    self._stored_key_dtype, _ = dtypes.stored(name, key_dtype, value_dtype)
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+      raise ValueError(f"tf_ext.tfra Variable '{name}': dim must be a positive int, got {dim!r}")
+    self.dim = dim
+    if not callable(partitioner):
+      raise TypeError(f"tf_ext.tfra Variable '{name}': partitioner must be callable")
+    self.partition_fn = partitioner
+    self.kv_creator = kv_creator if kv_creator is not None else creators.CuckooHashTableCreator()
+    if not isinstance(self.kv_creator, creators.KVCreator):
+      raise TypeError(
+        f"tf_ext.tfra Variable '{name}': kv_creator must be a KVCreator "
+        f"(CuckooHashTableCreator or HkvHashTableCreator), got {type(self.kv_creator).__name__}"
+      )
+    self.kv_creator.check(name)
+    self.devices = _check_devices(name, devices)
+    self.shard_num = len(self.devices)
+    self.shared_name = shared_name or f"shared_name.{name}"
+    self.trainable = trainable
+    self.checkpoint = checkpoint
+    self.init_size = int(init_size)
+    self.bp_v2 = bp_v2
+    self.initializer = initializer
+    self._initializer_spec = initial_rows.spec(initializer, name, dim)
+    self._trainable_store = {}
+    self.distribution = alltoall.check_distribution(name, distribution)
+    if distribution is not None and self.shard_num != 1:
+      raise ValueError(
+        f"tf_ext.tfra Variable '{name}': a table split across Horovod ranks takes one device, "
+        f"got {self.devices}"
+      )
+    table_class = table_lib.DynamicEmbeddingVariable
+    if distribution == alltoall.ALLTOALL:
+      table_class = alltoall.AllToAllDynamicEmbeddingVariable
+    self._tables = data_structures.ListWrapper([])
+    for index, device in enumerate(self.devices):
+      with tf.device(device):
+        table_name = self._make_name(index)
+        # Lookups train through the wrappers; a table's own anchor only serves the all-to-all
+        # exchange, which trains it (HvdAllToAllEmbedding's weight).
+        own_anchor = None if distribution else _idle_anchor(table_name)
+        self._tables.append(
+          table_class(
+            table_name,
+            dim,
+            key_dtype=self._stored_key_dtype,
+            initializer=self._initializer_spec,
+            trainable=trainable,
+            gradient_anchor=own_anchor,
+          )
+        )
+    if checkpoint:
+      # Under a name of its own (TFRA's is "tables_of_<name>"), so that a checkpoint restores
+      # into a Variable, layer or model of another name as well.
+      self._track_trackable(self._tables, "tables", overwrite=True)
+    else:
+      _drop_from_saver(self._tables)
+    self._gradient_target = self._tables[0] if self.shard_num == 1 else _ShardedTarget(self)
+    self._restrict_policy = None
+    if restrict_policy is not None:
+      if not (isinstance(restrict_policy, type) and hasattr(restrict_policy, "apply_restriction")):
+        raise TypeError("restrict_policy must be subclass of RestrictPolicy.")
+      self._restrict_policy = restrict_policy(self)
+
+  def _make_name(self, index):
+    return "{}_mht_{}of{}".format(self.name.replace("/", "_"), index + 1, self.shard_num)
+
+  # ---- properties ---------------------------------------------------------------------------
+
+  @property
+  def tables(self):
+    """The tf_ext tables (tf_ext.DynamicEmbeddingVariable), one per device."""
+    return self._tables
+
+  @property
+  def restrict_policy(self):
+    return self._restrict_policy
+
+  @property
+  def trainable_store(self):
+    """{name: TrainableWrapper or ShadowVariable} of the lookups made so far."""
+    return self._trainable_store
+
+  def get_trainable_by_name(self, name):
+    if not isinstance(name, str):
+      raise TypeError("name should be a string")
+    return self._trainable_store.get(name, None)
+
+  def __repr__(self):
+    return (
+      f"<tf_ext.tfra.Variable '{self.name}' dim={self.dim} key_dtype={self.key_dtype.name} "
+      f"value_dtype={self.value_dtype.name} shards={self.shard_num}>"
+    )
+
+  # ---- keys and partitions ------------------------------------------------------------------
+
+  def _stored_keys(self, keys):
+    keys = tf.convert_to_tensor(keys)
+    if keys.dtype != self.key_dtype:
+      raise TypeError(
+        f"tf_ext.tfra Variable '{self.name}': keys must be {self.key_dtype.name}, got "
+        f"{keys.dtype.name}"
+      )
+    return dtypes.to_stored(keys, self._stored_key_dtype)
+
+  def partition(self, stored_keys):
+    """The shard (int32) of each stored key, by the Variable's partitioner."""
+    if self.shard_num == 1:
+      return tf.zeros(tf.shape(stored_keys), tf.int32)
+    keys = dtypes.to_stored(stored_keys, self.key_dtype)
+    return tf.cast(self.partition_fn(keys, self.shard_num), tf.int32)
+
+  def _per_shard(self, flat_keys, each):
+    """Runs each(table, keys) per shard on 1-D stored keys and stitches the results in order."""
+    if self.shard_num == 1:
+      with self._tables[0].colocated():
+        return each(self._tables[0], flat_keys)
+    parts = self.partition(flat_keys)
+    positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), parts, self.shard_num)
+    keys = tf.dynamic_partition(flat_keys, parts, self.shard_num)
+    results = []
+    for table, shard_keys in zip(self._tables, keys):
+      with table.colocated():
+        results.append(each(table, shard_keys))
+    return tf.dynamic_stitch(positions, results)
+
+  def _each_shard(self, keys, action, values=None):
+    """Groups action(table, keys[, values]) over the shards (for writes, which return an op)."""
+    if self.shard_num == 1:
+      return (
+        action(self._tables[0], keys) if values is None else action(self._tables[0], keys, values)
+      )
+    parts = self.partition(keys)
+    key_parts = tf.dynamic_partition(keys, parts, self.shard_num)
+    if values is None:
+      ops_ = [action(t, k) for t, k in zip(self._tables, key_parts)]
+    else:
+      value_parts = tf.dynamic_partition(values, parts, self.shard_num)
+      ops_ = [action(t, k, v) for t, k, v in zip(self._tables, key_parts, value_parts)]
+    return tf.group(ops_)
+
+  # ---- reads --------------------------------------------------------------------------------
+
+  def read_rows(self, keys, anchor=None):
+    """Rows of `keys` (any shape) as keys.shape + [dim] in value_dtype. With `anchor` (a wrapper
+    variable), the rows' gradient reaches it, keyed by the stored keys."""
+    stored = self._stored_keys(keys)
+    if self.distribution is not None:  # the exchange trains the table's own anchor
+      return dtypes.to_stored(self._tables[0].lookup(stored), self.value_dtype)
+    flat = tf.reshape(stored, [-1])
+    anchor_value = anchor.read_for_lookup() if anchor is not None else tf.constant(0.0)
+
+    def find(table, shard_keys):
+      return _ops_loader.load().tf_ext_table_find(
+        table.resource_handle, shard_keys, anchor_value, dim=self.dim
+      )
+
+    rows = self._per_shard(flat, find)
+    rows = tf.reshape(rows, tf.concat([tf.shape(stored), [self.dim]], 0))
+    rows.set_shape(stored.shape.concatenate([self.dim]))
+    return dtypes.to_stored(rows, self.value_dtype)
+
+  def lookup(self, keys, return_exists=False, name=None):
+    """Rows of `keys`: keys.shape + [dim]; a missing key reads its initial row."""
+    if return_exists:
+      raise NotImplementedError(
+        f"tf_ext.tfra Variable '{self.name}': lookup(return_exists=True) is not offered yet; "
+        "a missing key reads its initial row, which tf_ext computes from the key"
+      )
+    with tf.name_scope(name or f"{self._scope_name()}_lookup"):
+      return self.read_rows(keys)
+
+  def size(self, index=None, name=None):
+    """The number of keys in table `index`, or in all of them (int64 scalar)."""
+    sizes = [table.size(name=name) for table in self._tables]
+    return sizes[index] if index is not None else tf.add_n(sizes)
+
+  def export(self, name=None):
+    """(keys, values) of every row, in key_dtype and value_dtype."""
+    keys, values = [], []
+    for table in self._tables:
+      k, v = table.export(name=name)
+      keys.append(k)
+      values.append(v)
+    keys = tf.concat(keys, 0) if len(keys) > 1 else keys[0]
+    values = tf.concat(values, 0) if len(values) > 1 else values[0]
+    return dtypes.to_stored(keys, self.key_dtype), dtypes.to_stored(values, self.value_dtype)
+
+  # ---- writes -------------------------------------------------------------------------------
+
+  def _stored_values(self, keys, values):
+    values = tf.convert_to_tensor(values)
+    if values.dtype != self.value_dtype:
+      raise TypeError(
+        f"tf_ext.tfra Variable '{self.name}': values must be {self.value_dtype.name}, got "
+        f"{values.dtype.name}"
+      )
+    return tf.reshape(tf.cast(values, tf.float32), [-1, self.dim])
+
+  def upsert(self, keys, values, name=None):
+    """Sets the rows of `keys` to `values` (keys.shape + [dim]), inserting missing keys."""
+    keys = tf.reshape(self._stored_keys(keys), [-1])
+    values = self._stored_values(keys, values)
+    return self._each_shard(keys, lambda t, k, v: t.insert(k, v, name=name), values)
+
+  def accum(self, keys, old_values, new_values, exists, name=None):
+    """Adds `new_values - old_values` to the rows of keys that `exists`, sets the others to
+    `new_values` (TFRA's update for asynchronous training). Not atomic against concurrent
+    writers of the same keys: a read and an insert."""
+    del name
+    keys = tf.reshape(self._stored_keys(keys), [-1])
+    old = self._stored_values(keys, old_values)
+    new = self._stored_values(keys, new_values)
+    exists = tf.reshape(tf.convert_to_tensor(exists, tf.bool), [-1, 1])
+    current = tf.cast(self.read_rows(dtypes.to_stored(keys, self.key_dtype)), tf.float32)
+    current = tf.reshape(current, [-1, self.dim])
+    rows = tf.where(exists, current + (new - old), new)
+    return self._each_shard(keys, lambda t, k, v: t.insert(k, v), rows)
+
+  def remove(self, keys, name=None):
+    """Removes `keys` (missing ones are ignored)."""
+    keys = tf.reshape(self._stored_keys(keys), [-1])
+    return self._each_shard(keys, lambda t, k: t.remove(k, name=name))
+
+  def clear(self, name=None):
+    """Removes every key."""
+    return tf.group([table.clear(name=name) for table in self._tables])
+
+  def restrict(self, num_reserved, **kwargs):
+    """Keeps at most `num_reserved` rows, chosen by the Variable's restrict policy (None and a
+    warning without one, as in TFRA)."""
+    if self._restrict_policy is None:
+      tf_logging.warning("Call restrict without setting restrict policy.")
+      return None
+    return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
+
+  def get_slot_variables(self, optimizer):
+    """TFRA returns the optimizer's slot Variables. tf_ext keeps a row's slots in the row's own
+    table entry (exported with `tables[i].export_with_slots()`), so there are none to return."""
+    del optimizer
+    return []
+
+  def _scope_name(self):
+    return self.name.split("/")[-1]
+
+
+def _idle_anchor(table_name):
+  """A table's own gradient anchor where no lookup reads it: not trainable and, in a graph, local,
+  so that neither optimizers nor Saver see it (a TFRA checkpoint has no such variable)."""
+  with tf.init_scope(), tf.compat.v1.name_scope(None):
+    if tf.executing_eagerly():
+      return tf.Variable(0.0, trainable=False, name=f"{table_name}/gradient_anchor")
+    return tf.compat.v1.Variable(
+      0.0,
+      trainable=False,
+      name=f"{table_name}/gradient_anchor",
+      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+    )
+
+
+def _drop_from_saver(tables):
+  """checkpoint=False: the tables leave the graph's saveable objects (tf_ext adds them there)."""
+  if tf.executing_eagerly():
+    return
+  saveables = ops.get_collection_ref(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+  names = {table.name for table in tables}
+  saveables[:] = [s for s in saveables if getattr(s, "name", None) not in names]
+
+
+def get_variable(
+  name,
+  key_dtype=tf.int64,
+  value_dtype=tf.float32,
+  dim=1,
+  devices=None,
+  partitioner=default_partition_fn,
+  shared_name="get_variable",
+  initializer=None,
+  trainable=True,
+  checkpoint=True,
+  init_size=0,
+  kv_creator=None,
+  restrict_policy=None,
+  bp_v2=False,
+  distribution=None,
+):
+  """The Variable `name` of the current variable scope, created when it does not exist; with
+  `reuse=False` scopes, a second creation raises ValueError, as TFRA's does.
+
+  `distribution="alltoall"` (tf_ext's, not TFRA's) splits the table across the Horovod ranks
+  (HvdAllToAllEmbedding's storage)."""
+  scope = tf.compat.v1.get_variable_scope()
+  # TF's variable store of the graph, where TFRA keeps its Variables too.
+  store = variable_scope._get_default_variable_store()._vars  # noqa: SLF001
+  full_name = f"{scope.name}/{name}" if scope.name else name
+  if full_name in store:
+    if scope.reuse is False:
+      raise ValueError(
+        f"Variable {full_name} already exists, disallowed. Did you mean to set reuse=True or "
+        "reuse=tf.AUTO_REUSE in VarScope?"
+      )
+    return store[full_name]
+  variable = Variable(
+    key_dtype=key_dtype,
+    value_dtype=value_dtype,
+    dim=dim,
+    devices=devices,
+    partitioner=partitioner,
+    shared_name=shared_name,
+    name=full_name,
+    initializer=initializer,
+    trainable=trainable,
+    checkpoint=checkpoint,
+    init_size=init_size,
+    kv_creator=kv_creator,
+    restrict_policy=restrict_policy,
+    bp_v2=bp_v2,
+    distribution=distribution,
+  )
+  store[full_name] = variable
+  return variable
+
+
+class TrainableWrapper(resource_variable_ops.ResourceVariable):
+  """What `de.embedding_lookup(..., return_trainable=True)` returns for the optimizer's var_list:
+  a scalar variable whose gradient is the lookup's, keyed by the looked-up ids, and which names the
+  Variable's table to `de.DynamicEmbeddingOptimizer`."""
+
+  def __init__(
+    self,
+    params,
+    ids=None,
+    max_norm=None,
+    trainable=True,
+    name="TrainableWrapper",
+    model_mode=None,
+    **kwargs,
+  ):
+    del kwargs  # TFRA's initial_value, dtype, collections: the wrapper holds no rows here
+    self.params = params
+    self.ids = ids
+    self.max_norm = max_norm
+    self.model_mode = model_mode or ModelMode.CURRENT_SETTING
+    # Out of Saver's default list (a TFRA checkpoint has no wrappers, nor need ours): local.
+    collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
+    if trainable:
+      collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    with tf.init_scope():
+      super().__init__(
+        initial_value=0.0, trainable=trainable, dtype=tf.float32, name=name, collections=collections
+      )
+    setattr(self, table_lib.TABLE_OF_ANCHOR, weakref.ref(params._gradient_target))  # noqa: SLF001
+
+  def read_for_lookup(self):
+    """The wrapper's value (always 0), read so that the lookup's gradient reaches it. In a graph
+    the read assigns it first, as TFRA's wrapper does, so a session need not initialize it."""
+    if tf.executing_eagerly() or ops.inside_function():
+      return self.value()
+    assign = gen_resource_variable_ops.assign_variable_op(self.handle, tf.constant(0.0))
+    with tf.control_dependencies([assign]):
+      return gen_resource_variable_ops.read_variable_op(self.handle, tf.float32)
+
+  def lookup(self, ids):
+    """The rows of `ids` through this wrapper (its max_norm applied)."""
+    rows = self.params.read_rows(ids, anchor=self)
+    if self.max_norm is not None:
+      rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
+    return rows
