@@ -92,6 +92,28 @@ through it to the table's optimizer.
 values: Shape keys.shape + [dim].
 )doc");
 
+REGISTER_OP("TfExtTableFindWithPresence")
+    .Input("table: resource")
+    .Input("keys: Tkey")
+    .Input("gradient_anchor: float")
+    .Output("values: float")
+    .Output("present: bool")
+    .Attr("Tkey: {int64, string}")
+    .Attr("dim: int")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(KeysThenDimShape(c));
+      c->set_output(1, c->input(1));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+TfExtTableFind, also telling which keys had a row.
+
+keys: Any shape.
+gradient_anchor: As TfExtTableFind's.
+values: Shape keys.shape + [dim]; a missing key's initial row.
+present: Shape keys.shape: whether each key had a row.
+)doc");
+
 REGISTER_OP("TfExtRaggedSegmentIds")
     .Input("row_splits: Tsplits")
     .Output("segment_ids: int64")

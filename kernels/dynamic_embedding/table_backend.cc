@@ -24,14 +24,14 @@ class CpuTableBackend : public TableBackend<Key> {
   using Element = typename KeyTensor<Key>::Element;
   explicit CpuTableBackend(DynamicTable* table) : table_(table) {}
 
-  Status Find(OpKernelContext* ctx, const Tensor& keys, float* rows) override {
+  Status Find(OpKernelContext* ctx, const Tensor& keys, float* rows, bool* present) override {
     const auto flat_keys = keys.flat<Element>();
     const de::EmbeddingTable<Key>& core = *table_->template table<Key>();
     const int dim = table_->dim();
     ParallelFor(ctx, flat_keys.size(), 50 + 2 * dim, [&](int64_t begin, int64_t end) {
       FindRows(
           core, begin, end, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); },
-          rows + begin * dim);
+          rows + begin * dim, 0, present == nullptr ? nullptr : present + begin);
     });
     return ::tensorflow::OkStatus();
   }
@@ -79,9 +79,9 @@ class GpuTableBackend : public TableBackend<int64_t> {
  public:
   explicit GpuTableBackend(DynamicTable* table) : table_(table) {}
 
-  Status Find(OpKernelContext* ctx, const Tensor& keys, float* rows) override {
+  Status Find(OpKernelContext* ctx, const Tensor& keys, float* rows, bool* present) override {
     return DynamicTable::FromCore(table_->device_table()->Find(
-        StreamOf(ctx), keys.NumElements(), keys.flat<int64_t>().data(), rows, nullptr));
+        StreamOf(ctx), keys.NumElements(), keys.flat<int64_t>().data(), rows, present));
   }
   Status Insert(OpKernelContext* ctx, const Tensor& keys, const float* rows) override {
     return DynamicTable::FromCore(table_->device_table()->InsertOrAssign(

@@ -24,9 +24,11 @@ class TableBackend {
  public:
   virtual ~TableBackend() = default;
   // `keys` is a tensor of the table's key type (any shape), in the memory of the op's device.
-  // rows[keys.NumElements(), dim]: the rows; a missing key's initial row.
+  // rows[keys.NumElements(), dim]: the rows; a missing key's initial row. present (null, or one
+  // per key in the same memory as rows): whether each key had a row.
   virtual ::tensorflow::Status Find(::tensorflow::OpKernelContext* ctx,
-                                    const ::tensorflow::Tensor& keys, float* rows) = 0;
+                                    const ::tensorflow::Tensor& keys, float* rows,
+                                    bool* present) = 0;
   // Sets the rows of keys to rows[n, dim]; of a key given twice, the last row wins.
   virtual ::tensorflow::Status Insert(::tensorflow::OpKernelContext* ctx,
                                       const ::tensorflow::Tensor& keys, const float* rows) = 0;

@@ -201,16 +201,17 @@ inline bool RegisterGpuKernel(::tensorflow::KernelDefBuilder&& builder, const ch
 constexpr int64_t kLookupBlock = 4096;
 
 // The rows of keys key_at(begin..end-1) into out (row i of the range at out + (i - begin) *
-// out_stride; out_stride 0: dim), kLookupBlock keys per FindBatch.
+// out_stride; out_stride 0: dim), kLookupBlock keys per FindBatch; present (optional): whether
+// each key of the range had a row, at present[i - begin].
 template <typename Key, typename KeyAt>
 void FindRows(const de::EmbeddingTable<Key>& core, int64_t begin, int64_t end, KeyAt&& key_at,
-              float* out, int64_t out_stride = 0) {
+              float* out, int64_t out_stride = 0, bool* present = nullptr) {
   if (out_stride == 0) out_stride = core.dim();
   for (int64_t block = begin; block < end; block += kLookupBlock) {
     const int64_t count = std::min(kLookupBlock, end - block);
     core.FindBatch(
         count, [&](int64_t i) { return key_at(block + i); }, out + (block - begin) * out_stride,
-        out_stride);
+        out_stride, present == nullptr ? nullptr : present + (block - begin));
   }
 }
 

@@ -171,7 +171,9 @@ FindDedup FindDedupSetting() {
   return FindDedup::kAuto;
 }
 
-template <typename Key>
+// TfExtTableFind, and with kReportsPresence TfExtTableFindWithPresence (which also outputs
+// whether each key had a row).
+template <typename Key, bool kReportsPresence = false>
 class FindOp : public TableKernel {
  public:
   explicit FindOp(OpKernelConstruction* ctx) : TableKernel(ctx), dedup_(FindDedupSetting()) {}
@@ -184,10 +186,15 @@ class FindOp : public TableKernel {
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     float* rows = out->flat<float>().data();
-    if constexpr (std::is_same_v<Key, int64_t>) {
+    bool* present = nullptr;
+    if constexpr (kReportsPresence) {
+      Tensor* present_out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &present_out));
+      present = present_out->flat<bool>().data();
+    } else if constexpr (std::is_same_v<Key, int64_t>) {
       if (!table->on_gpu() && FindDistinctOnce(ctx, *table, keys, rows)) return;
     }
-    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Find(ctx, keys, rows));
+    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Find(ctx, keys, rows, present));
   }
 
  private:
@@ -216,6 +223,9 @@ class FindOp : public TableKernel {
 
   const FindDedup dedup_;
 };
+
+template <typename Key>
+using FindWithPresenceOp = FindOp<Key, true>;
 
 template <typename Key>
 class InsertOp : public TableKernel {
@@ -373,6 +383,10 @@ REGISTER_KERNEL_BUILDER(Name("TfExtTableClear").Device(DEVICE_CPU), ClearOp);
 #define TF_EXT_REGISTER_KEYED(Key, TfType)                                                        \
   REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableFind").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), FindOp<Key>);     \
+  REGISTER_KERNEL_BUILDER(Name("TfExtTableFindWithPresence")                                     \
+                              .Device(DEVICE_CPU)                                                 \
+                              .TypeConstraint<TfType>("Tkey"),                                    \
+                          FindWithPresenceOp<Key>);                                               \
   REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableInsert").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), InsertOp<Key>); \
   REGISTER_KERNEL_BUILDER(                                                                        \
@@ -392,6 +406,9 @@ TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableSize").HostMemory("size")
 TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableClear"), ClearOp)
 TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableFind").TypeConstraint<int64_t>("Tkey"),
                            FindOp<int64_t>)
+TF_EXT_REGISTER_GPU_KERNEL(
+    KernelDefBuilder("TfExtTableFindWithPresence").TypeConstraint<int64_t>("Tkey"),
+    FindWithPresenceOp<int64_t>)
 TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableInsert").TypeConstraint<int64_t>("Tkey"),
                            InsertOp<int64_t>)
 TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableRemove").TypeConstraint<int64_t>("Tkey"),

@@ -430,3 +430,10 @@ def _table_find_gradient(op, grad):
   rows = fusion_markers.marked_rows_gradient(op, keys, tf.reshape(grad, [-1, dim]))
   dense_shape = tf.stack([tf.size(keys, out_type=tf.int64), tf.constant(dim, tf.int64)])
   return [None, None, tf.IndexedSlices(rows, keys, dense_shape)]
+
+
+@ops.RegisterGradient("TfExtTableFindWithPresence")
+def _table_find_with_presence_gradient(op, grad, present_grad):
+  """As a lookup's; `present` (bool) has no gradient."""
+  del present_grad
+  return _table_find_gradient(op, grad)

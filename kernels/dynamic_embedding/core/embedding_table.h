@@ -159,8 +159,10 @@ class EmbeddingTable {
   // column window of a wider matrix, such as a concatenation of lookups.
   template <typename KeyAt>
   int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out) const;
+  // present (optional): present[i] tells whether key_at(i) had a row.
   template <typename KeyAt>
-  int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride) const;
+  int64_t FindBatch(int64_t n, KeyAt&& key_at, float* out, int64_t out_stride,
+                    bool* present = nullptr) const;
   // FindBatch for distinct keys that stand for more lookups: key k counts as occurrences[k] lookups
   // (and hits), so the statistics are those of looking every occurrence up. Rows go to out[k *
   // dim].

@@ -40,8 +40,8 @@ inline int64_t EmbeddingTable<Key>::FindBatch(int64_t n, KeyAt&& key_at, float* 
 template <typename Key>
 template <typename KeyAt>
 inline int64_t EmbeddingTable<Key>::FindBatch(int64_t n, KeyAt&& key_at, float* out,
-                                              int64_t out_stride) const {
-  const int64_t found = ServeRows(n, key_at, out, out_stride);
+                                              int64_t out_stride, bool* present) const {
+  const int64_t found = ServeRows(n, key_at, out, out_stride, present);
   CountLookups(n, found);
   return found;
 }

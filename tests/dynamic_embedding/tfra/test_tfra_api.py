@@ -37,6 +37,9 @@ def test_variable_reads_writes_and_exports(request):
   order = np.argsort(exported_keys.numpy())
   np.testing.assert_array_equal(exported_keys.numpy()[order], [-1, 5, 2**40])
   np.testing.assert_array_equal(exported_values.numpy()[order], values.numpy()[[1, 0, 2]])
+  rows, exists = var.lookup(tf.constant([[5, 6], [-1, 2**40]], tf.int64), return_exists=True)
+  np.testing.assert_array_equal(exists, [[True, False], [True, True]])
+  np.testing.assert_array_equal(rows[0], [[0, 1, 2], [0, 0, 0]])
   var.remove(tf.constant([5, 99], tf.int64))
   assert int(var.size()) == 2
   # accum: existing keys get new - old added, missing keys are set to new.
@@ -98,6 +101,8 @@ def test_a_partitioned_variable_routes_keys_by_its_partitioner(request):
   keys = tf.constant([0, 1, 1000, 2000, 2001, 2002, 3000], tf.int64)
   var.upsert(keys, tf.stack([tf.cast(keys, tf.float32)] * 2, axis=1))
   assert [int(var.size(i)) for i in range(3)] == [3, 1, 3]
+  _, exists = var.lookup(tf.constant([2001, 1, 4000, 1000], tf.int64), return_exists=True)
+  np.testing.assert_array_equal(exists, [True, True, False, True])
   np.testing.assert_array_equal(
     var.lookup(tf.constant([2002, 5, 1000], tf.int64)), [[2002, 2002], [1, 1], [1000, 1000]]
   )

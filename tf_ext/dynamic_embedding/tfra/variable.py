@@ -276,34 +276,49 @@ class Variable(trackable.Trackable):
 
   # ---- reads --------------------------------------------------------------------------------
 
-  def read_rows(self, keys, anchor=None):
-    """Rows of `keys` (any shape) as keys.shape + [dim] in value_dtype. With `anchor` (a wrapper
-    variable), the rows' gradient reaches it, keyed by the stored keys."""
+  def read_rows(self, keys, anchor=None, return_exists=False):
+    """Rows of `keys` (any shape) as keys.shape + [dim] in value_dtype (and, with
+    `return_exists`, whether each key had a row). With `anchor` (a wrapper variable), the rows'
+    gradient reaches it, keyed by the stored keys."""
     stored = self._stored_keys(keys)
     if self.distribution is not None:  # the exchange trains the table's own anchor
+      if return_exists:
+        raise NotImplementedError(
+          f"tf_ext.tfra Variable '{self.name}': return_exists is not offered for a table split "
+          "across Horovod ranks"
+        )
       return dtypes.to_stored(self._tables[0].lookup(stored), self.value_dtype)
     flat = tf.reshape(stored, [-1])
     anchor_value = anchor.read_for_lookup() if anchor is not None else tf.constant(0.0)
+    library = _ops_loader.load()
 
     def find(table, shard_keys):
-      return _ops_loader.load().tf_ext_table_find(
+      if not return_exists:
+        return library.tf_ext_table_find(
+          table.resource_handle, shard_keys, anchor_value, dim=self.dim
+        )
+      rows, present = library.tf_ext_table_find_with_presence(
         table.resource_handle, shard_keys, anchor_value, dim=self.dim
       )
+      # One tensor per shard for the stitch: the presence rides as a last column.
+      return tf.concat([rows, tf.cast(present[:, None], tf.float32)], 1)
 
-    rows = self._per_shard(flat, find)
+    found = self._per_shard(flat, find)
+    rows = found[:, : self.dim] if return_exists else found
     rows = tf.reshape(rows, tf.concat([tf.shape(stored), [self.dim]], 0))
     rows.set_shape(stored.shape.concatenate([self.dim]))
-    return dtypes.to_stored(rows, self.value_dtype)
+    rows = dtypes.to_stored(rows, self.value_dtype)
+    if not return_exists:
+      return rows
+    exists = tf.reshape(found[:, self.dim] > 0.5, tf.shape(stored))
+    exists.set_shape(stored.shape)
+    return rows, exists
 
   def lookup(self, keys, return_exists=False, name=None):
-    """Rows of `keys`: keys.shape + [dim]; a missing key reads its initial row."""
-    if return_exists:
-      raise NotImplementedError(
-        f"tf_ext.tfra Variable '{self.name}': lookup(return_exists=True) is not offered yet; "
-        "a missing key reads its initial row, which tf_ext computes from the key"
-      )
+    """Rows of `keys`: keys.shape + [dim]; a missing key reads its initial row. With
+    `return_exists`, (rows, exists): whether each key had a row."""
     with tf.name_scope(name or f"{self._scope_name()}_lookup"):
-      return self.read_rows(keys)
+      return self.read_rows(keys, return_exists=return_exists)
 
   def size(self, index=None, name=None):
     """The number of keys in table `index`, or in all of them (int64 scalar)."""
