@@ -53,6 +53,12 @@
 #                against replicated tables and TFRA's HvdAllToAllEmbedding on bench-cluster's
 #                emulated 2-node cluster (root: via sudo when not root; installs
 #                requirements-bench.txt: TFRA, matplotlib); BENCH_ARGS=--quick for a short run
+#   make bench-tfra  benchmarks/tfra_compat.py: the same TFRA-API programs (a DeepFM-like Keras
+#                model, a TF1 graph) with TFRA 0.7.2 and with tf_ext.tfra, and the native API, in
+#                interleaved rounds (installs requirements-bench.txt: TFRA); BENCH_ARGS=--quick
+#   make test-tfra  TFRA 0.7.2's own dynamic-embedding tests with `import tf_ext.tfra as de`
+#                (tests/dynamic_embedding/tfra/run_tfra_suite.py; needs TFRA's source, fetched
+#                outside the checkout: TFRA_SOURCE=<its git dir>; skips with a message without it)
 #   make bench-harp  benchmarks/harp_transport.py: HARP's NCCL plugin against a stand-in for NCCL's
 #                default socket transport over veth with tc-shaped profiles (root: via sudo when
 #                not root; writes harp_transport.png)
@@ -76,6 +82,7 @@
 #        (make bench) or "--configs horovod,2d" (make bench-cluster), EXAMPLES=N and SEED=N
 #        (make fuzz-ops), SOAK_MINUTES=N and SOAK_KILL_INTERVAL=S (make soak: mean seconds
 #        between kills, default 150),
+#        TFRA_ARGS="--files dynamic_embedding_ops_test.py" (make test-tfra),
 #        VERBOSE=1 (TensorFlow's full C++ log; see "Quiet by default" below).
 
 SHELL := /bin/bash
@@ -90,6 +97,7 @@ BAZEL_FLAGS ?=
 TESTS       ?= //...
 DEMO_ARGS   ?=
 BENCH_ARGS  ?=
+TFRA_ARGS   ?=
 APT_PKGS    := bazel-bootstrap bazel-bootstrap-source libgtest-dev build-essential \
                cmake libopenmpi-dev openmpi-bin clang-format clang
 STAMP       := $(ROOT)/.setup-stamp
@@ -147,7 +155,8 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
         gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops fuzz demo bench bench-lifecycle \
         bench-quality bench-amp bench-fusion bench-jit soak \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-alltoall \
-        bench-scaling bench-harp bench-harp-nccl demo-estimator clean distclean
+        bench-scaling bench-harp bench-harp-nccl bench-tfra test-tfra demo-estimator clean \
+        distclean
 
 all: build
 
@@ -397,6 +406,13 @@ bench-scaling: build bench-deps
 bench-alltoall: build bench-deps
 	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
 	  $(VENV)/bin/python benchmarks/alltoall_tables.py $(BENCH_ARGS))
+
+bench-tfra: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/tfra_compat.py $(BENCH_ARGS))
+
+test-tfra: build
+	@cd $(ROOT) && $(VENV)/bin/python tests/dynamic_embedding/tfra/run_tfra_suite.py --impl tf_ext \
+	  --python $(VENV)/bin/python $(TFRA_ARGS)
 
 # Issue 12's transport benchmark: HARP's plugin against a stand-in for NCCL's default socket
 # transport across two network namespaces (root: via sudo when not root; compiles its driver and

@@ -42,17 +42,10 @@ def embedding_lookup(shadow, ids, partition_strategy=None, name=None, validate_i
 
 
 def embedding_lookup_unique(shadow, ids, dim=None, with_unique=True, name=None):
-  """As embedding_lookup, looking each distinct id up once."""
+  """As embedding_lookup. `with_unique` changes nothing here: the table's lookup finds each
+  distinct id once where the batch repeats ids (TF_EXT_FIND_DEDUP), and the optimizer sums a
+  repeated id's gradients, so the rows and updates are those of TFRA's unique lookup."""
+  del with_unique
   if dim is not None and dim != shadow.params.dim:
     raise ValueError(f"dim {dim} differs from the Variable's dim {shadow.params.dim}")
-  ids = tf.convert_to_tensor(ids)
-  if not with_unique:
-    return embedding_lookup(shadow, ids, name=name)
-  with tf.name_scope(name or "shadow_embedding_lookup_unique"):
-    flat = tf.reshape(ids, [-1])
-    unique, positions = tf.unique(flat)
-    rows = shadow.lookup(unique)
-    rows = tf.gather(rows, positions)
-    rows = tf.reshape(rows, tf.concat([tf.shape(ids), [shadow.params.dim]], 0))
-    rows.set_shape(ids.shape.concatenate([shadow.params.dim]))
-    return rows
+  return embedding_lookup(shadow, ids, name=name)
