@@ -6,7 +6,7 @@ optimizer updates, checkpoints and all-to-all tables underneath. Importing it pa
 TensorFlow (TFRA's import does). docs/migration.md lists every name and what differs.
 """
 
-from tf_ext.dynamic_embedding.tfra import keras, shadow_ops, train
+from tf_ext.dynamic_embedding.tfra import keras, ops, shadow_ops, train
 from tf_ext.dynamic_embedding.tfra.creators import (
   CuckooHashTableConfig,
   CuckooHashTableCreator,
@@ -25,6 +25,8 @@ from tf_ext.dynamic_embedding.tfra.embedding_ops import (
   safe_embedding_lookup_sparse,
   trainable_wrapper_filter,
 )
+from tf_ext.dynamic_embedding.tfra.ops import data_flow_ops as data_flow
+from tf_ext.dynamic_embedding.tfra.ops import math_ops as math
 from tf_ext.dynamic_embedding.tfra.optimizer import DynamicEmbeddingOptimizer
 from tf_ext.dynamic_embedding.tfra.restrict_policies import (
   FrequencyRestrictPolicy,
@@ -69,7 +71,10 @@ __all__ = [
   "enable_train_mode",
   "get_model_mode",
   "get_variable",
+  "data_flow",
   "keras",
+  "math",
+  "ops",
   "safe_embedding_lookup_sparse",
   "shadow_ops",
   "train",

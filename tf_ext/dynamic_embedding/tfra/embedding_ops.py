@@ -12,77 +12,13 @@ row below the last one; here it is zeros, as tf.nn.embedding_lookup_sparse gives
 """
 
 import tensorflow as tf
-from tensorflow.python.framework import ops
 
-from tf_ext.dynamic_embedding.tfra import shadow_ops
 from tf_ext.dynamic_embedding.tfra import variable as variable_lib
 
 _COMBINERS = ("mean", "sqrtn", "sum")
 
 
-def _wrapper_for(params, name, max_norm):
-  """The wrapper a lookup named `name` trains through: in a TF1 graph a new TrainableWrapper per
-  lookup (as TFRA makes one), eagerly and in tf.function one ShadowVariable per name."""
-  if not tf.executing_eagerly() and not ops.inside_function():
-    if name is None:
-      name = ops.get_default_graph().unique_name("TrainableWrapper")
-    wrapper = variable_lib.TrainableWrapper(
-      params, max_norm=max_norm, trainable=params.trainable, name=name
-    )
-    params.trainable_store[name] = wrapper
-    return wrapper
-  shadow = params.trainable_store.get(name)
-  if shadow is None:
-    shadow = shadow_ops.ShadowVariable(params, name=name, max_norm=max_norm)
-  return shadow
-
-
-def _single_params(params):
-  if isinstance(params, (list, tuple)):
-    if len(params) > 1:
-      raise ValueError("Only one params is allowed.")
-    params = params[0]
-  if isinstance(params, shadow_ops.ShadowVariable):
-    return params
-  if not isinstance(params, variable_lib.Variable):
-    raise TypeError("params should be a Variable instance.")
-  return params
-
-
-def embedding_lookup(
-  params,
-  ids,
-  partition_strategy=None,
-  name=None,
-  validate_indices=None,
-  max_norm=None,
-  return_trainable=False,
-):
-  """The rows of `ids` in the Variable `params`: ids.shape + [dim], trainable through the
-  returned wrapper (`return_trainable=True`), which goes into the optimizer's var_list."""
-  del partition_strategy, validate_indices
-  params = _single_params(params)
-  if isinstance(params, shadow_ops.ShadowVariable):
-    rows = shadow_ops.embedding_lookup(params, ids, name=name)
-    return (rows, params) if return_trainable else rows
-  ids = tf.convert_to_tensor(ids, name="ids")
-  if params.key_dtype != ids.dtype:
-    raise TypeError(
-      "params.key_dtype should be same with ids.dtype: {} vs. {}".format(
-        params.key_dtype, ids.dtype
-      )
-    )
-  if tf.executing_eagerly() and name is None:
-    raise ValueError(
-      "Must specify a name for dynamic_embedding.embedding_lookup when running eagerly. "
-      "The `de.shadow_ops.embedding_lookup` is recommended in eager case."
-    )
-  scope = tf.compat.v1.get_variable_scope().name
-  store_name = f"{scope}/{name}" if scope and name else name
-  with tf.name_scope(name or "embedding_lookup"):
-    wrapper = _wrapper_for(params, store_name, max_norm)
-    rows = wrapper.lookup(ids)
-  return (rows, wrapper) if return_trainable else rows
+embedding_lookup = variable_lib.embedding_lookup
 
 
 def embedding_lookup_unique(
@@ -133,9 +69,13 @@ def embedding_lookup_sparse(
   with tf.name_scope((f"{scope}/{name}" if scope else name) + "/"):
     segment_ids = tf.cast(sp_ids.indices[:, 0], tf.int32)
     ids, idx = tf.unique(sp_ids.values)
-    embeddings, wrapper = embedding_lookup(
-      params, ids, name=name, max_norm=max_norm, return_trainable=True
-    )
+    if isinstance(params, (list, tuple)):
+      if len(params) > 1:
+        raise ValueError("Only one params is allowed.")
+      params = params[0]
+    if not isinstance(params, variable_lib.Variable | variable_lib.TrainableWrapper):
+      raise TypeError("params should be a Variable instance.")
+    embeddings, wrapper = params.embedding_lookup(ids, name=name, max_norm=max_norm)
     if embeddings.dtype in (tf.float16, tf.bfloat16):
       embeddings = tf.cast(embeddings, tf.float32)
     if sp_weights is None:
@@ -204,7 +144,7 @@ def safe_embedding_lookup_sparse(
       sparse_ids,
       sparse_weights,
       combiner=combiner,
-      name=f"{name}/embedding_lookup_sparse",
+      name=f"{name}/embedding_lookup_sparse",  # TFRA's name
       max_norm=max_norm,
       return_trainable=True,
     )

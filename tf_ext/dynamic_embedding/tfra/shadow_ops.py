@@ -4,28 +4,15 @@ tf.function and Keras layers, and the lookups through it."""
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding.tfra import variable as variable_lib
+from tf_ext.dynamic_embedding.tfra.variable import ShadowVariable
 
-
-class ShadowVariable(variable_lib.TrainableWrapper):
-  """The trainable handle of `params` under `name`: Keras layers hold one as their weight, and the
-  optimizer's var_list takes it. Lookups through it (`de.shadow_ops.embedding_lookup`) train
-  `params`' rows."""
-
-  def __init__(
-    self,
-    params,
-    name="ShadowVariable",
-    max_norm=None,
-    trainable=True,
-    distribute_strategy=None,
-    **kwargs,
-  ):
-    del distribute_strategy, kwargs
-    if not isinstance(params, variable_lib.Variable):
-      raise TypeError(f"params must be a de.Variable, got {type(params).__name__}")
-    super().__init__(params, max_norm=max_norm, trainable=trainable and params.trainable, name=name)
-    params.trainable_store[name] = self
-
+__all__ = [
+  "DEResourceVariable",
+  "HvdVariable",
+  "ShadowVariable",
+  "embedding_lookup",
+  "embedding_lookup_unique",
+]
 
 # TFRA's names for the same role.
 DEResourceVariable = ShadowVariable
@@ -35,7 +22,7 @@ HvdVariable = ShadowVariable
 def embedding_lookup(shadow, ids, partition_strategy=None, name=None, validate_indices=None):
   """The rows of `ids` through `shadow`: ids.shape + [dim]."""
   del partition_strategy, validate_indices
-  if not isinstance(shadow, ShadowVariable):
+  if not isinstance(shadow, variable_lib.ShadowVariable):
     raise TypeError(f"shadow must be a ShadowVariable, got {type(shadow).__name__}")
   with tf.name_scope(name or "shadow_embedding_lookup"):
     return shadow.lookup(ids)

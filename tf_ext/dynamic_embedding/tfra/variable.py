@@ -230,7 +230,8 @@ class Variable(trackable.Trackable):
   # ---- keys and partitions ------------------------------------------------------------------
 
   def _stored_keys(self, keys):
-    keys = tf.convert_to_tensor(keys)
+    # Lists and arrays take the key dtype (as TFRA converts them); a tensor must have it.
+    keys = tf.convert_to_tensor(keys, None if tf.is_tensor(keys) else self.key_dtype)
     if keys.dtype != self.key_dtype:
       raise TypeError(
         f"tf_ext.tfra Variable '{self.name}': keys must be {self.key_dtype.name}, got "
@@ -320,6 +321,17 @@ class Variable(trackable.Trackable):
     with tf.name_scope(name or f"{self._scope_name()}_lookup"):
       return self.read_rows(keys, return_exists=return_exists)
 
+  def embedding_lookup(self, ids, name=None, max_norm=None):
+    """(rows, wrapper) of `ids`, as de.embedding_lookup(self, ids, return_trainable=True) with the
+    name `<name>/embedding_lookup`."""
+    return embedding_lookup(
+      self,
+      ids,
+      name=f"{name}/embedding_lookup" if name else None,
+      max_norm=max_norm,
+      return_trainable=True,
+    )
+
   def size(self, index=None, name=None):
     """The number of keys in table `index`, or in all of them (int64 scalar)."""
     sizes = [table.size(name=name) for table in self._tables]
@@ -339,7 +351,7 @@ class Variable(trackable.Trackable):
   # ---- writes -------------------------------------------------------------------------------
 
   def _stored_values(self, keys, values):
-    values = tf.convert_to_tensor(values)
+    values = tf.convert_to_tensor(values, None if tf.is_tensor(values) else self.value_dtype)
     if values.dtype != self.value_dtype:
       raise TypeError(
         f"tf_ext.tfra Variable '{self.name}': values must be {self.value_dtype.name}, got "
@@ -510,9 +522,103 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     with tf.control_dependencies([assign]):
       return gen_resource_variable_ops.read_variable_op(self.handle, tf.float32)
 
+  def update_op(self, v0=None):
+    """TFRA writes a wrapper's rows back into its table here; tf_ext's optimizer updates the
+    table itself, so there is nothing to write."""
+    del v0
+    return tf.no_op()
+
+  def prefetch_values(self, update=False):
+    """TFRA's read of the wrapper's rows from its table: the rows of the wrapper's ids."""
+    del update
+    return self.lookup(self.ids)
+
+  def embedding_lookup(self, ids, name=None, max_norm=None):
+    """(rows of `ids`, this wrapper): TFRA's lookup through an existing wrapper."""
+    del name, max_norm
+    return self.lookup(ids), self
+
   def lookup(self, ids):
     """The rows of `ids` through this wrapper (its max_norm applied)."""
     rows = self.params.read_rows(ids, anchor=self)
     if self.max_norm is not None:
       rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
     return rows
+
+
+class ShadowVariable(TrainableWrapper):
+  """The trainable handle of `params` under `name`: Keras layers hold one as their weight, and the
+  optimizer's var_list takes it. Lookups through it (`de.shadow_ops.embedding_lookup`) train
+  `params`' rows."""
+
+  def __init__(
+    self,
+    params,
+    name="ShadowVariable",
+    max_norm=None,
+    trainable=True,
+    distribute_strategy=None,
+    **kwargs,
+  ):
+    del distribute_strategy, kwargs
+    if not isinstance(params, Variable):
+      raise TypeError(f"params must be a de.Variable, got {type(params).__name__}")
+    super().__init__(params, max_norm=max_norm, trainable=trainable and params.trainable, name=name)
+    params.trainable_store[name] = self
+
+
+def _wrapper_for(params, name, max_norm):
+  """The wrapper a lookup named `name` trains through: in a TF1 graph a new TrainableWrapper per
+  lookup (as TFRA makes one), eagerly and in tf.function one ShadowVariable per name."""
+  if not tf.executing_eagerly() and not ops.inside_function():
+    if name is None:
+      name = ops.get_default_graph().unique_name("_anonymous_trainable_store_key")
+    wrapper = TrainableWrapper(params, max_norm=max_norm, trainable=params.trainable, name=name)
+    params.trainable_store[name] = wrapper
+    return wrapper
+  shadow = params.trainable_store.get(name)
+  if shadow is None:
+    shadow = ShadowVariable(params, name=name, max_norm=max_norm)
+  return shadow
+
+
+def embedding_lookup(
+  params,
+  ids,
+  partition_strategy=None,
+  name=None,
+  validate_indices=None,
+  max_norm=None,
+  return_trainable=False,
+):
+  """The rows of `ids` in the Variable `params`: ids.shape + [dim], trainable through the
+  returned wrapper (`return_trainable=True`), which goes into the optimizer's var_list. Ops are
+  named as TFRA names them: under `<variable scope>/<name>/`, the wrapper `<name>`."""
+  del partition_strategy, validate_indices
+  if isinstance(params, (list, tuple)):
+    if len(params) > 1:
+      raise ValueError("Only one params is allowed.")
+    params = params[0]
+  if isinstance(params, ShadowVariable):
+    rows = params.lookup(ids)
+    return (rows, params) if return_trainable else rows
+  if not isinstance(params, Variable):
+    raise TypeError("params should be a Variable instance.")
+  ids = tf.convert_to_tensor(ids, None if tf.is_tensor(ids) else params.key_dtype, name="ids")
+  if params.key_dtype != ids.dtype:
+    raise TypeError(
+      "params.key_dtype should be same with ids.dtype: {} vs. {}".format(
+        params.key_dtype, ids.dtype
+      )
+    )
+  if tf.executing_eagerly() and name is None:
+    raise ValueError(
+      "Must specify a name for dynamic_embedding.embedding_lookup when running eagerly. "
+      "The `de.shadow_ops.embedding_lookup` is recommended in eager case."
+    )
+  scope = tf.compat.v1.get_variable_scope().name
+  full_name = (f"{scope}/" if scope else "") + (f"{name}/" if name else "embedding_lookup/")
+  with tf.compat.v1.name_scope(full_name):
+    wrapper = _wrapper_for(params, name, max_norm)
+    rows = wrapper.lookup(ids)
+  return (rows, wrapper) if return_trainable else rows
