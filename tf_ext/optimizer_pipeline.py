@@ -38,6 +38,7 @@ wrapping twice is harmless. The wrapped optimizer is found through any number of
 import threading
 
 import tensorflow as tf
+from tensorflow.python.keras.optimizer_v2 import optimizer_v2 as tf_keras_optimizer_v2
 
 # Stage kinds, in the order their transforms and their apply steps run.
 KINDS = ("loss_scale", "reduce", "tables")
@@ -192,6 +193,10 @@ def _pipeline_target(obj):
 
 # ---- the pipeline classes ----------------------------------------------------------------------
 
+# Keras 2's legacy optimizers, and TensorFlow's own older copy of them (tensorflow.python.keras,
+# which TFRA's programs use): the same code, two class hierarchies.
+KERAS_LEGACY_OPTIMIZERS = (tf.keras.optimizers.legacy.Optimizer, tf_keras_optimizer_v2.OptimizerV2)
+
 _class_lock = threading.RLock()  # reentrant: a class for Horovod's needs one for its base
 _classes = {}  # a class -> its pipeline class
 
@@ -214,7 +219,7 @@ def _optimizer_pipeline_class(base):
     return _below_horovod(base, _optimizer_pipeline_class)
   if issubclass(base, tf.compat.v1.train.Optimizer):
     mixin = _V1Pipeline
-  elif issubclass(base, tf.keras.optimizers.legacy.Optimizer):
+  elif issubclass(base, KERAS_LEGACY_OPTIMIZERS):
     mixin = _KerasLegacyPipeline
   elif issubclass(base, tf.keras.optimizers.Optimizer):
     mixin = _KerasPipeline
@@ -225,7 +230,7 @@ def _optimizer_pipeline_class(base):
     )
   cls = type(base.__name__, (mixin, base), {"__module__": base.__module__})
   if issubclass(base, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
-    _register_keras_class(cls, base)
+    _register_keras_class(cls, base)  # TensorFlow's own copy of Keras 2 registers no classes
   return cls
 
 

@@ -8,8 +8,10 @@ that are new). Every other variable goes to the wrapped optimizer unchanged.
 
 Optimizers: SGD, Adagrad, Adam (with AMSGrad in Keras), momentum (TF1 MomentumOptimizer and
 Keras SGD(momentum), Nesterov too) and FTRL (L1, L2, L2 shrinkage, learning_rate_power, beta),
-from tf.compat.v1.train, tf.keras.optimizers and tf.keras.optimizers.legacy. Each computes what
-TensorFlow's sparse update computes for the rows of a dense variable (training_ops.cc).
+from tf.compat.v1.train, tf.keras.optimizers and tf.keras.optimizers.legacy (and TensorFlow's own
+copy of the legacy ones, tensorflow.python.keras.optimizer_v2, which TFRA programs use). Each
+computes what TensorFlow's sparse update computes for the rows of a dense variable
+(training_ops.cc).
 
 Updates of table rows are *lazy*: only the rows in the batch change, with their slots. That is
 what TF1's and legacy Keras' sparse updates do for SGD, Adagrad, momentum and FTRL. The others
@@ -30,6 +32,10 @@ dense gradients it then gets.
 import collections
 
 import tensorflow as tf
+from tensorflow.python.keras.optimizer_v2 import adagrad as tf_keras_adagrad
+from tensorflow.python.keras.optimizer_v2 import adam as tf_keras_adam
+from tensorflow.python.keras.optimizer_v2 import ftrl as tf_keras_ftrl
+from tensorflow.python.keras.optimizer_v2 import gradient_descent as tf_keras_sgd
 
 from tf_ext import _ops_loader, optimizer_pipeline, rank_local_gradients
 from tf_ext.dynamic_embedding import alltoall
@@ -176,7 +182,7 @@ def _hyperparameters(optimizer):
         initial_accumulator_value=optimizer.initial_accumulator_value,
         adjust_l2=lambda l2, beta, lr: l2 + beta / (2.0 * lr),
       )
-  elif isinstance(optimizer, legacy.Optimizer):
+  elif isinstance(optimizer, optimizer_pipeline.KERAS_LEGACY_OPTIMIZERS):
 
     def lr():
       return optimizer._decayed_lr(tf.float32)
@@ -184,7 +190,7 @@ def _hyperparameters(optimizer):
     def hyper(name):
       return lambda: optimizer._get_hyper(name, tf.float32)
 
-    if isinstance(optimizer, legacy.SGD):
+    if isinstance(optimizer, (legacy.SGD, tf_keras_sgd.SGD)):
       if not optimizer._momentum:
         return _Hyper("sgd", lr)
       return _Hyper(
@@ -193,14 +199,14 @@ def _hyperparameters(optimizer):
         use_nesterov=bool(optimizer.nesterov),
         hyperparameters=lambda lr: [hyper("momentum")()],
       )
-    if isinstance(optimizer, legacy.Adagrad):
+    if isinstance(optimizer, (legacy.Adagrad, tf_keras_adagrad.Adagrad)):
       return _Hyper(
         "adagrad",
         lr,
         epsilon=optimizer.epsilon,
         initial_accumulator_value=optimizer._initial_accumulator_value,
       )
-    if isinstance(optimizer, legacy.Adam):
+    if isinstance(optimizer, (legacy.Adam, tf_keras_adam.Adam)):
       return _Hyper(
         "amsgrad" if optimizer.amsgrad else "adam",
         lr,
@@ -208,7 +214,7 @@ def _hyperparameters(optimizer):
         beta2=optimizer._get_hyper("beta_2"),
         epsilon=optimizer.epsilon,
       )
-    if isinstance(optimizer, legacy.Ftrl):
+    if isinstance(optimizer, (legacy.Ftrl, tf_keras_ftrl.Ftrl)):
       return _ftrl(
         lr,
         l1=hyper("l1_regularization_strength"),
@@ -292,7 +298,7 @@ def _clips(optimizer):
       value and value > 0
       for value in (optimizer.clipnorm, optimizer.global_clipnorm, optimizer.clipvalue)
     )
-  if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+  if isinstance(optimizer, optimizer_pipeline.KERAS_LEGACY_OPTIMIZERS):
     return any(
       value is not None
       for value in (optimizer.clipnorm, optimizer.global_clipnorm, optimizer.clipvalue)

@@ -66,6 +66,28 @@ def test_int32_keys_and_half_rows_convert_exactly(request):
 
 
 @pytest.mark.parametrize(
+  "value_dtype, initial, rows",
+  [
+    (tf.int32, -1, [[2**31 - 1, -5], [7, 0]]),
+    (tf.int64, -1, [[2**62 + 3, -(2**40)], [1, 2]]),
+    (tf.float64, 0.0, [[1e-300, np.pi], [2.5, -0.0]]),
+    (tf.bool, True, [[True, False], [False, False]]),
+    (tf.int8, 3, [[-128, 127], [0, 1]]),
+  ],
+)
+def test_rows_of_every_offered_dtype_are_held_exactly(request, value_dtype, initial, rows):
+  var = de.get_variable(_name(request), value_dtype=value_dtype, dim=2, initializer=initial)
+  var.upsert(tf.constant([1, 2], tf.int64), tf.constant(rows, value_dtype))
+  got = var.lookup(tf.constant([2, 1, 9], tf.int64))
+  assert got.dtype == value_dtype
+  expected = np.array([rows[1], rows[0], [initial] * 2], value_dtype.as_numpy_dtype)
+  np.testing.assert_array_equal(got.numpy(), expected)
+  assert got.numpy().tobytes() == expected.tobytes()  # bit for bit (-0.0, the last int64 bits)
+  keys, values = var.export()
+  assert values.dtype == value_dtype and sorted(keys.numpy()) == [1, 2]
+
+
+@pytest.mark.parametrize(
   "initializer, expected",
   [(None, 0.0), (0.5, 0.5), (np.full([4], -2.0), -2.0), (tf.keras.initializers.Ones(), 1.0)],
 )
@@ -88,6 +110,19 @@ def test_random_initializers_draw_per_key_with_the_asked_distribution(request):
   # The same key reads the same row again; another table without a seed starts elsewhere.
   np.testing.assert_array_equal(rows[:10], var.lookup(tf.range(10, dtype=tf.int64)))
   assert not np.allclose(rows[:10], other.lookup(tf.range(10, dtype=tf.int64)))
+
+
+@pytest.mark.parametrize(
+  "initializer",
+  [tf.keras.initializers.GlorotNormal(seed=3), tf.keras.initializers.HeUniform(seed=3)],
+  ids=["glorot_normal", "he_uniform"],
+)
+def test_variance_scaling_initializers_draw_as_tensorflow_for_a_row(request, initializer):
+  var = de.get_variable(_name(request), dim=32, initializer=initializer)
+  rows = var.lookup(tf.range(3000, dtype=tf.int64)).numpy()
+  reference = np.concatenate([initializer(shape=[32]).numpy() for _ in range(300)])
+  assert abs(rows.std() / reference.std() - 1) < 0.03
+  assert abs(np.percentile(np.abs(rows), 99) / np.percentile(np.abs(reference), 99) - 1) < 0.05
 
 
 def test_a_partitioned_variable_routes_keys_by_its_partitioner(request):
@@ -314,8 +349,10 @@ def test_restrict_without_a_policy_does_nothing(request):
 
 def test_bad_input_is_refused_by_name(request):
   name = _name(request)
-  with pytest.raises(TypeError, match="int64-int32.*not supported"):
-    de.get_variable(name + "_a", value_dtype=tf.int32)
+  with pytest.raises(TypeError, match="int64-string.*not supported"):
+    de.get_variable(name + "_a", value_dtype=tf.string)
+  with pytest.raises(ValueError, match="initial value 5.0 of a int64 table cannot be held"):
+    de.get_variable(name + "_f", value_dtype=tf.int64, initializer=5)
   with pytest.raises(ValueError, match="'/GPU:7', which this process does not have"):
     de.get_variable(name + "_b", devices=["/GPU:7"])
   with pytest.raises(NotImplementedError, match="Redis.*num_shards"):

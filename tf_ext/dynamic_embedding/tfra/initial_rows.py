@@ -8,10 +8,13 @@ and a seed inside the table, so:
   (TFRA draws anew at every lookup, so a key missing twice reads two different rows there; here it
   reads the same row, which is the row it gets when first trained). Without a seed, the seed comes
   from the table's name, so two tables do not start with the same rows for the same id.
+- VarianceScaling initializers (Glorot, He, Lecun) draw from their distribution for a row of `dim`
+  values (TFRA's scale depends on the number of keys looked up);
 - an array whose `dim` values differ has no per-key spec: it is refused by name.
 """
 
 import hashlib
+import math
 import numbers
 
 import numpy as np
@@ -41,11 +44,45 @@ def _constant_of(values, name, dim):
   return initializers.InitializerSpec("constant", float(values[0]), 0.0, 0)
 
 
-def spec(initializer, name, dim):
-  """The InitializerSpec of TFRA's `initializer` for the table `name` of width `dim`."""
+def _variance_scaling(initializer, dim):
+  """The spec of a VarianceScaling initializer (Glorot, He and Lecun are ones) for a row of `dim`
+  values: fan in and fan out are `dim`, as TensorFlow computes them for a shape of [dim]. (TFRA
+  draws [keys of the batch, dim], so its scale changes with the number of keys.) None for
+  other initializers."""
+  scale = getattr(initializer, "scale", None)
+  distribution = getattr(initializer, "distribution", None)
+  if scale is None or distribution is None or not hasattr(initializer, "mode"):
+    return None
+  variance = float(scale) / dim
+  if distribution == "uniform":
+    limit = math.sqrt(3.0 * variance)
+    return initializers.InitializerSpec("uniform", -limit, limit, 0)
+  if distribution in ("normal", "untruncated_normal"):
+    return initializers.InitializerSpec("normal", 0.0, math.sqrt(variance), 0)
+  # The stddev of a normal truncated at two standard deviations (TensorFlow's constant).
+  return initializers.InitializerSpec(
+    "truncated_normal", 0.0, math.sqrt(variance) / 0.87962566103423978, 0
+  )
+
+
+def spec(initializer, name, dim, codec):
+  """The InitializerSpec of TFRA's `initializer` for the table `name` of width `dim`, whose rows
+  `codec` (dtypes.RowCodec) stores."""
+  found = _spec(initializer, name, dim)
+  if found.kind == "constant":
+    return found._replace(a=codec.initial_constant(name, found.a))
+  if found.kind != "zeros" and not codec.value_dtype.is_floating:
+    raise ValueError(
+      f"tf_ext.tfra Variable '{name}': a {found.kind} initializer for {codec.value_dtype.name} "
+      "rows is not offered; give a number"
+    )
+  return found
+
+
+def _spec(initializer, name, dim):
   if initializer is None:
     return initializers.InitializerSpec("zeros", 0.0, 0.0, 0)
-  if isinstance(initializer, numbers.Real) and not isinstance(initializer, bool):
+  if isinstance(initializer, (numbers.Real, np.bool_)):  # bool too: the default of bool rows
     return initializers.InitializerSpec("constant", float(initializer), 0.0, 0)
   if isinstance(initializer, (list, tuple, np.ndarray)):
     return _constant_of(initializer, name, dim)
@@ -58,8 +95,10 @@ def spec(initializer, name, dim):
       )
     return _constant_of(value, name, dim)
   if hasattr(initializer, "get_config"):
-    base = initializers.spec_from(initializer, dim, name)
+    base = _variance_scaling(initializer, dim) or initializers.spec_from(initializer, dim, name)
     seed = initializer.get_config().get("seed")
+    if seed is not None:
+      base = base._replace(seed=int(seed))
     if seed is None and base.kind in ("uniform", "normal", "truncated_normal"):
       base = base._replace(seed=_seed_of_name(name))
     return base
@@ -68,7 +107,7 @@ def spec(initializer, name, dim):
       value = initializer(shape=[dim])
     except TypeError:
       value = initializer()
-    return spec(value, name, dim)
+    return _spec(value, name, dim)
   raise TypeError(
     f"tf_ext.tfra Variable '{name}': initializer must be a number, an array, a tensor or an "
     f"initializer object, got {type(initializer).__name__}"

@@ -134,7 +134,7 @@ class Variable(trackable.Trackable):
     self.name = name
     self.key_dtype = tf.as_dtype(key_dtype)
     self.value_dtype = tf.as_dtype(value_dtype)
-    self._stored_key_dtype, _ = dtypes.stored(name, key_dtype, value_dtype)
+    self._stored_key_dtype = dtypes.stored_key_dtype(name, key_dtype, value_dtype)
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
       raise ValueError(f"tf_ext.tfra Variable '{name}': dim must be a positive int, got {dim!r}")
     self.dim = dim
@@ -156,7 +156,9 @@ class Variable(trackable.Trackable):
     self.init_size = int(init_size)
     self.bp_v2 = bp_v2
     self.initializer = initializer
-    self._initializer_spec = initial_rows.spec(initializer, name, dim)
+    self._codec = dtypes.RowCodec(self.value_dtype, dim)
+    self._initializer_spec = initial_rows.spec(initializer, name, dim, self._codec)
+    trainable = trainable and dtypes.trainable_rows(self.value_dtype)
     self._trainable_store = {}
     self.distribution = alltoall.check_distribution(name, distribution)
     if distribution is not None and self.shard_num != 1:
@@ -177,7 +179,7 @@ class Variable(trackable.Trackable):
         self._tables.append(
           table_class(
             table_name,
-            dim,
+            self._codec.stored_dim,
             key_dtype=self._stored_key_dtype,
             initializer=self._initializer_spec,
             trainable=trainable,
@@ -288,30 +290,29 @@ class Variable(trackable.Trackable):
           f"tf_ext.tfra Variable '{self.name}': return_exists is not offered for a table split "
           "across Horovod ranks"
         )
-      return dtypes.to_stored(self._tables[0].lookup(stored), self.value_dtype)
+      return self._codec.decode(self._tables[0].lookup(stored))
     flat = tf.reshape(stored, [-1])
     anchor_value = anchor.read_for_lookup() if anchor is not None else tf.constant(0.0)
     library = _ops_loader.load()
+    width = self._codec.stored_dim
 
     def find(table, shard_keys):
       if not return_exists:
-        return library.tf_ext_table_find(
-          table.resource_handle, shard_keys, anchor_value, dim=self.dim
-        )
+        return library.tf_ext_table_find(table.resource_handle, shard_keys, anchor_value, dim=width)
       rows, present = library.tf_ext_table_find_with_presence(
-        table.resource_handle, shard_keys, anchor_value, dim=self.dim
+        table.resource_handle, shard_keys, anchor_value, dim=width
       )
       # One tensor per shard for the stitch: the presence rides as a last column.
       return tf.concat([rows, tf.cast(present[:, None], tf.float32)], 1)
 
     found = self._per_shard(flat, find)
-    rows = found[:, : self.dim] if return_exists else found
-    rows = tf.reshape(rows, tf.concat([tf.shape(stored), [self.dim]], 0))
-    rows.set_shape(stored.shape.concatenate([self.dim]))
-    rows = dtypes.to_stored(rows, self.value_dtype)
+    rows = found[:, :width] if return_exists else found
+    rows = tf.reshape(rows, tf.concat([tf.shape(stored), [width]], 0))
+    rows.set_shape(stored.shape.concatenate([width]))
+    rows = self._codec.decode(rows)
     if not return_exists:
       return rows
-    exists = tf.reshape(found[:, self.dim] > 0.5, tf.shape(stored))
+    exists = tf.reshape(found[:, width] > 0.5, tf.shape(stored))
     exists.set_shape(stored.shape)
     return rows, exists
 
@@ -346,23 +347,24 @@ class Variable(trackable.Trackable):
       values.append(v)
     keys = tf.concat(keys, 0) if len(keys) > 1 else keys[0]
     values = tf.concat(values, 0) if len(values) > 1 else values[0]
-    return dtypes.to_stored(keys, self.key_dtype), dtypes.to_stored(values, self.value_dtype)
+    return dtypes.to_stored(keys, self.key_dtype), self._codec.decode(values)
 
   # ---- writes -------------------------------------------------------------------------------
 
-  def _stored_values(self, keys, values):
+  def _rows(self, values):
+    """`values` as [n, dim] of value_dtype (lists and arrays converted, as TFRA converts them)."""
     values = tf.convert_to_tensor(values, None if tf.is_tensor(values) else self.value_dtype)
     if values.dtype != self.value_dtype:
       raise TypeError(
         f"tf_ext.tfra Variable '{self.name}': values must be {self.value_dtype.name}, got "
         f"{values.dtype.name}"
       )
-    return tf.reshape(tf.cast(values, tf.float32), [-1, self.dim])
+    return tf.reshape(values, [-1, self.dim])
 
   def upsert(self, keys, values, name=None):
     """Sets the rows of `keys` to `values` (keys.shape + [dim]), inserting missing keys."""
     keys = tf.reshape(self._stored_keys(keys), [-1])
-    values = self._stored_values(keys, values)
+    values = self._codec.encode(self._rows(values))
     return self._each_shard(keys, lambda t, k, v: t.insert(k, v, name=name), values)
 
   def accum(self, keys, old_values, new_values, exists, name=None):
@@ -371,12 +373,10 @@ class Variable(trackable.Trackable):
     writers of the same keys: a read and an insert."""
     del name
     keys = tf.reshape(self._stored_keys(keys), [-1])
-    old = self._stored_values(keys, old_values)
-    new = self._stored_values(keys, new_values)
+    old, new = self._rows(old_values), self._rows(new_values)
     exists = tf.reshape(tf.convert_to_tensor(exists, tf.bool), [-1, 1])
-    current = tf.cast(self.read_rows(dtypes.to_stored(keys, self.key_dtype)), tf.float32)
-    current = tf.reshape(current, [-1, self.dim])
-    rows = tf.where(exists, current + (new - old), new)
+    current = tf.reshape(self.read_rows(dtypes.to_stored(keys, self.key_dtype)), [-1, self.dim])
+    rows = self._codec.encode(tf.where(exists, current + (new - old), new))
     return self._each_shard(keys, lambda t, k, v: t.insert(k, v), rows)
 
   def remove(self, keys, name=None):
@@ -488,6 +488,12 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
   a scalar variable whose gradient is the lookup's, keyed by the looked-up ids, and which names the
   Variable's table to `de.DynamicEmbeddingOptimizer`."""
 
+  @classmethod
+  def _variable_call(cls, *args, **kwargs):
+    """Constructs like any class (tf.Variable's metaclass would bind positional arguments to
+    tf.Variable's own parameters first)."""
+    del args, kwargs
+
   def __init__(
     self,
     params,
@@ -523,10 +529,12 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
       return gen_resource_variable_ops.read_variable_op(self.handle, tf.float32)
 
   def update_op(self, v0=None):
-    """TFRA writes a wrapper's rows back into its table here; tf_ext's optimizer updates the
-    table itself, so there is nothing to write."""
-    del v0
-    return tf.no_op()
+    """Writes the rows this wrapper's lookup read (`v0`, or read now, max_norm applied) into the
+    table, as TFRA's does: its keys get rows. Training needs no such call: tf_ext's optimizer
+    updates the table itself."""
+    if self.ids is None:
+      return tf.no_op()
+    return self.params.upsert(self.ids, self.lookup(self.ids) if v0 is None else v0)
 
   def prefetch_values(self, update=False):
     """TFRA's read of the wrapper's rows from its table: the rows of the wrapper's ids."""
@@ -567,13 +575,17 @@ class ShadowVariable(TrainableWrapper):
     params.trainable_store[name] = self
 
 
-def _wrapper_for(params, name, max_norm):
+def _wrapper_for(params, ids, name, max_norm):
   """The wrapper a lookup named `name` trains through: in a TF1 graph a new TrainableWrapper per
-  lookup (as TFRA makes one), eagerly and in tf.function one ShadowVariable per name."""
+  lookup (as TFRA makes one), placed with the ids; eagerly and in tf.function one ShadowVariable
+  per name."""
   if not tf.executing_eagerly() and not ops.inside_function():
     if name is None:
       name = ops.get_default_graph().unique_name("_anonymous_trainable_store_key")
-    wrapper = TrainableWrapper(params, max_norm=max_norm, trainable=params.trainable, name=name)
+    with ops.colocate_with(ids, ignore_existing=True):
+      wrapper = TrainableWrapper(
+        params, ids, max_norm=max_norm, trainable=params.trainable, name=name
+      )
     params.trainable_store[name] = wrapper
     return wrapper
   shadow = params.trainable_store.get(name)
@@ -619,6 +631,6 @@ def embedding_lookup(
   scope = tf.compat.v1.get_variable_scope().name
   full_name = (f"{scope}/" if scope else "") + (f"{name}/" if name else "embedding_lookup/")
   with tf.compat.v1.name_scope(full_name):
-    wrapper = _wrapper_for(params, name, max_norm)
+    wrapper = _wrapper_for(params, ids, name, max_norm)
     rows = wrapper.lookup(ids)
   return (rows, wrapper) if return_trainable else rows
