@@ -2,7 +2,7 @@
 
 Code belongs to its capability, but users import some of it by older, shorter paths. Such a path
 is a package whose `__init__` calls `alias`: the import then returns the capability's package
-itself, and each of its submodules under the old name too (`tf_ext.keras.layers` is
+itself, and each of its submodules (at any depth) under the old name too (`tf_ext.keras.layers` is
 `tf_ext.dynamic_embedding.keras.layers`). One module object per file, so classes, registries and
 isinstance checks are the same whichever path imported them.
 """
@@ -17,6 +17,7 @@ def alias(name, target):
   be `target`'s."""
   package = importlib.import_module(target)
   sys.modules[name] = package
+  # Nested packages too: a submodule imported by its old path would otherwise load again.
   for submodule in pkgutil.iter_modules(getattr(package, "__path__", [])):
-    sys.modules[f"{name}.{submodule.name}"] = importlib.import_module(f"{target}.{submodule.name}")
+    alias(f"{name}.{submodule.name}", f"{target}.{submodule.name}")
   return package
