@@ -123,8 +123,12 @@ class DynamicEmbeddingVariable(
     self._original = weakref.ref(self)
     with tf.init_scope():
       executing_eagerly = tf.executing_eagerly()
-      # Eager resources are shared by name across the process: give each table its own.
-      self._shared_name = f"{name}_{ops.uid()}" if executing_eagerly else name
+      # The TF1 graph the table lives in (None eagerly): where a Saver's var_list may name it.
+      self._saver_graph = None if executing_eagerly else ops.get_default_graph()
+      # Eager resources are shared by name across the process: give each table its own. A
+      # shared name may not start with "_" (TensorFlow's rule); a table's name may.
+      shared = f"table{name}" if name.startswith("_") else name
+      self._shared_name = f"{shared}_{ops.uid()}" if executing_eagerly else shared
       super().__init__()
       _ = self.resource_handle  # Created now, under the caller's device scope.
       if gradient_anchor is None:
@@ -215,6 +219,14 @@ class DynamicEmbeddingVariable(
       init_b=spec.b,
       seed=spec.seed,
     )
+
+  def _gather_saveables_for_checkpoint(self):
+    """What tf.compat.v1.train.Saver(var_list=[table, ...]) saves: the saveable its default list
+    holds (the streaming TableSaveable, under the table's name). tf.train.Checkpoint and
+    SavedModel use the registered saver (checkpoint.py) instead."""
+    if self._saver_graph is None or ops.get_default_graph() is not self._saver_graph:
+      return {}
+    return {"table": lambda name=None: checkpoint.TableSaveable(self, self._name)}
 
   def _destroy_resource(self):
     if tf.executing_eagerly():

@@ -71,6 +71,8 @@ def _check_devices(name, devices):
   devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
   if not devices:
     raise ValueError(f"tf_ext.tfra Variable '{name}': devices is an empty list")
+  if not tf.executing_eagerly():  # a session's config may add devices (device_count)
+    return devices
   local = {
     (d.device_type, tf.DeviceSpec.from_string(d.name).device_index)
     for d in tf.config.list_logical_devices()
@@ -199,6 +201,15 @@ class Variable(trackable.Trackable):
         raise TypeError("restrict_policy must be subclass of RestrictPolicy.")
       self._restrict_policy = restrict_policy(self)
 
+  def _gather_saveables_for_checkpoint(self):
+    """tf.compat.v1.train.Saver(var_list=[variable, ...]) saves each of its tables (in a graph;
+    tf.train.Checkpoint reaches the tables as the Variable's children)."""
+    factories = {}
+    for index, table in enumerate(self._tables if self.checkpoint else ()):
+      for factory in table._gather_saveables_for_checkpoint().values():  # noqa: SLF001
+        factories[f"table_{index}"] = factory
+    return factories
+
   def _make_name(self, index):
     return "{}_mht_{}of{}".format(self.name.replace("/", "_"), index + 1, self.shard_num)
 
@@ -234,8 +245,8 @@ class Variable(trackable.Trackable):
   def _stored_keys(self, keys):
     # Lists and arrays take the key dtype (as TFRA converts them); a tensor must have it.
     keys = tf.convert_to_tensor(keys, None if tf.is_tensor(keys) else self.key_dtype)
-    if keys.dtype != self.key_dtype:
-      raise TypeError(
+    if keys.dtype != self.key_dtype:  # ValueError, as TFRA's table ops raise
+      raise ValueError(
         f"tf_ext.tfra Variable '{self.name}': keys must be {self.key_dtype.name}, got "
         f"{keys.dtype.name}"
       )
@@ -351,20 +362,41 @@ class Variable(trackable.Trackable):
 
   # ---- writes -------------------------------------------------------------------------------
 
-  def _rows(self, values):
-    """`values` as [n, dim] of value_dtype (lists and arrays converted, as TFRA converts them)."""
-    values = tf.convert_to_tensor(values, None if tf.is_tensor(values) else self.value_dtype)
+  def _rows(self, keys, values):
+    """`values` (keys.shape + [dim]) as [n, dim] of value_dtype (lists and arrays converted, as
+    TFRA converts them); InvalidArgumentError for another shape."""
+    try:
+      values = tf.convert_to_tensor(values, None if tf.is_tensor(values) else self.value_dtype)
+    except (TypeError, ValueError) as error:
+      raise ValueError(f"tf_ext.tfra Variable '{self.name}': bad values: {error}") from None
     if values.dtype != self.value_dtype:
-      raise TypeError(
+      raise ValueError(
         f"tf_ext.tfra Variable '{self.name}': values must be {self.value_dtype.name}, got "
         f"{values.dtype.name}"
       )
+    expected = keys.shape.concatenate([self.dim])
+    if not values.shape.is_compatible_with(expected):
+      raise tf.errors.InvalidArgumentError(
+        None,
+        None,
+        f"tf_ext.tfra Variable '{self.name}': Expected shape {expected} for values, "
+        f"got {values.shape}",
+      )
+    if not values.shape.is_fully_defined() or not keys.shape.is_fully_defined():
+      check = tf.debugging.assert_equal(
+        tf.shape(values),
+        tf.concat([tf.shape(keys), [self.dim]], 0),
+        message=f"tf_ext.tfra Variable '{self.name}': Expected shape keys.shape + [dim] for values",
+      )
+      with tf.control_dependencies([check]):
+        values = tf.identity(values)
     return tf.reshape(values, [-1, self.dim])
 
   def upsert(self, keys, values, name=None):
     """Sets the rows of `keys` to `values` (keys.shape + [dim]), inserting missing keys."""
-    keys = tf.reshape(self._stored_keys(keys), [-1])
-    values = self._codec.encode(self._rows(values))
+    keys = self._stored_keys(keys)
+    values = self._codec.encode(self._rows(keys, values))
+    keys = tf.reshape(keys, [-1])
     return self._each_shard(keys, lambda t, k, v: t.insert(k, v, name=name), values)
 
   def accum(self, keys, old_values, new_values, exists, name=None):
@@ -372,8 +404,9 @@ class Variable(trackable.Trackable):
     `new_values` (TFRA's update for asynchronous training). Not atomic against concurrent
     writers of the same keys: a read and an insert."""
     del name
-    keys = tf.reshape(self._stored_keys(keys), [-1])
-    old, new = self._rows(old_values), self._rows(new_values)
+    keys = self._stored_keys(keys)
+    old, new = self._rows(keys, old_values), self._rows(keys, new_values)
+    keys = tf.reshape(keys, [-1])
     exists = tf.reshape(tf.convert_to_tensor(exists, tf.bool), [-1, 1])
     current = tf.reshape(self.read_rows(dtypes.to_stored(keys, self.key_dtype)), [-1, self.dim])
     rows = self._codec.encode(tf.where(exists, current + (new - old), new))
