@@ -10,6 +10,7 @@ import pytest
 # (old path, new home): modules, or module:attribute.
 MOVED = [
   ("tf_ext.tfra", "tf_ext.dynamic_embedding.tfra"),
+  ("tf_ext.deeprec", "tf_ext.dynamic_embedding.deeprec"),
   ("tf_ext.tfra.keras.layers", "tf_ext.dynamic_embedding.tfra.keras.layers"),
   ("tf_ext.tfra:Variable", "tf_ext.dynamic_embedding.tfra.variable:Variable"),
   ("tf_ext.keras", "tf_ext.dynamic_embedding.keras"),

@@ -157,6 +157,14 @@ class ShardedDynamicEmbeddingVariable(
         saveables.append(checkpoint.ShardedTableSaveable(self, name))
     self._warn_if_tasks_shared()
 
+  def _gather_saveables_for_checkpoint(self):
+    """What tf.compat.v1.train.Saver(var_list=[table, ...]) saves: the one saveable its default
+    list holds for the whole table (in the table's graph; tf.train.Checkpoint saves the shards)."""
+    graph = getattr(self._shards[0], "_saver_graph", None)
+    if graph is None or ops.get_default_graph() is not graph:
+      return {}
+    return {"table": lambda name=None: checkpoint.ShardedTableSaveable(self, self._name)}
+
   def _warn_if_tasks_shared(self):
     devices = [anchor.device for anchor in self._anchors]
     # Only devices of a cluster's tasks: unplaced (graph) and local (eager) shards are fine.

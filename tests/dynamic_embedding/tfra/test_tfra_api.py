@@ -258,13 +258,14 @@ def test_tf1_graph_trains_saves_and_restores(tmp_path):
       assert session.run(var.size()) == 2
 
 
-@pytest.mark.parametrize("var_list", ["variable", "tables", "native"])
+@pytest.mark.parametrize("var_list", ["variable", "tables", "native", "sharded"])
 def test_a_saver_given_the_tables_saves_and_restores_them(tmp_path, var_list):
   """Saver(var_list=[...]) with a Variable, its tables, or a tf_ext table: the tables' rows."""
 
   def make():
-    if var_list == "native":
-      table = tf_ext.get_dynamic_embedding_variable("saved", 2)
+    if var_list in ("native", "sharded"):
+      shards = 3 if var_list == "sharded" else None
+      table = tf_ext.get_dynamic_embedding_variable("saved", 2, num_shards=shards)
       return table, [table], table.insert
     var = de.get_variable("saved", dim=2)
     return var, [var] if var_list == "variable" else list(var.tables), var.upsert
@@ -275,6 +276,7 @@ def test_a_saver_given_the_tables_saves_and_restores_them(tmp_path, var_list):
     written = write(tf.constant([4, 5], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0]]))
     saver = tf.compat.v1.train.Saver(saved)
     with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.local_variables_initializer())
       session.run(written)
       saver.save(session, prefix)
   with tf.Graph().as_default():
@@ -282,6 +284,7 @@ def test_a_saver_given_the_tables_saves_and_restores_them(tmp_path, var_list):
     saver = tf.compat.v1.train.Saver(saved)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
+      session.run(tf.compat.v1.local_variables_initializer())  # a sharded table's anchors
       saver.restore(session, prefix)
       np.testing.assert_array_equal(
         session.run(table.lookup(tf.constant([5, 4], tf.int64))), [[3, 4], [1, 2]]
