@@ -418,3 +418,17 @@ def test_distinct_by_shard_refuses_ids_that_are_not_1_d():
     sharded.distinct_by_shard(tf.constant([[1, 2]], tf.int64), 2)
   with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
     tf.function(lambda: sharded.distinct_by_shard(tf.constant([[1, 2]], tf.int64), 2))()
+
+
+def test_a_one_shard_table_looks_up_in_a_graph_with_and_without_a_combiner():
+  """A one-shard table's lookup is its shard's own find: its fusion marker names the shard."""
+  with tf.Graph().as_default():
+    table = tf_ext.get_dynamic_embedding_variable("one_shard", 2, num_shards=1, initializer=1.0)
+    ids = tf.SparseTensor([[0, 0], [1, 0], [1, 1]], tf.constant([1, 2, 3], tf.int64), [2, 2])
+    combined = tf_ext.embedding_lookup(table, ids, combiner="sum")
+    rows = tf_ext.embedding_lookup(table, tf.constant([1, 2], tf.int64))
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.local_variables_initializer())
+      got_combined, got_rows = session.run([combined, rows])
+  np.testing.assert_array_equal(got_combined, [[1, 1], [2, 2]])
+  np.testing.assert_array_equal(got_rows, [[1, 1], [1, 1]])

@@ -30,7 +30,7 @@ def marked(table, rows, embeddings, segment_ids, num_segments, combiner):
   return _ops_loader.load().tf_ext_embedding_field(
     embeddings,
     rows,
-    table.resource_handle,
+    rows.op.inputs[0],  # the handle the find read: a one-shard sharded table has no handle itself
     rows.op.inputs[1],
     tf.cast(segment_ids, tf.int64),
     tf.cast(num_segments, tf.int64),
