@@ -22,6 +22,8 @@ import tensorflow as tf
 
 from tf_ext.dynamic_embedding import initializers
 
+_UNIFORM_CLASSES = ("RandomUniform", "random_uniform_initializer")
+
 
 def _seed_of_name(name):
   return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "little") & 0x7FFFFFFF
@@ -95,6 +97,10 @@ def _spec(initializer, name, dim):
       )
     return _constant_of(value, name, dim)
   if hasattr(initializer, "get_config"):
+    config = initializer.get_config()
+    if type(initializer).__name__ in _UNIFORM_CLASSES and config.get("maxval") is None:
+      # TensorFlow's uniform initializers take maxval None for 1 (float values).
+      initializer = type(initializer)(**{**config, "maxval": 1.0})
     base = _variance_scaling(initializer, dim) or initializers.spec_from(initializer, dim, name)
     seed = initializer.get_config().get("seed")
     if seed is not None:

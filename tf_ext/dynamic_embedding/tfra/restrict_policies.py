@@ -55,12 +55,30 @@ class RestrictPolicy:
 
     return tf.cond(size > trigger, restrict, lambda: tf.constant(False))
 
+  @property
   def status(self):
-    """TFRA returns the policy's own Variable; here the record is in the table entries
-    (`var.tables[i].export_with_slots()`: update counts and last update steps)."""
-    raise NotImplementedError(
-      "tf_ext.tfra: a restrict policy keeps no status Variable; each row's update count and "
-      "last update step are in its table entry (var.tables[i].export_with_slots())"
+    """What TFRA's policy Variable tells: for every key of the Variable, its score (the step of
+    its last update, or its number of updates), read from the table entries."""
+    return PolicyStatus(self.var, self._score_output)
+
+
+class PolicyStatus:
+  """The scores a restrict policy ranks the Variable's keys by, as TFRA's status Variable."""
+
+  def __init__(self, var, score_output):
+    self._var, self._score_output = var, score_output
+
+  def size(self, name=None):
+    """The number of keys with a score: the Variable's size (int64 scalar)."""
+    return self._var.size(name=name)
+
+  def export(self, name=None):
+    """(keys, scores (int64)) of every key."""
+    del name
+    exports = [table.export_with_slots() for table in self._var.tables]
+    return (
+      tf.concat([e[0] for e in exports], 0),
+      tf.concat([e[self._score_output] for e in exports], 0),
     )
 
 

@@ -12,6 +12,7 @@ __all__ = [
   "ShadowVariable",
   "embedding_lookup",
   "embedding_lookup_unique",
+  "embedding_lookup_unique_base",
 ]
 
 # TFRA's names for the same role.
@@ -24,15 +25,41 @@ def embedding_lookup(shadow, ids, partition_strategy=None, name=None, validate_i
   del partition_strategy, validate_indices
   if not isinstance(shadow, variable_lib.ShadowVariable):
     raise TypeError(f"shadow must be a ShadowVariable, got {type(shadow).__name__}")
+  ids = tf.convert_to_tensor(ids)
+  if ids.dtype != shadow.params.key_dtype:
+    raise ValueError(
+      f"{ids.dtype} ids is not matched with ShadowVariable with ids {shadow.params.key_dtype}"
+    )
   with tf.name_scope(name or "shadow_embedding_lookup"):
     return shadow.lookup(ids)
 
 
+def embedding_lookup_unique_base(ids, embedding_size, lookup_function, with_unique=True, name=None):
+  """`lookup_function` over ids of any shape, or a RaggedTensor of them: shape(ids) +
+  [embedding_size] (a RaggedTensor for ragged ids). `with_unique` looks each distinct id up once
+  (the tables do that themselves too, so the rows are the same either way)."""
+  ragged = isinstance(ids, tf.RaggedTensor)
+  flat = ids.flat_values if ragged else tf.convert_to_tensor(ids)
+  shape = tf.concat([tf.shape(flat), [embedding_size]], 0)
+  with tf.name_scope(name or "EmbeddingWithUnique"):
+    flat_ids = tf.reshape(flat, [-1])
+    if with_unique:
+      unique, positions = tf.unique(flat_ids)
+      rows = tf.gather(lookup_function(unique), positions)
+    else:
+      rows = lookup_function(flat_ids)
+    rows = tf.reshape(rows, shape)
+  return tf.RaggedTensor.from_nested_row_splits(rows, ids.nested_row_splits) if ragged else rows
+
+
 def embedding_lookup_unique(shadow, ids, dim=None, with_unique=True, name=None):
-  """As embedding_lookup. `with_unique` changes nothing here: the table's lookup finds each
-  distinct id once where the batch repeats ids (TF_EXT_FIND_DEDUP), and the optimizer sums a
-  repeated id's gradients, so the rows and updates are those of TFRA's unique lookup."""
+  """As embedding_lookup, for ids of any shape or ragged ids. `with_unique=False` by default
+  here: the table's lookup finds each distinct id once where the batch repeats ids
+  (TF_EXT_FIND_DEDUP), and the optimizer sums a repeated id's gradients, so the rows and updates
+  are those of TFRA's unique lookup either way."""
   del with_unique
   if dim is not None and dim != shadow.params.dim:
     raise ValueError(f"dim {dim} differs from the Variable's dim {shadow.params.dim}")
-  return embedding_lookup(shadow, ids, name=name)
+  return embedding_lookup_unique_base(
+    ids, shadow.params.dim, lambda x: embedding_lookup(shadow, x), with_unique=False, name=name
+  )

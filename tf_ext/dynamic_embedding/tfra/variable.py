@@ -561,6 +561,26 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     with tf.control_dependencies([assign]):
       return gen_resource_variable_ops.read_variable_op(self.handle, tf.float32)
 
+  def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+    """Used as a tensor, a lookup's wrapper is its rows, as TFRA's wrapper holds them ([ids,
+    dim]; the gradient reaches this wrapper). A ShadowVariable is the scalar it holds."""
+    if self.ids is None or as_ref:
+      return super()._dense_var_to_tensor(dtype=dtype, name=name, as_ref=as_ref)
+    return self.lookup(tf.reshape(self.ids, [-1]))
+
+  def read_value(self, do_prefetch=True):
+    """The rows of the wrapper's ids (TFRA's wrapper holds them), or, for a ShadowVariable
+    before its first lookup, its scalar."""
+    del do_prefetch
+    ids = self.ids if self.ids is not None else getattr(self, "_last_ids", None)
+    if ids is None:
+      return super().read_value()
+    return self.lookup(tf.reshape(ids, [-1]))
+
+  def size(self):
+    """The number of keys of the wrapper's Variable (int64 scalar)."""
+    return self.params.size()
+
   def update_op(self, v0=None):
     """Writes the rows this wrapper's lookup read (`v0`, or read now, max_norm applied) into the
     table, as TFRA's does: its keys get rows. Training needs no such call: tf_ext's optimizer
@@ -580,7 +600,10 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     return self.lookup(ids), self
 
   def lookup(self, ids):
-    """The rows of `ids` through this wrapper (its max_norm applied)."""
+    """The rows of `ids` through this wrapper (its max_norm applied). Eagerly, a
+    ShadowVariable remembers the ids, as TFRA's does (its read_value gives their rows)."""
+    if self.ids is None and tf.executing_eagerly():
+      self._last_ids = ids
     rows = self.params.read_rows(ids, anchor=self)
     if self.max_norm is not None:
       rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])

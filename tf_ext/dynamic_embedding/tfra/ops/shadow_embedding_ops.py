@@ -6,6 +6,7 @@ from tf_ext.dynamic_embedding.tfra.shadow_ops import (
   ShadowVariable,
   embedding_lookup,
   embedding_lookup_unique,
+  embedding_lookup_unique_base,
 )
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
   "ShadowVariable",
   "embedding_lookup",
   "embedding_lookup_unique",
+  "embedding_lookup_unique_base",
 ]
