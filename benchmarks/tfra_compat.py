@@ -1,13 +1,14 @@
 """The same TFRA-API programs run with TFRA 0.7.2 and with `import tf_ext.tfra as de`: samples/s
 and ratios, interleaved rounds, and the same models written with tf_ext's native API.
 
-Two programs, each written once against a `de` module (TFRA's `dynamic_embedding`, or tf_ext.tfra):
+Two programs, each written once against a `de` module (TFRA's `dynamic_embedding`, or
+tf_ext.tfra):
 - keras: a DeepFM-like Keras model on the Criteo-like stream (26 id fields, each a
-  `de.keras.layers.BasicEmbedding`, an FM term, a [256, 128] tower over the 13 dense features and the
-  embeddings), `de.DynamicEmbeddingOptimizer(Adam)`, `model.train_on_batch`;
+  `de.keras.layers.BasicEmbedding`, an FM term, a [256, 128] tower over the 13 dense features and
+  the embeddings), `de.DynamicEmbeddingOptimizer(Adam)`, `model.train_on_batch`;
 - tf1: a TF1 graph: 26 one-id SparseTensor fields and a 3-id history field through
-  `de.embedding_lookup_sparse` (mean), a logistic head, `DynamicEmbeddingOptimizer(AdagradOptimizer)`,
-  `Session.run` with feeds.
+  `de.embedding_lookup_sparse` (mean), a logistic head,
+  `DynamicEmbeddingOptimizer(AdagradOptimizer)`, `Session.run` with feeds.
 "native" is each model with tf_ext's own API (tf_ext.keras.layers.DynamicEmbedding,
 tf_ext.embedding_lookup). Each (implementation, program) trains in a fresh process (TFRA's import
 patches TensorFlow), round after round in rotated order; a round's ratio compares runs of that
