@@ -12,12 +12,14 @@ import pkgutil
 import sys
 
 
-def alias(name, target):
+def alias(name, target, commands=()):
   """Makes the package `name` (the caller's `__name__`) be the package `target`, and its submodules
-  be `target`'s."""
+  be `target`'s. `commands`: submodules run as `python -m <name>.<command>`, left out (runpy must
+  find them by the old name itself)."""
   package = importlib.import_module(target)
   sys.modules[name] = package
   # Nested packages too: a submodule imported by its old path would otherwise load again.
   for submodule in pkgutil.iter_modules(getattr(package, "__path__", [])):
-    alias(f"{name}.{submodule.name}", f"{target}.{submodule.name}")
+    if submodule.name not in commands:
+      alias(f"{name}.{submodule.name}", f"{target}.{submodule.name}")
   return package

@@ -6,4 +6,4 @@ The code lives in tf_ext/dynamic_embedding/tfra/; this path is that package itse
 
 from tf_ext import _public_paths
 
-_public_paths.alias(__name__, "tf_ext.dynamic_embedding.tfra")
+_public_paths.alias(__name__, "tf_ext.dynamic_embedding.tfra", commands=("convert",))

@@ -7,6 +7,7 @@ TensorFlow (TFRA's import does). docs/migration.md lists every name and what dif
 """
 
 from tf_ext.dynamic_embedding.tfra import keras, ops, shadow_ops, train
+from tf_ext.dynamic_embedding.tfra.checkpoints import restore_from_tfra
 from tf_ext.dynamic_embedding.tfra.creators import (
   CuckooHashTableConfig,
   CuckooHashTableCreator,
@@ -75,6 +76,7 @@ __all__ = [
   "keras",
   "math",
   "ops",
+  "restore_from_tfra",
   "safe_embedding_lookup_sparse",
   "shadow_ops",
   "train",

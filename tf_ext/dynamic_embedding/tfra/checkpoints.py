@@ -22,21 +22,25 @@ How TFRA names a table (one per device of a Variable, and one per slot Variable)
                     the files are in `TFRADynamicEmbedding-<step>/` beside it (a SavedModel's in
                     `variables/TFRADynamicEmbedding/`)
 
-What restores exactly: keys, rows (float16 and bfloat16 widened to float32, exactly) and the slots
-of the optimizer (Adam m and v, AMSGrad vhat, Adagrad accumulator, TF1 momentum, Keras SGD
-momentum, FTRL accumulator and linear) into tf_ext's slot layout (optimizers.h: the slots in that
-order). What tf_ext does not keep: Adam's global beta powers (TF1 `beta1_power`, `beta2_power`) or
-Keras' `iterations`, from which TFRA bias-corrects every row at the optimizer's global step t.
-tf_ext bias-corrects each row by its own update count; every row gets update count t (the steps
-the optimizer took: log(beta1_power) / log(beta1) - 1, or iterations), so that the next step of
-every row is TFRA's next step. Rows then count their own updates, which equals TFRA's global
-step for a row updated at every step and is less for others (TFRA's global correction is not
-kept for them). A row's last step is t - 1 (TFRA keeps none). A key with a row but no slot row
-gets the slot's initial value, as TFRA would read it; a slot row without a row is dropped.
+What restores exactly: keys, rows (any row dtype a tf_ext.tfra Variable holds: float16 and
+bfloat16 widened to float32, int32, int64 and float64 rows as their bits; int32 keys as int64) and
+the slots of the optimizer (Adam m and v, AMSGrad vhat, Adagrad accumulator, TF1 momentum, Keras
+SGD momentum, FTRL accumulator and linear) into tf_ext's slot layout (optimizers.h: the slots in
+that order). What tf_ext does not keep: Adam's global beta powers (TF1 `beta1_power`,
+`beta2_power`) or Keras' `iterations`, from which TFRA bias-corrects every row at the optimizer's
+global step t. tf_ext bias-corrects each row by its own update count; every row gets update count
+t (the steps the optimizer took: log(beta1_power) / log(beta1) - 1, or `iterations`), so that the
+next step of every row is TFRA's next step. Rows then count their own updates, which equals
+TFRA's global step for a row updated at every step and is less for others (TFRA's global
+correction is not kept for them). A row's last step is t - 1 (TFRA keeps none). A key with a row
+but no slot row gets the slot's initial value, as TFRA would read it; a slot row without a row is
+dropped. Not restored here: dense variables (restore them with TensorFlow's savers, or convert the
+checkpoint with convert.py, which keeps them), TFRA's restrict-policy status tables, and
+FileSystemSaver files of string keys (their layout is not read). Key/value files keep no
+step count: pass update_count= for Adam.
 """
 
 import collections
-import json
 import math
 import os
 import re
@@ -52,6 +56,7 @@ from tensorflow.python.ops import variable_scope
 
 from tf_ext import _ops_loader
 from tf_ext.dynamic_embedding import checkpoint as table_checkpoint
+from tf_ext.dynamic_embedding.tfra import dtypes
 from tf_ext.dynamic_embedding.tfra import variable as variable_lib
 
 __all__ = [
@@ -59,6 +64,7 @@ __all__ = [
   "TableGroup",
   "TfraCheckpoint",
   "crc32c_extend",
+  "standard_crc32c",
   "optimizer_slots",
   "restore_from_tfra",
   "step_count",
@@ -67,10 +73,10 @@ __all__ = [
 CHUNK_ROWS = 65536
 
 # ---- CRC32C -------------------------------------------------------------------------------------
-# TensorFlow's bundles checksum with standard CRC32C, masked; tf_ext's snapshot files with the raw
-# CRC (Crc32c in snapshot_file.cc: no inversion). Both come from crc32c_extend, in numpy: the data
-# is cut into lanes that are checksummed side by side, then combined (CRC is linear), which makes
-# Python checksum at about 100 MB/s instead of 2.
+# TensorFlow's bundles checksum with CRC32C, masked; tf_ext's snapshot files with CRC32C as is
+# (Crc32c in snapshot_file.cc). Both come from crc32c_extend, in numpy: the data is cut into lanes
+# that are checksummed side by side, then combined (CRC is linear), which makes Python checksum at
+# about 100 MB/s instead of 2.
 
 
 def _crc_table():
@@ -121,14 +127,24 @@ def _shift_all(states, n):
   columns = _zeros_operator(n)
   out = np.zeros_like(states)
   for bit in range(32):
-    out ^= np.where((states >> np.uint32(bit)) & np.uint32(1), np.uint32(columns[bit]), np.uint32(0))
+    out ^= np.where(
+      (states >> np.uint32(bit)) & np.uint32(1), np.uint32(columns[bit]), np.uint32(0)
+    )
   return out
 
 
 def crc32c_extend(crc, data):
-  """The raw CRC32C (Castagnoli, no inversion) of `data` continuing from `crc`: tf_ext's
-  Crc32c(crc, data). Standard CRC32C is crc32c_extend(c ^ 0xFFFFFFFF, data) ^ 0xFFFFFFFF."""
+  """The CRC32C register (Castagnoli, reflected, no inversion) after `data`, from `crc`. The
+  CRC32C of data continuing a CRC32C c (tf_ext's Crc32c(c, data), TensorFlow's
+  crc32c::Extend) is crc32c_extend(c ^ 0xFFFFFFFF, data) ^ 0xFFFFFFFF: standard_crc32c."""
   data = memoryview(data).cast("B")
+  piece = 1 << 22  # bounds the lanes' copy (4 bytes a byte)
+  for first in range(0, len(data), piece):
+    crc = _crc_piece(crc, data[first : first + piece])
+  return crc
+
+
+def _crc_piece(crc, data):
   n = len(data)
   if n < 4096:
     table = _CRC_LIST
@@ -137,8 +153,9 @@ def crc32c_extend(crc, data):
     return crc
   lanes = min(1 << 14, 1 << int(math.log2(n // 64)))
   width = n // lanes
+  covered = lanes * width
   columns = np.ascontiguousarray(
-    np.frombuffer(data, np.uint8, count=lanes * width).reshape(lanes, width).T
+    np.frombuffer(data, np.uint8, count=covered).reshape(lanes, width).T
   ).astype(np.uint32)
   states = np.zeros(lanes, np.uint32)
   states[0] = crc
@@ -149,10 +166,10 @@ def crc32c_extend(crc, data):
   while len(states) > 1:
     states = _shift_all(states[0::2], width) ^ states[1::2]
     width *= 2
-  return crc32c_extend(int(states[0]), data[lanes * (n // lanes) :])
+  return _crc_piece(int(states[0]), data[covered:])
 
 
-def _standard_extend(crc, data):
+def standard_crc32c(crc, data):
   return crc32c_extend(crc ^ 0xFFFFFFFF, data) ^ 0xFFFFFFFF
 
 
@@ -183,6 +200,12 @@ _DTYPES = {
   tf.float64: np.dtype("<f8"),
   tf.int64: np.dtype("<i8"),
   tf.int32: np.dtype("<i4"),
+  tf.int16: np.dtype("<i2"),
+  tf.int8: np.dtype("i1"),
+  tf.uint64: np.dtype("<u8"),
+  tf.uint32: np.dtype("<u4"),
+  tf.uint16: np.dtype("<u2"),
+  tf.uint8: np.dtype("u1"),
   tf.bool: np.dtype("?"),
 }
 
@@ -207,7 +230,7 @@ def _index_block(buffer, offset, size, path):
   contents = buffer[offset : offset + size]
   kind = buffer[offset + size]
   (stored,) = struct.unpack_from("<I", buffer, offset + size + 1)
-  if _unmask(stored) != _standard_extend(0, contents + bytes([kind])):
+  if _unmask(stored) != standard_crc32c(0, contents + bytes([kind])):
     raise _data_loss(path, "corrupt index (block checksum mismatch)")
   if kind != 0:
     raise _data_loss(path, f"index block compressed (type {kind}), which TensorFlow never writes")
@@ -276,6 +299,10 @@ class Bundle:
   def data_path(self, entry):
     return f"{self.prefix}.data-{entry.shard_id:05d}-of-{self.num_shards:05d}"
 
+  def readable(self, name):
+    """Whether `read` and `chunks` read the tensor (numbers, bools and strings)."""
+    return self.dtype(name) in _DTYPES or self.dtype(name) == tf.string
+
   def dtype(self, name):
     return tf.as_dtype(self.entries[name].dtype)
 
@@ -286,7 +313,9 @@ class Bundle:
     """A whole (small) tensor as numpy."""
     chunks = list(self.chunks(name, None))
     if self.dtype(name) == tf.string:
-      return np.array([s for chunk in chunks for s in chunk], dtype=object).reshape(self.shape(name))
+      return np.array([s for chunk in chunks for s in chunk], dtype=object).reshape(
+        self.shape(name)
+      )
     if not chunks:
       return np.zeros(self.shape(name), _DTYPES[self.dtype(name)])
     return np.concatenate(chunks).reshape(self.shape(name))
@@ -300,8 +329,10 @@ class Bundle:
     row_items = int(np.prod(shape[1:])) if len(shape) > 1 else 1
     total = int(np.prod(shape)) * item.itemsize
     if entry.size != total:
-      raise _data_loss(self.data_path(entry), f"tensor {name!r} takes {entry.size} bytes, its "
-                       f"shape {shape} needs {total}")
+      raise _data_loss(
+        self.data_path(entry),
+        f"tensor {name!r} takes {entry.size} bytes, its shape {shape} needs {total}",
+      )
     return entry, item, row_items, shape
 
   def chunks(self, name, rows_per_chunk):
@@ -317,14 +348,11 @@ class Bundle:
     crc = 0
     pending = None
     with tf.io.gfile.GFile(path, "rb") as f:
-      f.seek(entry.offset)
+      _seek(f, entry.offset, path, name)
       for first in range(0, rows, step):
         count = min(step, rows - first)
-        want = count * row_items * item.itemsize
-        data = f.read(want)
-        if len(data) < want:
-          raise _data_loss(path, f"truncated: tensor {name!r} ends past the file's end")
-        crc = _standard_extend(crc, data)
+        data = _read(f, count * row_items * item.itemsize, path, name)
+        crc = standard_crc32c(crc, data)
         if pending is not None:
           yield pending
         pending = np.frombuffer(data, item).reshape([count] + shape[1:])
@@ -347,10 +375,8 @@ class Bundle:
         end = at + 1
         while end < len(order) and positions[order[end]] == positions[order[end - 1]] + 1:
           end += 1
-        f.seek(entry.offset + int(positions[order[at]]) * row_bytes)
-        data = f.read((end - at) * row_bytes)
-        if len(data) < (end - at) * row_bytes:
-          raise _data_loss(path, f"truncated: tensor {name!r} ends past the file's end")
+        _seek(f, entry.offset + int(positions[order[at]]) * row_bytes, path, name)
+        data = _read(f, (end - at) * row_bytes, path, name)
         out[order[at:end]] = np.frombuffer(data, item).reshape([end - at] + shape[1:])
         at = end
     return out
@@ -359,7 +385,10 @@ class Bundle:
     """Yields the `count` varint64 lengths at f's position, in numpy chunks; returns the bytes."""
     consumed, carry, done = 0, np.zeros(0, np.uint8), 0
     while done < count:
-      data = f.read(1 << 20)
+      try:
+        data = f.read(1 << 20)
+      except tf.errors.OutOfRangeError:
+        data = b""
       if not data and not len(carry):
         raise _data_loss(path, f"truncated: tensor {name!r} ends past the file's end")
       if not data:
@@ -395,7 +424,7 @@ class Bundle:
       return
     crc = 0
     with tf.io.gfile.GFile(path, "rb") as f:
-      f.seek(entry.offset)
+      _seek(f, entry.offset, path, name)
       lengths = self._varints(f, path, count, name)
       while True:
         try:
@@ -403,28 +432,23 @@ class Bundle:
         except StopIteration as stop:
           header_bytes, rest = stop.value
           break
-        crc = _standard_extend(crc, _length_bytes(chunk))
-      checksum = rest[:4] if len(rest) >= 4 else rest + f.read(4 - len(rest))
-      if len(checksum) < 4:
-        raise _data_loss(path, f"truncated: tensor {name!r} ends past the file's end")
+        crc = standard_crc32c(crc, _length_bytes(chunk))
+      checksum = rest[:4] if len(rest) >= 4 else rest + _read(f, 4 - len(rest), path, name)
       if _unmask(struct.unpack("<I", checksum)[0]) != crc:
         raise _data_loss(path, f"corrupt: tensor {name!r} fails its string length checksum")
-      crc = _standard_extend(crc, checksum)
+      crc = standard_crc32c(crc, checksum)
     body = entry.offset + header_bytes + 4
     step = rows_per_chunk or count
     pending = None
     with tf.io.gfile.GFile(path, "rb") as lengths_file, tf.io.gfile.GFile(path, "rb") as f:
-      lengths_file.seek(entry.offset)
-      f.seek(body)
+      _seek(lengths_file, entry.offset, path, name)
+      _seek(f, body, path, name)
       batch = []
       for chunk in self._varints(lengths_file, path, count, name):
         for first in range(0, len(chunk), step):
           sizes = chunk[first : first + step]
-          want = int(sizes.sum())
-          data = f.read(want)
-          if len(data) < want:
-            raise _data_loss(path, f"truncated: tensor {name!r} ends past the file's end")
-          crc = _standard_extend(crc, data)
+          data = _read(f, int(sizes.sum()), path, name)
+          crc = standard_crc32c(crc, data)
           bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
           batch.extend(data[bounds[i] : bounds[i + 1]] for i in range(len(sizes)))
           while len(batch) >= step:
@@ -437,6 +461,24 @@ class Bundle:
       yield pending
     if batch:
       yield batch
+
+
+def _read(f, n, path, name):
+  """n bytes of f, or DataLossError when the file ends first."""
+  try:
+    data = f.read(n)
+  except tf.errors.OutOfRangeError:
+    data = b""
+  if len(data) < n:
+    raise _data_loss(path, f"truncated: tensor {name!r} ends past the file's end")
+  return data
+
+
+def _seek(f, offset, path, name):
+  try:
+    f.seek(offset)
+  except tf.errors.OutOfRangeError:
+    raise _data_loss(path, f"truncated: tensor {name!r} starts past the file's end") from None
 
 
 def _length_bytes(lengths):
@@ -472,8 +514,9 @@ class KeyValueFiles:
       dim = value_bytes // (rows * value_item) if rows else 0
     if value_bytes != rows * dim * value_item:
       raise _data_loss(
-        values_path, f"truncated or corrupt: {value_bytes} bytes, {rows} rows of dim {dim} "
-        f"({keys_path} holds {rows} keys) need {rows * dim * value_item}"
+        values_path,
+        f"truncated or corrupt: {value_bytes} bytes, {rows} rows of dim {dim} "
+        f"({keys_path} holds {rows} keys) need {rows * dim * value_item}",
       )
     return rows, dim
 
@@ -489,7 +532,9 @@ class KeyValueFiles:
 
 # ---- The tables of a TFRA checkpoint -----------------------------------------------------------
 
-_TF1_TABLE = re.compile(r"^(?:(?P<scope>.*)/)?(?P<table>[^/]+)_mht_(?P<i>\d+)of(?P<n>\d+)-(?P<part>keys|values)$")
+_TF1_TABLE = re.compile(
+  r"^(?:(?P<scope>.*)/)?(?P<table>[^/]+)_mht_(?P<i>\d+)of(?P<n>\d+)-(?P<part>keys|values)$"
+)
 _OBJECT_TABLE = re.compile(
   r"^(?P<path>(?:.*/)?)tables_of_(?P<var>[^/]+)/(?P<i>\d+)/\.ATTRIBUTES/table-"
   r"(?P<part>keys|values|shard_upsert_restore)$"
@@ -500,7 +545,7 @@ _FILE_TABLE = re.compile(
 _OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
-def _unescape(local_name):
+def unescape_local_name(local_name):
   """A trackable's local name as TensorFlow wrote it ("/" is ".S", "." is "..")."""
   return re.sub(r"\.(.)", lambda m: {"S": "/", ".": "."}.get(m.group(1), m.group(0)), local_name)
 
@@ -567,8 +612,9 @@ def _checkpoint_prefix(path):
     if any(_FILE_TABLE.match(n) for n in tf.io.gfile.listdir(path)):
       return ("files", path)
     raise tf.errors.NotFoundError(
-      None, None, f"'{path}' holds no TFRA checkpoint (no checkpoint, SavedModel or "
-      "FileSystemSaver files)"
+      None,
+      None,
+      f"'{path}' holds no TFRA checkpoint (no checkpoint, SavedModel or FileSystemSaver files)",
     )
   return path
 
@@ -612,7 +658,7 @@ class TfraCheckpoint:
     for tensor in self.bundle.entries:
       match = _OBJECT_TABLE.match(tensor)
       if match:
-        name = _unescape(match.group("var"))
+        name = unescape_local_name(match.group("var"))
         self.table_tensors.add(tensor)
         if match.group("part") == "shard_upsert_restore":
           upserted[flat_name(name)] = (name, match.group("path").rstrip("/"))
@@ -632,8 +678,10 @@ class TfraCheckpoint:
       directories = _kv_directories(prefix)
       if not directories:
         raise tf.errors.NotFoundError(
-          None, None, f"TFRA checkpoint '{prefix}' was saved with FileSystemSaver, and its key "
-          f"and value files are not beside it (TFRADynamicEmbedding-*/ in {os.path.dirname(prefix)})"
+          None,
+          None,
+          f"TFRA checkpoint '{prefix}' was saved with FileSystemSaver, and its key and value "
+          f"files are not beside it (TFRADynamicEmbedding-*/ in {os.path.dirname(prefix)})",
         )
       self._add_files(directories[-1], upserted)
 
@@ -650,7 +698,11 @@ class TfraCheckpoint:
       key_shape, value_shape = self.bundle.shape(keys), self.bundle.shape(values)
       if len(key_shape) != 1 or len(value_shape) != 2 or value_shape[0] != key_shape[0]:
         raise _data_loss(where, f"table {keys!r} has keys {key_shape} and values {value_shape}")
-      dim, key_dtype, value_dtype = value_shape[1], self.bundle.dtype(keys), self.bundle.dtype(values)
+      dim, key_dtype, value_dtype = (
+        value_shape[1],
+        self.bundle.dtype(keys),
+        self.bundle.dtype(values),
+      )
       result.append(Shard(index, keys, values, key_shape[0]))
     self.groups[name] = TableGroup(name, exact, path, result, dim, key_dtype, value_dtype, "bundle")
 
@@ -665,7 +717,9 @@ class TfraCheckpoint:
         continue
       table, index = match.group("table"), int(match.group("i")) - 1
       rank = (int(match.group("r")), int(match.group("s")))
-      by_table[table][index].setdefault(rank, {})[match.group("part")] = os.path.join(directory, file)
+      by_table[table][index].setdefault(rank, {})[match.group("part")] = os.path.join(
+        directory, file
+      )
       counts[table].add(int(match.group("n")))
     for table, shards in by_table.items():
       total = counts[table].pop()
@@ -683,25 +737,31 @@ class TfraCheckpoint:
         result.append(Shard(index, None, None, rows, files))
       name, path = exact_names.get(table, (table, ""))
       self.groups[name] = TableGroup(
-        name, table in exact_names, path, result, dim, self.kv.key_dtype, self.kv.value_dtype,
-        "files"
+        name,
+        table in exact_names,
+        path,
+        result,
+        dim,
+        self.kv.key_dtype,
+        self.kv.value_dtype,
+        "files",
       )
 
   # ---- reading a group's rows ----------------------------------------------------------------
 
   def shard_chunks(self, group, shard, rows_per_chunk):
-    """(keys, values) chunks of one shard: int64 keys (numpy) or lists of bytes, float32 rows."""
+    """(keys, values) chunks of one shard: int64 keys (numpy) or lists of bytes, rows as saved."""
     if group.source == "files":
       for keys_path, values_path in shard.files:
         keys = self.kv.chunks(keys_path, rows_per_chunk, 1, self.kv.key_dtype)
         values = self.kv.chunks(values_path, rows_per_chunk, group.dim, self.kv.value_dtype)
         for k, v in zip(keys, values):
-          yield _stored_keys(k), v.astype(np.float32, copy=False)
+          yield _stored_keys(k), v
       return
     keys = self.bundle.chunks(shard.keys, rows_per_chunk)
     values = self.bundle.chunks(shard.values, rows_per_chunk)
     for k, v in zip(keys, values):
-      yield _stored_keys(k), np.asarray(v).astype(np.float32, copy=False)
+      yield _stored_keys(k), np.asarray(v)
     # Both generators run to their end, so each one's checksum is checked.
     for _ in keys:
       pass
@@ -909,7 +969,7 @@ _BLOCK_ROWS, _BLOCK_END = 2, 3
 class SnapshotWriter:
   """Writes one full snapshot of a table, as SnapshotWriter in snapshot_file.cc does: the header
   (version 1, or 3 for a table of initializer version other than 1), blocks of rows of about
-  1 MiB with their raw CRC32C, and the end block. The row count is unknown until the end, so the
+  1 MiB with their CRC32C, and the end block. The row count is unknown until the end, so the
   header is written again then (same length): the file is a local one."""
 
   def __init__(
@@ -955,7 +1015,7 @@ class SnapshotWriter:
     head += struct.pack(f"<{len(self.slot_initial_values)}f", *self.slot_initial_values)
     name = self.table_name.encode("utf-8")
     head += struct.pack("<I", len(name)) + name
-    return head + struct.pack("<I", crc32c_extend(0, head))
+    return head + struct.pack("<I", standard_crc32c(0, head))
 
   def add(self, keys, update_counts, last_steps, values):
     """Appends rows: keys (int64 numpy or a list of bytes), update counts (uint32), last steps
@@ -991,7 +1051,7 @@ class SnapshotWriter:
     if self._chunk_records == 0 and kind != _BLOCK_END:
       return
     head = struct.pack("<III", kind, self._chunk_records, len(self._chunk))
-    crc = crc32c_extend(crc32c_extend(0, head), self._chunk)
+    crc = standard_crc32c(standard_crc32c(0, head), self._chunk)
     self._file.write(head + struct.pack("<I", crc))
     self._file.write(self._chunk)
     self._chunk = bytearray()
@@ -1077,8 +1137,8 @@ class _SlotSource:
       item = _DTYPES[self.checkpoint.kv.value_dtype]
       with tf.io.gfile.GFile(values_path, "rb") as f:
         for i in np.flatnonzero(inside):
-          f.seek(int(positions[i] - first) * self.slot.dim * item.itemsize)
-          out[i] = np.frombuffer(f.read(self.slot.dim * item.itemsize), item)
+          _seek(f, int(positions[i] - first) * self.slot.dim * item.itemsize, values_path, "rows")
+          out[i] = np.frombuffer(_read(f, self.slot.dim * item.itemsize, values_path, "rows"), item)
       first += rows
     return out
 
@@ -1106,28 +1166,30 @@ def write_snapshots(
   update_count,
   rows_per_chunk=CHUNK_ROWS,
   progress=None,
+  encode=None,
 ):
   """Streams the TFRA Variable `group` and its `slots` (TableGroup or None each) into `writers`
-  (SnapshotWriters), each key to writers[route(keys)[i]]. Returns {"rows", "missing_slot_rows",
-  "dropped_slot_rows"}."""
+  (SnapshotWriters), each key to writers[route(keys)[i]], its rows as encode(rows) (`row_encoder`;
+  default: as float32). Returns {"rows", "missing_slot_rows", "dropped_slot_rows"}."""
   for slot in slots:
     if slot is not None and slot.dim != group.dim:
-      raise _data_loss(checkpoint.path, f"slot '{slot.name}' has dim {slot.dim}, '{group.name}' "
-                       f"has {group.dim}")
+      raise _data_loss(
+        checkpoint.path, f"slot '{slot.name}' has dim {slot.dim}, '{group.name}' has {group.dim}"
+      )
   sources = [
     None if slot is None else _SlotSource(checkpoint, group, slot, rows_per_chunk) for slot in slots
   ]
   rows = missing = 0
   last_step = max(update_count - 1, 0)
   for keys, values in checkpoint.chunks(group, rows_per_chunk):
-    parts = [values]
+    parts = [encode(values) if encode is not None else np.asarray(values, np.float32)]
     for source, initial in zip(sources, slot_initial_values):
       if source is None:
         parts.append(np.full((len(keys), group.dim), initial, np.float32))
         missing += len(keys)
       else:
         before = source.matched
-        parts.append(source.rows_for(keys, group.dim, initial))
+        parts.append(np.asarray(source.rows_for(keys, group.dim, initial), np.float32))
         if not source.in_step:
           missing += len(keys) - (source.matched - before)
     block = np.concatenate(parts, axis=1)
@@ -1148,6 +1210,22 @@ def write_snapshots(
       progress(len(keys))
   dropped = sum(s.slot.rows - s.matched for s in sources if s is not None)
   return {"rows": rows, "missing_slot_rows": missing, "dropped_slot_rows": dropped}
+
+
+def row_encoder(value_dtype, dim):
+  """(stored dim, encode): how a tf.tfra Variable of `value_dtype` holds rows in its float32 table
+  (dtypes.RowCodec, in numpy): by value, or the bits of int32, int64 and float64 rows."""
+  codec = dtypes.RowCodec(value_dtype, dim)
+  numpy_dtype = codec.value_dtype.as_numpy_dtype
+
+  def encode(rows):
+    rows = np.asarray(rows)
+    if not codec.bitwise:
+      return rows.astype(np.float32)
+    words = np.ascontiguousarray(rows.astype(numpy_dtype)).view(np.float32)
+    return words.reshape(len(rows), codec.stored_dim)
+
+  return codec.stored_dim, encode
 
 
 # ---- restore_from_tfra -------------------------------------------------------------------------
@@ -1215,24 +1293,32 @@ def restore_from_tfra(
   if not eager:
     session = session or tf.compat.v1.get_default_session()
     if session is None:
-      raise ValueError("tf_ext.tfra: restore_from_tfra in a TF1 graph needs session= (or a "
-                       "default session)")
+      raise ValueError(
+        "tf_ext.tfra: restore_from_tfra in a TF1 graph needs session= (or a default session)"
+      )
   if variables is None:
     variables = _variables_of_store()
   variables = list(variables)
   guessed_keys = key_dtype or (variables[0].key_dtype if variables else tf.int64)
   stored_keys = tf.int64 if tf.as_dtype(guessed_keys) == tf.int32 else guessed_keys
-  checkpoint = TfraCheckpoint(checkpoint_path, key_dtype=stored_keys)
+  values = variables[0].value_dtype if variables else tf.float32
+  checkpoint = TfraCheckpoint(checkpoint_path, key_dtype=stored_keys, value_dtype=values)
   plan = []
   primaries = []
   for variable in variables:
     group = checkpoint.group_of(variable.name)
     if group is None:
-      if update_count is None and not checkpoint.groups:
-        raise tf.errors.NotFoundError(None, None, f"'{checkpoint_path}' holds no TFRA tables")
       raise tf.errors.NotFoundError(
-        None, None, f"TFRA checkpoint '{checkpoint_path}' holds no Variable '{variable.name}' "
-        f"(it holds {sorted(g.name for g in checkpoint.variables())})"
+        None,
+        None,
+        f"TFRA checkpoint '{checkpoint_path}' holds no Variable '{variable.name}' "
+        f"(it holds {sorted(g.name for g in checkpoint.variables())})",
+      )
+    if group.dim != variable.dim and group.source == "files":
+      files = [v for shard in group.shards for _, v in shard.files]
+      raise _data_loss(
+        files[0] if len(files) == 1 else os.path.dirname(files[0]),
+        f"truncated or corrupt: its rows are not rows of dim {variable.dim} ('{variable.name}')",
       )
     if group.dim != variable.dim:
       raise ValueError(
@@ -1248,6 +1334,10 @@ def restore_from_tfra(
     restores = []
     for variable, group in plan:
       kind, slots, initial = optimizer_slots(checkpoint, variable.name, optimizer, primaries)
+      stored_dim, encode = row_encoder(variable.value_dtype, variable.dim)
+      if stored_dim != variable.dim and any(slots):
+        # Rows held as bits are never trained in tf_ext: they take no slots.
+        kind, slots, initial = "sgd", [], []
       writers = []
       for index, table in enumerate(variable.tables):
         writers.append(
@@ -1255,7 +1345,7 @@ def restore_from_tfra(
             os.path.join(directory, f"{len(restores)}_{index}.snapshot"),
             table.name,
             table.key_dtype,
-            variable.dim,
+            stored_dim,
             initial,
             step=steps,
             initializer_version=table.initializer_spec.version,
@@ -1263,7 +1353,15 @@ def restore_from_tfra(
         )
       try:
         stats = write_snapshots(
-          checkpoint, group, slots, initial, writers, _router(variable, session), steps, chunk_rows
+          checkpoint,
+          group,
+          slots,
+          initial,
+          writers,
+          _router(variable, session),
+          steps,
+          chunk_rows,
+          encode=encode,
         )
         for writer in writers:
           writer.finish()
@@ -1273,7 +1371,7 @@ def restore_from_tfra(
       restores.extend((table, writer.path) for table, writer in zip(variable.tables, writers))
       results[variable.name] = {
         "rows": stats["rows"],
-        "slots": [s.name.split("/")[-1] if s is not None else None for s in slots],
+        "slots": [s.name if s is not None else None for s in slots],
         "kind": kind,
         "update_count": steps,
         "missing_slot_rows": stats["missing_slot_rows"],
@@ -1306,7 +1404,7 @@ def describe(checkpoint_path):
       "dim": group.dim,
       "slots": {scope: sorted(slots) for scope, slots in scopes.items()},
     }
-  return json.loads(json.dumps(out))
+  return out
 
 
 # The table snapshots' file names beside a tf_ext checkpoint prefix (checkpoint.py).

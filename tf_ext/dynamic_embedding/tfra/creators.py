@@ -4,8 +4,8 @@
 - HkvHashTableCreator: tf_ext's GPU table where the Variable's device is a GPU; on a machine without
   one the table stays on the CPU, as TFRA's HKV tables then do.
 - RedisTableCreator: refused by name. tf_ext keeps no table in an external store.
-- FileSystemSaver: a Variable's rows also go to TFRA's `<name>_mht_*-keys` / `-values` files when it
-  is checkpointed (variable.py writes and reads them).
+- FileSystemSaver: accepted; tf_ext tables always stream into files beside the checkpoint, and
+  TFRA's own key and value files are read by restore_from_tfra and the converter.
 """
 
 import enum
@@ -138,8 +138,11 @@ class FileSystemSaverConfig:
 
 
 class FileSystemSaver(DynamicEmbeddingSaver):
-  """Checkpoints also write the Variable's rows as TFRA's key and value files, in the checkpoint's
-  directory (or `save_path`), named `<name>_mht_<i>of<n>_rank<r>_size<s>-keys|-values`."""
+  """Accepted as `KVCreator(saver=FileSystemSaver())`. TFRA needs it to write a table as key and
+  value files beside the checkpoint, where its tables would otherwise be copied into the checkpoint
+  whole; a tf_ext table is always streamed into a file of its own beside the checkpoint, so every
+  checkpoint is saved that way. TFRA's key and value files themselves are read by
+  `de.restore_from_tfra` and `python -m tf_ext.tfra.convert`."""
 
   def __init__(self, proc_size=1, proc_rank=0, save_path=None, buffer_size=4194304):
     self.config = FileSystemSaverConfig(proc_size, proc_rank, save_path, buffer_size)
