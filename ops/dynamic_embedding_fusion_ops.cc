@@ -156,7 +156,10 @@ REGISTER_OP("TfExtFusedEmbeddingApply")
     .Attr("Tkeys: list({int64, string})")
     .Attr("dims: list(int)")
     .Attr("combiners: list(string)")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'amsgrad', 'momentum', 'keras_momentum', 'ftrl'}")
+    .Attr(
+        "optimizer: {'sgd', 'adagrad', 'adam', 'amsgrad', 'momentum', 'keras_momentum', 'ftrl', "
+        "'rmsprop', 'centered_rmsprop', 'rmsprop_momentum', 'centered_rmsprop_momentum', "
+        "'adadelta', 'proximal_sgd', 'proximal_adagrad', 'adagrad_da', 'adamax', 'nadam'}")
     .Attr("epsilon_inside_sqrt: bool = false")
     .Attr("initial_accumulator_value: float = 0.0")
     .Attr("use_nesterov: bool = false")

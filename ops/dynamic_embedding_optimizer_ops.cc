@@ -17,7 +17,10 @@ REGISTER_OP("TfExtTableApplyGradient")
     .Input("hyperparameters: num_hyperparameters * float")
     .Attr("Tkey: {int64, string}")
     .Attr("dim: int")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'amsgrad', 'momentum', 'keras_momentum', 'ftrl'}")
+    .Attr(
+        "optimizer: {'sgd', 'adagrad', 'adam', 'amsgrad', 'momentum', 'keras_momentum', 'ftrl', "
+        "'rmsprop', 'centered_rmsprop', 'rmsprop_momentum', 'centered_rmsprop_momentum', "
+        "'adadelta', 'proximal_sgd', 'proximal_adagrad', 'adagrad_da', 'adamax', 'nadam'}")
     .Attr("epsilon_inside_sqrt: bool = false")
     .Attr("initial_accumulator_value: float = 0.0")
     .Attr("use_nesterov: bool = false")
@@ -31,24 +34,37 @@ Applies one optimizer step to the rows of `keys` and their co-located slots.
 
 Missing rows are created first, from the initializer, when the table's admission policy admits
 them (the gradient of an id not admitted yet is dropped). Each updated row records its update count
-and the step; Adam and AMSGrad bias-correct with the row's own update count. Only the rows of
-`keys` change (lazy updates): the slots of other rows do not decay.
+and the step; Adam, AMSGrad, Adamax and Nadam bias-correct (and Nadam schedules its momentum) with
+the row's own update count. Only the rows of `keys` change (lazy updates): the slots of other rows
+do not decay.
 
 keys: 1-D, expected unique (the Python caller sums the gradients of duplicates).
 gradients: Shape [len(keys), dim].
 learning_rate: Every optimizer's.
-beta1: Adam's and AMSGrad's; ignored by the others.
-beta2: Adam's and AMSGrad's; ignored by the others.
-epsilon: Adagrad's, Adam's and AMSGrad's; ignored by the others.
+beta1: Adam's, AMSGrad's, Adamax's and Nadam's; ignored by the others.
+beta2: Adam's, AMSGrad's, Adamax's and Nadam's; ignored by the others.
+epsilon: Adagrad's, Adam's, AMSGrad's, RMSprop's, Adadelta's, Adamax's and Nadam's; ignored by the
+  others.
 global_step: Recorded as each updated row's last step.
 hyperparameters: By optimizer: momentum and keras_momentum [momentum]; ftrl [l1, l2, l2_shrinkage,
-  learning_rate_power], l2 including FTRL's beta / (2 * learning_rate); none for the others.
+  learning_rate_power], l2 including FTRL's beta / (2 * learning_rate); rmsprop, centered_rmsprop
+  and adadelta [rho]; rmsprop_momentum and centered_rmsprop_momentum [rho, momentum]; proximal_sgd
+  and proximal_adagrad [l1, l2]; adagrad_da [l1, l2, global step as TensorFlow's AdagradDA passes
+  it (its global_step + 1)]; nadam [schedule decay: 1 for Keras 2.11+, legacy Keras' decay]; none
+  for the others.
 optimizer: Slots per row in brackets. sgd []; adagrad [accumulator]; adam [m, v]; amsgrad [m, v,
   max v]; momentum, tf.compat.v1.train.MomentumOptimizer [accum = momentum * accum + g];
   keras_momentum, Keras SGD [accum = momentum * accum - learning_rate * g]; ftrl [accumulator,
-  linear], TensorFlow's FTRL-Proximal.
-epsilon_inside_sqrt: Adagrad divides by sqrt(acc + epsilon) if true, else sqrt(acc) + epsilon.
-initial_accumulator_value: Adagrad's and FTRL's initial accumulator.
+  linear], TensorFlow's FTRL-Proximal; rmsprop [ms] and centered_rmsprop [ms, mg], RMSprop without
+  momentum (Keras'); rmsprop_momentum [ms, mom] and centered_rmsprop_momentum [ms, mom, mg],
+  TensorFlow's (Sparse)ApplyRMSProp and ApplyCenteredRMSProp; adadelta [accum, accum_update];
+  proximal_sgd [], tf.compat.v1.train.ProximalGradientDescentOptimizer; proximal_adagrad
+  [accumulator]; adagrad_da [gradient accumulator, squared gradient accumulator]; adamax [m, u];
+  nadam [m, v].
+epsilon_inside_sqrt: Adagrad and RMSprop without momentum divide by sqrt(acc + epsilon) if true,
+  else sqrt(acc) + epsilon.
+initial_accumulator_value: The initial accumulator of adagrad, ftrl and proximal_adagrad, ms of the
+  RMSprop kinds (TF1's RMSProp starts it at 1), the squared accumulator of adagrad_da.
 use_nesterov: Nesterov momentum, for momentum and keras_momentum.
 num_hyperparameters: The length of `hyperparameters`.
 )doc");

@@ -383,10 +383,9 @@ REGISTER_KERNEL_BUILDER(Name("TfExtTableClear").Device(DEVICE_CPU), ClearOp);
 #define TF_EXT_REGISTER_KEYED(Key, TfType)                                                        \
   REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableFind").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), FindOp<Key>);     \
-  REGISTER_KERNEL_BUILDER(Name("TfExtTableFindWithPresence")                                     \
-                              .Device(DEVICE_CPU)                                                 \
-                              .TypeConstraint<TfType>("Tkey"),                                    \
-                          FindWithPresenceOp<Key>);                                               \
+  REGISTER_KERNEL_BUILDER(                                                                        \
+      Name("TfExtTableFindWithPresence").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"),       \
+      FindWithPresenceOp<Key>);                                                                   \
   REGISTER_KERNEL_BUILDER(                                                                        \
       Name("TfExtTableInsert").Device(DEVICE_CPU).TypeConstraint<TfType>("Tkey"), InsertOp<Key>); \
   REGISTER_KERNEL_BUILDER(                                                                        \

@@ -132,11 +132,15 @@ def test_dense_gradient_for_a_table_is_rejected():
     opt.apply_gradients([(tf.ones([]), t.gradient_anchor)])
 
 
+class _OwnV1Optimizer(tf.compat.v1.train.Optimizer):
+  """A TF1 optimizer of the program's own: tf_ext does not know its update."""
+
+
 def test_unsupported_optimizers_fail_at_wrap_time():
-  with pytest.raises(tf.errors.InvalidArgumentError, match="RMSprop is not supported"):
-    tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.RMSprop())
-  with pytest.raises(tf.errors.InvalidArgumentError, match="RMSPropOptimizer is not supported"):
-    tf_ext.DynamicEmbeddingOptimizer(tf.compat.v1.train.RMSPropOptimizer(0.1))
+  with pytest.raises(tf.errors.InvalidArgumentError, match="Adafactor is not supported"):
+    tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adafactor())
+  with pytest.raises(tf.errors.InvalidArgumentError, match="_OwnV1Optimizer is not supported"):
+    tf_ext.DynamicEmbeddingOptimizer(_OwnV1Optimizer(False, "own"))
 
 
 def test_unsupported_keras_options_fail_at_wrap_time():

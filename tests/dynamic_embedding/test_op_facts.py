@@ -104,7 +104,9 @@ def test_initializer_kinds_are_the_kernels():
 
 
 # Optimizer slots per row: Adagrad's accumulator; Adam's first and second moments (AMSGrad: and
-# their maximum); momentum; FTRL's accumulator and linear term.
+# their maximum); momentum; FTRL's accumulator and linear term; RMSprop's ms (centered: and mg;
+# with momentum: and mom); Adadelta's two accumulators; ProximalAdagrad's accumulator; AdagradDA's
+# gradient and squared gradient sums; Adamax's m and u; Nadam's m and v.
 _SLOTS = {
   "sgd": 0,
   "adagrad": 1,
@@ -113,9 +115,34 @@ _SLOTS = {
   "momentum": 1,
   "keras_momentum": 1,
   "ftrl": 2,
+  "rmsprop": 1,
+  "centered_rmsprop": 2,
+  "rmsprop_momentum": 2,
+  "centered_rmsprop_momentum": 3,
+  "adadelta": 2,
+  "proximal_sgd": 0,
+  "proximal_adagrad": 1,
+  "adagrad_da": 2,
+  "adamax": 2,
+  "nadam": 2,
 }
-# The op's `hyperparameters` input by kind: momentum; FTRL's l1, l2, l2_shrinkage, lr_power.
-_HYPERPARAMETERS = {"momentum": [0.9], "keras_momentum": [0.9], "ftrl": [0.0, 0.0, 0.0, -0.5]}
+# The op's `hyperparameters` input by kind: momentum; FTRL's l1, l2, l2_shrinkage, lr_power;
+# RMSprop's and Adadelta's rho (and momentum); the proximal l1, l2 (AdagradDA: and global step);
+# Nadam's schedule decay.
+_HYPERPARAMETERS = {
+  "momentum": [0.9],
+  "keras_momentum": [0.9],
+  "ftrl": [0.0, 0.0, 0.0, -0.5],
+  "rmsprop": [0.9],
+  "centered_rmsprop": [0.9],
+  "rmsprop_momentum": [0.9, 0.5],
+  "centered_rmsprop_momentum": [0.9, 0.5],
+  "adadelta": [0.9],
+  "proximal_sgd": [0.0, 0.0],
+  "proximal_adagrad": [0.0, 0.0],
+  "adagrad_da": [0.0, 0.0, 1.0],
+  "nadam": [1.0],
+}
 
 
 def test_every_optimizer_the_op_allows_runs_in_the_kernel():
@@ -171,6 +198,12 @@ _OPTIMIZER_FAMILIES = {
     lambda: tf.compat.v1.train.AdamOptimizer(0.1),
     lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
     lambda: tf.compat.v1.train.FtrlOptimizer(0.1),
+    lambda: tf.compat.v1.train.RMSPropOptimizer(0.1),
+    lambda: tf.compat.v1.train.RMSPropOptimizer(0.1, momentum=0.9, centered=True),
+    lambda: tf.compat.v1.train.AdadeltaOptimizer(0.1),
+    lambda: tf.compat.v1.train.ProximalGradientDescentOptimizer(0.1),
+    lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1),
+    lambda: tf.compat.v1.train.AdagradDAOptimizer(0.1, tf.Variable(0, dtype=tf.int64)),
   ),
   "keras": (
     lambda: tf.keras.optimizers.SGD(0.1),
@@ -179,6 +212,13 @@ _OPTIMIZER_FAMILIES = {
     lambda: tf.keras.optimizers.Adam(0.1, amsgrad=True),
     lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
     lambda: tf.keras.optimizers.Ftrl(0.1),
+    lambda: tf.keras.optimizers.RMSprop(0.1),
+    lambda: tf.keras.optimizers.RMSprop(0.1, momentum=0.9, centered=True),
+    lambda: tf.keras.optimizers.RMSprop(0.1, centered=True),
+    lambda: tf.keras.optimizers.RMSprop(0.1, momentum=0.9),
+    lambda: tf.keras.optimizers.Adadelta(0.1),
+    lambda: tf.keras.optimizers.Adamax(0.1),
+    lambda: tf.keras.optimizers.Nadam(0.1),
   ),
   "keras_legacy": (
     lambda: tf.keras.optimizers.legacy.SGD(0.1),
@@ -187,6 +227,11 @@ _OPTIMIZER_FAMILIES = {
     lambda: tf.keras.optimizers.legacy.Adam(0.1, amsgrad=True),
     lambda: tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9),
     lambda: tf.keras.optimizers.legacy.Ftrl(0.1),
+    lambda: tf.keras.optimizers.legacy.RMSprop(0.1),
+    lambda: tf.keras.optimizers.legacy.RMSprop(0.1, momentum=0.9, centered=True),
+    lambda: tf.keras.optimizers.legacy.Adadelta(0.1),
+    lambda: tf.keras.optimizers.legacy.Adamax(0.1),
+    lambda: tf.keras.optimizers.legacy.Nadam(0.1),
   ),
 }
 

@@ -167,8 +167,13 @@ def fused_against_unfused(model, absent):
     lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01),
     lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+    lambda: tf.compat.v1.train.RMSPropOptimizer(0.05, momentum=0.5, centered=True),
+    # Its global step is one tensor for all updates: they still fuse.
+    lambda: tf.compat.v1.train.AdagradDAOptimizer(
+      0.1, tf.compat.v1.train.get_or_create_global_step(), l1_regularization_strength=0.01
+    ),
   ],
-  ids=["adam", "adagrad", "ftrl", "nesterov"],
+  ids=["adam", "adagrad", "ftrl", "nesterov", "rmsprop", "adagrad_da"],
 )
 def test_session_training_is_bit_equal_and_fused(optimizer_fn):
   # All 7 lookups in one op, all 6 updates (the shared table's of two fields) in another: no

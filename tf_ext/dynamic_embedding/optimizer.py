@@ -7,20 +7,41 @@ summed and one fused op updates each row and its co-located slots in place (crea
 that are new). Every other variable goes to the wrapped optimizer unchanged.
 
 Optimizers: SGD, Adagrad, Adam (with AMSGrad in Keras), momentum (TF1 MomentumOptimizer and
-Keras SGD(momentum), Nesterov too) and FTRL (L1, L2, L2 shrinkage, learning_rate_power, beta),
-from tf.compat.v1.train, tf.keras.optimizers and tf.keras.optimizers.legacy (and TensorFlow's own
-copy of the legacy ones, tensorflow.python.keras.optimizer_v2, which TFRA programs use). Each
-computes what TensorFlow's sparse update computes for the rows of a dense variable
-(training_ops.cc).
+Keras SGD(momentum), Nesterov too), FTRL (L1, L2, L2 shrinkage, learning_rate_power, beta),
+RMSprop (momentum, centered), Adadelta, Adamax and Nadam, from tf.compat.v1.train (which has no
+Adamax or Nadam), tf.keras.optimizers and tf.keras.optimizers.legacy (and TensorFlow's own copy of
+the legacy ones, tensorflow.python.keras.optimizer_v2, which TFRA programs use); and TF1's
+ProximalGradientDescent, ProximalAdagrad and AdagradDA. Each computes what TensorFlow's sparse
+update computes for the rows of a dense variable (training_ops.cc; for the Keras 2.11+ optimizers,
+what their update does to the rows of an IndexedSlices gradient).
 
-Updates of table rows are *lazy*: only the rows in the batch change, with their slots. That is
-what TF1's and legacy Keras' sparse updates do for SGD, Adagrad, momentum and FTRL. The others
-touch every row of a dense variable even for an IndexedSlices gradient: Adam and AMSGrad (TF1,
-legacy and new Keras) decay the moments of absent rows and move them, Keras 2.11+ SGD(momentum)
-decays absent rows' momentum and moves them by it, and Keras 2.11+ FTRL recomputes absent rows
-from their (unchanged) linear slot. For rows in every batch both agree; a row absent from a batch
-keeps its value and slots here. Adam and AMSGrad bias-correct with each row's own update count,
-which equals the global step for a row seen in every batch.
+Updates of table rows are *lazy*: only the rows in the batch change, with their slots. TensorFlow's
+sparse updates are lazy too for every TF1 optimizer but Adam, and for legacy Keras' SGD, Adagrad,
+momentum, FTRL, Adadelta, Adamax and RMSprop with momentum. The others touch every row of a dense
+variable even for an IndexedSlices gradient: Adam and AMSGrad (TF1, legacy and new Keras) decay
+the moments of absent rows and move them, Keras 2.11+ SGD(momentum) and RMSprop(momentum) decay
+absent rows' momentum and move them by it, Keras 2.11+ FTRL recomputes absent rows from their
+(unchanged) linear slot, Keras 2.11+ Adamax and Nadam decay absent rows' moments and move them, and
+legacy Nadam, RMSprop without momentum (legacy and new) and Keras 2.11+ Adadelta decay absent rows'
+slots without moving them. For rows in every batch both agree; a row absent from a batch keeps its
+value and slots here.
+
+Bias corrections use each row's own update count t: Adam's and AMSGrad's, Adamax's 1 - beta1^t,
+Nadam's 1 - beta2^t and its momentum schedule (u_t = beta1 * (1 - 0.5 * 0.96^(decay * t)), decay 1
+in Keras 2.11+ and `schedule_decay` in legacy Keras, and the product u_1 * ... * u_t that Keras
+keeps as one variable). TensorFlow uses the optimizer's step (iterations + 1) for every row. The two
+agree for a row seen in every batch since the start; a row that missed batches, or first appeared
+later, is bias-corrected as a new row here (legacy Adamax's sparse update is lazy too but uses the
+optimizer's step, so such rows differ from it). AdagradDA is the exception: its step is the
+optimizer's global step + 1, as TensorFlow's, for every row, which matches TensorFlow's (lazy)
+sparse update for every row.
+
+Slots as TensorFlow's: TF1 RMSProp's rms starts at 1, the Keras ones' at 0. RMSprop without
+momentum (Keras' momentum=0, TF1's momentum=0 as a number) keeps no momentum slot (TF1's stays 0).
+The arithmetic follows TensorFlow's kernels (legacy Keras' sparse update where there is none)
+operation by operation; Keras 2.11+ writes some updates in another order and rounds constants such
+as 1 - rho in double, and TF1 RMSProp with momentum 0 is computed without the momentum term: those
+differ by float rounding.
 
 Keras `clipnorm`, `clipvalue` and `global_clipnorm` clip table gradients as Keras clips dense
 ones: the optimizer's own clipping runs once over all gradients of the step, table and dense
@@ -32,10 +53,14 @@ dense gradients it then gets.
 import collections
 
 import tensorflow as tf
+from tensorflow.python.keras.optimizer_v2 import adadelta as tf_keras_adadelta
 from tensorflow.python.keras.optimizer_v2 import adagrad as tf_keras_adagrad
 from tensorflow.python.keras.optimizer_v2 import adam as tf_keras_adam
+from tensorflow.python.keras.optimizer_v2 import adamax as tf_keras_adamax
 from tensorflow.python.keras.optimizer_v2 import ftrl as tf_keras_ftrl
 from tensorflow.python.keras.optimizer_v2 import gradient_descent as tf_keras_sgd
+from tensorflow.python.keras.optimizer_v2 import nadam as tf_keras_nadam
+from tensorflow.python.keras.optimizer_v2 import rmsprop as tf_keras_rmsprop
 
 from tf_ext import _ops_loader, optimizer_pipeline, rank_local_gradients
 from tf_ext.dynamic_embedding import alltoall
@@ -43,7 +68,9 @@ from tf_ext.dynamic_embedding import variable as variable_lib
 
 # learning_rate is a callable so that validating an optimizer creates no tensors or variables;
 # hyperparameters too: learning_rate's value -> the op's `hyperparameters` list (by kind: momentum
-# [momentum]; ftrl [l1, l2 + beta / (2 * learning_rate), l2_shrinkage, learning_rate_power]).
+# [momentum]; ftrl [l1, l2 + beta / (2 * learning_rate), l2_shrinkage, learning_rate_power]; the
+# RMSprop kinds [rho] or [rho, momentum]; adadelta [rho]; proximal ones [l1, l2]; adagrad_da [l1,
+# l2, global step]; nadam [schedule decay]: ops/dynamic_embedding_optimizer_ops.cc).
 _Hyper = collections.namedtuple(
   "_Hyper",
   [
@@ -101,6 +128,41 @@ def _ftrl(lr, l1, l2, l2_shrinkage, lr_power, beta, initial_accumulator_value, a
   )
 
 
+def _rmsprop(lr, rho, momentum, epsilon, centered, has_momentum, epsilon_inside_sqrt, ms_init=0.0):
+  """RMSprop's _Hyper: TensorFlow's (Sparse)ApplyRMSProp kernels with momentum; without, Keras'
+  own update (no momentum slot). rho and momentum are callables."""
+  kind = "centered_rmsprop" if centered else "rmsprop"
+  if has_momentum:
+    return _Hyper(
+      kind + "_momentum",
+      lr,
+      epsilon=epsilon,
+      initial_accumulator_value=ms_init,
+      hyperparameters=lambda lr: [_as_float(rho()), _as_float(momentum())],
+    )
+  return _Hyper(
+    kind,
+    lr,
+    epsilon=epsilon,
+    epsilon_inside_sqrt=epsilon_inside_sqrt,
+    initial_accumulator_value=ms_init,
+    hyperparameters=lambda lr: [_as_float(rho())],
+  )
+
+
+def _once(make):
+  """make(), called at most once: the updates of all tables in a step then share one tensor,
+  which the graph pass that fuses them compares (kernels/graph/embedding_fusion_pass.cc)."""
+  made = []
+
+  def get():
+    if not made:
+      made.append(make())
+    return made[0]
+
+  return get
+
+
 def _hyperparameters(optimizer):
   """What the table update needs from the wrapped optimizer; raises for what it cannot do."""
   v1, keras, legacy = tf.compat.v1.train, tf.keras.optimizers, tf.keras.optimizers.legacy
@@ -139,6 +201,51 @@ def _hyperparameters(optimizer):
         beta=lambda: optimizer._beta,
         initial_accumulator_value=optimizer._initial_accumulator_value,
         adjust_l2=lambda l2, beta, lr: l2 + beta / (2.0 * tf.maximum(lr, 1e-36)),
+      )
+    if isinstance(optimizer, v1.RMSPropOptimizer):
+      # Its rms slot starts at 1. A momentum of 0 leaves its momentum slot 0: no slot here.
+      momentum = optimizer._momentum
+      return _rmsprop(
+        lambda: value(optimizer._learning_rate),
+        rho=lambda: value(optimizer._decay),
+        momentum=lambda: value(momentum),
+        epsilon=value(optimizer._epsilon),
+        centered=optimizer._centered,
+        has_momentum=not (isinstance(momentum, (int, float)) and momentum == 0),
+        epsilon_inside_sqrt=True,
+        ms_init=1.0,
+      )
+    if isinstance(optimizer, v1.AdadeltaOptimizer):
+      return _Hyper(
+        "adadelta",
+        lambda: value(optimizer._lr),
+        epsilon=value(optimizer._epsilon),
+        hyperparameters=lambda lr: [_as_float(value(optimizer._rho))],
+      )
+    if isinstance(optimizer, (v1.ProximalGradientDescentOptimizer, v1.ProximalAdagradOptimizer)):
+      adagrad = isinstance(optimizer, v1.ProximalAdagradOptimizer)
+      return _Hyper(
+        "proximal_adagrad" if adagrad else "proximal_sgd",
+        lambda: value(optimizer._learning_rate),
+        initial_accumulator_value=optimizer._initial_accumulator_value if adagrad else 0.0,
+        hyperparameters=lambda lr: [
+          _as_float(optimizer._l1_regularization_strength),
+          _as_float(optimizer._l2_regularization_strength),
+        ],
+      )
+    if isinstance(optimizer, v1.AdagradDAOptimizer):
+      # TensorFlow's step: its global_step + 1, read before this step advances it (the pipeline
+      # applies tables first).
+      global_step = _once(lambda: _as_float(tf.identity(optimizer._global_step) + 1))
+      return _Hyper(
+        "adagrad_da",
+        lambda: value(optimizer._learning_rate),
+        initial_accumulator_value=optimizer._initial_gradient_squared_accumulator_value,
+        hyperparameters=lambda lr: [
+          _as_float(optimizer._l1_regularization_strength),
+          _as_float(optimizer._l2_regularization_strength),
+          global_step(),
+        ],
       )
   elif isinstance(optimizer, keras.Optimizer):
     _reject(optimizer, weight_decay=optimizer.weight_decay)
@@ -181,6 +288,36 @@ def _hyperparameters(optimizer):
         beta=lambda: optimizer.beta,
         initial_accumulator_value=optimizer.initial_accumulator_value,
         adjust_l2=lambda l2, beta, lr: l2 + beta / (2.0 * lr),
+      )
+    if isinstance(optimizer, keras.RMSprop):
+      return _rmsprop(
+        lr,
+        rho=lambda: optimizer.rho,
+        momentum=lambda: optimizer.momentum,
+        epsilon=optimizer.epsilon,
+        centered=optimizer.centered,
+        has_momentum=optimizer.momentum > 0,  # as its build() decides
+        epsilon_inside_sqrt=True,
+      )
+    if isinstance(optimizer, keras.Adadelta):
+      return _Hyper(
+        "adadelta",
+        lr,
+        epsilon=optimizer.epsilon,
+        hyperparameters=lambda lr: [_as_float(optimizer.rho)],
+      )
+    if isinstance(optimizer, keras.Adamax):
+      return _Hyper(
+        "adamax", lr, beta1=optimizer.beta_1, beta2=optimizer.beta_2, epsilon=optimizer.epsilon
+      )
+    if isinstance(optimizer, keras.Nadam):
+      return _Hyper(
+        "nadam",
+        lr,
+        beta1=optimizer.beta_1,
+        beta2=optimizer.beta_2,
+        epsilon=optimizer.epsilon,
+        hyperparameters=lambda lr: [_as_float(1.0)],  # its momentum schedule: 0.96^t
       )
   elif isinstance(optimizer, optimizer_pipeline.KERAS_LEGACY_OPTIMIZERS):
 
@@ -225,10 +362,44 @@ def _hyperparameters(optimizer):
         initial_accumulator_value=optimizer._initial_accumulator_value,
         adjust_l2=lambda l2, beta, lr: l2 + beta / (2.0 * lr),
       )
+    if isinstance(optimizer, (legacy.RMSprop, tf_keras_rmsprop.RMSprop)):
+      return _rmsprop(
+        lr,
+        rho=hyper("rho"),
+        momentum=hyper("momentum"),
+        epsilon=optimizer.epsilon,
+        centered=optimizer.centered,
+        has_momentum=optimizer._momentum,
+        epsilon_inside_sqrt=False,
+      )
+    if isinstance(optimizer, (legacy.Adadelta, tf_keras_adadelta.Adadelta)):
+      return _Hyper(
+        "adadelta", lr, epsilon=optimizer.epsilon, hyperparameters=lambda lr: [hyper("rho")()]
+      )
+    if isinstance(optimizer, (legacy.Adamax, tf_keras_adamax.Adamax)):
+      return _Hyper(
+        "adamax",
+        lr,
+        beta1=optimizer._get_hyper("beta_1"),
+        beta2=optimizer._get_hyper("beta_2"),
+        epsilon=optimizer.epsilon,
+      )
+    if isinstance(optimizer, (legacy.Nadam, tf_keras_nadam.Nadam)):
+      # Nadam's learning rate is not decayed: its `decay` is the momentum schedule's
+      # (schedule_decay), 0.96^(decay * t).
+      return _Hyper(
+        "nadam",
+        hyper("learning_rate"),
+        beta1=optimizer._get_hyper("beta_1"),
+        beta2=optimizer._get_hyper("beta_2"),
+        epsilon=optimizer.epsilon,
+        hyperparameters=lambda lr: [_as_float(optimizer._initial_decay)],
+      )
   raise _unsupported(
     optimizer,
-    "is not supported; use GradientDescent/SGD, Momentum, Adagrad, Adam or Ftrl "
-    "(tf.compat.v1.train or tf.keras.optimizers)",
+    "is not supported; use GradientDescent/SGD, Momentum, Adagrad, Adam, Ftrl, RMSprop, "
+    "Adadelta, Adamax or Nadam (tf.compat.v1.train, tf.keras.optimizers or their legacy "
+    "versions), or tf.compat.v1.train's ProximalGradientDescent, ProximalAdagrad or AdagradDA",
   )
 
 
@@ -404,9 +575,11 @@ optimizer_pipeline.register_saved_stage(TablesStage.kind, TablesStage)
 def DynamicEmbeddingOptimizer(optimizer):  # noqa: N802 (a wrapper, named like a class)
   """Wraps `optimizer` so that it also trains dynamic embedding tables.
 
-  Supported: tf.compat.v1.train.{GradientDescent,Momentum,Adagrad,Adam,Ftrl}Optimizer and
-  tf.keras.optimizers.{SGD,Adagrad,Adam,Ftrl} (also the .legacy ones; SGD with momentum and
-  Nesterov, Adam with amsgrad; clipnorm, clipvalue, global_clipnorm), or any wrapper of one that
+  Supported: tf.compat.v1.train.{GradientDescent,Momentum,Adagrad,Adam,Ftrl,RMSProp,Adadelta,
+  ProximalGradientDescent,ProximalAdagrad,AdagradDA}Optimizer and
+  tf.keras.optimizers.{SGD,Adagrad,Adam,Ftrl,RMSprop,Adadelta,Adamax,Nadam} (also the .legacy ones;
+  SGD with momentum and Nesterov, Adam with amsgrad, RMSprop with momentum and centered; clipnorm,
+  clipvalue, global_clipnorm), or any wrapper of one that
   tf_ext.optimizer_pipeline recognises (tf_ext.lightcc's and Horovod's DistributedOptimizer, Keras'
   LossScaleOptimizer), in any order. The optimizer object itself is returned, with its class
   extended, so Keras `compile`, Estimator and MonitoredTrainingSession accept it, its config stays

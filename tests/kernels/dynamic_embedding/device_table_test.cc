@@ -432,6 +432,50 @@ std::vector<OptimizerParams> EveryOptimizer() {
     p.l2_shrinkage = 0.01f;
     p.learning_rate_power = -0.7f;
   });
+  for (OptimizerKind kind : {OptimizerKind::kRmsprop, OptimizerKind::kCenteredRmsprop}) {
+    for (bool inside : {false, true}) {
+      with(kind, [inside](OptimizerParams& p) {
+        p.rho = 0.8f;
+        p.epsilon = 1e-3f;
+        p.epsilon_inside_sqrt = inside;
+        p.initial_accumulator_value = 1.0f;
+      });
+    }
+  }
+  for (OptimizerKind kind :
+       {OptimizerKind::kRmspropMomentum, OptimizerKind::kCenteredRmspropMomentum}) {
+    with(kind, [](OptimizerParams& p) {
+      p.rho = 0.8f;
+      p.momentum = 0.5f;
+      p.epsilon = 1e-3f;
+    });
+  }
+  with(OptimizerKind::kAdadelta, [](OptimizerParams& p) {
+    p.learning_rate = 1.0f;
+    p.rho = 0.9f;
+    p.epsilon = 1e-3f;
+  });
+  with(OptimizerKind::kProximalSgd, [](OptimizerParams& p) {
+    p.l1 = 0.01f;
+    p.l2 = 0.1f;
+  });
+  with(OptimizerKind::kProximalAdagrad, [](OptimizerParams& p) {
+    p.initial_accumulator_value = 0.1f;
+    p.l1 = 0.01f;
+    p.l2 = 0.1f;
+  });
+  with(OptimizerKind::kAdagradDa, [](OptimizerParams& p) {
+    p.initial_accumulator_value = 0.1f;
+    p.l1 = 0.01f;
+    p.l2 = 0.1f;
+    p.global_step = 3.0f;
+  });
+  with(OptimizerKind::kAdamax, [](OptimizerParams& p) { p.beta1 = 0.8f; });
+  with(OptimizerKind::kNadam, [](OptimizerParams&) {});
+  with(OptimizerKind::kNadam, [](OptimizerParams& p) {
+    p.beta1 = 0.99f;
+    p.schedule_decay = 0.004f;
+  });
   return all;
 }
 

@@ -41,8 +41,23 @@ struct Row {
 };
 
 TEST(OptimizerKindsTest, EveryNameParsesAndUnknownNamesDoNot) {
-  const std::vector<std::string> names = {"sgd",      "adagrad",        "adam", "amsgrad",
-                                          "momentum", "keras_momentum", "ftrl"};
+  const std::vector<std::string> names = {"sgd",
+                                          "adagrad",
+                                          "adam",
+                                          "amsgrad",
+                                          "momentum",
+                                          "keras_momentum",
+                                          "ftrl",
+                                          "rmsprop",
+                                          "centered_rmsprop",
+                                          "rmsprop_momentum",
+                                          "centered_rmsprop_momentum",
+                                          "adadelta",
+                                          "proximal_sgd",
+                                          "proximal_adagrad",
+                                          "adagrad_da",
+                                          "adamax",
+                                          "nadam"};
   std::vector<OptimizerKind> kinds;
   for (const std::string& name : names) {
     OptimizerKind kind;
@@ -52,7 +67,7 @@ TEST(OptimizerKindsTest, EveryNameParsesAndUnknownNamesDoNot) {
     kinds.push_back(kind);
   }
   OptimizerKind kind = OptimizerKind::kAdam;
-  EXPECT_FALSE(ParseOptimizerKind("rmsprop", &kind));
+  EXPECT_FALSE(ParseOptimizerKind("lion", &kind));
   EXPECT_FALSE(ParseOptimizerKind("", &kind));
   EXPECT_EQ(kind, OptimizerKind::kAdam);  // untouched
 }
@@ -71,6 +86,16 @@ TEST(OptimizerKindsTest, SlotsAndTheirInitialValues) {
       {OptimizerKind::kMomentum, {0.0f}},
       {OptimizerKind::kKerasMomentum, {0.0f}},
       {OptimizerKind::kFtrl, {0.25f, 0.0f}},  // accumulator, linear
+      {OptimizerKind::kRmsprop, {0.25f}},     // ms (TF1's starts at 1)
+      {OptimizerKind::kCenteredRmsprop, {0.25f, 0.0f}},
+      {OptimizerKind::kRmspropMomentum, {0.25f, 0.0f}},
+      {OptimizerKind::kCenteredRmspropMomentum, {0.25f, 0.0f, 0.0f}},  // ms, mom, mg
+      {OptimizerKind::kAdadelta, {0.0f, 0.0f}},
+      {OptimizerKind::kProximalSgd, {}},
+      {OptimizerKind::kProximalAdagrad, {0.25f}},
+      {OptimizerKind::kAdagradDa, {0.0f, 0.25f}},  // gradient sum, squared gradient sum
+      {OptimizerKind::kAdamax, {0.0f, 0.0f}},
+      {OptimizerKind::kNadam, {0.0f, 0.0f}},
   };
   for (const auto& e : expected) {
     p.kind = e.kind;
@@ -94,8 +119,38 @@ TEST(OptimizerKindsTest, HyperparametersFillTheirFields) {
     SetHyperparameters(values, &m);
     EXPECT_EQ(m.momentum, 0.5f);
   }
+  for (OptimizerKind kind :
+       {OptimizerKind::kRmsprop, OptimizerKind::kCenteredRmsprop, OptimizerKind::kAdadelta}) {
+    OptimizerParams r = Params(kind, 0.1f);
+    ASSERT_EQ(NumHyperparameters(kind), 1);
+    SetHyperparameters(values, &r);
+    EXPECT_EQ(r.rho, 0.5f);
+  }
+  for (OptimizerKind kind :
+       {OptimizerKind::kRmspropMomentum, OptimizerKind::kCenteredRmspropMomentum}) {
+    OptimizerParams r = Params(kind, 0.1f);
+    ASSERT_EQ(NumHyperparameters(kind), 2);
+    SetHyperparameters(values, &r);
+    EXPECT_EQ(r.rho, 0.5f);
+    EXPECT_EQ(r.momentum, 0.25f);
+  }
+  for (OptimizerKind kind :
+       {OptimizerKind::kProximalSgd, OptimizerKind::kProximalAdagrad, OptimizerKind::kAdagradDa}) {
+    OptimizerParams r = Params(kind, 0.1f);
+    ASSERT_EQ(NumHyperparameters(kind), kind == OptimizerKind::kAdagradDa ? 3 : 2);
+    SetHyperparameters(values, &r);
+    EXPECT_EQ(r.l1, 0.5f);
+    EXPECT_EQ(r.l2, 0.25f);
+    if (kind == OptimizerKind::kAdagradDa) {
+      EXPECT_EQ(r.global_step, 0.125f);
+    }
+  }
+  OptimizerParams nadam = Params(OptimizerKind::kNadam, 0.1f);
+  ASSERT_EQ(NumHyperparameters(nadam.kind), 1);
+  SetHyperparameters(values, &nadam);
+  EXPECT_EQ(nadam.schedule_decay, 0.5f);
   for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdagrad, OptimizerKind::kAdam,
-                             OptimizerKind::kAmsgrad}) {
+                             OptimizerKind::kAmsgrad, OptimizerKind::kAdamax}) {
     EXPECT_EQ(NumHyperparameters(kind), 0);
   }
 }
@@ -238,6 +293,214 @@ TEST(AmsgradTest, BiasCorrectsWithTheRowsOwnUpdateCount) {
   float emb[1] = {1.0f}, slots[3] = {0.0f, 0.0f, 0.0f}, grad[1] = {2.0f};
   ApplyGradient(p, /*prior_updates=*/0, grad, 1, emb, slots);
   EXPECT_NEAR(emb[0], 0.9f, 1e-6);  // first update: lr * sign(g), as Adam
+}
+
+// TensorFlow's RMSprop kernels for one coordinate, in double: SparseApplyRMSProp and
+// SparseApplyCenteredRMSProp, and Keras' updates without momentum.
+struct RmspropReference {
+  double lr, rho, momentum, eps;
+  bool centered, with_momentum, eps_inside;
+  double w, ms, mom = 0.0, mg = 0.0;
+  void Apply(double g) {
+    ms = rho * ms + (1 - rho) * g * g;
+    if (centered) mg = rho * mg + (1 - rho) * g;
+    const double variance = ms - mg * mg;
+    if (with_momentum) {
+      mom = momentum * mom + lr * g / std::sqrt(variance + eps);
+      w -= mom;
+    } else {
+      w -= eps_inside ? lr * g / std::sqrt(variance + eps) : lr * g / (std::sqrt(variance) + eps);
+    }
+  }
+};
+
+TEST(RmspropTest, EveryVariantMatchesTheReference) {
+  const std::vector<float> grads[] = {{0.5f, -1.0f}, {0.25f, 2.0f}, {-0.75f, 0.1f}, {0.3f, -0.2f}};
+  for (OptimizerKind kind :
+       {OptimizerKind::kRmsprop, OptimizerKind::kCenteredRmsprop, OptimizerKind::kRmspropMomentum,
+        OptimizerKind::kCenteredRmspropMomentum}) {
+    for (bool inside : {false, true}) {
+      OptimizerParams p = Params(kind, 0.05f);
+      p.rho = 0.8f;
+      p.momentum = 0.5f;
+      p.epsilon = 1e-3f;
+      p.epsilon_inside_sqrt = inside;
+      p.initial_accumulator_value = 1.0f;  // TF1's rms
+      const bool centered = kind == OptimizerKind::kCenteredRmsprop ||
+                            kind == OptimizerKind::kCenteredRmspropMomentum;
+      const bool with_momentum = kind == OptimizerKind::kRmspropMomentum ||
+                                 kind == OptimizerKind::kCenteredRmspropMomentum;
+      Row row(p, {0.3f, -0.4f});
+      RmspropReference ref[2] = {
+          {0.05, p.rho, 0.5, p.epsilon, centered, with_momentum, inside, 0.3, 1.0},
+          {0.05, p.rho, 0.5, p.epsilon, centered, with_momentum, inside, -0.4, 1.0}};
+      for (const auto& g : grads) {
+        row.Apply(p, g);
+        for (int j = 0; j < 2; ++j) ref[j].Apply(g[j]);
+      }
+      for (int j = 0; j < 2; ++j) {
+        SCOPED_TRACE(testing::Message()
+                     << "kind " << static_cast<int>(kind) << " inside " << inside << " j " << j);
+        EXPECT_NEAR(row.embedding[j], ref[j].w, 1e-5);
+        EXPECT_NEAR(row.slot(0, j), ref[j].ms, 1e-6);
+        if (with_momentum) {
+          EXPECT_NEAR(row.slot(1, j), ref[j].mom, 1e-6);
+        }
+        if (centered) {
+          EXPECT_NEAR(row.slot(with_momentum ? 2 : 1, j), ref[j].mg, 1e-6);
+        }
+      }
+    }
+  }
+}
+
+TEST(AdadeltaTest, MovesByTheUpdateBeforeItsAccumulatorDecays) {
+  OptimizerParams p = Params(OptimizerKind::kAdadelta, 1.0f);
+  p.rho = 0.9f;
+  p.epsilon = 1e-2f;
+  Row row(p, {0.0f});
+  double w = 0.0, accum = 0.0, accum_update = 0.0;
+  for (float g : {1.0f, -0.5f, 2.0f}) {
+    row.Apply(p, {g});
+    accum = 0.9 * accum + 0.1 * g * g;
+    const double update = std::sqrt(accum_update + 1e-2) / std::sqrt(accum + 1e-2) * g;
+    w -= update;
+    accum_update = 0.9 * accum_update + 0.1 * update * update;
+  }
+  EXPECT_NEAR(row.embedding[0], w, 1e-5);
+  EXPECT_NEAR(row.slot(0), accum, 1e-6);
+  EXPECT_NEAR(row.slot(1), accum_update, 1e-6);
+}
+
+TEST(ProximalTest, L1ShrinksToZeroAndL2Scales) {
+  // Gradient descent: w = 1 - 0.1 * 2 = 0.8, then shrunk by lr * l1 = 0.05 and divided by
+  // 1 + lr * l2 = 1.02.
+  OptimizerParams sgd = Params(OptimizerKind::kProximalSgd, 0.1f);
+  sgd.l1 = 0.5f;
+  sgd.l2 = 0.2f;
+  Row a(sgd, {1.0f, 0.01f});
+  a.Apply(sgd, {2.0f, 0.0f});
+  EXPECT_NEAR(a.embedding[0], 0.75 / 1.02, 1e-6);
+  EXPECT_EQ(a.embedding[1], 0.0f);  // |0.01| < lr * l1
+  // Adagrad's rate: lr / sqrt(accum), accum = 0.1 + 4.
+  OptimizerParams adagrad = Params(OptimizerKind::kProximalAdagrad, 0.1f);
+  adagrad.l1 = 0.5f;
+  adagrad.l2 = 0.2f;
+  adagrad.initial_accumulator_value = 0.1f;
+  Row b(adagrad, {1.0f});
+  b.Apply(adagrad, {2.0f});
+  const double rate = 0.1 / std::sqrt(4.1);
+  EXPECT_NEAR(b.embedding[0], (1.0 - 2.0 * rate - rate * 0.5) / (1.0 + 0.2 * rate), 1e-6);
+  EXPECT_NEAR(b.slot(0), 4.1, 1e-6);
+}
+
+TEST(AdagradDaTest, TheWeightFollowsTheSumsAtTheGlobalStep) {
+  OptimizerParams p = Params(OptimizerKind::kAdagradDa, 0.5f);
+  p.initial_accumulator_value = 0.1f;
+  p.l1 = 0.01f;
+  p.l2 = 0.2f;
+  Row row(p, {7.0f});
+  double g_sum = 0.0, g2_sum = 0.1;
+  for (int step = 1; step <= 3; ++step) {
+    const float g = 0.5f * step;
+    p.global_step = static_cast<float>(step + 4);  // the optimizer's, not the row's
+    row.Apply(p, {g});
+    g_sum += g;
+    g2_sum += g * g;
+    const double t = step + 4;
+    const double w = -(std::abs(g_sum) / t - 0.01) / (0.2 + std::sqrt(g2_sum) / (t * 0.5));
+    EXPECT_NEAR(row.embedding[0], w, 1e-6) << step;
+  }
+  EXPECT_NEAR(row.slot(0), 3.0, 1e-6);
+  EXPECT_NEAR(row.slot(1), 3.6, 1e-6);
+}
+
+TEST(AdamaxTest, BiasCorrectsWithTheRowsOwnUpdateCount) {
+  OptimizerParams p = Params(OptimizerKind::kAdamax, 0.1f);
+  p.beta1 = 0.9f;
+  p.beta2 = 0.999f;
+  p.epsilon = 1e-7f;
+  Row row(p, {1.0f});
+  row.Apply(p, {2.0f});
+  // First update: m = 0.2, u = 2, lr / (1 - 0.9) * m / u = lr.
+  EXPECT_NEAR(row.embedding[0], 0.9f, 1e-6);
+  row.Apply(p, {-1.0f});
+  const double b1 = p.beta1, b2 = p.beta2;
+  const double m = b1 * (1 - b1) * 2.0 - (1 - b1), u = std::max(b2 * 2.0, 1.0);
+  EXPECT_NEAR(row.embedding[0], 0.9 - 0.1 / (1 - b1 * b1) * m / (u + 1e-7), 1e-6);
+  EXPECT_NEAR(row.slot(1), u, 1e-6);
+}
+
+// Keras' Nadam for one coordinate, in double, with its momentum schedule.
+struct NadamReference {
+  double lr, beta1, beta2, eps, decay;
+  double w, m = 0.0, v = 0.0, product = 1.0;
+  int t = 0;
+  double U(int i) const { return beta1 * (1 - 0.5 * std::pow(0.96, decay * i)); }
+  void Apply(double g) {
+    ++t;
+    product *= U(t);
+    m = beta1 * m + (1 - beta1) * g;
+    v = beta2 * v + (1 - beta2) * g * g;
+    const double m_bar = (1 - U(t)) * g / (1 - product) + U(t + 1) * m / (1 - product * U(t + 1));
+    w -= lr * m_bar / (std::sqrt(v / (1 - std::pow(beta2, t))) + eps);
+  }
+};
+
+TEST(NadamTest, MatchesKerasScheduleForBothDecays) {
+  for (float decay : {1.0f, 0.004f}) {
+    OptimizerParams p = Params(OptimizerKind::kNadam, 0.05f);
+    p.beta1 = 0.9f;
+    p.beta2 = 0.999f;
+    p.epsilon = 1e-7f;
+    p.schedule_decay = decay;
+    Row row(p, {0.3f});
+    NadamReference ref{0.05, p.beta1, p.beta2, 1e-7, decay, 0.3};
+    for (float g : {0.5f, -1.0f, 0.25f, 2.0f, -0.75f}) {
+      row.Apply(p, {g});
+      ref.Apply(g);
+    }
+    EXPECT_NEAR(row.embedding[0], ref.w, 1e-6) << decay;
+    EXPECT_NEAR(row.slot(0), ref.m, 1e-6) << decay;
+    EXPECT_NEAR(row.slot(1), ref.v, 1e-6) << decay;
+  }
+}
+
+TEST(NadamTest, TheMomentumProductOfLongRunsIsEveryFactorMultipliedOut) {
+  // Past the head the factors are beta1 (or the product is 0): a long-trained row's product costs
+  // one pow, and equals the product of all its factors.
+  for (float decay : {1.0f, 0.004f, 0.2f}) {
+    for (float beta1 : {0.9f, 0.999f}) {
+      OptimizerParams p = Params(OptimizerKind::kNadam, 0.05f);
+      p.beta1 = beta1;
+      p.schedule_decay = decay;
+      const NadamHead head = NadamHeadOf(p);
+      ASSERT_GE(head.length, 1);
+      ASSERT_LT(head.length, int64_t{20000}) << decay << " " << beta1;
+      double product = 1.0;
+      for (int64_t t = 1; t <= 3 * head.length + 5; ++t) {
+        product *= static_cast<double>(beta1) * (1.0 - 0.5 * std::pow(0.96, decay * t));
+        const RowStep r = RowStepOf(p, head, t - 1);
+        ASSERT_NEAR(r.one_minus_product, 1.0 - product, 1e-6) << decay << " " << beta1 << " " << t;
+      }
+      // Without a head, RowStepOf computes one: the same values.
+      const RowStep with = RowStepOf(p, head, 2 * head.length),
+                    without = RowStepOf(p, NadamHead{}, 2 * head.length);
+      EXPECT_EQ(with.one_minus_product, without.one_minus_product);
+      EXPECT_EQ(with.one_minus_product_next, without.one_minus_product_next);
+    }
+  }
+}
+
+TEST(RowStepTest, KindsWithoutOneReadNone) {
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAmsgrad, OptimizerKind::kAdamax,
+                             OptimizerKind::kNadam}) {
+    EXPECT_TRUE(NeedsRowStep(kind));
+  }
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kRmsprop,
+                             OptimizerKind::kAdagradDa, OptimizerKind::kFtrl}) {
+    EXPECT_FALSE(NeedsRowStep(kind));
+  }
 }
 
 }  // namespace

@@ -312,8 +312,9 @@ class DeviceTableImpl : public DeviceTable {
     const int64_t m = groups.distinct;
     Scratch<Exec, int64_t> unique_keys(exec_, m), slots(exec_, m);
     Scratch<Exec, uint8_t> created(exec_, m);
-    Scratch<Exec, float> sums(exec_, m * options_.dim), step_sizes(exec_, m);
-    if (!unique_keys.ok() || !slots.ok() || !created.ok() || !sums.ok() || !step_sizes.ok()) {
+    Scratch<Exec, float> sums(exec_, m * options_.dim);
+    Scratch<Exec, RowStep> row_steps(exec_, m);
+    if (!unique_keys.ok() || !slots.ok() || !created.ok() || !sums.ok() || !row_steps.ok()) {
       return Error("out of device memory for an update of " + std::to_string(m) + " rows");
     }
     const TableView t = View();
@@ -325,8 +326,10 @@ class DeviceTableImpl : public DeviceTable {
     int64_t* slot_of = slots.get();
     uint8_t* created_at = created.get();
     float* sum = sums.get();
-    float* step_size = step_sizes.get();
+    RowStep* row_step = row_steps.get();
     const OptimizerParams p = params;
+    // Nadam's momentum product up to where its factors stop changing, once for all rows.
+    const NadamHead head = p.kind == OptimizerKind::kNadam ? NadamHeadOf(p) : NadamHead{};
     exec_.For(m, [=] TF_EXT_HOST_DEVICE(int64_t d) {
       const int64_t key = static_cast<int64_t>(sorted[first[d]]);
       key_of[d] = key;
@@ -352,16 +355,16 @@ class DeviceTableImpl : public DeviceTable {
         total += gradients[position[r] * dim + j];
       sum[e] = total;
     });
+    // Every kind (the others' RowStep is its defaults): the element step reads initialised memory.
     exec_.For(m, [=] TF_EXT_HOST_DEVICE(int64_t d) {
       if (slot_of[d] < 0) return;
-      step_size[d] = internal::AdamStepSizeOf(p.learning_rate, p.beta1, p.beta2,
-                                              t.meta[slot_of[d]].update_count);
+      row_step[d] = RowStepOf(p, head, t.meta[slot_of[d]].update_count);
     });
     exec_.For(m * dim, [=] TF_EXT_HOST_DEVICE(int64_t e) {
       const int64_t d = e / dim;
       if (slot_of[d] < 0) return;
       float* row = t.values + slot_of[d] * t.stride;
-      ApplyGradientToElement(p, step_size[d], sum[e], dim, static_cast<int>(e - d * dim), row,
+      ApplyGradientToElement(p, row_step[d], sum[e], dim, static_cast<int>(e - d * dim), row,
                              row + dim);
     });
     ZeroCounter(kScratch);
