@@ -92,6 +92,23 @@ try:
 except ValueError as error:
   check("a wrong mpi_size is refused", "mpi_size" in str(error), error)
 
+# DEHvdBroadcastGlobalVariablesCallback: the dense weights start from root's, the table's anchor
+# (different rows on every rank) is left alone.
+ids = tf.keras.Input(shape=(IDS,), dtype=tf.int64)
+own = de.keras.layers.HvdAllToAllEmbedding(embedding_size=DIM, name="broadcast")
+dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.Constant(float(rank)))
+model = tf.keras.Model(ids, dense(tf.reduce_sum(own(ids), axis=1)))
+model.compile(de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.0)), "mse")
+model.fit(
+  GLOBAL_IDS[MINE][:ROWS],
+  GLOBAL_LABELS[MINE][:ROWS],
+  batch_size=ROWS,
+  verbose=0,
+  callbacks=[de.keras.callbacks.DEHvdBroadcastGlobalVariablesCallback(root_rank=0)],
+)
+kernels = hvd.allgather(tf.reshape(dense.kernel, [1, -1])).numpy()
+check("the callback gave every rank root's dense weights", np.all(kernels == 0.0), kernels)
+
 print(f"rank {rank}: {cases} cases, {len(failures)} failures")
 for failure in failures:
   print(failure)
