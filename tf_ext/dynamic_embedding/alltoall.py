@@ -56,13 +56,17 @@ def check_distribution(name, distribution, num_shards=None):
   return distribution
 
 
-def horovod_of(name):
-  """horovod.tensorflow, once the user initialized it (directly or through tf_ext.lightcc)."""
+def horovod_of(name, needs=None):
+  """horovod.tensorflow, once the user initialized it (directly or through tf_ext.lightcc).
+  `needs`: what needs it, for the error (default: the table `name` split across ranks)."""
   hvd = sys.modules.get("horovod.tensorflow")
   if hvd is None or not hvd.is_initialized():
-    raise RuntimeError(
+    needs = needs or (
       f"dynamic embedding table '{name}': distribution='alltoall' splits the table across "
-      "Horovod ranks: call hvd.init() (horovod.tensorflow or tf_ext.lightcc) before creating it"
+      "Horovod ranks"
+    )
+    raise RuntimeError(
+      f"{needs}: call hvd.init() (horovod.tensorflow or tf_ext.lightcc) before creating it"
     )
   return hvd
 

@@ -109,6 +109,19 @@ model.fit(
 kernels = hvd.allgather(tf.reshape(dense.kernel, [1, -1])).numpy()
 check("the callback gave every rank root's dense weights", np.all(kernels == 0.0), kernels)
 
+# synchronous=True: the dense gradients are summed over the ranks (TFRA's rule), the table's stay.
+weight = tf.Variable([[1.0]])
+sync = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1), synchronous=True)
+with tf.GradientTape() as tape:
+  loss = tf.reduce_sum(weight * float(rank + 1))  # this rank's gradient: rank + 1
+sync.apply_gradients([(tape.gradient(loss, weight), weight)])
+summed = sum(r + 1 for r in range(size))
+check(
+  "synchronous=True sums the dense gradients",
+  np.allclose(weight.numpy(), 1.0 - 0.1 * summed),
+  weight.numpy(),
+)
+
 print(f"rank {rank}: {cases} cases, {len(failures)} failures")
 for failure in failures:
   print(failure)

@@ -394,7 +394,7 @@ def test_bad_input_is_refused_by_name(request):
     de.RedisTableCreator(de.RedisTableConfig(redis_address="127.0.0.1"))
   with pytest.raises(ValueError, match="values differ"):
     de.get_variable(name + "_c", dim=2, initializer=np.array([1.0, 2.0]))
-  with pytest.raises(NotImplementedError, match="synchronous=True"):
+  with pytest.raises(RuntimeError, match="call hvd.init"):
     de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(), synchronous=True)
   var = de.get_variable(name + "_d", dim=2)
   with pytest.raises(TypeError, match="key_dtype should be same"):

@@ -18,7 +18,7 @@ from tensorflow.python.platform import tf_logging
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.trackable import data_structures
 
-from tf_ext import _ops_loader
+from tf_ext import _ops_loader, rank_local_gradients
 from tf_ext.dynamic_embedding import alltoall
 from tf_ext.dynamic_embedding import variable as table_lib
 from tf_ext.dynamic_embedding.tfra import creators, dtypes, initial_rows
@@ -557,6 +557,9 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
         initial_value=0.0, trainable=trainable, dtype=tf.float32, name=name, collections=collections
       )
     setattr(self, table_lib.TABLE_OF_ANCHOR, weakref.ref(params._gradient_target))  # noqa: SLF001
+    # Horovod's reductions leave a wrapper's gradient on its rank, as TFRA registers its wrappers
+    # as local variables of Horovod's optimizers.
+    rank_local_gradients.mark(self)
 
   def read_for_lookup(self):
     """The wrapper's value (always 0), read so that the lookup's gradient reaches it. In a graph

@@ -49,9 +49,8 @@ class DEHvdBroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
       and variable_lib.table_of_anchor(v) is None
     ]
     if kept:
-      alltoall.horovod_of("DEHvdBroadcastGlobalVariablesCallback").broadcast_variables(
-        kept, root_rank=self.root_rank
-      )
+      hvd = alltoall.horovod_of(None, "DEHvdBroadcastGlobalVariablesCallback broadcasts over ranks")
+      hvd.broadcast_variables(kept, root_rank=self.root_rank)
 
   def on_batch_end(self, batch, logs=None):
     if self.broadcast_done:
