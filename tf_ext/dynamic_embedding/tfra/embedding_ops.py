@@ -21,6 +21,19 @@ _COMBINERS = ("mean", "sqrtn", "sum")
 embedding_lookup = variable_lib.embedding_lookup
 
 
+def _check_sparse(ids_name, ids, weights_name, weights):
+  if not isinstance(ids, tf.SparseTensor):
+    raise TypeError(f"{ids_name} must be SparseTensor")
+  if weights is not None and not isinstance(weights, tf.SparseTensor):
+    raise TypeError(f"{weights_name} must be either None or SparseTensor")
+
+
+def _scoped(name):
+  """The absolute name scope `<variable scope>/<name>/`, as TFRA names its sparse lookups."""
+  scope = tf.compat.v1.get_variable_scope().name
+  return tf.name_scope((f"{scope}/{name}" if scope else name) + "/")
+
+
 def embedding_lookup_unique(
   params,
   ids,
@@ -61,20 +74,11 @@ def embedding_lookup_sparse(
   del partition_strategy
   if combiner not in _COMBINERS:
     raise ValueError("combiner must be one of 'mean', 'sqrtn' or 'sum'")
-  if not isinstance(sp_ids, tf.SparseTensor):
-    raise TypeError("sp_ids must be SparseTensor")
-  if sp_weights is not None and not isinstance(sp_weights, tf.SparseTensor):
-    raise TypeError("sp_weights must be either None or SparseTensor")
-  scope = tf.compat.v1.get_variable_scope().name
-  with tf.name_scope((f"{scope}/{name}" if scope else name) + "/"):
+  _check_sparse("sp_ids", sp_ids, "sp_weights", sp_weights)
+  with _scoped(name):
     segment_ids = tf.cast(sp_ids.indices[:, 0], tf.int32)
     ids, idx = tf.unique(sp_ids.values)
-    if isinstance(params, (list, tuple)):
-      if len(params) > 1:
-        raise ValueError("Only one params is allowed.")
-      params = params[0]
-    if not isinstance(params, variable_lib.Variable | variable_lib.TrainableWrapper):
-      raise TypeError("params should be a Variable instance.")
+    params = variable_lib.single_params(params)
     embeddings, wrapper = params.embedding_lookup(ids, name=name, max_norm=max_norm)
     if embeddings.dtype in (tf.float16, tf.bfloat16):
       embeddings = tf.cast(embeddings, tf.float32)
@@ -114,12 +118,8 @@ def safe_embedding_lookup_sparse(
   """embedding_lookup_sparse for ids of any rank >= 2 ([d0, ..., dn] gives [d0, ..., dn-1, dim]):
   rows with no id give zeros, or the row of `default_id` when given."""
   del partition_strategy
-  if not isinstance(sparse_ids, tf.SparseTensor):
-    raise TypeError("sparse_ids must be SparseTensor")
-  if sparse_weights is not None and not isinstance(sparse_weights, tf.SparseTensor):
-    raise TypeError("sparse_weights must be either None or SparseTensor")
-  scope = tf.compat.v1.get_variable_scope().name
-  with tf.name_scope((f"{scope}/{name}" if scope else name) + "/"):
+  _check_sparse("sparse_ids", sparse_ids, "sparse_weights", sparse_weights)
+  with _scoped(name):
     original_shape = sparse_ids.dense_shape
     original_rank = tf.size(original_shape)
     rows = tf.reduce_prod(original_shape[:-1])

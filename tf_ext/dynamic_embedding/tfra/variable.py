@@ -659,6 +659,17 @@ def _wrapper_for(params, ids, name, max_norm):
   return shadow
 
 
+def single_params(params):
+  """The one Variable (or wrapper) a lookup's `params` names, as TFRA checks it."""
+  if isinstance(params, (list, tuple)):
+    if len(params) > 1:
+      raise ValueError("Only one params is allowed.")
+    params = params[0]
+  if not isinstance(params, (Variable, TrainableWrapper)):
+    raise TypeError("params should be a Variable instance.")
+  return params
+
+
 def embedding_lookup(
   params,
   ids,
@@ -672,15 +683,10 @@ def embedding_lookup(
   returned wrapper (`return_trainable=True`), which goes into the optimizer's var_list. Ops are
   named as TFRA names them: under `<variable scope>/<name>/`, the wrapper `<name>`."""
   del partition_strategy, validate_indices
-  if isinstance(params, (list, tuple)):
-    if len(params) > 1:
-      raise ValueError("Only one params is allowed.")
-    params = params[0]
-  if isinstance(params, ShadowVariable):
+  params = single_params(params)
+  if isinstance(params, TrainableWrapper):
     rows = params.lookup(ids)
     return (rows, params) if return_trainable else rows
-  if not isinstance(params, Variable):
-    raise TypeError("params should be a Variable instance.")
   ids = tf.convert_to_tensor(ids, None if tf.is_tensor(ids) else params.key_dtype, name="ids")
   if params.key_dtype != ids.dtype:
     raise TypeError(
