@@ -161,6 +161,7 @@ REGISTER_OP("TfExtFusedEmbeddingApply")
         "'rmsprop', 'centered_rmsprop', 'rmsprop_momentum', 'centered_rmsprop_momentum', "
         "'adadelta', 'proximal_sgd', 'proximal_adagrad', 'adagrad_da', 'adamax', 'nadam'}")
     .Attr("epsilon_inside_sqrt: bool = false")
+    .Attr("bias_correction: {'exact', 'tf1', 'keras_legacy', 'keras'} = 'exact'")
     .Attr("initial_accumulator_value: float = 0.0")
     .Attr("use_nesterov: bool = false")
     .Attr("num_hyperparameters: int >= 0 = 0")

@@ -22,6 +22,7 @@ REGISTER_OP("TfExtTableApplyGradient")
         "'rmsprop', 'centered_rmsprop', 'rmsprop_momentum', 'centered_rmsprop_momentum', "
         "'adadelta', 'proximal_sgd', 'proximal_adagrad', 'adagrad_da', 'adamax', 'nadam'}")
     .Attr("epsilon_inside_sqrt: bool = false")
+    .Attr("bias_correction: {'exact', 'tf1', 'keras_legacy', 'keras'} = 'exact'")
     .Attr("initial_accumulator_value: float = 0.0")
     .Attr("use_nesterov: bool = false")
     .Attr("num_hyperparameters: int >= 0 = 0")
@@ -63,6 +64,10 @@ optimizer: Slots per row in brackets. sgd []; adagrad [accumulator]; adam [m, v]
   nadam [m, v].
 epsilon_inside_sqrt: Adagrad and RMSprop without momentum divide by sqrt(acc + epsilon) if true,
   else sqrt(acc) + epsilon.
+bias_correction: How adam, amsgrad, adamax and nadam compute beta^t (t: the row's update number)
+  and the step size: exact, in double; tf1, as tf.compat.v1.train.AdamOptimizer (float32 running
+  products of beta); keras_legacy, as legacy Keras (float32 pow, its sparse update's
+  lr * (sqrt(1 - beta2^t) / (1 - beta1^t))); keras, as Keras 2.11+ (float32 pow).
 initial_accumulator_value: The initial accumulator of adagrad, ftrl and proximal_adagrad, ms of the
   RMSprop kinds (TF1's RMSProp starts it at 1), the squared accumulator of adagrad_da.
 use_nesterov: Nesterov momentum, for momentum and keras_momentum.

@@ -15,6 +15,12 @@ Status OptimizerAttrs::Read(OpKernelConstruction* ctx) {
     return ::tensorflow::errors::InvalidArgument("the table update has no optimizer '", optimizer,
                                                  "'");
   }
+  std::string bias_correction;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("bias_correction", &bias_correction));
+  if (!de::ParseBiasCorrection(bias_correction, &params.bias_correction)) {
+    return ::tensorflow::errors::InvalidArgument("the table update has no bias_correction '",
+                                                 bias_correction, "'");
+  }
   return ::tensorflow::OkStatus();
 }
 

@@ -279,8 +279,8 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
       }
     }
     builder.Input(hyperparameters);
-    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
-                             "use_nesterov", "num_hyperparameters"}) {
+    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "bias_correction",
+                             "initial_accumulator_value", "use_nesterov", "num_hyperparameters"}) {
       builder.Attr(name, *apply->attrs().Find(name));
     }
     std::vector<NodeBuilder::NodeOut> split_sizes;
@@ -617,8 +617,8 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
     TF_RETURN_IF_ERROR(InputOf(node, 0, &update.table));
     // Applies fuse only with the same optimizer and the same hyperparameter tensors.
     std::string key = update.device;
-    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "initial_accumulator_value",
-                             "use_nesterov", "num_hyperparameters"}) {
+    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "bias_correction",
+                             "initial_accumulator_value", "use_nesterov", "num_hyperparameters"}) {
       key += "|" + node->attrs().Find(name)->ShortDebugString();
     }
     for (int i = 3; i < node->num_inputs(); ++i) key += "|" + ValueSignature(SourceOf(node, i));

@@ -35,6 +35,9 @@ later, is bias-corrected as a new row here (legacy Adamax's sparse update is laz
 optimizer's step, so such rows differ from it). AdagradDA is the exception: its step is the
 optimizer's global step + 1, as TensorFlow's, for every row, which matches TensorFlow's (lazy)
 sparse update for every row.
+beta^t and the step size are computed in float32 the way the optimizer's API does (TF1's
+AdamOptimizer: its float32 beta power variables' running products; Keras, legacy and 2.11+: float32
+pow), so that such rows match TensorFlow to float rounding.
 
 Slots as TensorFlow's: TF1 RMSProp's rms starts at 1, the Keras ones' at 0. RMSprop without
 momentum (Keras' momentum=0, TF1's momentum=0 as a number) keeps no momentum slot (TF1's stays 0).
@@ -83,8 +86,12 @@ _Hyper = collections.namedtuple(
     "initial_accumulator_value",
     "use_nesterov",
     "hyperparameters",
+    # How Adam's, AMSGrad's, Adamax's and Nadam's bias corrections compute beta^t: as the
+    # optimizer's API does in float32 ("tf1": running products, "keras_legacy" and "keras": pow),
+    # so that rows match its dense results to float rounding; the op's default is "exact".
+    "bias_correction",
   ],
-  defaults=(0.0, 0.0, 0.0, False, 0.0, False, lambda lr: []),
+  defaults=(0.0, 0.0, 0.0, False, 0.0, False, lambda lr: [], "exact"),
 )
 
 
@@ -183,6 +190,7 @@ def _hyperparameters(optimizer):
         beta1=value(optimizer._beta1),
         beta2=value(optimizer._beta2),
         epsilon=value(optimizer._epsilon),
+        bias_correction="tf1",
       )
     if isinstance(optimizer, v1.MomentumOptimizer):
       return _Hyper(
@@ -277,6 +285,7 @@ def _hyperparameters(optimizer):
         beta1=optimizer.beta_1,
         beta2=optimizer.beta_2,
         epsilon=optimizer.epsilon,
+        bias_correction="keras",
       )
     if isinstance(optimizer, keras.Ftrl):
       return _ftrl(
@@ -308,7 +317,12 @@ def _hyperparameters(optimizer):
       )
     if isinstance(optimizer, keras.Adamax):
       return _Hyper(
-        "adamax", lr, beta1=optimizer.beta_1, beta2=optimizer.beta_2, epsilon=optimizer.epsilon
+        "adamax",
+        lr,
+        beta1=optimizer.beta_1,
+        beta2=optimizer.beta_2,
+        epsilon=optimizer.epsilon,
+        bias_correction="keras",
       )
     if isinstance(optimizer, keras.Nadam):
       return _Hyper(
@@ -318,6 +332,7 @@ def _hyperparameters(optimizer):
         beta2=optimizer.beta_2,
         epsilon=optimizer.epsilon,
         hyperparameters=lambda lr: [_as_float(1.0)],  # its momentum schedule: 0.96^t
+        bias_correction="keras",
       )
   elif isinstance(optimizer, optimizer_pipeline.KERAS_LEGACY_OPTIMIZERS):
 
@@ -350,6 +365,7 @@ def _hyperparameters(optimizer):
         beta1=optimizer._get_hyper("beta_1"),
         beta2=optimizer._get_hyper("beta_2"),
         epsilon=optimizer.epsilon,
+        bias_correction="keras_legacy",
       )
     if isinstance(optimizer, (legacy.Ftrl, tf_keras_ftrl.Ftrl)):
       return _ftrl(
@@ -383,6 +399,7 @@ def _hyperparameters(optimizer):
         beta1=optimizer._get_hyper("beta_1"),
         beta2=optimizer._get_hyper("beta_2"),
         epsilon=optimizer.epsilon,
+        bias_correction="keras_legacy",
       )
     if isinstance(optimizer, (legacy.Nadam, tf_keras_nadam.Nadam)):
       # Nadam's learning rate is not decayed: its `decay` is the momentum schedule's
@@ -394,6 +411,7 @@ def _hyperparameters(optimizer):
         beta2=optimizer._get_hyper("beta_2"),
         epsilon=optimizer.epsilon,
         hyperparameters=lambda lr: [_as_float(optimizer._initial_decay)],
+        bias_correction="keras_legacy",
       )
   raise _unsupported(
     optimizer,
@@ -444,6 +462,7 @@ def apply_table_gradient(table, gradient, hyper, step):
       dim=table.dim,
       optimizer=hyper.kind,
       epsilon_inside_sqrt=hyper.epsilon_inside_sqrt,
+      bias_correction=hyper.bias_correction,
       initial_accumulator_value=float(hyper.initial_accumulator_value),
       use_nesterov=hyper.use_nesterov,
     )

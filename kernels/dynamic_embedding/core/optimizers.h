@@ -12,7 +12,9 @@
 #include <math.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/host_device.h"
@@ -77,8 +79,45 @@ inline bool ParseOptimizerKind(std::string_view name, OptimizerKind* kind) {
   return false;
 }
 
+// How Adam's, AMSGrad's, Adamax's and Nadam's bias corrections compute beta^t and the step size:
+// as the wrapped optimizer's API does, so that a row updated in every batch matches the dense
+// variable that API trains to float rounding (TF's float32 0.999^t is off by up to ~1e-5
+// relative after a few steps, which the exact value would not reproduce).
+enum class BiasCorrection {
+  kExact,  // double pow, rounded once (the op's default, for graphs made before this attr)
+  // tf.compat.v1.train.AdamOptimizer: beta^t is a float32 variable multiplied by beta each step
+  // (t factors in order); lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t) in float32.
+  kTf1,
+  // Legacy Keras (optimizer_v2): beta^t = powf(beta, t); its sparse Adam's
+  // lr_t = lr * (sqrt(1 - b2^t) / (1 - b1^t)), Adamax's lr / (1 - b1^t), Nadam's 1 - b2^t.
+  kKerasLegacy,
+  // Keras 2.11+: beta^t = powf(beta, t); Adam's lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t).
+  kKeras,
+};
+
+// The names of the op's `bias_correction` attr. False if unknown.
+inline bool ParseBiasCorrection(std::string_view name, BiasCorrection* mode) {
+  static constexpr struct {
+    std::string_view name;
+    BiasCorrection mode;
+  } kNames[] = {
+      {"exact", BiasCorrection::kExact},
+      {"tf1", BiasCorrection::kTf1},
+      {"keras_legacy", BiasCorrection::kKerasLegacy},
+      {"keras", BiasCorrection::kKeras},
+  };
+  for (const auto& entry : kNames) {
+    if (entry.name == name) {
+      *mode = entry.mode;
+      return true;
+    }
+  }
+  return false;
+}
+
 struct OptimizerParams {
   OptimizerKind kind = OptimizerKind::kSgd;
+  BiasCorrection bias_correction = BiasCorrection::kExact;
   float learning_rate = 0.0f;
   // Adam, AMSGrad, Adamax, Nadam.
   float beta1 = 0.9f;
@@ -259,6 +298,52 @@ TF_EXT_HOST_DEVICE inline float AdamStepSizeOf(float learning_rate, float beta1,
                             (1.0 - ::pow(beta1, t)));
 }
 
+// powf(beta, t) as TensorFlow's float32 tf.pow computes it on the CPU (glibc's powf). CUDA's powf
+// differs from glibc's by an ulp at times; on the device the double pow rounded once (glibc's
+// powf to an ulp at most).
+TF_EXT_HOST_DEVICE inline float FloatPow(float beta, int64_t t) {
+#ifdef __CUDA_ARCH__
+  return static_cast<float>(::pow(static_cast<double>(beta), static_cast<double>(t)));
+#else
+  return ::powf(beta, static_cast<float>(t));
+#endif
+}
+
+// TF1's running product stops mattering once |beta^t| < 2^-25: 1 - beta^t is then 1.0f exactly,
+// as it is for every later (smaller) power. Past kMaxRunningFactors factors (betas within ~1e-4
+// of 1) the rest of the power is FloatPow's.
+constexpr float kNegligiblePower = 2.98023223876953125e-8f;  // 2^-25
+constexpr int64_t kMaxRunningFactors = int64_t{1} << 16;
+
+// Continues TF1's running product `power` = beta^from (float32, beta multiplied in order) to
+// beta^t, t >= from.
+TF_EXT_HOST_DEVICE inline float ContinueRunningPower(float beta, float power, int64_t from,
+                                                     int64_t t) {
+  int64_t i = from;
+  for (; i < t && i < kMaxRunningFactors; ++i) {
+    if (::fabsf(power) < kNegligiblePower) return power;  // 1 - power == 1.0f from here on
+    power *= beta;
+  }
+  return i < t ? power * FloatPow(beta, t - i) : power;
+}
+
+// TF1's beta power variable at the row's update number t >= 1: beta * beta * ... (t factors).
+TF_EXT_HOST_DEVICE inline float RunningPower(float beta, int64_t t) {
+  return ContinueRunningPower(beta, beta, 1, t);
+}
+
+// beta1^t and beta2^t in float32 as p.bias_correction computes them (not for kExact).
+struct BetaPowers {
+  float beta1 = 0.0f, beta2 = 0.0f;
+};
+
+TF_EXT_HOST_DEVICE inline BetaPowers BetaPowersOf(const OptimizerParams& p, int64_t t) {
+  if (p.bias_correction == BiasCorrection::kTf1) {
+    return BetaPowers{RunningPower(p.beta1, t), RunningPower(p.beta2, t)};
+  }
+  return BetaPowers{FloatPow(p.beta1, t), FloatPow(p.beta2, t)};
+}
+
 // Nadam's factor ratio: 0.96^(decay * i) is base^i.
 TF_EXT_HOST_DEVICE inline double NadamBase(float schedule_decay) {
   return ::pow(0.96, static_cast<double>(schedule_decay));
@@ -302,19 +387,32 @@ TF_EXT_HOST_DEVICE inline NadamHead NadamHeadOf(const OptimizerParams& p) {
   return head;
 }
 
-// The row's RowStep for its update number prior_updates + 1, as the GPU table computes it per row;
+// The row's RowStep for its update number prior_updates + 1, given `powers`
+// (internal::BetaPowersOf(p, prior_updates + 1), read unless p.bias_correction is kExact);
 // `head` is NadamHeadOf(p), or not computed (read by Nadam only).
-TF_EXT_HOST_DEVICE inline RowStep RowStepOf(const OptimizerParams& p, const NadamHead& head,
-                                            int64_t prior_updates) {
+TF_EXT_HOST_DEVICE inline RowStep RowStepWith(const OptimizerParams& p, const NadamHead& head,
+                                              int64_t prior_updates,
+                                              const internal::BetaPowers& powers) {
   RowStep r;
+  const bool exact = p.bias_correction == BiasCorrection::kExact;
   switch (p.kind) {
     case OptimizerKind::kAdam:
     case OptimizerKind::kAmsgrad:
-      r.step_size = internal::AdamStepSizeOf(p.learning_rate, p.beta1, p.beta2, prior_updates);
+      if (exact) {
+        r.step_size = internal::AdamStepSizeOf(p.learning_rate, p.beta1, p.beta2, prior_updates);
+      } else if (p.bias_correction == BiasCorrection::kKerasLegacy) {
+        r.step_size = p.learning_rate * (::sqrtf(1.0f - powers.beta2) / (1.0f - powers.beta1));
+      } else {
+        r.step_size = p.learning_rate * ::sqrtf(1.0f - powers.beta2) / (1.0f - powers.beta1);
+      }
       break;
     case OptimizerKind::kAdamax: {
-      const double t = static_cast<double>(prior_updates + 1);
-      r.step_size = static_cast<float>(p.learning_rate / (1.0 - ::pow(p.beta1, t)));
+      if (exact) {
+        const double t = static_cast<double>(prior_updates + 1);
+        r.step_size = static_cast<float>(p.learning_rate / (1.0 - ::pow(p.beta1, t)));
+      } else {
+        r.step_size = p.learning_rate / (1.0f - powers.beta1);
+      }
       break;
     }
     case OptimizerKind::kNadam: {
@@ -330,14 +428,30 @@ TF_EXT_HOST_DEVICE inline RowStep RowStepOf(const OptimizerParams& p, const Nada
       r.u_next = static_cast<float>(u_next);
       r.one_minus_product = static_cast<float>(1.0 - product);
       r.one_minus_product_next = static_cast<float>(1.0 - product * u_next);
-      r.one_minus_beta2_power =
-          static_cast<float>(1.0 - ::pow(static_cast<double>(p.beta2), static_cast<double>(t)));
+      r.one_minus_beta2_power = exact ? static_cast<float>(1.0 - ::pow(static_cast<double>(p.beta2),
+                                                                       static_cast<double>(t)))
+                                      : 1.0f - powers.beta2;
       break;
     }
     default:
       break;
   }
   return r;
+}
+
+// Whether the kind reads BetaPowers (RowStepWith) under p's bias correction.
+TF_EXT_HOST_DEVICE inline bool NeedsBetaPowers(const OptimizerParams& p) {
+  return p.bias_correction != BiasCorrection::kExact &&
+         (p.kind == OptimizerKind::kAdam || p.kind == OptimizerKind::kAmsgrad ||
+          p.kind == OptimizerKind::kAdamax || p.kind == OptimizerKind::kNadam);
+}
+
+// RowStepWith, the powers computed here: as the GPU table computes it per row.
+TF_EXT_HOST_DEVICE inline RowStep RowStepOf(const OptimizerParams& p, const NadamHead& head,
+                                            int64_t prior_updates) {
+  return RowStepWith(
+      p, head, prior_updates,
+      NeedsBetaPowers(p) ? internal::BetaPowersOf(p, prior_updates + 1) : internal::BetaPowers{});
 }
 
 // Whether the kind reads RowStep.
@@ -362,12 +476,47 @@ inline const NadamHead& RememberedNadamHead(const OptimizerParams& p) {
   return r.head;
 }
 
+// TF1's RunningPower(beta, t), remembered per thread: every kRunningStride-th power of the
+// product (for the betas last asked for), so that a power costs at most kRunningStride - 1
+// multiplications past them. The product continued from a remembered power is the same product,
+// so this changes no result (the GPU table's RunningPower loops from the start).
+inline float RememberedRunningPower(float beta, int64_t t) {
+  constexpr int64_t kRunningStride = 64;
+  struct Remembered {
+    uint32_t beta_bits = 0;
+    bool valid = false;
+    std::vector<float> powers;  // powers[k] = beta^(k * kRunningStride + 1)
+  };
+  thread_local Remembered remembered[2];  // beta1's and beta2's
+  uint32_t bits;
+  std::memcpy(&bits, &beta, sizeof(bits));  // by bits: NaN betas too
+  Remembered* r = &remembered[0];
+  if (!(r->valid && r->beta_bits == bits)) {
+    r = &remembered[1];
+    if (!(r->valid && r->beta_bits == bits)) {
+      std::swap(remembered[0], remembered[1]);  // the older one goes
+      r = &remembered[1];
+      r->valid = true;
+      r->beta_bits = bits;
+      r->powers.assign(1, beta);
+    }
+  }
+  const int64_t bounded = t < kMaxRunningFactors ? t : kMaxRunningFactors;
+  const int64_t k = (bounded - 1) / kRunningStride;
+  while (static_cast<int64_t>(r->powers.size()) <= k) {
+    const int64_t from = (static_cast<int64_t>(r->powers.size()) - 1) * kRunningStride + 1;
+    r->powers.push_back(ContinueRunningPower(beta, r->powers.back(), from, from + kRunningStride));
+  }
+  return ContinueRunningPower(beta, r->powers[k], k * kRunningStride + 1, t);
+}
+
 // RowStepOf, remembered per thread for the last hyperparameters and update numbers: rows repeat
 // the same few small update numbers, and its pow() calls cost as much as the rest of a 16-wide
 // update. The same inputs give the same value, so this changes no result.
 inline RowStep RememberedRowStep(const OptimizerParams& p, int64_t prior_updates) {
   struct Remembered {
     OptimizerKind kind;
+    BiasCorrection bias_correction;
     float learning_rate, beta1, beta2, schedule_decay;
     int64_t prior_updates = -1;
     RowStep step;
@@ -375,16 +524,21 @@ inline RowStep RememberedRowStep(const OptimizerParams& p, int64_t prior_updates
   constexpr int64_t kRemembered = 256;
   thread_local Remembered remembered[kRemembered];
   Remembered& r = remembered[static_cast<uint64_t>(prior_updates) % kRemembered];
-  if (r.prior_updates != prior_updates || r.kind != p.kind || r.learning_rate != p.learning_rate ||
+  if (r.prior_updates != prior_updates || r.kind != p.kind ||
+      r.bias_correction != p.bias_correction || r.learning_rate != p.learning_rate ||
       r.beta1 != p.beta1 || r.beta2 != p.beta2 || r.schedule_decay != p.schedule_decay) {
     const NadamHead head = p.kind == OptimizerKind::kNadam ? RememberedNadamHead(p) : NadamHead{};
-    r = Remembered{p.kind,
-                   p.learning_rate,
-                   p.beta1,
-                   p.beta2,
-                   p.schedule_decay,
-                   prior_updates,
-                   RowStepOf(p, head, prior_updates)};
+    BetaPowers powers;
+    if (NeedsBetaPowers(p)) {
+      const int64_t t = prior_updates + 1;
+      powers =
+          p.bias_correction == BiasCorrection::kTf1
+              ? BetaPowers{RememberedRunningPower(p.beta1, t), RememberedRunningPower(p.beta2, t)}
+              : BetaPowersOf(p, t);
+    }
+    r = Remembered{
+        p.kind,  p.bias_correction, p.learning_rate, p.beta1,
+        p.beta2, p.schedule_decay,  prior_updates,   RowStepWith(p, head, prior_updates, powers)};
   }
   return r.step;
 }

@@ -503,6 +503,83 @@ TEST(RowStepTest, KindsWithoutOneReadNone) {
   }
 }
 
+// TF1's float32 beta power variables: beta multiplied in, step by step.
+float Tf1Power(float beta, int64_t t) {
+  float power = beta;
+  for (int64_t i = 1; i < t; ++i) power *= beta;
+  return power;
+}
+
+TEST(BiasCorrectionTest, NamesParse) {
+  BiasCorrection mode;
+  ASSERT_TRUE(ParseBiasCorrection("exact", &mode));
+  EXPECT_EQ(mode, BiasCorrection::kExact);
+  ASSERT_TRUE(ParseBiasCorrection("tf1", &mode));
+  EXPECT_EQ(mode, BiasCorrection::kTf1);
+  ASSERT_TRUE(ParseBiasCorrection("keras_legacy", &mode));
+  EXPECT_EQ(mode, BiasCorrection::kKerasLegacy);
+  ASSERT_TRUE(ParseBiasCorrection("keras", &mode));
+  EXPECT_EQ(mode, BiasCorrection::kKeras);
+  EXPECT_FALSE(ParseBiasCorrection("double", &mode));
+}
+
+TEST(BiasCorrectionTest, AdamStepSizesAreTheApisFloat32Ones) {
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAmsgrad}) {
+    OptimizerParams p = Params(kind, 0.01f);
+    p.beta1 = 0.9f;
+    p.beta2 = 0.999f;
+    for (int64_t t : {1, 2, 3, 10, 100, 257, 1000, 5000}) {
+      const float b1_tf1 = Tf1Power(p.beta1, t), b2_tf1 = Tf1Power(p.beta2, t);
+      const float b1_pow = powf(p.beta1, static_cast<float>(t));
+      const float b2_pow = powf(p.beta2, static_cast<float>(t));
+      p.bias_correction = BiasCorrection::kTf1;
+      EXPECT_EQ(RowStepOf(p, NadamHead{}, t - 1).step_size,
+                p.learning_rate * sqrtf(1.0f - b2_tf1) / (1.0f - b1_tf1))
+          << t;
+      EXPECT_EQ(internal::RememberedRowStep(p, t - 1).step_size,
+                RowStepOf(p, NadamHead{}, t - 1).step_size)
+          << t;
+      p.bias_correction = BiasCorrection::kKerasLegacy;
+      EXPECT_EQ(RowStepOf(p, NadamHead{}, t - 1).step_size,
+                p.learning_rate * (sqrtf(1.0f - b2_pow) / (1.0f - b1_pow)))
+          << t;
+      p.bias_correction = BiasCorrection::kKeras;
+      EXPECT_EQ(RowStepOf(p, NadamHead{}, t - 1).step_size,
+                p.learning_rate * sqrtf(1.0f - b2_pow) / (1.0f - b1_pow))
+          << t;
+      EXPECT_EQ(internal::RememberedRowStep(p, t - 1).step_size,
+                RowStepOf(p, NadamHead{}, t - 1).step_size)
+          << t;
+    }
+  }
+}
+
+TEST(BiasCorrectionTest, AdamaxAndNadamUseFloatPow) {
+  OptimizerParams p = Params(OptimizerKind::kAdamax, 0.002f);
+  p.bias_correction = BiasCorrection::kKerasLegacy;
+  EXPECT_EQ(RowStepOf(p, NadamHead{}, 9).step_size, p.learning_rate / (1.0f - powf(0.9f, 10.0f)));
+  p.kind = OptimizerKind::kNadam;
+  p.bias_correction = BiasCorrection::kKeras;
+  EXPECT_EQ(RowStepOf(p, NadamHeadOf(p), 9).one_minus_beta2_power, 1.0f - powf(0.999f, 10.0f));
+}
+
+TEST(BiasCorrectionTest, Tf1RunningPowerOfLongRunsIsEveryFactorMultipliedOut) {
+  for (float beta : {0.9f, 0.999f, 0.9999f}) {
+    float power = beta;
+    for (int64_t t = 1; t <= 40000; ++t) {
+      if (t > 1) power *= beta;
+      // Past 2^-25 the product may stop early: 1 - power is 1 either way.
+      const float remembered = internal::RememberedRunningPower(beta, t);
+      ASSERT_EQ(1.0f - remembered, 1.0f - power) << beta << " " << t;
+      if (t % 997 == 0) {
+        ASSERT_EQ(1.0f - internal::RunningPower(beta, t), 1.0f - power) << beta << " " << t;
+      }
+    }
+  }
+  // Betas at 1 end at the bound: beyond it, powf.
+  EXPECT_EQ(internal::RunningPower(1.0f, int64_t{1} << 40), 1.0f);
+}
+
 }  // namespace
 }  // namespace de
 }  // namespace tf_ext
