@@ -81,6 +81,29 @@ def _restore(
     )
 
 
+def warm_start_table(table, checkpoint_prefix, saved_name):
+  """Restores `table` from the table named `saved_name` (plain or sharded) in the
+  tf.compat.v1.train.Saver checkpoint at `checkpoint_prefix`: its file is checked in full first,
+  so a bad file changes nothing. Returns the op (eagerly, after running it)."""
+  prefix = tf.convert_to_tensor(checkpoint_prefix, tf.string)
+  path = tf.strings.join([prefix, snapshot_suffix(saved_name)])
+
+  def load(verify_only):
+    return tf.group(
+      _restore(
+        table.resource_handle,
+        path,
+        prefix,
+        f"{saved_name}-",
+        *kept_part_of(table),
+        verify_only=verify_only,
+      )
+    )
+
+  with tf.control_dependencies([load(True)]):
+    return load(False)
+
+
 def _manifest(suffixes):
   return MANIFEST_HEADER + f"{len(suffixes)}\n" + "".join(f"{s}\n" for s in suffixes)
 

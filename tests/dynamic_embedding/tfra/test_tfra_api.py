@@ -447,3 +447,25 @@ def test_importing_tfra_patches_nothing_in_tensorflow():
   )
   count, changed = result.stdout.strip().splitlines()[-1].split(" ", 1)
   assert int(count) > 10000 and changed == "[]", changed
+
+
+def test_warm_start_fills_variables_from_a_saver_checkpoint_of_other_names(tmp_path):
+  prefix = str(tmp_path / "warm")
+  with tf.Graph().as_default():
+    saved = de.get_variable("previous", dim=1, devices=["/CPU:0"] * 2)
+    written = saved.upsert(tf.range(10, dtype=tf.int64), tf.reshape(tf.range(10.0), [10, 1]))
+    saver = tf.compat.v1.train.Saver([saved])
+    with tf.compat.v1.Session() as session:
+      session.run(written)
+      saver.save(session, prefix)
+  with tf.Graph().as_default():
+    var = de.get_variable("current", dim=1, devices=["/CPU:0"] * 2)
+    tf.compat.v1.add_to_collection(de.GraphKeys.DYNAMIC_EMBEDDING_VARIABLES, var)
+    rows = var.lookup(tf.constant([9, 3], tf.int64))
+    hook = de.WarmStartHook(str(tmp_path), ".*curr.*", {"current": "previous"})
+    with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+      np.testing.assert_array_equal(session.run(rows), [[9.0], [3.0]])
+  with tf.Graph().as_default():
+    var = de.get_variable("unknown", dim=1)
+    with pytest.raises(tf.errors.OpError), tf.compat.v1.Session() as session:
+      session.run(de.warm_start(prefix, [var]))  # no table of that name in the checkpoint

@@ -45,6 +45,7 @@ from tf_ext.dynamic_embedding.tfra.variable import (
   get_model_mode,
   get_variable,
 )
+from tf_ext.dynamic_embedding.tfra.warm_start import WarmStartHook, warm_start
 
 __all__ = [
   "CuckooHashTableConfig",
@@ -64,6 +65,7 @@ __all__ = [
   "RestrictPolicy",
   "TimestampRestrictPolicy",
   "TrainableWrapper",
+  "WarmStartHook",
   "Variable",
   "embedding_lookup",
   "embedding_lookup_sparse",
@@ -81,4 +83,5 @@ __all__ = [
   "shadow_ops",
   "train",
   "trainable_wrapper_filter",
+  "warm_start",
 ]
