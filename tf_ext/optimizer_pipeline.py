@@ -38,6 +38,7 @@ wrapping twice is harmless. The wrapped optimizer is found through any number of
 import threading
 
 import tensorflow as tf
+from tensorflow.python.framework import ops
 from tensorflow.python.keras.optimizer_v2 import optimizer_v2 as tf_keras_optimizer_v2
 
 # Stage kinds, in the order their transforms and their apply steps run.
@@ -381,8 +382,13 @@ class _KerasPipelineBase(_OptimizerPipeline):
     return self._pipeline_apply(grads_and_vars, apply_dense, self.iterations, self.iterations)
 
   def _pipeline_result(self, updates, result, advanced_step):
-    del updates
-    return advanced_step if result is None else result
+    if result is not None:
+      return result
+    if not tf.executing_eagerly() and not ops.inside_function():
+      # A TF1 session runs only what it fetches: the step's last update, which waits for the
+      # others (the counter variable itself would read without running them).
+      return updates[-1]
+    return advanced_step
 
   def get_config(self):
     config = super().get_config()

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.keras.optimizer_v2 import gradient_descent as tf_keras_sgd
 
 import tf_ext
 import tf_ext.tfra as de
@@ -469,3 +470,37 @@ def test_warm_start_fills_variables_from_a_saver_checkpoint_of_other_names(tmp_p
     var = de.get_variable("unknown", dim=1)
     with pytest.raises(tf.errors.OpError), tf.compat.v1.Session() as session:
       session.run(de.warm_start(prefix, [var]))  # no table of that name in the checkpoint
+
+
+@pytest.mark.parametrize("api", ["legacy", "tensorflow.python.keras", "native"])
+def test_a_keras_optimizer_in_a_tf1_session_updates_the_rows(api):
+  """A Keras optimizer's minimize in a TF1 graph returns what a session runs: the table updates
+  (before, it returned the step counter, which reads without running them)."""
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    sgd = tf_keras_sgd.SGD(0.1) if api != "legacy" else tf.keras.optimizers.legacy.SGD(0.1)
+    if api == "native":
+      table = tf_ext.get_dynamic_embedding_variable("keras_in_tf1", 1, initializer=0.5)
+      optimizer = tf_ext.DynamicEmbeddingOptimizer(sgd)
+      train = optimizer.minimize(
+        lambda: tf.reduce_sum(table.lookup(tf.constant([1, 3, 3], tf.int64))),
+        [table.gradient_anchor],
+      )
+    else:
+      table = de.get_variable("keras_in_tf1", dim=1, initializer=0.5)
+      wrappers = []
+
+      def loss():
+        rows, wrapper = de.embedding_lookup_unique(
+          table, tf.constant([1, 3, 3], tf.int64), return_trainable=True, name="k1"
+        )
+        wrappers[:] = [wrapper]
+        return tf.reduce_sum(rows)
+
+      train = de.DynamicEmbeddingOptimizer(sgd).minimize(loss, lambda: wrappers)
+    session.run(tf.compat.v1.global_variables_initializer())
+    session.run(tf.compat.v1.local_variables_initializer())
+    session.run(train)
+    session.run(train)
+    np.testing.assert_allclose(
+      session.run(table.lookup(tf.constant([1, 3], tf.int64))), [[0.3], [0.1]], atol=1e-6
+    )

@@ -568,7 +568,8 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
       return self.value()
     assign = gen_resource_variable_ops.assign_variable_op(self.handle, tf.constant(0.0))
     with tf.control_dependencies([assign]):
-      return gen_resource_variable_ops.read_variable_op(self.handle, tf.float32)
+      # The variable's own read: a gradient tape (Keras' minimize in a graph) sees the access.
+      return self._read_variable_op()  # noqa: SLF001
 
   def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
     """Used as a tensor, a lookup's wrapper is its rows, as TFRA's wrapper holds them ([ids,
