@@ -59,9 +59,10 @@ def test_fusion_settled_callback_retraces_once_the_choice_is_made():
   assert_ok(proc)  # replicas identical
   seen = re.findall(r"FUSION rank=\d retraced_after=(\d+) steps_seen=(\d+) ", proc.stdout)
   assert len(seen) == 4, proc.stdout
-  # 2 candidates x 2 rounds, refined at most once more: settled within the first 8 batches, and
-  # no step after the retrace reached the policy (the first step is never timed).
-  assert all(int(batch) < 8 and int(steps) == int(batch) for batch, steps in seen), proc.stdout
+  # 2 candidates x 2 rounds (4 batches), refined at most once more (4 more, when the two medians
+  # are within 3 %, as on a loaded machine): settled within the first 8 batches, and no step after
+  # the retrace reached the policy (the first step is never timed).
+  assert all(int(batch) <= 8 and int(steps) == int(batch) for batch, steps in seen), proc.stdout
 
 
 def test_fusion_settled_callback_gives_each_batch_the_graph_of_its_bucket_size_under_retrace():
