@@ -81,27 +81,35 @@ def _restore(
     )
 
 
-def warm_start_table(table, checkpoint_prefix, saved_name):
-  """Restores `table` from the table named `saved_name` (plain or sharded) in the
-  tf.compat.v1.train.Saver checkpoint at `checkpoint_prefix`: its file is checked in full first,
-  so a bad file changes nothing. Returns the op (eagerly, after running it)."""
+def warm_start_tables(tables_and_saved_names, checkpoint_prefix):
+  """Restores each table of `tables_and_saved_names` ([(table, name of the table saved)], plain
+  or sharded) from the tf.compat.v1.train.Saver checkpoint at `checkpoint_prefix`. Every file is
+  checked in full before the first table changes, as a Saver restore does. Returns the op
+  (eagerly, after running it)."""
   prefix = tf.convert_to_tensor(checkpoint_prefix, tf.string)
-  path = tf.strings.join([prefix, snapshot_suffix(saved_name)])
 
-  def load(verify_only):
+  def load(table, saved_name, verify_only):
+    path = tf.strings.join([prefix, snapshot_suffix(saved_name)])
+    legacy = f"{saved_name}-"
     return tf.group(
       _restore(
-        table.resource_handle,
-        path,
-        prefix,
-        f"{saved_name}-",
-        *kept_part_of(table),
-        verify_only=verify_only,
+        table.resource_handle, path, prefix, legacy, *kept_part_of(table), verify_only=verify_only
       )
     )
 
-  with tf.control_dependencies([load(True)]):
-    return load(False)
+  checks = [load(table, saved, True) for table, saved in tables_and_saved_names]
+  with tf.control_dependencies(checks):
+    return tf.group([load(table, saved, False) for table, saved in tables_and_saved_names])
+
+
+def saver_list_saveables(table, graph, saveable_class):
+  """A table's `_gather_saveables_for_checkpoint`: what tf.compat.v1.train.Saver(var_list=[table,
+  ...]) saves, the saveable the Saver's default list holds (under the table's name), in the TF1
+  graph the table lives in; nothing elsewhere (tf.train.Checkpoint and SavedModel use the
+  registered saver)."""
+  if graph is None or ops.get_default_graph() is not graph:
+    return {}
+  return {"table": lambda name=None: saveable_class(table, table.name)}
 
 
 def _manifest(suffixes):

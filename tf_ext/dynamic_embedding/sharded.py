@@ -158,12 +158,9 @@ class ShardedDynamicEmbeddingVariable(
     self._warn_if_tasks_shared()
 
   def _gather_saveables_for_checkpoint(self):
-    """What tf.compat.v1.train.Saver(var_list=[table, ...]) saves: the one saveable its default
-    list holds for the whole table (in the table's graph; tf.train.Checkpoint saves the shards)."""
-    graph = getattr(self._shards[0], "_saver_graph", None)
-    if graph is None or ops.get_default_graph() is not graph:
-      return {}
-    return {"table": lambda name=None: checkpoint.ShardedTableSaveable(self, self._name)}
+    # One saveable for the whole table, as the default list has (the shards' graph is its own).
+    graph = getattr(self._shards[0], "saver_graph", None)  # a serving export's stand-ins: none
+    return checkpoint.saver_list_saveables(self, graph, checkpoint.ShardedTableSaveable)
 
   def _warn_if_tasks_shared(self):
     devices = [anchor.device for anchor in self._anchors]

@@ -220,13 +220,13 @@ class DynamicEmbeddingVariable(
       seed=spec.seed,
     )
 
+  @property
+  def saver_graph(self):
+    """The TF1 graph the table lives in (None: created eagerly)."""
+    return self._saver_graph
+
   def _gather_saveables_for_checkpoint(self):
-    """What tf.compat.v1.train.Saver(var_list=[table, ...]) saves: the saveable its default list
-    holds (the streaming TableSaveable, under the table's name). tf.train.Checkpoint and
-    SavedModel use the registered saver (checkpoint.py) instead."""
-    if self._saver_graph is None or ops.get_default_graph() is not self._saver_graph:
-      return {}
-    return {"table": lambda name=None: checkpoint.TableSaveable(self, self._name)}
+    return checkpoint.saver_list_saveables(self, self._saver_graph, checkpoint.TableSaveable)
 
   def _destroy_resource(self):
     if tf.executing_eagerly():

@@ -467,9 +467,12 @@ def test_warm_start_fills_variables_from_a_saver_checkpoint_of_other_names(tmp_p
     with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
       np.testing.assert_array_equal(session.run(rows), [[9.0], [3.0]])
   with tf.Graph().as_default():
-    var = de.get_variable("unknown", dim=1)
-    with pytest.raises(tf.errors.OpError), tf.compat.v1.Session() as session:
-      session.run(de.warm_start(prefix, [var]))  # no table of that name in the checkpoint
+    known = de.get_variable("previous", dim=1, devices=["/CPU:0"] * 2)
+    unknown = de.get_variable("unknown", dim=1)
+    with tf.compat.v1.Session() as session:
+      with pytest.raises(tf.errors.OpError):  # no table of that name in the checkpoint
+        session.run(de.warm_start(prefix, [known, unknown]))
+      assert session.run(known.size()) == 0  # checked first: the known one is not restored
 
 
 @pytest.mark.parametrize("api", ["legacy", "tensorflow.python.keras", "native"])

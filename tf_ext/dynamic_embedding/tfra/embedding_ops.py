@@ -13,6 +13,7 @@ row below the last one; here it is zeros, as tf.nn.embedding_lookup_sparse gives
 
 import tensorflow as tf
 
+from tf_ext.dynamic_embedding.tfra import shadow_ops
 from tf_ext.dynamic_embedding.tfra import variable as variable_lib
 
 _COMBINERS = ("mean", "sqrtn", "sum")
@@ -43,19 +44,23 @@ def embedding_lookup_unique(
   max_norm=None,
   return_trainable=False,
 ):
-  """As embedding_lookup, looking each distinct id up once."""
+  """As embedding_lookup, looking each distinct id up once (RaggedTensor ids too)."""
   del partition_strategy, validate_indices
-  with tf.name_scope(name or "EmbeddingLookupUnique"):
-    ids = tf.convert_to_tensor(ids)
-    unique, positions = tf.unique(tf.reshape(ids, [-1]))
+  params = variable_lib.single_params(params)
+  dim = params.params.dim if isinstance(params, variable_lib.TrainableWrapper) else params.dim
+  wrappers = []
+
+  def lookup(unique_ids):
     rows, wrapper = embedding_lookup(
-      params, unique, name=name, max_norm=max_norm, return_trainable=True
+      params, unique_ids, name=name, max_norm=max_norm, return_trainable=True
     )
-    row_shape = rows.shape[1:]
-    rows = tf.gather(rows, positions)
-    rows = tf.reshape(rows, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
-    rows.set_shape(ids.shape.concatenate(row_shape))
-  return (rows, wrapper) if return_trainable else rows
+    wrappers.append(wrapper)
+    return rows
+
+  rows = shadow_ops.embedding_lookup_unique_base(
+    ids, dim, lookup, with_unique=True, name=name or "EmbeddingLookupUnique"
+  )
+  return (rows, wrappers[0]) if return_trainable else rows
 
 
 def embedding_lookup_sparse(

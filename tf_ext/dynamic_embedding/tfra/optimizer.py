@@ -3,7 +3,6 @@ looked up through TrainableWrappers and ShadowVariables, their slots inside the 
 
 from tf_ext.dynamic_embedding import alltoall
 from tf_ext.dynamic_embedding import optimizer as optimizer_lib
-from tf_ext.dynamic_embedding.tfra import variable as variable_lib
 
 
 def DynamicEmbeddingOptimizer(self, bp_v2=False, synchronous=False, **kwargs):  # noqa: N802
@@ -34,7 +33,7 @@ def _sum_dense_gradients_over_ranks(optimizer):
   def apply_gradients(grads_and_vars, *args, **kwargs):
     summed = [
       (g, v)
-      if g is None or variable_lib.table_of_anchor(v) is not None
+      if g is None or optimizer_lib.table_of(v) is not None
       else (hvd.allreduce(g, op=hvd.Sum), v)
       for g, v in grads_and_vars
     ]

@@ -439,12 +439,6 @@ class Variable(trackable.Trackable):
     return self.name.split("/")[-1]
 
 
-def table_of_anchor(variable):
-  """The table whose gradient anchor `variable` is (a wrapper's or a table's own), or None."""
-  ref = getattr(variable, table_lib.TABLE_OF_ANCHOR, None)
-  return ref() if ref is not None else None
-
-
 def _idle_anchor(table_name):
   """A table's own gradient anchor where no lookup reads it: not trainable and, in a graph, local,
   so that neither optimizers nor Saver see it (a TFRA checkpoint has no such variable)."""

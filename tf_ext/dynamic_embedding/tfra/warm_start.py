@@ -40,13 +40,12 @@ def warm_start(ckpt_to_initialize_from, vars_to_warm_start=".*", var_name_to_pre
     if prefix is None:
       raise ValueError(f"no checkpoint in {ckpt_to_initialize_from!r}")
   renames = var_name_to_prev_var_name or {}
-  restores = []
+  tables = []
   for variable in _variables(vars_to_warm_start):
     previous = renames.get(variable.name, variable.name).replace("/", "_")
     for index, table in enumerate(variable.tables):
-      saved = f"{previous}_mht_{index + 1}of{variable.shard_num}"
-      restores.append(checkpoint.warm_start_table(table, prefix, saved))
-  return tf.group(restores)
+      tables.append((table, f"{previous}_mht_{index + 1}of{variable.shard_num}"))
+  return checkpoint.warm_start_tables(tables, prefix)
 
 
 class WarmStartHook(tf.compat.v1.train.SessionRunHook):

@@ -11,7 +11,7 @@
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding import alltoall
-from tf_ext.dynamic_embedding.tfra import variable as variable_lib
+from tf_ext.dynamic_embedding import optimizer as optimizer_lib
 
 __all__ = ["DEHvdBroadcastGlobalVariablesCallback", "DEHvdModelCheckpoint", "ModelCheckpoint"]
 
@@ -41,12 +41,9 @@ class DEHvdBroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     self._local = {v.ref() for v in local_variables}
 
   def _broadcast(self, variables):
+    # A wrapper or a table's own anchor names its table: left out.
     kept = [
-      v
-      for v in variables
-      if v.ref() not in self._local
-      and not isinstance(v, variable_lib.TrainableWrapper)
-      and variable_lib.table_of_anchor(v) is None
+      v for v in variables if v.ref() not in self._local and optimizer_lib.table_of(v) is None
     ]
     if kept:
       hvd = alltoall.horovod_of(None, "DEHvdBroadcastGlobalVariablesCallback broadcasts over ranks")
