@@ -23,6 +23,7 @@ REGISTER_OP("TfExtTableApplyGradient")
         "'adadelta', 'proximal_sgd', 'proximal_adagrad', 'adagrad_da', 'adamax', 'nadam'}")
     .Attr("epsilon_inside_sqrt: bool = false")
     .Attr("bias_correction: {'exact', 'tf1', 'keras_legacy', 'keras'} = 'exact'")
+    .Attr("bias_correction_step: {'row', 'optimizer'} = 'row'")
     .Attr("initial_accumulator_value: float = 0.0")
     .Attr("use_nesterov: bool = false")
     .Attr("num_hyperparameters: int >= 0 = 0")
@@ -36,7 +37,7 @@ Applies one optimizer step to the rows of `keys` and their co-located slots.
 Missing rows are created first, from the initializer, when the table's admission policy admits
 them (the gradient of an id not admitted yet is dropped). Each updated row records its update count
 and the step; Adam, AMSGrad, Adamax and Nadam bias-correct (and Nadam schedules its momentum) with
-the row's own update count. Only the rows of `keys` change (lazy updates): the slots of other rows
+the row's own update count (`bias_correction_step`). Only the rows of `keys` change (lazy updates): the slots of other rows
 do not decay.
 
 keys: 1-D, expected unique (the Python caller sums the gradients of duplicates).
@@ -46,7 +47,8 @@ beta1: Adam's, AMSGrad's, Adamax's and Nadam's; ignored by the others.
 beta2: Adam's, AMSGrad's, Adamax's and Nadam's; ignored by the others.
 epsilon: Adagrad's, Adam's, AMSGrad's, RMSprop's, Adadelta's, Adamax's and Nadam's; ignored by the
   others.
-global_step: Recorded as each updated row's last step.
+global_step: Recorded as each updated row's last step; the optimizer's step before this update
+  (bias_correction_step).
 hyperparameters: By optimizer: momentum and keras_momentum [momentum]; ftrl [l1, l2, l2_shrinkage,
   learning_rate_power], l2 including FTRL's beta / (2 * learning_rate); rmsprop, centered_rmsprop
   and adadelta [rho]; rmsprop_momentum and centered_rmsprop_momentum [rho, momentum]; proximal_sgd
@@ -68,6 +70,9 @@ bias_correction: How adam, amsgrad, adamax and nadam compute beta^t (t: the row'
   and the step size: exact, in double; tf1, as tf.compat.v1.train.AdamOptimizer (float32 running
   products of beta); keras_legacy, as legacy Keras (float32 pow, its sparse update's
   lr * (sqrt(1 - beta2^t) / (1 - beta1^t))); keras, as Keras 2.11+ (float32 pow).
+bias_correction_step: The t of those bias corrections (and of nadam's momentum schedule): row, the
+  row's update number; optimizer, global_step + 1 for every row, as TensorFlow's dense optimizers
+  (and TFRA's tables) compute it.
 initial_accumulator_value: The initial accumulator of adagrad, ftrl and proximal_adagrad, ms of the
   RMSprop kinds (TF1's RMSProp starts it at 1), the squared accumulator of adagrad_da.
 use_nesterov: Nesterov momentum, for momentum and keras_momentum.

@@ -290,6 +290,7 @@ class _OptimizerPipeline:
     if not stages_:
       return apply_dense(grads_and_vars)
     step = tf.identity(recorded_step) if recorded_step is not None else tf.constant(0, tf.int64)
+    self._pipeline_counts_steps = recorded_step is not None
     gates = [g for g in (s.should_apply(grads_and_vars) for s in stages_) if g is not None]
 
     def apply_all():
@@ -339,6 +340,12 @@ class _OptimizerPipeline:
   def _pipeline_prepare(self, variables):
     """Creates the wrapped optimizer's variables (slots) for `variables`."""
     raise NotImplementedError
+
+
+def counts_steps(optimizer):
+  """Whether the step that `optimizer`'s (a pipeline's) stages got in apply counts its steps:
+  False for a TF1 optimizer applied without a global step (the stages then get 0)."""
+  return getattr(optimizer, "_pipeline_counts_steps", True)
 
 
 def _advance(step_variable):

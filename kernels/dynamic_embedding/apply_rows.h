@@ -11,11 +11,13 @@
 
 namespace tf_ext {
 
-// The optimizer attributes: optimizer, epsilon_inside_sqrt, initial_accumulator_value,
-// use_nesterov.
+// The optimizer attributes: optimizer, epsilon_inside_sqrt, bias_correction,
+// bias_correction_step, initial_accumulator_value, use_nesterov.
 struct OptimizerAttrs {
   de::OptimizerParams params;
   std::string optimizer;
+  // bias_correction_step 'optimizer': every row's bias corrections use the global_step input.
+  bool shared_bias_correction_step = false;
 
   Status Read(OpKernelConstruction* ctx);
   // params with the inputs learning_rate, beta1, beta2, epsilon, global_step and hyperparameters,

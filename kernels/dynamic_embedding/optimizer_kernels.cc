@@ -21,6 +21,9 @@ Status OptimizerAttrs::Read(OpKernelConstruction* ctx) {
     return ::tensorflow::errors::InvalidArgument("the table update has no bias_correction '",
                                                  bias_correction, "'");
   }
+  std::string bias_correction_step;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("bias_correction_step", &bias_correction_step));
+  shared_bias_correction_step = bias_correction_step == "optimizer";
   return ::tensorflow::OkStatus();
 }
 
@@ -52,6 +55,10 @@ Status OptimizerAttrs::ReadInputs(OpKernelContext* ctx, int first_input, const D
   step_params->epsilon = ctx->input(first_input + 3).flat<float>()(0);
   de::SetHyperparameters(extra.data(), step_params);
   *step = ctx->input(first_input + 4).flat<int64_t>()(0);
+  if (shared_bias_correction_step) {
+    if (*step < 0) return table.Invalid("apply: the optimizer's step is negative: ", *step);
+    step_params->shared_prior_updates = *step;
+  }
   return ::tensorflow::OkStatus();
 }
 

@@ -228,6 +228,16 @@ std::vector<NodeBuilder::NodeOut> Outs(const std::vector<Field>& fields, Output 
   return outs;
 }
 
+// The optimizer attributes that a table update and the fused update share: updates fuse only
+// where they agree.
+constexpr const char* kApplyAttrs[] = {"optimizer",
+                                       "epsilon_inside_sqrt",
+                                       "bias_correction",
+                                       "bias_correction_step",
+                                       "initial_accumulator_value",
+                                       "use_nesterov",
+                                       "num_hyperparameters"};
+
 // Builds the fused op of `fields`: their field inputs; for the apply, the optimizer inputs and
 // attributes of `apply`, the first update it replaces, the splits it reads its gradients in, and
 // each field's distinct slots (a fused lookup's, or an empty tensor);
@@ -279,8 +289,7 @@ Status BuildFused(Graph* graph, const std::string& op, const std::vector<Field>&
       }
     }
     builder.Input(hyperparameters);
-    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "bias_correction",
-                             "initial_accumulator_value", "use_nesterov", "num_hyperparameters"}) {
+    for (const char* name : kApplyAttrs) {
       builder.Attr(name, *apply->attrs().Find(name));
     }
     std::vector<NodeBuilder::NodeOut> split_sizes;
@@ -617,8 +626,7 @@ Status ApplyFields(Graph* graph, const std::vector<bool>& unfusable,
     TF_RETURN_IF_ERROR(InputOf(node, 0, &update.table));
     // Applies fuse only with the same optimizer and the same hyperparameter tensors.
     std::string key = update.device;
-    for (const char* name : {"optimizer", "epsilon_inside_sqrt", "bias_correction",
-                             "initial_accumulator_value", "use_nesterov", "num_hyperparameters"}) {
+    for (const char* name : kApplyAttrs) {
       key += "|" + node->attrs().Find(name)->ShortDebugString();
     }
     for (int i = 3; i < node->num_inputs(); ++i) key += "|" + ValueSignature(SourceOf(node, i));

@@ -3,8 +3,9 @@ the dense tf.Variable + tf.gather model, in every API that has them: TF1 (tf.com
 Keras 2.11+ (tf.keras.optimizers), legacy Keras (tf.keras.optimizers.legacy) and TensorFlow's own
 copy of it (tensorflow.python.keras.optimizer_v2).
 
-Table rows are updated lazily and bias-corrected with each row's own update count (see
-tf_ext/dynamic_embedding/optimizer.py). Every case is compared with every row in every batch;
+Table rows are updated lazily and bias-corrected with the optimizer's step, or with each row's own
+update count (bias_correction_step; see tf_ext/dynamic_embedding/optimizer.py). Every case is
+compared with every row in every batch;
 where TensorFlow's sparse update is lazy too and needs no per-row step (TF1's, legacy Keras'
 RMSprop with momentum and Adadelta), also on random batches with rows absent from some steps.
 """
@@ -302,16 +303,77 @@ def test_rows_absent_from_a_batch_do_not_move_unlike_keras_dense(name):
   assert not np.allclose(dense_rows[2][2], dense_rows[1][2])  # dense Keras moved it
 
 
-def test_a_row_new_in_a_later_step_is_bias_corrected_as_a_new_row():
-  """Adamax's first update of a row steps by the learning rate (m / u = sign(g) after 1 - beta1
-  corrects m), whatever the optimizer's step; TensorFlow's global step would shrink it."""
-  table = tf_ext.DynamicEmbeddingVariable("more_adamax_late_row", 2, initializer="zeros")
-  optimizer = tf_ext.DynamicEmbeddingOptimizer(LEGACY.Adamax(0.1, epsilon=1e-12))
+def _late_row_adamax(name, **wrapper):
+  """Rows of a table trained on ids [1], [1], [1], [5] by legacy Adamax(0.1)."""
+  table = tf_ext.DynamicEmbeddingVariable(name, 2, initializer="zeros")
+  optimizer = tf_ext.DynamicEmbeddingOptimizer(LEGACY.Adamax(0.1, epsilon=1e-12), **wrapper)
   for ids in ([1], [1], [1], [5]):
     optimizer.apply_gradients(
       [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant(ids, tf.int64)), table.gradient_anchor)]
     )
-  np.testing.assert_allclose(table.lookup([5]).numpy(), [[-0.1, -0.1]], rtol=1e-5)
+  return table.lookup([1, 5]).numpy()
+
+
+def test_a_row_new_in_a_later_step_is_bias_corrected_as_a_new_row_by_its_own_count():
+  """Adamax's first update of a row steps by the learning rate (m / u = sign(g) after 1 - beta1
+  corrects m), whatever the optimizer's step; TensorFlow's global step would shrink it."""
+  rows = _late_row_adamax("more_adamax_late_row", bias_correction_step="row")
+  np.testing.assert_allclose(rows[1], [-0.1, -0.1], rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias_correction_step", ["auto", "optimizer"])
+def test_by_the_optimizers_step_a_late_row_moves_as_legacy_adamaxs_lazy_sparse_update(
+  bias_correction_step,
+):
+  """Legacy Keras Adamax's sparse update is lazy and corrects by the optimizer's step: the table
+  matches it row for row, the late row included (its first step: lr (1 - beta1) / (1 - beta1^4))."""
+  rows = _late_row_adamax(f"more_adamax_late_{bias_correction_step}")
+  dense = tf.Variable(tf.zeros([6, 2]))
+  optimizer = LEGACY.Adamax(0.1, epsilon=1e-12)
+  for ids in ([1], [1], [1], [5]):
+    optimizer.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant(ids)), dense)])
+  np.testing.assert_allclose(rows, dense.numpy()[[1, 5]], rtol=1e-6)
+  assert abs(rows[1][0] + 0.1 * 0.1 / (1 - 0.9**4)) < 1e-6
+
+
+def test_optimizer_step_without_a_tf1_global_step_is_refused_and_auto_counts_rows():
+  with tf.Graph().as_default():
+    table = tf_ext.DynamicEmbeddingVariable("more_tf1_no_step", 2, initializer="zeros")
+    gradient = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([3], tf.int64))
+    strict = tf_ext.DynamicEmbeddingOptimizer(V1.AdamOptimizer(0.1), "optimizer")
+    with pytest.raises(ValueError, match="global_step"):
+      strict.apply_gradients([(gradient, table.gradient_anchor)])
+    auto = tf_ext.DynamicEmbeddingOptimizer(V1.AdamOptimizer(0.1))
+    train = auto.apply_gradients([(gradient, table.gradient_anchor)])
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train)
+      session.run(train)
+      # Row counts: each update a first-and-second row step of lr * sign(g).
+      np.testing.assert_allclose(session.run(table.lookup([3])), [[-0.2, -0.2]], rtol=1e-5)
+
+
+def test_tf1_adam_corrects_by_the_global_step_it_is_given():
+  with tf.Graph().as_default():
+    table = tf_ext.DynamicEmbeddingVariable("more_tf1_step", 1, initializer="zeros")
+    step = tf.compat.v1.train.get_or_create_global_step()
+    keys = tf.compat.v1.placeholder(tf.int64, [1])
+    gradient = tf.IndexedSlices(tf.ones([1, 1]), keys)
+    optimizer = tf_ext.DynamicEmbeddingOptimizer(V1.AdamOptimizer(0.1, epsilon=1e-12))
+    train = optimizer.apply_gradients([(gradient, table.gradient_anchor)], global_step=step)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for key in (1, 1, 1, 7):
+        session.run(train, {keys: [key]})
+      # Row 7's first update at t = 4: lr * sqrt(1 - b2^4) / (1 - b1^4) * 0.1 / sqrt(0.001).
+      t = 4
+      expected = -0.1 * np.sqrt(1 - 0.999**t) / (1 - 0.9**t) * 0.1 / np.sqrt(0.001)
+      np.testing.assert_allclose(session.run(table.lookup([7])), [[expected]], rtol=1e-5)
+
+
+def test_the_wrapper_refuses_an_unknown_bias_correction_step():
+  with pytest.raises(ValueError, match="bias_correction_step"):
+    tf_ext.DynamicEmbeddingOptimizer(K.Adam(0.1), bias_correction_step="global")
 
 
 def _slots(table):

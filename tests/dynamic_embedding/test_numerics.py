@@ -86,16 +86,22 @@ def test_v1_optimizers_match_dense_in_graph_mode(name):
       assert counts.max() <= STEPS and last_steps.max() == STEPS - 1
 
 
-def test_lazy_adam_matches_numpy_reference():
-  """Rows absent from a batch keep their moments; bias correction uses the row's own count."""
+@pytest.mark.parametrize("bias_correction_step", ["row", "optimizer"])
+def test_lazy_adam_matches_numpy_reference(bias_correction_step):
+  """Rows absent from a batch keep their moments; bias correction uses the row's own count or
+  the optimizer's step."""
   lr, b1, b2, eps = 0.05, 0.9, 0.999, 1e-7
-  table = tf_ext.DynamicEmbeddingVariable("lazy_adam", 2, initializer="zeros")
-  opt = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(lr, epsilon=eps))
+  table = tf_ext.DynamicEmbeddingVariable(
+    f"lazy_adam_{bias_correction_step}", 2, initializer="zeros"
+  )
+  opt = tf_ext.DynamicEmbeddingOptimizer(
+    tf.keras.optimizers.Adam(lr, epsilon=eps), bias_correction_step=bias_correction_step
+  )
   rows = {k: np.zeros(2) for k in range(3)}
   m = {k: np.zeros(2) for k in range(3)}
   v = {k: np.zeros(2) for k in range(3)}
   t = {k: 0 for k in range(3)}
-  for ids in ([0, 1, 1], [2], [0, 2]):
+  for step, ids in enumerate(([0, 1, 1], [2], [0, 2]), 1):
     grads = np.arange(len(ids) * 2, dtype=np.float32).reshape(-1, 2) + 1
     slices = tf.IndexedSlices(tf.constant(grads), tf.constant(ids, tf.int64))
     opt.apply_gradients([(slices, table.gradient_anchor)])
@@ -106,7 +112,8 @@ def test_lazy_adam_matches_numpy_reference():
       t[k] += 1
       m[k] = b1 * m[k] + (1 - b1) * g
       v[k] = b2 * v[k] + (1 - b2) * g * g
-      lr_t = lr * np.sqrt(1 - b2 ** t[k]) / (1 - b1 ** t[k])
+      n = t[k] if bias_correction_step == "row" else step
+      lr_t = lr * np.sqrt(1 - b2**n) / (1 - b1**n)
       rows[k] = rows[k] - lr_t * m[k] / (np.sqrt(v[k]) + eps)
   got = table.lookup([0, 1, 2]).numpy()
   np.testing.assert_allclose(got, np.stack([rows[k] for k in range(3)]), rtol=1e-5)

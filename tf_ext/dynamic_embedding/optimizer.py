@@ -26,15 +26,14 @@ legacy Nadam, RMSprop without momentum (legacy and new) and Keras 2.11+ Adadelta
 slots without moving them. For rows in every batch both agree; a row absent from a batch keeps its
 value and slots here.
 
-Bias corrections use each row's own update count t: Adam's and AMSGrad's, Adamax's 1 - beta1^t,
-Nadam's 1 - beta2^t and its momentum schedule (u_t = beta1 * (1 - 0.5 * 0.96^(decay * t)), decay 1
-in Keras 2.11+ and `schedule_decay` in legacy Keras, and the product u_1 * ... * u_t that Keras
-keeps as one variable). TensorFlow uses the optimizer's step (iterations + 1) for every row. The two
-agree for a row seen in every batch since the start; a row that missed batches, or first appeared
-later, is bias-corrected as a new row here (legacy Adamax's sparse update is lazy too but uses the
-optimizer's step, so such rows differ from it). AdagradDA is the exception: its step is the
-optimizer's global step + 1, as TensorFlow's, for every row, which matches TensorFlow's (lazy)
-sparse update for every row.
+Bias corrections (Adam's and AMSGrad's, Adamax's 1 - beta1^t, Nadam's 1 - beta2^t and its momentum
+schedule u_t = beta1 * (1 - 0.5 * 0.96^(decay * t)), decay 1 in Keras 2.11+ and `schedule_decay`
+in legacy Keras, with the product u_1 * ... * u_t that Keras keeps as one variable) use, by
+DynamicEmbeddingOptimizer's `bias_correction_step`, the optimizer's step t (iterations + 1, or a
+TF1 optimizer's global step + 1) for every row, as TensorFlow and TFRA do (the default, where the
+optimizer counts steps), or each row's own update count (a row that missed batches, or first
+appeared later, is then bias-corrected as a new row). The two agree for a row seen in every batch
+since the start. AdagradDA always steps by the optimizer's global step + 1, as TensorFlow's.
 beta^t and the step size are computed in float32 the way the optimizer's API does (TF1's
 AdamOptimizer: its float32 beta power variables' running products; Keras, legacy and 2.11+: float32
 pow), so that such rows match TensorFlow to float rounding.
@@ -90,9 +89,16 @@ _Hyper = collections.namedtuple(
     # optimizer's API does in float32 ("tf1": running products, "keras_legacy" and "keras": pow),
     # so that rows match its dense results to float rounding; the op's default is "exact".
     "bias_correction",
+    # The t of those bias corrections: "row", each row's update number; "optimizer", the
+    # optimizer's step + 1 for every row (DynamicEmbeddingOptimizer's bias_correction_step).
+    "bias_correction_step",
   ],
-  defaults=(0.0, 0.0, 0.0, False, 0.0, False, lambda lr: [], "exact"),
+  defaults=(0.0, 0.0, 0.0, False, 0.0, False, lambda lr: [], "exact", "row"),
 )
+
+# The kinds whose updates bias-correct (and Nadam's momentum schedule) by a step t.
+_STEP_CORRECTED_KINDS = ("adam", "amsgrad", "adamax", "nadam")
+BIAS_CORRECTION_STEPS = ("auto", "optimizer", "row")
 
 
 def _unsupported(optimizer, why):
@@ -463,6 +469,7 @@ def apply_table_gradient(table, gradient, hyper, step):
       optimizer=hyper.kind,
       epsilon_inside_sqrt=hyper.epsilon_inside_sqrt,
       bias_correction=hyper.bias_correction,
+      bias_correction_step=hyper.bias_correction_step,
       initial_accumulator_value=float(hyper.initial_accumulator_value),
       use_nesterov=hyper.use_nesterov,
     )
@@ -559,6 +566,19 @@ class TablesStage(optimizer_pipeline.Stage):
   kind = "tables"
   saved = True
 
+  def __init__(self, bias_correction_step="auto"):
+    if bias_correction_step not in BIAS_CORRECTION_STEPS:
+      raise ValueError(
+        f"tf_ext.DynamicEmbeddingOptimizer: bias_correction_step must be one of "
+        f"{BIAS_CORRECTION_STEPS}, got {bias_correction_step!r}"
+      )
+    self.bias_correction_step = bias_correction_step
+
+  def saved_arguments(self):
+    if self.bias_correction_step == "auto":
+      return {}  # what tf_ext 0.2 saved
+    return {"bias_correction_step": self.bias_correction_step}
+
   def owns(self, variable):
     return table_of(variable) is not None
 
@@ -575,6 +595,17 @@ class TablesStage(optimizer_pipeline.Stage):
     if not tables:
       return [], dense
     hyper = _hyperparameters(optimizer)
+    if self.bias_correction_step != "row" and hyper.kind in _STEP_CORRECTED_KINDS:
+      counted = optimizer_pipeline.counts_steps(optimizer)
+      if not counted and self.bias_correction_step == "optimizer":
+        raise ValueError(
+          f"tf_ext.DynamicEmbeddingOptimizer(bias_correction_step='optimizer'): "
+          f"{type(optimizer).__name__} has no step to correct by: pass global_step to "
+          "minimize/apply_gradients, or create one with "
+          "tf.compat.v1.train.get_or_create_global_step()"
+        )
+      if counted:
+        hyper = hyper._replace(bias_correction_step="optimizer")
     for table, _ in tables:
       if isinstance(table, alltoall.AllToAllDynamicEmbeddingVariable):
         table.check_optimizer(
@@ -583,6 +614,7 @@ class TablesStage(optimizer_pipeline.Stage):
             "update": hyper.kind,
             "use_nesterov": hyper.use_nesterov,
             "initial_accumulator_value": float(hyper.initial_accumulator_value),
+            "bias_correction_step": hyper.bias_correction_step,
           }
         )
     return [apply_table_gradient(t, g, hyper, step) for t, g in tables], dense
@@ -591,8 +623,16 @@ class TablesStage(optimizer_pipeline.Stage):
 optimizer_pipeline.register_saved_stage(TablesStage.kind, TablesStage)
 
 
-def DynamicEmbeddingOptimizer(optimizer):  # noqa: N802 (a wrapper, named like a class)
+def DynamicEmbeddingOptimizer(optimizer, bias_correction_step="auto"):  # noqa: N802 (a wrapper)
   """Wraps `optimizer` so that it also trains dynamic embedding tables.
+
+  bias_correction_step: the t by which Adam, AMSGrad, Adamax and Nadam bias-correct a row (and
+  Nadam schedules its momentum). "optimizer": the optimizer's step + 1 for every row, as
+  TensorFlow's dense optimizers and TFRA compute it (Keras' `iterations`; a TF1 optimizer's
+  global step, which must exist); "row": the row's own update number (a row first seen late is
+  corrected as a new row, with smaller steps); "auto" (the default): "optimizer" where the
+  optimizer counts steps, else (a TF1 optimizer applied without a global step) "row". See the
+  dynamic embedding docs' "Bias correction" for what each costs in model quality.
 
   Supported: tf.compat.v1.train.{GradientDescent,Momentum,Adagrad,Adam,Ftrl,RMSProp,Adadelta,
   ProximalGradientDescent,ProximalAdagrad,AdagradDA}Optimizer and
@@ -608,7 +648,7 @@ def DynamicEmbeddingOptimizer(optimizer):  # noqa: N802 (a wrapper, named like a
   _hyperparameters(optimizer_pipeline.wrapped_optimizer(optimizer))
   # All-to-all tables' gradients are exchanged already: a Horovod wrapper leaves them out.
   rank_local_gradients.keep_local(optimizer)
-  return optimizer_pipeline.add_stage(optimizer, TablesStage())
+  return optimizer_pipeline.add_stage(optimizer, TablesStage(bias_correction_step))
 
 
 class _TrainsTables(type):

@@ -1,7 +1,9 @@
 // Row-wise optimizer updates over a table row and its co-located slots. Each function
 // receives the row's update count *before* this update (Adam's, Adamax's and Nadam's bias
-// corrections and Nadam's momentum schedule use the row's own step, so a row that appears in every
-// batch matches the dense optimizer exactly and a rare row is not over-corrected).
+// corrections and Nadam's momentum schedule use the row's own step by default, so a row that
+// appears in every batch matches the dense optimizer exactly and a rare row is not
+// over-corrected; OptimizerParams::shared_prior_updates gives every row the optimizer's step
+// instead, as TensorFlow's dense optimizers and TFRA do).
 //
 // The arithmetic follows TensorFlow's sparse apply kernels (training_ops.cc) operation by
 // operation, so a row updated here matches the same row of a dense variable updated by
@@ -118,6 +120,9 @@ inline bool ParseBiasCorrection(std::string_view name, BiasCorrection* mode) {
 struct OptimizerParams {
   OptimizerKind kind = OptimizerKind::kSgd;
   BiasCorrection bias_correction = BiasCorrection::kExact;
+  // >= 0: the update count before this step that every row's bias corrections (and Nadam's
+  // schedule) use, the optimizer's step; < 0: each row's own update count.
+  int64_t shared_prior_updates = -1;
   float learning_rate = 0.0f;
   // Adam, AMSGrad, Adamax, Nadam.
   float beta1 = 0.9f;
@@ -147,6 +152,12 @@ struct OptimizerParams {
   // uses 1, legacy Keras its schedule_decay (0.004 by default).
   float schedule_decay = 1.0f;
 };
+
+// The update count that a row's bias corrections use: the row's own, or the shared one.
+TF_EXT_HOST_DEVICE inline int64_t BiasCorrectionPriorUpdates(const OptimizerParams& p,
+                                                             int64_t row_prior_updates) {
+  return p.shared_prior_updates >= 0 ? p.shared_prior_updates : row_prior_updates;
+}
 
 inline int NumSlots(OptimizerKind kind) {
   switch (kind) {
@@ -449,9 +460,10 @@ TF_EXT_HOST_DEVICE inline bool NeedsBetaPowers(const OptimizerParams& p) {
 // RowStepWith, the powers computed here: as the GPU table computes it per row.
 TF_EXT_HOST_DEVICE inline RowStep RowStepOf(const OptimizerParams& p, const NadamHead& head,
                                             int64_t prior_updates) {
+  const int64_t prior = BiasCorrectionPriorUpdates(p, prior_updates);
   return RowStepWith(
-      p, head, prior_updates,
-      NeedsBetaPowers(p) ? internal::BetaPowersOf(p, prior_updates + 1) : internal::BetaPowers{});
+      p, head, prior,
+      NeedsBetaPowers(p) ? internal::BetaPowersOf(p, prior + 1) : internal::BetaPowers{});
 }
 
 // Whether the kind reads RowStep.
@@ -742,8 +754,9 @@ inline void ApplyGradient(const OptimizerParams& p, int64_t prior_updates, const
   // Scalars in locals: read through `p` inside a loop, they might alias the rows being written.
   const float lr = p.learning_rate, epsilon = p.epsilon, momentum = p.momentum;
   const float beta1 = p.beta1, beta2 = p.beta2, rho = p.rho, l1 = p.l1, l2 = p.l2;
-  const RowStep r =
-      NeedsRowStep(p.kind) ? internal::RememberedRowStep(p, prior_updates) : RowStep{};
+  const RowStep r = NeedsRowStep(p.kind) ? internal::RememberedRowStep(
+                                               p, BiasCorrectionPriorUpdates(p, prior_updates))
+                                         : RowStep{};
   switch (p.kind) {
     case OptimizerKind::kSgd:
       for (int j = 0; j < dim; ++j) element::Sgd(lr, g[j], e[j]);

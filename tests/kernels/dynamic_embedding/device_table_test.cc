@@ -411,6 +411,11 @@ std::vector<OptimizerParams> EveryOptimizer() {
   with(OptimizerKind::kAdagrad, [](OptimizerParams& p) { p.initial_accumulator_value = 0.1f; });
   with(OptimizerKind::kAdagrad, [](OptimizerParams& p) { p.epsilon_inside_sqrt = true; });
   with(OptimizerKind::kAdam, [](OptimizerParams&) {});
+  // Every row bias-corrected by the optimizer's step (bias_correction_step 'optimizer').
+  with(OptimizerKind::kAdam, [](OptimizerParams& p) {
+    p.bias_correction = BiasCorrection::kKeras;
+    p.shared_prior_updates = 9;
+  });
   with(OptimizerKind::kAmsgrad, [](OptimizerParams&) {});
   with(OptimizerKind::kMomentum, [](OptimizerParams& p) { p.momentum = 0.9f; });
   with(OptimizerKind::kMomentum, [](OptimizerParams& p) {
@@ -472,6 +477,7 @@ std::vector<OptimizerParams> EveryOptimizer() {
   });
   with(OptimizerKind::kAdamax, [](OptimizerParams& p) { p.beta1 = 0.8f; });
   with(OptimizerKind::kNadam, [](OptimizerParams&) {});
+  with(OptimizerKind::kNadam, [](OptimizerParams& p) { p.shared_prior_updates = 4; });
   with(OptimizerKind::kNadam, [](OptimizerParams& p) {
     p.beta1 = 0.99f;
     p.schedule_decay = 0.004f;

@@ -580,6 +580,38 @@ TEST(BiasCorrectionTest, Tf1RunningPowerOfLongRunsIsEveryFactorMultipliedOut) {
   EXPECT_EQ(internal::RunningPower(1.0f, int64_t{1} << 40), 1.0f);
 }
 
+TEST(BiasCorrectionTest, ASharedStepCorrectsEveryRowAsARowWithThatManyUpdates) {
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAmsgrad, OptimizerKind::kAdamax,
+                             OptimizerKind::kNadam}) {
+    for (BiasCorrection mode : {BiasCorrection::kExact, BiasCorrection::kTf1,
+                                BiasCorrection::kKerasLegacy, BiasCorrection::kKeras}) {
+      SCOPED_TRACE(testing::Message() << static_cast<int>(kind) << " " << static_cast<int>(mode));
+      OptimizerParams own = Params(kind, 0.1f);
+      own.bias_correction = mode;
+      own.epsilon = 1e-7f;
+      OptimizerParams shared = own;
+      shared.shared_prior_updates = 6;
+      const float grad[2] = {0.5f, -2.0f};
+      float by_own[2] = {1.0f, -1.0f}, by_own_slots[6] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f};
+      float by_shared[2] = {1.0f, -1.0f}, by_shared_slots[6] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f};
+      ApplyGradient(own, /*prior_updates=*/6, grad, 2, by_own, by_own_slots);
+      // A row updated once before: the shared step wins over its own count.
+      ApplyGradient(shared, /*prior_updates=*/1, grad, 2, by_shared, by_shared_slots);
+      for (int j = 0; j < 2; ++j) EXPECT_EQ(by_shared[j], by_own[j]);
+      for (int j = 0; j < 6; ++j) EXPECT_EQ(by_shared_slots[j], by_own_slots[j]);
+      // The GPU table's per-row step is the same.
+      const RowStep a = RowStepOf(shared, NadamHeadOf(shared), 1);
+      const RowStep b = RowStepOf(own, NadamHeadOf(own), 6);
+      EXPECT_EQ(a.step_size, b.step_size);
+      EXPECT_EQ(a.one_minus_product, b.one_minus_product);
+      EXPECT_EQ(a.one_minus_beta2_power, b.one_minus_beta2_power);
+    }
+  }
+  // Kinds without a bias correction ignore it.
+  OptimizerParams adagrad = Params(OptimizerKind::kAdagrad, 0.1f);
+  EXPECT_FALSE(NeedsRowStep(adagrad.kind));
+}
+
 }  // namespace
 }  // namespace de
 }  // namespace tf_ext

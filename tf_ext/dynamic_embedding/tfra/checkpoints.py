@@ -26,13 +26,12 @@ What restores exactly: keys, rows (any row dtype a tf_ext.tfra Variable holds: f
 bfloat16 widened to float32, int32, int64 and float64 rows as their bits; int32 keys as int64) and
 the slots of the optimizer (Adam m and v, AMSGrad vhat, Adagrad accumulator, TF1 momentum, Keras
 SGD momentum, FTRL accumulator and linear) into tf_ext's slot layout (optimizers.h: the slots in
-that order). What tf_ext does not keep: Adam's global beta powers (TF1 `beta1_power`,
-`beta2_power`) or Keras' `iterations`, from which TFRA bias-corrects every row at the optimizer's
-global step t. tf_ext bias-corrects each row by its own update count; every row gets update count
-t (the steps the optimizer took: log(beta1_power) / log(beta1) - 1, or `iterations`), so that the
-next step of every row is TFRA's next step. Rows then count their own updates, which equals
-TFRA's global step for a row updated at every step and is less for others (TFRA's global
-correction is not kept for them). A row's last step is t - 1 (TFRA keeps none). A key with a row
+that order). TFRA bias-corrects every Adam row at the optimizer's global step t (TF1 `beta1_power`
+and `beta2_power`, or Keras' `iterations`): a Keras optimizer passed in gets `iterations` = t, and
+every row gets update count t (the steps the optimizer took: log(beta1_power) / log(beta1) - 1, or
+`iterations`), so that the next step of every row is TFRA's next step whether tf_ext corrects by
+the optimizer's step (its default) or by the row's own count. A TF1 program's global step comes
+back with its Saver. A row's last step is t - 1 (TFRA keeps none). A key with a row
 but no slot row gets the slot's initial value, as TFRA would read it; a slot row without a row is
 dropped. Not restored here: dense variables (restore them with TensorFlow's savers, or convert the
 checkpoint with convert.py, which keeps them), TFRA's restrict-policy status tables, and
@@ -1277,8 +1276,9 @@ def restore_from_tfra(
   optimizer: the optimizer the program trains with (TF1, Keras or legacy Keras; wrapped or not):
     its slots are restored, in tf_ext's order, and its initial accumulator fills missing slot rows.
     None: the slots the checkpoint holds, by their names.
-  update_count: every row's update count; default: TFRA's step count (`step_count`), so that the
-    next Adam step is TFRA's.
+  update_count: every row's update count, and a Keras `optimizer`'s `iterations`; default: TFRA's
+    step count (`step_count`), so that the next Adam step is TFRA's (tf_ext bias-corrects every
+    row by the optimizer's step, as TFRA does, or by the row's own count: either is then TFRA's).
   session: in a TF1 graph, the session to run the restore in (default: the default session);
     the tables must exist in it (run their initializers first).
   key_dtype: the key dtype of FileSystemSaver files (they do not say); default each Variable's.
@@ -1387,9 +1387,21 @@ def restore_from_tfra(
       checks = [_restore_op(table, path, True) for table, path in restores]
       session.run(checks)
       session.run([_restore_op(table, path, False) for table, path in restores])
+    _restore_keras_step(optimizer, steps, session)
   finally:
     shutil.rmtree(directory, ignore_errors=True)
   return results
+
+
+def _restore_keras_step(optimizer, steps, session):
+  """Sets a Keras optimizer's `iterations` to TFRA's step count: tf_ext's table updates
+  bias-correct every row by it (DynamicEmbeddingOptimizer's bias_correction_step), as TFRA's."""
+  iterations = getattr(optimizer, "iterations", None)
+  if iterations is None or isinstance(optimizer, tf.compat.v1.train.Optimizer):
+    return
+  assign = iterations.assign(steps)
+  if session is not None and not tf.executing_eagerly():
+    session.run(assign)
 
 
 def describe(checkpoint_path):
