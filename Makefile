@@ -155,7 +155,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
         gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops fuzz demo bench bench-lifecycle \
         bench-quality bench-amp bench-fusion bench-jit soak \
         bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-alltoall \
-        bench-scaling bench-harp bench-harp-nccl bench-tfra test-tfra demo-estimator clean \
+        bench-scaling bench-harp bench-harp-nccl bench-tfra bench-tfra-quality test-tfra demo-estimator clean \
         distclean
 
 all: build
@@ -409,6 +409,10 @@ bench-alltoall: build bench-deps
 
 bench-tfra: build bench-deps
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/tfra_compat.py $(BENCH_ARGS))
+
+# Issue 58's model quality against TFRA over seeds (one process, no cluster); ~12 min.
+bench-tfra-quality: build bench-deps
+	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/tfra_quality.py $(BENCH_ARGS))
 
 test-tfra: build
 	@cd $(ROOT) && $(VENV)/bin/python tests/dynamic_embedding/tfra/run_tfra_suite.py --impl tf_ext \

@@ -59,7 +59,7 @@ def test_tiny_run_of_the_alltoall_tables(tmp_path):
   out, png = tmp_path / "a2a.json", tmp_path / "a2a.png"
   proc = _run(
     tmp_path,
-    "--configs=alltoall",
+    "--configs=alltoall,tfra_api",
     "--rates=uncapped",
     "--rounds=1",
     "--batch=256",
@@ -72,11 +72,14 @@ def test_tiny_run_of_the_alltoall_tables(tmp_path):
     timeout=600,
   )
   assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
-  assert "Targets (issue 36" in proc.stdout, proc.stdout
-  assert "CPU features" in proc.stdout
+  assert "Targets (link uncapped" in proc.stdout, proc.stdout
+  assert "AUC per day" in proc.stdout and "CPU features" in proc.stdout
   results = json.loads(out.read_text())
-  (row,) = results["rows"]
-  assert "error" not in row, row
+  row, compat = results["rows"]
+  assert "error" not in row and "error" not in compat, results["rows"]
+  # TFRA's program on tf_ext.tfra trains tf_ext's all-to-all tables with the same updates.
+  assert compat["config"] == "tfra_api" and compat["table_rows"] == row["table_rows"]
+  assert abs(compat["auc"] - row["auc"]) < 1e-3
   assert row["config"] == "alltoall" and row["rate"] == "uncapped"
   assert row["samples_per_s"] > 0
   # Ids of the other node's ranks cross the link; every rank holds a part of the table.

@@ -100,6 +100,56 @@ def test_constant_initializers_read_as_in_tfra(request, initializer, expected):
   )
 
 
+@pytest.mark.parametrize(
+  "value_dtype, initializer, expected",
+  [
+    (tf.float64, np.array([-1.0]), [-1.0, -1.0]),
+    (tf.float64, 0.1, [0.1, 0.1]),
+    (tf.int64, 5, [5, 5]),
+    (tf.int32, tf.constant([-1, -2], tf.int64), [-1, -2]),
+    (tf.float32, np.array([1.5, -2.0]), [1.5, -2.0]),
+  ],
+  ids=["float64_minus_one", "float64_tenth", "int64_five", "int32_row", "float32_row"],
+)
+def test_initial_rows_the_table_cannot_compute_read_as_in_tfra(
+  request, value_dtype, initializer, expected
+):
+  var = de.get_variable(_name(request), value_dtype=value_dtype, dim=2, initializer=initializer)
+  stored = np.array([[3, 4]], value_dtype.as_numpy_dtype)
+  var.upsert(tf.constant([1], tf.int64), tf.constant(stored, value_dtype))
+  rows, exists = var.lookup(tf.constant([[1, 7], [8, 1]], tf.int64), return_exists=True)
+  expected = np.array(expected, value_dtype.as_numpy_dtype)
+  np.testing.assert_array_equal(rows.numpy(), [[stored[0], expected], [expected, stored[0]]])
+  np.testing.assert_array_equal(exists, [[True, False], [False, True]])
+  assert int(var.size()) == 1  # lookups insert nothing
+
+
+def test_a_row_of_different_initial_values_is_where_training_starts(request):
+  var = de.get_variable(_name(request), dim=3, initializer=np.array([1.0, 2.0, 3.0]))
+  shadow = de.shadow_ops.ShadowVariable(var, name="first_rows")
+  optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+  for _ in range(2):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(de.shadow_ops.embedding_lookup(shadow, tf.constant([5, 6], tf.int64)))
+    optimizer.apply_gradients([(tape.gradient(loss, shadow), shadow)])
+  np.testing.assert_allclose(
+    var.lookup(tf.constant([5, 6, 9], tf.int64)), [[0, 1, 2]] * 2 + [[1, 2, 3]]
+  )
+  assert int(var.size()) == 2
+
+
+def test_random_rows_of_float64_draw_from_the_asked_distribution(request):
+  var = de.get_variable(
+    _name(request),
+    value_dtype=tf.float64,
+    dim=8,
+    initializer=tf.keras.initializers.RandomUniform(-0.5, 0.5),
+  )
+  rows = var.lookup(tf.range(2000, dtype=tf.int64)).numpy()
+  assert rows.dtype == np.float64 and rows.min() >= -0.5 and rows.max() < 0.5
+  assert abs(rows.std() - 1 / np.sqrt(12)) < 0.01
+
+
 def test_random_initializers_draw_per_key_with_the_asked_distribution(request):
   var = de.get_variable(
     _name(request), dim=16, initializer=tf.keras.initializers.RandomNormal(stddev=0.3)
@@ -378,6 +428,100 @@ def test_restrict_keeps_the_rows_the_policy_ranks_first(request, policy):
   assert sorted(keys.numpy().tolist()) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("policy", [de.TimestampRestrictPolicy, de.FrequencyRestrictPolicy])
+def test_a_policy_keeps_its_status_as_tfra_does(request, policy):
+  var = de.get_variable(_name(request), dim=1)
+  standalone = policy(var)
+  standalone.apply_update(tf.constant([0, 1, 2, 2], tf.int64))
+  standalone.apply_update(tf.constant([[1, 2], [3, 3]], tf.int64))
+  keys, values = standalone.status.export()
+  by_key = dict(zip(keys.numpy().tolist(), values.numpy()[:, 0].tolist()))
+  assert sorted(by_key) == [0, 1, 2, 3] and int(var.size()) == 0  # the Variable is untouched
+  if policy is de.FrequencyRestrictPolicy:
+    assert standalone.freq_var is standalone.status
+    assert by_key == {0: 1, 1: 2, 2: 2, 3: 1}  # once per update, however often a batch repeats
+  else:
+    assert standalone.tstp_var is standalone.status
+    assert by_key[0] < min(by_key[1], by_key[2], by_key[3])  # wall-clock, microseconds
+    assert abs(by_key[3] / 1e6 - __import__("time").time()) < 60
+
+
+def test_training_records_the_status_without_a_global_step(tmp_path):
+  with tf.Graph().as_default():
+    var = de.get_variable("status_graph", dim=1, restrict_policy=de.TimestampRestrictPolicy)
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    rows = de.embedding_lookup(var, ids, name="status_lookup")
+    train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(
+      tf.reduce_sum(rows)
+    )
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for batch in ([0, 1, 2], [2, 3], [3, 4]):
+        session.run(train, {ids: batch})
+      assert session.run(var.restrict_policy.status.size()) == 5
+      session.run(var.restrict(2))
+      keys, _ = session.run(var.export())
+      assert sorted(keys.tolist()) == [3, 4]
+      assert session.run(var.restrict_policy.status.size()) == 2
+      tf.compat.v1.train.Saver().save(session, str(tmp_path / "model"))
+  with tf.Graph().as_default():
+    var = de.get_variable("status_graph", dim=1, restrict_policy=de.TimestampRestrictPolicy)
+    with tf.compat.v1.Session() as session:
+      tf.compat.v1.train.Saver().restore(session, str(tmp_path / "model"))
+      assert session.run(var.restrict_policy.status.size()) == 2
+
+
+def test_accum_leaves_keys_another_writer_changed(request):
+  var = de.get_variable(_name(request), dim=1)
+  var.upsert(tf.constant([0, 1], tf.int64), tf.constant([[0.0], [1.0]]))
+  _, exists = var.lookup(tf.constant([0, 1, 7], tf.int64), return_exists=True)
+  var.remove(tf.constant([1], tf.int64))  # another writer, between the lookup and accum
+  var.upsert(tf.constant([7], tf.int64), tf.constant([[99.0]]))
+  var.accum(tf.constant([0, 1, 7], tf.int64), tf.zeros([3, 1]), tf.fill([3, 1], 10.0), exists)
+  keys, values = var.export()
+  assert dict(zip(keys.numpy().tolist(), values.numpy()[:, 0].tolist())) == {0: 10.0, 7: 99.0}
+
+
+def test_a_lookup_wrapper_in_arithmetic_is_its_rows():
+  with tf.Graph().as_default():
+    var = de.get_variable("wrapper_rows", dim=2, initializer=1.0)
+    _, wrapper = de.embedding_lookup(
+      var, tf.constant([1, 2], tf.int64), name="rows_lookup", return_trainable=True
+    )
+    product = wrapper * wrapper
+    train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.25))
+    train = train.minimize(lambda: wrapper * wrapper, var_list=[wrapper])
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      assert session.run(product).shape == (2, 2)
+      session.run(train)
+      np.testing.assert_allclose(session.run(var.lookup(tf.constant([1, 2], tf.int64))), 0.5)
+
+
+def test_a_shadow_variable_tells_its_last_ids_and_hvd_variable_of_one_rank_is_it(request):
+  var = de.get_variable(_name(request), dim=2, initializer=0.5)
+  shadow = de.shadow_ops.ShadowVariable(var, name="last_ids")
+  assert shadow.ids.dtype == tf.int64 and shadow.ids.shape == (0,)
+  de.shadow_ops.embedding_lookup(shadow, tf.constant([[4, 2]], tf.int64))
+  np.testing.assert_array_equal(shadow.ids, [4, 2])
+  np.testing.assert_array_equal(shadow.read_value(False), np.full([2, 2], 0.5))
+  assert de.shadow_ops.HvdVariable("hvd", shadow, 2, mpi_size=1) is shadow
+  with pytest.raises(NotImplementedError, match="HvdAllToAllEmbedding"):
+    de.shadow_ops.HvdVariable("hvd", shadow, 2, mpi_size=2)
+
+
+def test_size_answers_in_a_finalized_graph():
+  with tf.Graph().as_default() as graph:
+    var = de.get_variable("finalized_size", dim=1, devices=["/CPU:0", "/CPU:0"])
+    insert = var.upsert(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 1]))
+    size = var.size()
+    graph.finalize()  # as MonitoredTrainingSession does
+    assert var.size() is size
+    with tf.compat.v1.Session() as session:
+      session.run(insert)
+      assert session.run(var.size()) == 3 and session.run(var.size(1)) >= 1
+
+
 def test_restrict_without_a_policy_does_nothing(request):
   var = de.get_variable(_name(request), dim=1)
   assert var.restrict(1) is None
@@ -387,16 +531,14 @@ def test_bad_input_is_refused_by_name(request):
   name = _name(request)
   with pytest.raises(TypeError, match="int64-string.*not supported"):
     de.get_variable(name + "_a", value_dtype=tf.string)
-  with pytest.raises(ValueError, match="initial value 5.0 of a int64 table cannot be held"):
-    de.get_variable(name + "_f", value_dtype=tf.int64, initializer=5)
   with pytest.raises(ValueError, match="'/GPU:7', which this process does not have"):
     de.get_variable(name + "_b", devices=["/GPU:7"])
   with pytest.raises(NotImplementedError, match="Redis.*num_shards"):
     de.RedisTableCreator(de.RedisTableConfig(redis_address="127.0.0.1"))
-  with pytest.raises(ValueError, match="values differ"):
-    de.get_variable(name + "_c", dim=2, initializer=np.array([1.0, 2.0]))
   with pytest.raises(RuntimeError, match="call hvd.init"):
     de.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(), synchronous=True)
+  with pytest.raises(NotImplementedError, match="table entry.*DynamicEmbeddingOptimizer"):
+    de.create_slots(None, None, "m", "Adam", None)
   var = de.get_variable(name + "_d", dim=2)
   with pytest.raises(TypeError, match="key_dtype should be same"):
     de.embedding_lookup(var, tf.constant([1], tf.int32), name="x")

@@ -28,7 +28,7 @@ from tf_ext.dynamic_embedding.tfra.embedding_ops import (
 )
 from tf_ext.dynamic_embedding.tfra.ops import data_flow_ops as data_flow
 from tf_ext.dynamic_embedding.tfra.ops import math_ops as math
-from tf_ext.dynamic_embedding.tfra.optimizer import DynamicEmbeddingOptimizer
+from tf_ext.dynamic_embedding.tfra.optimizer import DynamicEmbeddingOptimizer, create_slots
 from tf_ext.dynamic_embedding.tfra.restrict_policies import (
   FrequencyRestrictPolicy,
   RestrictPolicy,
@@ -52,6 +52,7 @@ __all__ = [
   "CuckooHashTableCreator",
   "DEResourceVariable",
   "DynamicEmbeddingOptimizer",
+  "create_slots",
   "FileSystemSaver",
   "FrequencyRestrictPolicy",
   "GraphKeys",

@@ -10,7 +10,11 @@ and a seed inside the table, so:
   from the table's name, so two tables do not start with the same rows for the same id.
 - VarianceScaling initializers (Glorot, He, Lecun) draw from their distribution for a row of `dim`
   values (TFRA's scale depends on the number of keys looked up);
-- an array whose `dim` values differ has no per-key spec: it is refused by name.
+- what the table cannot compute itself (an array whose `dim` values differ, an int64 or float64
+  constant whose two 32-bit words differ, a random initializer of float64 rows) is a default row
+  the Variable adds outside the table (`plan`, `DefaultRows`): a missing key reads it (float64
+  random rows drawn anew at every lookup, as TFRA draws them), and de.DynamicEmbeddingOptimizer
+  writes it into the table before a key's first update, so that the update starts from it.
 """
 
 import hashlib
@@ -29,19 +33,26 @@ def _seed_of_name(name):
   return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "little") & 0x7FFFFFFF
 
 
+class _NotComputedInTable(ValueError):
+  """An initializer the table cannot compute per key: `values` is the row of `dim` values."""
+
+  def __init__(self, message, values):
+    super().__init__(message)
+    self.values = values
+
+
 def _constant_of(values, name, dim):
-  values = np.asarray(values, dtype=np.float64).reshape(-1)
+  given = np.asarray(values).reshape(-1)
+  values = given.astype(np.float64)
   if values.size not in (1, dim):
     raise ValueError(
       f"tf_ext.tfra Variable '{name}': initializer has {values.size} values; "
       f"give one value or dim={dim} values"
     )
   if not np.all(values == values[0]):
-    raise ValueError(
-      f"tf_ext.tfra Variable '{name}': an initializer whose {dim} values differ "
-      f"({values[:4].tolist()}...) is not offered: tf_ext computes each missing key's row inside "
-      "the table from one value or a distribution; use a number, tf.keras.initializers.Constant, "
-      "RandomNormal, TruncatedNormal or RandomUniform"
+    raise _NotComputedInTable(
+      f"tf_ext.tfra Variable '{name}': the table computes no row of {dim} different values",
+      given,
     )
   return initializers.InitializerSpec("constant", float(values[0]), 0.0, 0)
 
@@ -65,20 +76,6 @@ def _variance_scaling(initializer, dim):
   return initializers.InitializerSpec(
     "truncated_normal", 0.0, math.sqrt(variance) / 0.87962566103423978, 0
   )
-
-
-def spec(initializer, name, dim, codec):
-  """The InitializerSpec of TFRA's `initializer` for the table `name` of width `dim`, whose rows
-  `codec` (dtypes.RowCodec) stores."""
-  found = _spec(initializer, name, dim)
-  if found.kind == "constant":
-    return found._replace(a=codec.initial_constant(name, found.a))
-  if found.kind != "zeros" and not codec.value_dtype.is_floating:
-    raise ValueError(
-      f"tf_ext.tfra Variable '{name}': a {found.kind} initializer for {codec.value_dtype.name} "
-      "rows is not offered; give a number"
-    )
-  return found
 
 
 def _spec(initializer, name, dim):
@@ -118,3 +115,53 @@ def _spec(initializer, name, dim):
     f"tf_ext.tfra Variable '{name}': initializer must be a number, an array, a tensor or an "
     f"initializer object, got {type(initializer).__name__}"
   )
+
+
+_RANDOM_KINDS = ("uniform", "normal", "truncated_normal")
+_ZEROS = initializers.InitializerSpec("zeros", 0.0, 0.0, 0)
+
+
+class DefaultRows:
+  """The row a missing key reads where the table cannot compute it: a constant row of `dim`
+  values, or (float64 rows) random rows of `kind` with parameters a and b, drawn at each call."""
+
+  def __init__(self, value_dtype, dim, constant=None, random=None):
+    self.value_dtype, self.dim = tf.as_dtype(value_dtype), dim
+    self.constant = None if constant is None else np.asarray(constant).reshape([dim])
+    self.random = random
+
+  def rows(self, shape):
+    """Rows for keys of `shape` (a 1-D int tensor): shape + [dim] of value_dtype."""
+    full = tf.concat([tf.cast(shape, tf.int32), [self.dim]], 0)
+    if self.constant is not None:
+      return tf.broadcast_to(tf.constant(self.constant, self.value_dtype), full)
+    kind, a, b = self.random.kind, self.random.a, self.random.b
+    if kind == "uniform":
+      return tf.random.uniform(full, a, b, dtype=self.value_dtype)
+    if kind == "normal":
+      return tf.random.normal(full, a, b, dtype=self.value_dtype)
+    return tf.random.truncated_normal(full, a, b, dtype=self.value_dtype)
+
+
+def plan(initializer, name, dim, codec):
+  """(InitializerSpec the table computes, DefaultRows or None) of TFRA's `initializer`: with
+  DefaultRows, the table's spec is zeros and the Variable gives missing keys those rows."""
+  try:
+    found = _spec(initializer, name, dim)
+  except _NotComputedInTable as error:
+    constant = np.asarray(error.values).astype(codec.value_dtype.as_numpy_dtype)
+    return _ZEROS, DefaultRows(codec.value_dtype, dim, constant=constant)
+  if found.kind == "constant":
+    try:
+      return found._replace(a=codec.initial_constant(name, found.a)), None
+    except ValueError:  # a 64-bit constant whose words differ
+      constant = np.full([dim], found.a, codec.value_dtype.as_numpy_dtype)
+      return _ZEROS, DefaultRows(codec.value_dtype, dim, constant=constant)
+  if found.kind != "zeros" and not codec.value_dtype.is_floating:
+    raise ValueError(
+      f"tf_ext.tfra Variable '{name}': a {found.kind} initializer for {codec.value_dtype.name} "
+      "rows is not offered; give a number"
+    )
+  if found.kind in _RANDOM_KINDS and codec.bitwise:  # float64 rows, held as bits
+    return _ZEROS, DefaultRows(codec.value_dtype, dim, random=found)
+  return found, None

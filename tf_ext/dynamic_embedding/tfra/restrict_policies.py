@@ -1,94 +1,131 @@
-"""TFRA's restrict policies over what tf_ext tables record of each row.
+"""TFRA's restrict policies: a status Variable per policy, ranking the keys a restriction keeps.
 
-TFRA keeps a second Variable per policy (a timestamp or a count per key) and updates it at every
-optimizer step. A tf_ext table entry already holds the step of the row's last update and its number
-of updates, counted by the table's own updates (and kept in its checkpoints), so a policy needs no
-state of its own: `apply_update` does nothing, and `Variable.restrict(num_reserved)` keeps the
-`num_reserved` rows updated most recently (TimestampRestrictPolicy, by step rather than wall-clock
-time) or most often (FrequencyRestrictPolicy), across all the Variable's tables.
+As in TFRA, a policy keeps a status `de.Variable` of its own, with the target's keys, devices and
+partitioner and one value per key: TimestampRestrictPolicy the wall-clock time of the key's last
+update (int64 microseconds since the epoch, where TFRA keeps int32 seconds: keys updated within
+the same second still rank by time), FrequencyRestrictPolicy its number of updates (int32; a key
+counts once per update, however often the batch repeats it). `apply_update(ids)` records ids, and
+`de.DynamicEmbeddingOptimizer` calls it at every step for the keys it trains of a Variable made
+with `restrict_policy=`. `Variable.restrict(num_reserved)` (apply_restriction) keeps the
+`num_reserved` keys the status ranks first and removes the others from the Variable and from the
+status; their optimizer slots go with their rows (slots live in each row's table entry). Keys
+without status (rows written by upsert, or restored from a checkpoint without the status) are
+kept, as in TFRA.
+
+The status is checkpointed with its Variable: `tf.compat.v1.train.Saver()` saves its tables, and
+`tf.train.Checkpoint` (Keras `save_weights` too) reaches it as the Variable's `restrict_status`.
 """
 
 import tensorflow as tf
-
-# The outputs of a table's export_with_slots (tf_ext/dynamic_embedding/variable.py).
-_UPDATE_COUNTS, _LAST_STEPS = 3, 4
+from tensorflow.python.framework import ops
 
 
 class RestrictPolicy:
   """Base of the restrict policies: `Variable(..., restrict_policy=<subclass>)`."""
 
-  # Which export_with_slots output ranks rows, higher kept first.
-  _score_output = None
+  # The status Variable's value dtype and name (`status/<variable>/<suffix>`), set by subclasses.
+  _status_dtype = None
+  _status_suffix = None
 
   def __init__(self, var):
     self.var = var
+    self.params_in_slots = []  # TFRA's slot Variables; tf_ext keeps slots in the rows' entries
+    self._status = None
+    if self._status_dtype is not None:
+      self._status = _status_variable(var, self._status_dtype, self._status_suffix)
+    self._restrict_var = self._status
 
   def apply_update(self, ids):
-    """Nothing to do: the table records each update itself."""
-    del ids
-    return tf.no_op()
+    """Records that `ids` (any shape, the Variable's key dtype) were updated now. Returns the op
+    (eagerly: after running it)."""
+    raise NotImplementedError("apply_update needs a RestrictPolicy subclass")
 
   def apply_restriction(self, num_reserved, **kwargs):
-    """Removes all but the `num_reserved` best-ranked rows when the Variable holds more than
-    `trigger` (default num_reserved) rows. Returns the op (eagerly: after running it)."""
-    if self._score_output is None:
+    """Removes all but the `num_reserved` best-ranked keys (and their status) when the Variable
+    holds more than `trigger` (default num_reserved) rows. Returns the op (eagerly: after
+    running it)."""
+    if self._status is None:
       raise NotImplementedError("apply_restriction needs a RestrictPolicy subclass")
-    trigger = kwargs.pop("trigger", None)
+    if isinstance(num_reserved, bool) or not isinstance(num_reserved, int):
+      raise TypeError("num_reserved should be integer.")
+    if num_reserved < 0:
+      raise ValueError("num_reserved should be non-negative.")
+    trigger = kwargs.pop("trigger", num_reserved)
     if kwargs:
       raise TypeError(f"apply_restriction got unexpected arguments {sorted(kwargs)}")
-    num_reserved = int(num_reserved)
-    if num_reserved < 0:
-      raise ValueError(f"num_reserved must be >= 0, got {num_reserved}")
-    trigger = num_reserved if trigger is None else int(trigger)
-    exports = [table.export_with_slots() for table in self.var.tables]
-    keys = tf.concat([e[0] for e in exports], 0)
-    scores = tf.concat([e[self._score_output] for e in exports], 0)
-    size = tf.size(keys)
+    if isinstance(trigger, bool) or not isinstance(trigger, int):
+      raise TypeError("trigger should be integer.")
 
     def restrict():
-      excess = tf.maximum(size - num_reserved, 0)
+      keys, scores = self._status.export()
+      scores = tf.reshape(scores, [-1])
+      excess = tf.maximum(tf.size(keys) - num_reserved, 0)
       _, worst = tf.math.top_k(-scores, k=excess, sorted=False)
       removed = tf.gather(keys, worst)
-      removals = [table.remove(removed) for table in self.var.tables]
-      with tf.control_dependencies(removals):
+      with tf.control_dependencies([self.var.remove(removed), self._status.remove(removed)]):
         return tf.constant(True)
 
-    return tf.cond(size > trigger, restrict, lambda: tf.constant(False))
+    return tf.cond(self.var.size() > trigger, restrict, lambda: tf.constant(False))
 
   @property
   def status(self):
-    """What TFRA's policy Variable tells: for every key of the Variable, its score (the step of
-    its last update, or its number of updates), read from the table entries."""
-    return PolicyStatus(self.var, self._score_output)
+    """The status Variable: a value per key (see the subclass)."""
+    return self._status
 
 
-class PolicyStatus:
-  """The scores a restrict policy ranks the Variable's keys by, as TFRA's status Variable."""
+def _status_variable(var, value_dtype, suffix):
+  from tf_ext.dynamic_embedding.tfra import variable as variable_lib
 
-  def __init__(self, var, score_output):
-    self._var, self._score_output = var, score_output
+  name = f"status/{var.name}/{suffix}"
+  if not tf.executing_eagerly():  # one status per policy, as TFRA's name scope makes them
+    name = ops.get_default_graph().unique_name(name, mark_as_used=True)
+  return variable_lib.Variable(
+    key_dtype=var.key_dtype,
+    value_dtype=value_dtype,
+    dim=1,
+    devices=var.devices,
+    partitioner=var.partition_fn,
+    name=name,
+    trainable=False,
+    checkpoint=var.checkpoint,
+    init_size=var.init_size,
+    kv_creator=var.kv_creator,
+  )
 
-  def size(self, name=None):
-    """The number of keys with a score: the Variable's size (int64 scalar)."""
-    return self._var.size(name=name)
 
-  def export(self, name=None):
-    """(keys, scores (int64)) of every key."""
-    del name
-    exports = [table.export_with_slots() for table in self._var.tables]
-    return (
-      tf.concat([e[0] for e in exports], 0),
-      tf.concat([e[self._score_output] for e in exports], 0),
-    )
+def _distinct_keys(ids):
+  return tf.unique(tf.reshape(ids, [-1]))[0]
 
 
 class TimestampRestrictPolicy(RestrictPolicy):
-  """Keeps the rows updated most recently (by training step)."""
+  """Keeps the keys updated most recently (wall-clock time)."""
 
-  _score_output = _LAST_STEPS
+  _status_dtype = tf.int64
+  _status_suffix = "timestamp"
+
+  @property
+  def tstp_var(self):
+    """TFRA's name of the status Variable."""
+    return self._status
+
+  def apply_update(self, ids):
+    keys = _distinct_keys(tf.convert_to_tensor(ids, self.var.key_dtype))
+    now = tf.cast(tf.timestamp() * 1e6, tf.int64)
+    return self._status.upsert(keys, tf.fill([tf.size(keys), 1], now))
 
 
 class FrequencyRestrictPolicy(RestrictPolicy):
-  """Keeps the rows updated most often."""
+  """Keeps the keys updated most often."""
 
-  _score_output = _UPDATE_COUNTS
+  _status_dtype = tf.int32
+  _status_suffix = "frequency"
+
+  @property
+  def freq_var(self):
+    """TFRA's name of the status Variable."""
+    return self._status
+
+  def apply_update(self, ids):
+    keys = _distinct_keys(tf.convert_to_tensor(ids, self.var.key_dtype))
+    counts = self._status.lookup(keys)  # missing keys read 0
+    return self._status.upsert(keys, counts + 1)

@@ -15,9 +15,37 @@ __all__ = [
   "embedding_lookup_unique_base",
 ]
 
-# TFRA's names for the same role.
+# TFRA's name for the same role.
 DEResourceVariable = ShadowVariable
-HvdVariable = ShadowVariable
+
+
+class HvdVariable:
+  """TFRA's lookups of `shadow` whose ids are exchanged among the Horovod ranks (each rank holding
+  the keys its partitioner gives it). With one rank (`mpi_size=1`, or hvd.size() 1) there is no
+  exchange: HvdVariable(...) is `shadow` itself, and every lookup takes it. Across ranks, tf_ext
+  splits a table with `de.keras.layers.HvdAllToAllEmbedding` or
+  `de.get_variable(..., distribution="alltoall")`; NotImplementedError says so."""
+
+  def __new__(
+    cls, name, shadow, embedding_size, with_unique=True, with_secondary_unique=True, mpi_size=None
+  ):
+    del name, embedding_size, with_unique, with_secondary_unique  # (TFRA reads none of them)
+    if not isinstance(shadow, ShadowVariable):
+      raise TypeError(f"shadow must be a ShadowVariable, got {type(shadow).__name__}")
+    if mpi_size is None:
+      try:
+        import horovod.tensorflow as hvd
+
+        mpi_size = hvd.size() if hvd.is_initialized() else 1
+      except (ImportError, AttributeError):
+        mpi_size = 1
+    if int(mpi_size) != 1:
+      raise NotImplementedError(
+        f"tf_ext.tfra: HvdVariable over {mpi_size} ranks is not offered; split the table across "
+        "the Horovod ranks with de.keras.layers.HvdAllToAllEmbedding or "
+        "de.get_variable(..., distribution='alltoall')"
+      )
+    return shadow
 
 
 def embedding_lookup(shadow, ids, partition_strategy=None, name=None, validate_indices=None):

@@ -159,10 +159,17 @@ class Variable(trackable.Trackable):
     self.bp_v2 = bp_v2
     self.initializer = initializer
     self._codec = dtypes.RowCodec(self.value_dtype, dim)
-    self._initializer_spec = initial_rows.spec(initializer, name, dim, self._codec)
+    self._initializer_spec, self._default_rows = initial_rows.plan(
+      initializer, name, dim, self._codec
+    )
     trainable = trainable and dtypes.trainable_rows(self.value_dtype)
     self._trainable_store = {}
     self.distribution = alltoall.check_distribution(name, distribution)
+    if distribution is not None and self._default_rows is not None:
+      raise ValueError(
+        f"tf_ext.tfra Variable '{name}': a table split across Horovod ranks computes its initial "
+        "rows itself: give a number, Zeros, Ones, Constant or a random initializer (float rows)"
+      )
     if distribution is not None and self.shard_num != 1:
       raise ValueError(
         f"tf_ext.tfra Variable '{name}': a table split across Horovod ranks takes one device, "
@@ -200,6 +207,9 @@ class Variable(trackable.Trackable):
       if not (isinstance(restrict_policy, type) and hasattr(restrict_policy, "apply_restriction")):
         raise TypeError("restrict_policy must be subclass of RestrictPolicy.")
       self._restrict_policy = restrict_policy(self)
+      status = self._restrict_policy.status
+      if checkpoint and isinstance(status, Variable):
+        self._track_trackable(status, "restrict_status", overwrite=True)
 
   def _gather_saveables_for_checkpoint(self):
     """tf.compat.v1.train.Saver(var_list=[variable, ...]) saves each of its tables (in a graph;
@@ -306,9 +316,11 @@ class Variable(trackable.Trackable):
     anchor_value = anchor.read_for_lookup() if anchor is not None else tf.constant(0.0)
     library = _ops_loader.load()
     width = self._codec.stored_dim
+    defaults = self._default_rows
+    with_presence = return_exists or defaults is not None
 
     def find(table, shard_keys):
-      if not return_exists:
+      if not with_presence:
         return library.tf_ext_table_find(table.resource_handle, shard_keys, anchor_value, dim=width)
       rows, present = library.tf_ext_table_find_with_presence(
         table.resource_handle, shard_keys, anchor_value, dim=width
@@ -317,15 +329,36 @@ class Variable(trackable.Trackable):
       return tf.concat([rows, tf.cast(present[:, None], tf.float32)], 1)
 
     found = self._per_shard(flat, find)
-    rows = found[:, :width] if return_exists else found
+    rows = found[:, :width] if with_presence else found
     rows = tf.reshape(rows, tf.concat([tf.shape(stored), [width]], 0))
     rows.set_shape(stored.shape.concatenate([width]))
     rows = self._codec.decode(rows)
-    if not return_exists:
+    if not with_presence:
       return rows
     exists = tf.reshape(found[:, width] > 0.5, tf.shape(stored))
     exists.set_shape(stored.shape)
-    return rows, exists
+    if defaults is not None:
+      rows = self._with_default_rows(rows, exists, tf.shape(stored))
+    return (rows, exists) if return_exists else rows
+
+  def _with_default_rows(self, rows, exists, shape):
+    """`rows` with the Variable's default row where a key is missing (the table gave it zeros).
+    Float rows keep their gradient for every key, missing ones too."""
+    default = self._default_rows.rows(shape)
+    if self._codec.bitwise or not self.value_dtype.is_floating:
+      return tf.where(exists[..., None], rows, default)
+    return rows + tf.stop_gradient(tf.where(exists[..., None], tf.zeros_like(rows), default))
+
+  def write_default_rows(self, keys):
+    """Inserts the default row of each of `keys` (1-D, key_dtype) that has no row, so that an
+    update starts from it (de.DynamicEmbeddingOptimizer calls it before a step trains `keys`).
+    None when the table computes its initial rows itself."""
+    if self._default_rows is None:
+      return None
+    keys = tf.unique(tf.reshape(keys, [-1]))[0]
+    rows, exists = self.read_rows(keys, return_exists=True)
+    missing = tf.logical_not(exists)
+    return self.upsert(tf.boolean_mask(keys, missing), tf.boolean_mask(rows, missing))
 
   def lookup(self, keys, return_exists=False, name=None):
     """Rows of `keys`: keys.shape + [dim]; a missing key reads its initial row. With
@@ -345,9 +378,19 @@ class Variable(trackable.Trackable):
     )
 
   def size(self, index=None, name=None):
-    """The number of keys in table `index`, or in all of them (int64 scalar)."""
-    sizes = [table.size(name=name) for table in self._tables]
-    return sizes[index] if index is not None else tf.add_n(sizes)
+    """The number of keys in table `index`, or in all of them (int64 scalar). In a TF1 graph
+    the ops are made once per graph and reused, as TFRA does, so that a finalized graph
+    (MonitoredTrainingSession) still answers."""
+    if tf.executing_eagerly() or ops.inside_function():
+      sizes = [table.size(name=name) for table in self._tables]
+      return sizes[index] if index is not None else tf.add_n(sizes)
+    graph = ops.get_default_graph()
+    cache = self.__dict__.setdefault("_size_ops", weakref.WeakKeyDictionary())
+    if graph not in cache:
+      sizes = [table.size(name=name) for table in self._tables]
+      cache[graph] = (sizes, tf.add_n(sizes))
+    sizes, total = cache[graph]
+    return sizes[index] if index is not None else total
 
   def export(self, name=None):
     """(keys, values) of every row, in key_dtype and value_dtype."""
@@ -400,17 +443,22 @@ class Variable(trackable.Trackable):
     return self._each_shard(keys, lambda t, k, v: t.insert(k, v, name=name), values)
 
   def accum(self, keys, old_values, new_values, exists, name=None):
-    """Adds `new_values - old_values` to the rows of keys that `exists`, sets the others to
-    `new_values` (TFRA's update for asynchronous training). Not atomic against concurrent
-    writers of the same keys: a read and an insert."""
+    """TFRA's update for asynchronous training, by what `exists` says a lookup found: a key that
+    existed and still has a row gets `new_values - old_values` added; a key that did not exist
+    and still has none gets `new_values`; the others (removed or inserted by another writer since
+    the lookup) are left as they are. Not atomic against concurrent writers of the same keys: a
+    read and an insert."""
     del name
     keys = self._stored_keys(keys)
     old, new = self._rows(keys, old_values), self._rows(keys, new_values)
     keys = tf.reshape(keys, [-1])
-    exists = tf.reshape(tf.convert_to_tensor(exists, tf.bool), [-1, 1])
-    current = tf.reshape(self.read_rows(dtypes.to_stored(keys, self.key_dtype)), [-1, self.dim])
-    rows = self._codec.encode(tf.where(exists, current + (new - old), new))
-    return self._each_shard(keys, lambda t, k, v: t.insert(k, v), rows)
+    existed = tf.reshape(tf.convert_to_tensor(exists, tf.bool), [-1])
+    current, present = self.read_rows(dtypes.to_stored(keys, self.key_dtype), return_exists=True)
+    current = tf.reshape(current, [-1, self.dim])
+    write = tf.equal(existed, present)
+    rows = tf.where(existed[:, None], current + (new - old), new)
+    rows = self._codec.encode(tf.boolean_mask(rows, write))
+    return self._each_shard(tf.boolean_mask(keys, write), lambda t, k, v: t.insert(k, v), rows)
 
   def remove(self, keys, name=None):
     """Removes `keys` (missing ones are ignored)."""
@@ -539,7 +587,7 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
   ):
     del kwargs  # TFRA's initial_value, dtype, collections: the wrapper holds no rows here
     self.params = params
-    self.ids = ids
+    self._ids = ids
     self.max_norm = max_norm
     self.model_mode = model_mode or ModelMode.CURRENT_SETTING
     # Out of Saver's default list (a TFRA checkpoint has no wrappers, nor need ours): local.
@@ -559,7 +607,7 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     """The wrapper's value (always 0), read so that the lookup's gradient reaches it. In a graph
     the read assigns it first, as TFRA's wrapper does, so a session need not initialize it."""
     if tf.executing_eagerly() or ops.inside_function():
-      return self.value()
+      return resource_variable_ops.ResourceVariable.value(self)
     assign = gen_resource_variable_ops.assign_variable_op(self.handle, tf.constant(0.0))
     with tf.control_dependencies([assign]):
       # The variable's own read: a gradient tape (Keras' minimize in a graph) sees the access.
@@ -568,15 +616,33 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
   def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
     """Used as a tensor, a lookup's wrapper is its rows, as TFRA's wrapper holds them ([ids,
     dim]; the gradient reaches this wrapper). A ShadowVariable is the scalar it holds."""
-    if self.ids is None or as_ref:
+    if self._ids is None or as_ref:
       return super()._dense_var_to_tensor(dtype=dtype, name=name, as_ref=as_ref)
-    return self.lookup(tf.reshape(self.ids, [-1]))
+    return self.lookup(tf.reshape(self._ids, [-1]))
+
+  @property
+  def ids(self):
+    """The ids of the wrapper's lookup; for a ShadowVariable, those of its last eager lookup (an
+    empty tensor of the key dtype before one), as TFRA's ShadowVariable holds them."""
+    if self._ids is not None:
+      return self._ids
+    last = getattr(self, "_last_ids", None)
+    if last is None:
+      return tf.zeros([0], self.params.key_dtype)
+    return tf.reshape(tf.convert_to_tensor(last, self.params.key_dtype), [-1])
+
+  def value(self):
+    """As a tensor: a lookup's wrapper is its rows (so `wrapper * wrapper` multiplies rows, as
+    with TFRA's wrapper), a ShadowVariable its scalar."""
+    if self._ids is None:
+      return super().value()
+    return self._dense_var_to_tensor()
 
   def read_value(self, do_prefetch=True):
     """The rows of the wrapper's ids (TFRA's wrapper holds them), or, for a ShadowVariable
     before its first lookup, its scalar."""
     del do_prefetch
-    ids = self.ids if self.ids is not None else getattr(self, "_last_ids", None)
+    ids = self._ids if self._ids is not None else getattr(self, "_last_ids", None)
     if ids is None:
       return super().read_value()
     return self.lookup(tf.reshape(ids, [-1]))
@@ -589,14 +655,14 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     """Writes the rows this wrapper's lookup read (`v0`, or read now, max_norm applied) into the
     table, as TFRA's does: its keys get rows. Training needs no such call: tf_ext's optimizer
     updates the table itself."""
-    if self.ids is None:
+    if self._ids is None:
       return tf.no_op()
-    return self.params.upsert(self.ids, self.lookup(self.ids) if v0 is None else v0)
+    return self.params.upsert(self._ids, self.lookup(self._ids) if v0 is None else v0)
 
   def prefetch_values(self, update=False):
     """TFRA's read of the wrapper's rows from its table: the rows of the wrapper's ids."""
     del update
-    return self.lookup(self.ids)
+    return self.lookup(self._ids)
 
   def embedding_lookup(self, ids, name=None, max_norm=None):
     """(rows of `ids`, this wrapper): TFRA's lookup through an existing wrapper."""
@@ -606,7 +672,7 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
   def lookup(self, ids):
     """The rows of `ids` through this wrapper (its max_norm applied). Eagerly, a
     ShadowVariable remembers the ids, as TFRA's does (its read_value gives their rows)."""
-    if self.ids is None and tf.executing_eagerly():
+    if self._ids is None and tf.executing_eagerly():
       self._last_ids = ids
     rows = self.params.read_rows(ids, anchor=self)
     if self.max_norm is not None:
