@@ -19,6 +19,8 @@ The status is checkpointed with its Variable: `tf.compat.v1.train.Saver()` saves
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
+from tf_ext.dynamic_embedding.tfra import variable as variable_lib
+
 
 class RestrictPolicy:
   """Base of the restrict policies: `Variable(..., restrict_policy=<subclass>)`."""
@@ -74,8 +76,6 @@ class RestrictPolicy:
 
 
 def _status_variable(var, value_dtype, suffix):
-  from tf_ext.dynamic_embedding.tfra import variable as variable_lib
-
   name = f"status/{var.name}/{suffix}"
   if not tf.executing_eagerly():  # one status per policy, as TFRA's name scope makes them
     name = ops.get_default_graph().unique_name(name, mark_as_used=True)
