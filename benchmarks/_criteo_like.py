@@ -210,3 +210,15 @@ class CriteoLike:
     prob = 1.0 / (1.0 + np.exp(-self.logit(ids, dense)))
     label = (rng.random(n) < prob).astype(np.float32)
     return Day(index, ids, dense, label, prob)
+
+  def stream(self, n, day_samples):
+    """The first `n` samples of consecutive days 0, 1, ... of `day_samples` each:
+    (ids, dense, label, the day of each sample)."""
+    parts = []
+    while sum(len(p.label) for p in parts) < n:
+      parts.append(self.day(len(parts), day_samples))
+    ids, dense, label = (
+      np.concatenate([getattr(p, k) for p in parts])[:n] for k in ("ids", "dense", "label")
+    )
+    days = np.concatenate([np.full(len(p.label), p.index) for p in parts])[:n]
+    return ids, dense, label, days

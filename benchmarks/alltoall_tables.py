@@ -267,16 +267,8 @@ def worker(args):
 def make_data(args, path):
   """The global stream: (warmup + steps) global batches from consecutive days of --day-samples
   samples; written to `path` (npz) for the ranks; returns (labels, day index of each sample)."""
-  gen = _criteo_like.CriteoLike(seed=args.seed)
   need = (args.warmup + args.steps) * args.batch * lightcc_cluster.WORLD
-  parts, day = [], 0
-  while sum(len(p.label) for p in parts) < need:
-    parts.append(gen.day(day, args.day_samples))
-    day += 1
-  ids = np.concatenate([p.ids for p in parts])[:need]
-  dense = np.concatenate([p.dense for p in parts])[:need]
-  label = np.concatenate([p.label for p in parts])[:need]
-  days = np.concatenate([np.full(len(p.label), p.index) for p in parts])[:need]
+  ids, dense, label, days = _criteo_like.CriteoLike(seed=args.seed).stream(need, args.day_samples)
   np.savez(path, ids=ids, dense=dense, label=label)
   return label, days, len(np.unique(ids))
 

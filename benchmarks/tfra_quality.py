@@ -54,16 +54,11 @@ def stream(path, steps):
   if os.path.exists(path):
     data = np.load(path)
     return data["ids"], data["dense"], data["label"], data["days"]
-  gen, need, parts, day = _criteo_like.CriteoLike(seed=0), RANKS * RANK_BATCH * steps, [], 0
-  while sum(len(p.label) for p in parts) < need:
-    parts.append(gen.day(day, DAY_SAMPLES))
-    day += 1
-  arrays = [
-    np.concatenate([getattr(p, k) for p in parts])[:need] for k in ("ids", "dense", "label")
-  ]
-  days = np.concatenate([np.full(len(p.label), p.index) for p in parts])[:need]
-  np.savez(path, ids=arrays[0], dense=arrays[1], label=arrays[2], days=days)
-  return (*arrays, days)
+  ids, dense, label, days = _criteo_like.CriteoLike(seed=0).stream(
+    RANKS * RANK_BATCH * steps, DAY_SAMPLES
+  )
+  np.savez(path, ids=ids, dense=dense, label=label, days=days)
+  return ids, dense, label, days
 
 
 def worker(config, seed, stddev, data_path, steps):
