@@ -302,7 +302,9 @@ class _OptimizerPipeline:
       if not updates:
         return apply_dense(remaining)
       with tf.control_dependencies(updates):
-        if remaining:
+        # Dense variables without a gradient (a var_list of every trainable variable) are left
+        # to the wrapped optimizer only beside one with a gradient: alone it would refuse them.
+        if any(g is not None for g, _ in remaining):
           return self._pipeline_result(updates, apply_dense(remaining), advanced_step)
         advance = _advance(advanced_step)
       return self._pipeline_result(updates + [advance], None, advanced_step)

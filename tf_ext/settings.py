@@ -68,6 +68,13 @@ def _gpu_tables(raw):
   return raw
 
 
+def _tfra_initial_rows(raw):
+  """TF_EXT_TFRA_INITIAL_ROWS."""
+  if raw not in ("tfra", "per_key"):
+    raise ValueError("expected tfra or per_key")
+  return raw
+
+
 def _int_at_least(minimum):
   def parse(raw):
     value = int(raw)
@@ -292,6 +299,19 @@ SETTINGS: Dict[str, Setting] = registry(
       "bytes per row.",
       capability="dynamic_embedding",
       parse=_int_at_least(1),
+    ),
+    Setting(
+      "TF_EXT_TFRA_INITIAL_ROWS",
+      "tfra",
+      "Read when a `tf_ext.tfra` Variable is created: the initial rows of a random initializer "
+      "object (RandomNormal, Glorot, ...). `tfra`: called for each lookup's keys, as TFRA calls "
+      "it, and a missing key reads the row at its position (a Keras initializer repeats its "
+      "values at every call, VarianceScaling scales by the lookup's number of keys); the row "
+      "a key read is written before its first update. `per_key`: the table computes each "
+      "missing key's row from the key and a seed, of the same distribution (faster; a key reads "
+      "the same row at every lookup).",
+      capability="dynamic_embedding",
+      parse=_tfra_initial_rows,
     ),
     # Loss-aware mixed precision (tf_ext.mixed_precision): the policy's knobs, read when a policy
     # is created. The attributes are the policy op's attributes (kernels/mixed_precision/core/

@@ -175,6 +175,12 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
     """Each id's rank (int32, the shape of ids)."""
     return sharded.shard_of(ids, self._ranks)
 
+  def distinct_by_owner(self, flat_ids):
+    """(distinct, positions, counts) of the 1-D `flat_ids`: the distinct ids grouped by owner
+    (rank 0's first, each rank's in order of first occurrence), each id's index in `distinct`,
+    and each rank's number of distinct ids (int32)."""
+    return sharded.distinct_by_shard(flat_ids, self._ranks)
+
   def _send(self, keys, *others):
     """Sends each of the flat `keys` (with the rows of `others` along) to its owner. Returns
     (keys received, [others received])."""
@@ -214,16 +220,26 @@ class AllToAllDynamicEmbeddingVariable(variable_lib.DynamicEmbeddingVariable):
       return served.lookup(ids, name)
     ids = self._check_keys(ids)
     with tf.name_scope(name or f"{self._name}_lookup"):
-      distinct, positions, splits = sharded.distinct_by_shard(tf.reshape(ids, [-1]), self._ranks)
+      distinct, positions, splits = self.distinct_by_owner(tf.reshape(ids, [-1]))
       received, _, received_splits = self._send_grouped(distinct, splits)
-      if not tf.executing_eagerly():
-        received.graph.add_to_collection(_RECEIVED_BY_LOOKUPS, received)
-      owned_rows = super().lookup(received)
+      self.mark_owned(received)
+      owned_rows = self.owned_rows(received)
       rows, _ = self._hvd.alltoall(owned_rows, splits=received_splits)  # distinct's rows
       flat = _gather_rows(rows, positions)
       out = tf.reshape(flat, tf.concat([tf.shape(ids), [self._dim]], 0))
       out.set_shape(ids.shape.concatenate([self._dim]))
       return out
+
+  def owned_rows(self, received):
+    """The rows of the ids a lookup's all-to-all brought this rank (1-D, its own), read from its
+    part: the step of a lookup that a subclass may read otherwise (tf_ext.tfra's initial rows)."""
+    return super().lookup(received)
+
+  def mark_owned(self, keys):
+    """Marks the graph tensor `keys` as ids this rank owns: the gradients keyed by it are all
+    this rank's (owned_gradient keeps them whole)."""
+    if not tf.executing_eagerly():
+      keys.graph.add_to_collection(_RECEIVED_BY_LOOKUPS, keys)
 
   def insert(self, keys, values, name=None):
     """Sets the rows of `keys` (any shape) to `values` (keys.shape + [dim]), on their owners."""

@@ -44,6 +44,9 @@ _ROWS_TENSOR = ".TF_EXT_TABLE_ROWS"
 # The first line of a sharded table's manifest: kShardManifestHeader in
 # kernels/dynamic_embedding/core/sharding.h, which parses it.
 MANIFEST_HEADER = "tf_ext sharded table 1\n"
+# Set (True) on a table that a group of tables saves with its own registered saver (a
+# tf_ext.tfra Variable saved with FileSystemSaver, tfra/file_system.py): this saver leaves it out.
+SAVED_WITH_GROUP = "_tf_ext_saved_with_group"
 
 
 def snapshot_suffix(name):
@@ -308,6 +311,33 @@ class ShardedTableSaveable(saveable_object.SaveableObject):
     )
 
 
+# ---- groups of tables that another module saves (tfra/file_system.py) --------------------------
+
+
+def save_group(tables, name, prefix):
+  """Streams each of `tables` beside the checkpoint at `prefix` as a sharded table's shards
+  (`<name>/part_<i>`), then the manifest `name`; [(rows, slot_initial_values)] of each table once
+  the manifest is written."""
+  return _save_sharded(tables, name, prefix)
+
+
+def restore_snapshot(table, path, prefix, verify_only=False):
+  """The op that replaces `table`'s content with the snapshot (or every file of the manifest) at
+  `path` of the checkpoint at `prefix`, whole; with verify_only, checks the files in full and
+  changes nothing."""
+  return _restore(_handle(table), path, prefix, "", verify_only=verify_only)
+
+
+def saver_prefix():
+  """The checkpoint prefix tensor of the tf.compat.v1.train.Saver being built (_saver_prefix)."""
+  return _saver_prefix()
+
+
+def restore_beside(restored_tensors, suffix, load):
+  """A Saver restore of tables from files beside the checkpoint (see _restore_beside)."""
+  return _restore_beside(restored_tensors, suffix, load)
+
+
 # ---- tf.train.Checkpoint and SavedModel: a registered saver ------------------------------------
 
 
@@ -401,7 +431,11 @@ def register(table_class):
     name=SAVER_NAME,
     # A sharded table is saved whole (shards and manifest), its shards not again on their own.
     predicate=lambda obj: (
-      (isinstance(obj, table_class) and not getattr(obj, "_tf_ext_shard_of", None))
+      (
+        isinstance(obj, table_class)
+        and not getattr(obj, "_tf_ext_shard_of", None)
+        and not getattr(obj, SAVED_WITH_GROUP, False)
+      )
       or _shards_of(obj) is not None
       or _restored_table(obj)
     ),

@@ -109,6 +109,38 @@ model.fit(
 kernels = hvd.allgather(tf.reshape(dense.kernel, [1, -1])).numpy()
 check("the callback gave every rank root's dense weights", np.all(kernels == 0.0), kernels)
 
+# TFRA's initial rows: each owner calls the initializer for the distinct ids it received, and an
+# update starts from the row a new id read (a custom eager loop: the owners keep what they read
+# under the tape until the update).
+drawn = de.keras.layers.HvdAllToAllEmbedding(
+  embedding_size=DIM, initializer=tf.keras.initializers.RandomUniform(1.0, 2.0), name="drawn"
+)
+check("the drawn layer's rows are TFRA's", drawn.params.reads_default_rows)
+mine = tf.constant(GLOBAL_IDS[MINE][:ROWS] + 100)
+drawn_sgd = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+with tf.GradientTape() as tape:
+  read = drawn(mine)
+  loss = tf.reduce_sum(read)
+drawn_sgd.apply_gradients(
+  zip(tape.gradient(loss, drawn.trainable_weights), drawn.trainable_weights)
+)
+after = drawn(mine).numpy()
+every_id = hvd.allgather(tf.reshape(mine, [-1])).numpy()
+counts = np.array([[np.sum(every_id == i)] for i in mine.numpy().reshape(-1)], np.float32)
+read = read.numpy().reshape(-1, DIM)
+drawn_keys = drawn.params.export()[0].numpy()
+check(
+  "each rank holds the ids TFRA's partitioner gives it",
+  len(drawn_keys) > 0 and np.all(drawn_keys % size == rank),
+  drawn_keys,
+)
+check("new ids read the initializer's rows", np.all((read >= 1.0) & (read < 2.0)), read)
+check(
+  "an update starts from the row a new id read",
+  np.allclose(after.reshape(-1, DIM), read - 0.5 * counts, atol=1e-5),
+  np.abs(after.reshape(-1, DIM) - (read - 0.5 * counts)).max(),
+)
+
 # synchronous=True: the dense gradients are summed over the ranks (TFRA's rule), the table's stay.
 weight = tf.Variable([[1.0]])
 sync = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.1), synchronous=True)

@@ -150,7 +150,61 @@ def test_random_rows_of_float64_draw_from_the_asked_distribution(request):
   assert abs(rows.std() - 1 / np.sqrt(12)) < 0.01
 
 
-def test_random_initializers_draw_per_key_with_the_asked_distribution(request):
+def test_a_keras_initializer_gives_each_position_of_a_lookup_its_row_as_in_tfra(request):
+  # TFRA calls the initializer for each lookup's keys, and a Keras initializer gives the same
+  # values at every call: new ids at the same position of a lookup start from the same row.
+  var = de.get_variable(
+    _name(request), dim=16, initializer=tf.keras.initializers.RandomNormal(stddev=0.3)
+  )
+  rows = var.lookup(tf.range(4000, dtype=tf.int64)).numpy()
+  assert abs(rows.std() - 0.3) < 0.01 and abs(rows.mean()) < 0.01
+  np.testing.assert_array_equal(rows[:10], var.lookup(tf.range(10, 20, dtype=tf.int64)))
+  # A TensorFlow initializer draws anew at every call.
+  drawn = de.get_variable(
+    _name(request) + "_tf", dim=16, initializer=tf.random_normal_initializer(stddev=0.3)
+  )
+  assert not np.allclose(
+    drawn.lookup(tf.range(10, dtype=tf.int64)), drawn.lookup(tf.range(10, dtype=tf.int64))
+  )
+
+
+def test_a_variance_scaling_initializer_scales_by_the_lookups_keys_as_in_tfra(request):
+  var = de.get_variable(_name(request), dim=8, initializer=tf.keras.initializers.GlorotNormal())
+  # Glorot: variance 2 / (fan in + fan out) of the shape [keys, dim] TFRA draws.
+  for count in (8, 4000):
+    rows = var.lookup(tf.range(count, dtype=tf.int64)).numpy()
+    assert abs(rows.std() / np.sqrt(2.0 / (count + 8)) - 1) < 0.35
+
+
+def test_training_starts_from_the_row_a_key_read(request):
+  var = de.get_variable(_name(request), dim=4, initializer=tf.keras.initializers.RandomNormal())
+  optimizer = de.DynamicEmbeddingOptimizer(tf.keras.optimizers.SGD(0.5))
+  shadow = de.shadow_ops.ShadowVariable(var, name="read_rows")
+  with tf.GradientTape() as tape:
+    read = de.shadow_ops.embedding_lookup(shadow, tf.constant([3], tf.int64))
+    loss = tf.reduce_sum(read)
+  optimizer.apply_gradients([(tape.gradient(loss, shadow), shadow)])
+  np.testing.assert_allclose(var.lookup(tf.constant([3], tf.int64)), read.numpy() - 0.5, 1e-6)
+  # In a TF1 graph, through a lookup's wrapper: key 7 reads two rows and trains from one of them.
+  with tf.Graph().as_default():
+    graph_var = de.get_variable(
+      "read_rows_graph_random", dim=4, initializer=tf.keras.initializers.RandomUniform(1.0, 2.0)
+    )
+    ids = tf.constant([7, 3, 7], tf.int64)
+    rows, wrapper = de.embedding_lookup(graph_var, ids, name="first", return_trainable=True)
+    train = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.25))
+    train = train.minimize(tf.reduce_sum(rows[1]), var_list=[wrapper])
+    after = graph_var.lookup(tf.constant([3, 7], tf.int64))
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      _, read = session.run([train, rows])
+      got = session.run(after)
+  np.testing.assert_allclose(got[0], read[1] - 0.25, 1e-6)
+  assert any(np.allclose(got[1], read[i]) for i in (0, 2))
+
+
+def test_per_key_initial_rows_are_drawn_in_the_table(request, monkeypatch):
+  monkeypatch.setenv("TF_EXT_TFRA_INITIAL_ROWS", "per_key")
   var = de.get_variable(
     _name(request), dim=16, initializer=tf.keras.initializers.RandomNormal(stddev=0.3)
   )
@@ -162,6 +216,9 @@ def test_random_initializers_draw_per_key_with_the_asked_distribution(request):
   # The same key reads the same row again; another table without a seed starts elsewhere.
   np.testing.assert_array_equal(rows[:10], var.lookup(tf.range(10, dtype=tf.int64)))
   assert not np.allclose(rows[:10], other.lookup(tf.range(10, dtype=tf.int64)))
+  monkeypatch.setenv("TF_EXT_TFRA_INITIAL_ROWS", "tfras")
+  with pytest.raises(ValueError, match="TF_EXT_TFRA_INITIAL_ROWS"):
+    de.get_variable(_name(request) + "_bad", dim=2, initializer=tf.keras.initializers.Zeros())
 
 
 @pytest.mark.parametrize(
@@ -169,7 +226,8 @@ def test_random_initializers_draw_per_key_with_the_asked_distribution(request):
   [tf.keras.initializers.GlorotNormal(seed=3), tf.keras.initializers.HeUniform(seed=3)],
   ids=["glorot_normal", "he_uniform"],
 )
-def test_variance_scaling_initializers_draw_as_tensorflow_for_a_row(request, initializer):
+def test_per_key_variance_scaling_draws_as_tensorflow_for_a_row(request, monkeypatch, initializer):
+  monkeypatch.setenv("TF_EXT_TFRA_INITIAL_ROWS", "per_key")
   var = de.get_variable(_name(request), dim=32, initializer=initializer)
   rows = var.lookup(tf.range(3000, dtype=tf.int64)).numpy()
   # Unseeded instances: a seeded Keras initializer draws the same values at every call.
@@ -260,6 +318,8 @@ def test_safe_sparse_lookup_fills_empty_rows_and_looks_minus_one_up(request):
 def test_embedding_lookup_unique_equals_embedding_lookup(request):
   var = de.get_variable(_name(request), dim=3, initializer=tf.keras.initializers.RandomUniform())
   ids = tf.constant([[4, 4, 9], [9, 1, 4]], tf.int64)
+  # Stored rows: a missing id reads its position's initial row, and the positions differ.
+  var.upsert(tf.constant([1, 4, 9], tf.int64), tf.random.uniform([3, 3]))
   unique = de.embedding_lookup_unique(var, ids, name="unique")
   assert unique.shape == (2, 3, 3)
   np.testing.assert_array_equal(unique, de.embedding_lookup(var, ids, name="plain"))

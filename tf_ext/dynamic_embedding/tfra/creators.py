@@ -4,8 +4,9 @@
 - HkvHashTableCreator: tf_ext's GPU table where the Variable's device is a GPU; on a machine without
   one the table stays on the CPU, as TFRA's HKV tables then do.
 - RedisTableCreator: refused by name. tf_ext keeps no table in an external store.
-- FileSystemSaver: accepted; tf_ext tables always stream into files beside the checkpoint, and
-  TFRA's own key and value files are read by restore_from_tfra and the converter.
+- FileSystemSaver: the Variable's tables are checkpointed together, so that they restore into
+  any number of tables (file_system.py); TFRA's key and value files are written and read by
+  save_to_file_system / load_from_file_system, restore_from_tfra and the converter.
 """
 
 import enum
@@ -138,11 +139,13 @@ class FileSystemSaverConfig:
 
 
 class FileSystemSaver(DynamicEmbeddingSaver):
-  """Accepted as `KVCreator(saver=FileSystemSaver())`. TFRA needs it to write a table as key and
-  value files beside the checkpoint, where its tables would otherwise be copied into the checkpoint
-  whole; a tf_ext table is always streamed into a file of its own beside the checkpoint, so every
-  checkpoint is saved that way. TFRA's key and value files themselves are read by
-  `de.restore_from_tfra` and `python -m tf_ext.tfra.convert`."""
+  """`KVCreator(saver=FileSystemSaver(proc_size, proc_rank, save_path))`: the Variable's tables are
+  checkpointed together (each streamed into its file beside the checkpoint, with their slots), and
+  restore into a Variable of any number of tables, split by its partitioner, as TFRA's files do;
+  with proc_size > 1 the Variable keeps the keys its partitioner gives proc_rank. A restore also
+  sets the rows of the TFRA key and value files of the Variable that other ranks wrote beside the
+  checkpoint with `save_to_file_system` (in `save_path`, else `TFRADynamicEmbedding[-<step>]`).
+  tf_ext/dynamic_embedding/tfra/file_system.py says how; buffer_size is accepted and unused."""
 
   def __init__(self, proc_size=1, proc_rank=0, save_path=None, buffer_size=4194304):
     self.config = FileSystemSaverConfig(proc_size, proc_rank, save_path, buffer_size)

@@ -72,12 +72,15 @@ def _record_restrict_status(optimizer):
     grads_and_vars = list(grads_and_vars)
     updates, first_rows = [], []
     for gradient, variable in grads_and_vars:
+      split_table_writer = getattr(optimizer_lib.table_of(variable), "write_default_rows", None)
+      if split_table_writer is not None:  # a table split across ranks, of TFRA's initial rows
+        first_rows.append(split_table_writer())
       params = getattr(variable, "params", None)
       if params is None or not isinstance(gradient, tf.IndexedSlices):
         continue
       keys = dtypes.to_stored(gradient.indices, params.key_dtype)
       if getattr(params, "write_default_rows", None) is not None:
-        first_rows.append(params.write_default_rows(keys))
+        first_rows.append(params.write_default_rows(keys, anchor=variable))
       if getattr(params, "restrict_policy", None) is not None:
         with tf.name_scope("restrict_status"):
           updates.append(params.restrict_policy.apply_update(keys))

@@ -81,13 +81,17 @@ def embedding_lookup_unique_base(ids, embedding_size, lookup_function, with_uniq
 
 
 def embedding_lookup_unique(shadow, ids, dim=None, with_unique=True, name=None):
-  """As embedding_lookup, for ids of any shape or ragged ids. `with_unique=False` by default
-  here: the table's lookup finds each distinct id once where the batch repeats ids
-  (TF_EXT_FIND_DEDUP), and the optimizer sums a repeated id's gradients, so the rows and updates
-  are those of TFRA's unique lookup either way."""
-  del with_unique
+  """As embedding_lookup, for ids of any shape or ragged ids. `with_unique` matters only where
+  the Variable's initial rows are drawn per lookup (a missing id reads the row at its position,
+  as in TFRA): otherwise the table's lookup finds each distinct id once where the batch repeats
+  ids (TF_EXT_FIND_DEDUP), and the optimizer sums a repeated id's gradients, so the rows and
+  updates are those of TFRA's unique lookup either way, without the unique op."""
   if dim is not None and dim != shadow.params.dim:
     raise ValueError(f"dim {dim} differs from the Variable's dim {shadow.params.dim}")
   return embedding_lookup_unique_base(
-    ids, shadow.params.dim, lambda x: embedding_lookup(shadow, x), with_unique=False, name=name
+    ids,
+    shadow.params.dim,
+    lambda x: embedding_lookup(shadow, x),
+    with_unique=with_unique and shadow.params.reads_default_rows,
+    name=name,
   )

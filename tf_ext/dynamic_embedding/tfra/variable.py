@@ -9,9 +9,11 @@ the lookup read, keyed by the looked-up ids, and the optimizer wrapped by
 `bp_v2=True` semantics hold either way.
 """
 
+import functools
 import weakref
 
 import tensorflow as tf
+from tensorflow.python.eager import record as gradient_record
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops, variable_scope
 from tensorflow.python.platform import tf_logging
@@ -21,7 +23,7 @@ from tensorflow.python.trackable import data_structures
 from tf_ext import _ops_loader, rank_local_gradients
 from tf_ext.dynamic_embedding import alltoall
 from tf_ext.dynamic_embedding import variable as table_lib
-from tf_ext.dynamic_embedding.tfra import creators, dtypes, initial_rows
+from tf_ext.dynamic_embedding.tfra import creators, dtypes, file_system, initial_rows
 
 
 class GraphKeys:
@@ -64,7 +66,8 @@ def default_partition_fn(keys, shard_num):
 
 
 def _check_devices(name, devices):
-  """The devices as a list; ValueError for one this process does not have."""
+  """The devices as a list; ValueError for one this process does not have (eagerly: a CPU it does
+  not have is its first CPU, as TensorFlow's soft placement places it)."""
   if devices is None:
     gpus = tf.config.list_logical_devices("GPU")
     return [gpus[0].name if gpus else "/CPU:0"]
@@ -77,16 +80,22 @@ def _check_devices(name, devices):
     (d.device_type, tf.DeviceSpec.from_string(d.name).device_index)
     for d in tf.config.list_logical_devices()
   }
+  placed = []
   for device in devices:
     spec = tf.DeviceSpec.from_string(device)
     # A device of another task (a parameter server) is checked when the session places it.
     if spec.job is None and spec.device_type is not None:
       if (spec.device_type.upper(), spec.device_index or 0) not in local:
-        raise ValueError(
-          f"tf_ext.tfra Variable '{name}': devices names {device!r}, which this process does not "
-          f"have (it has {sorted(d.name for d in tf.config.list_logical_devices())})"
-        )
-  return devices
+        # TFRA spreads shards over "/CPU:0", "/CPU:1", ...: with soft placement on, a CPU this
+        # process does not have is its CPU; a missing GPU is refused.
+        if spec.device_type.upper() != "CPU" or not tf.config.get_soft_device_placement():
+          raise ValueError(
+            f"tf_ext.tfra Variable '{name}': devices names {device!r}, which this process does "
+            f"not have (it has {sorted(d.name for d in tf.config.list_logical_devices())})"
+          )
+        device = spec.replace(device_index=0).to_string()
+    placed.append(device)
+  return placed
 
 
 class _ShardedTarget:
@@ -160,12 +169,19 @@ class Variable(trackable.Trackable):
     self.initializer = initializer
     self._codec = dtypes.RowCodec(self.value_dtype, dim)
     self._initializer_spec, self._default_rows = initial_rows.plan(
-      initializer, name, dim, self._codec
+      initializer,
+      name,
+      dim,
+      self._codec,
+      # A split table reads its rows on their owners: float32 rows there.
+      per_lookup=initial_rows.drawn_per_lookup()
+      and (distribution is None or self.value_dtype == tf.float32),
     )
     trainable = trainable and dtypes.trainable_rows(self.value_dtype)
     self._trainable_store = {}
     self.distribution = alltoall.check_distribution(name, distribution)
-    if distribution is not None and self._default_rows is not None:
+    split_default_rows = distribution is not None and self._default_rows is not None
+    if split_default_rows and self._default_rows.initializer is None:
       raise ValueError(
         f"tf_ext.tfra Variable '{name}': a table split across Horovod ranks computes its initial "
         "rows itself: give a number, Zeros, Ones, Constant or a random initializer (float rows)"
@@ -178,6 +194,13 @@ class Variable(trackable.Trackable):
     table_class = table_lib.DynamicEmbeddingVariable
     if distribution == alltoall.ALLTOALL:
       table_class = alltoall.AllToAllDynamicEmbeddingVariable
+      if split_default_rows:
+        table_class = functools.partial(
+          _AllToAllTableOfInitialRows,
+          default_rows=self._default_rows,
+          partition_fn=self.partition_fn,
+          key_dtype_of_ids=self.key_dtype,
+        )
     self._tables = data_structures.ListWrapper([])
     for index, device in enumerate(self.devices):
       with tf.device(device):
@@ -195,10 +218,17 @@ class Variable(trackable.Trackable):
             gradient_anchor=own_anchor,
           )
         )
+    for table in self._tables:  # TFRA's save_to_file_system and load_from_file_system
+      file_system.attach(table, self.key_dtype, self._codec)
+    self._table_group = None
     if checkpoint:
       # Under a name of its own (TFRA's is "tables_of_<name>"), so that a checkpoint restores
       # into a Variable, layer or model of another name as well.
       self._track_trackable(self._tables, "tables", overwrite=True)
+      if file_system.saves_as_group(self.kv_creator, distribution):
+        # FileSystemSaver: the tables are saved together, to restore into any number of tables.
+        self._table_group = file_system.TableGroup(self)
+        self._track_trackable(self._table_group, "table_group", overwrite=True)
     else:
       _drop_from_saver(self._tables)
     self._gradient_target = self._tables[0] if self.shard_num == 1 else _ShardedTarget(self)
@@ -213,7 +243,10 @@ class Variable(trackable.Trackable):
 
   def _gather_saveables_for_checkpoint(self):
     """tf.compat.v1.train.Saver(var_list=[variable, ...]) saves each of its tables (in a graph;
-    tf.train.Checkpoint reaches the tables as the Variable's children)."""
+    tf.train.Checkpoint reaches the tables as the Variable's children); with FileSystemSaver,
+    their group."""
+    if self._table_group is not None:
+      return self._table_group._gather_saveables_for_checkpoint()  # noqa: SLF001
     factories = {}
     for index, table in enumerate(self._tables if self.checkpoint else ()):
       for factory in table._gather_saveables_for_checkpoint().values():  # noqa: SLF001
@@ -233,6 +266,12 @@ class Variable(trackable.Trackable):
   @property
   def restrict_policy(self):
     return self._restrict_policy
+
+  @property
+  def reads_default_rows(self):
+    """Whether missing keys read rows the Variable adds outside the table (initial_rows.py):
+    TFRA's initializer called per lookup, or rows the table cannot compute."""
+    return self._default_rows is not None
 
   @property
   def trainable_store(self):
@@ -325,36 +364,60 @@ class Variable(trackable.Trackable):
       rows, present = library.tf_ext_table_find_with_presence(
         table.resource_handle, shard_keys, anchor_value, dim=width
       )
+      if self.shard_num == 1:
+        return rows, present
       # One tensor per shard for the stitch: the presence rides as a last column.
       return tf.concat([rows, tf.cast(present[:, None], tf.float32)], 1)
 
     found = self._per_shard(flat, find)
-    rows = found[:, :width] if with_presence else found
-    rows = tf.reshape(rows, tf.concat([tf.shape(stored), [width]], 0))
+    if with_presence:
+      found, present = found if self.shard_num == 1 else (found[:, :width], found[:, width] > 0.5)
+    rows = tf.reshape(found, tf.concat([tf.shape(stored), [width]], 0))
     rows.set_shape(stored.shape.concatenate([width]))
     rows = self._codec.decode(rows)
     if not with_presence:
       return rows
-    exists = tf.reshape(found[:, width] > 0.5, tf.shape(stored))
+    exists = tf.reshape(present, tf.shape(stored))
     exists.set_shape(stored.shape)
     if defaults is not None:
-      rows = self._with_default_rows(rows, exists, tf.shape(stored))
+      # Drawn per shard for the shard's keys, as TFRA calls its initializer.
+      default = self._per_shard(flat, lambda _, shard_keys: defaults.rows(tf.shape(shard_keys)))
+      default = tf.reshape(default, tf.shape(rows))
+      rows = self._with_default_rows(rows, exists, default)
+      if anchor is not None:
+        self._record_default_rows(anchor, flat, tf.reshape(exists, [-1]), default)
     return (rows, exists) if return_exists else rows
 
-  def _with_default_rows(self, rows, exists, shape):
-    """`rows` with the Variable's default row where a key is missing (the table gave it zeros).
-    Float rows keep their gradient for every key, missing ones too."""
-    default = self._default_rows.rows(shape)
+  def _with_default_rows(self, rows, exists, default):
+    """`rows` with `default`'s row where a key is missing (the table gave it zeros). Float rows
+    keep their gradient for every key, missing ones too."""
     if self._codec.bitwise or not self.value_dtype.is_floating:
       return tf.where(exists[..., None], rows, default)
     return rows + tf.stop_gradient(tf.where(exists[..., None], tf.zeros_like(rows), default))
 
-  def write_default_rows(self, keys):
+  def _record_default_rows(self, anchor, stored_keys, exists, default):
+    """Keeps the rows a lookup through `anchor` read for its missing keys, for
+    write_default_rows."""
+    missing = tf.logical_not(exists)
+    _keep_default_rows(
+      anchor,
+      tf.boolean_mask(stored_keys, missing),
+      tf.boolean_mask(tf.reshape(default, [-1, self.dim]), missing),
+    )
+
+  def write_default_rows(self, keys, anchor=None):
     """Inserts the default row of each of `keys` (1-D, key_dtype) that has no row, so that an
-    update starts from it (de.DynamicEmbeddingOptimizer calls it before a step trains `keys`).
-    None when the table computes its initial rows itself."""
+    update starts from it (de.DynamicEmbeddingOptimizer calls it before a step trains `keys`
+    through `anchor`): the rows the lookups through `anchor` read, where they are reachable
+    here, else rows drawn now. None when the table computes its initial rows itself."""
     if self._default_rows is None:
       return None
+    read = _default_rows_read_through(anchor)
+    if read:  # stored keys and value_dtype rows
+      rows = self._codec.encode(tf.concat([r for _, r in read], 0))
+      return self._each_shard(
+        tf.concat([k for k, _ in read], 0), lambda t, k, v: t.insert(k, v), rows
+      )
     keys = tf.unique(tf.reshape(keys, [-1]))[0]
     rows, exists = self.read_rows(keys, return_exists=True)
     missing = tf.logical_not(exists)
@@ -477,6 +540,66 @@ class Variable(trackable.Trackable):
       return None
     return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
 
+  def save_to_file_system(
+    self,
+    dirpath,
+    proc_size=1,
+    proc_rank=0,
+    file_name_list=None,
+    dirpath_env=file_system.DIRPATH_ENV,
+    append_to_file=False,
+    buffer_size=file_system.DEFAULT_BUFFER_SIZE,
+    name=None,
+  ):
+    """Writes each table's keys and rows as TFRA's key and value files in `dirpath`, table i of n
+    as `<its name, _mht_<i>of<n>_rank<proc_rank>_size<proc_size>>-keys` and `-values` (or the
+    names of `file_name_list`). Rows only: a checkpoint keeps the optimizer's slots too."""
+    return file_system.save_variable(
+      self,
+      dirpath,
+      proc_size,
+      proc_rank,
+      file_name_list,
+      dirpath_env=dirpath_env,
+      append_to_file=append_to_file,
+      buffer_size=buffer_size,
+      name=name,
+    )
+
+  def load_from_file_system(
+    self,
+    dirpath,
+    proc_size=1,
+    proc_rank=0,
+    file_name_list=None,
+    dirpath_env=file_system.DIRPATH_ENV,
+    load_entire_dir=False,
+    buffer_size=file_system.DEFAULT_BUFFER_SIZE,
+    name=None,
+  ):
+    """Sets the rows of the keys in the files save_to_file_system writes (with the same
+    arguments), each table from its own; other keys keep their rows."""
+    return file_system.load_variable(
+      self,
+      dirpath,
+      proc_size,
+      proc_rank,
+      file_name_list,
+      dirpath_env=dirpath_env,
+      load_entire_dir=load_entire_dir,
+      buffer_size=buffer_size,
+      name=name,
+    )
+
+  def load_from_file_system_with_restore_function(
+    self, dirpath, proc_size=1, proc_rank=0, buffer_size=file_system.DEFAULT_BUFFER_SIZE
+  ):
+    """Sets the rows of every key in this Variable's files in `dirpath` (of any number of tables,
+    ranks and sizes) that its partitioner gives `proc_rank` of `proc_size`, each in the table its
+    partitioner gives it now."""
+    del buffer_size
+    return file_system.load_variable_files(self, dirpath, proc_size, proc_rank)
+
   def get_slot_variables(self, optimizer):
     """TFRA returns the optimizer's slot Variables. tf_ext keeps a row's slots in the row's own
     table entry (exported with `tables[i].export_with_slots()`), so there are none to return."""
@@ -485,6 +608,93 @@ class Variable(trackable.Trackable):
 
   def _scope_name(self):
     return self.name.split("/")[-1]
+
+
+# Eagerly, a wrapper keeps what its lookups read for their missing keys until the next update;
+# lookups under a tape that are never trained keep at most this many.
+_MAX_EAGER_DEFAULT_ROWS = 64
+
+
+def _keep_default_rows(anchor, keys, rows):
+  """Keeps (keys, rows) that a lookup through `anchor` read for missing keys, for the next update
+  to write: per graph in a graph (while the graph lives), eagerly only under a gradient tape,
+  until the next update."""
+  if tf.executing_eagerly():
+    if not gradient_record.could_possibly_record():
+      return
+    eager = anchor.__dict__.setdefault("_tfra_eager_default_rows", [])
+    eager.append((keys, rows))
+    del eager[:-_MAX_EAGER_DEFAULT_ROWS]
+    return
+  per_graph = anchor.__dict__.setdefault("_tfra_default_rows", weakref.WeakKeyDictionary())
+  per_graph.setdefault(ops.get_default_graph(), []).append((keys, rows))
+
+
+def _default_rows_read_through(anchor):
+  """The (keys, rows) that lookups through `anchor` read for missing keys and that the current
+  graph can use (its own, or an enclosing graph's); eagerly, those since the last update (taken)."""
+  if anchor is None:
+    return []
+  if tf.executing_eagerly():
+    return anchor.__dict__.pop("_tfra_eager_default_rows", [])
+  per_graph = anchor.__dict__.get("_tfra_default_rows")
+  graph = ops.get_default_graph()
+  while per_graph is not None and graph is not None:
+    if graph in per_graph:
+      return per_graph[graph]
+    graph = getattr(graph, "outer_graph", None)
+  return []
+
+
+class _AllToAllTableOfInitialRows(alltoall.AllToAllDynamicEmbeddingVariable):
+  """The table of a Variable split across Horovod ranks whose initial rows TFRA's initializer
+  draws (HvdAllToAllEmbedding): as TFRA's, the Variable's partitioner names each id's rank, and
+  an owner reads the distinct ids it received and gives each missing one the initializer's row
+  at its position (so every id starts from the row it gets in TFRA); an update first writes
+  those rows."""
+
+  def __init__(self, *args, default_rows, partition_fn, key_dtype_of_ids, **kwargs):
+    self._default_rows = default_rows
+    self._partition_fn, self._key_dtype_of_ids = partition_fn, key_dtype_of_ids
+    super().__init__(*args, **kwargs)
+
+  def owner_of(self, ids):
+    keys = dtypes.to_stored(ids, self._key_dtype_of_ids)
+    return tf.cast(self._partition_fn(keys, self.ranks), tf.int32)
+
+  def distinct_by_owner(self, flat_ids):
+    distinct, positions = tf.unique(flat_ids)
+    owners = self.owner_of(distinct)
+    order = tf.argsort(owners, stable=True)
+    counts = tf.math.bincount(owners, minlength=self.ranks, maxlength=self.ranks, dtype=tf.int32)
+    grouped_index = tf.math.invert_permutation(order)
+    return tf.gather(distinct, order), tf.gather(grouped_index, positions), counts
+
+  def owned_rows(self, received):
+    distinct, positions = tf.unique(received)
+    self.mark_owned(distinct)
+    anchor = self.gradient_anchor.value() if self.trainable else tf.constant(0.0)
+    with self.colocated():
+      rows, present = _ops_loader.load().tf_ext_table_find_with_presence(
+        self.resource_handle, distinct, anchor, dim=self.dim
+      )
+    default = self._default_rows.rows(tf.shape(distinct))
+    rows += tf.stop_gradient(tf.where(present[:, None], tf.zeros_like(rows), default))
+    missing = tf.logical_not(present)
+    if self.trainable:
+      _keep_default_rows(
+        self.gradient_anchor, tf.boolean_mask(distinct, missing), tf.boolean_mask(default, missing)
+      )
+    return tf.gather(rows, positions)
+
+  def write_default_rows(self):
+    """Writes the rows this rank's lookups read for its missing ids (into its own part), so
+    that the update starts from them; None when there are none."""
+    read = _default_rows_read_through(self.gradient_anchor)
+    if not read:
+      return None
+    keys, rows = tf.concat([k for k, _ in read], 0), tf.concat([r for _, r in read], 0)
+    return table_lib.DynamicEmbeddingVariable.insert(self, keys, rows)
 
 
 def _idle_anchor(table_name):
@@ -639,12 +849,13 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     return self._dense_var_to_tensor()
 
   def read_value(self, do_prefetch=True):
-    """The rows of the wrapper's ids (TFRA's wrapper holds them), or, for a ShadowVariable
-    before its first lookup, its scalar."""
+    """The rows of the wrapper's ids (TFRA's wrapper holds them): for a ShadowVariable, of its
+    last eager lookup, none ([0, dim] of the value dtype) before one or after a checkpoint saved
+    it, as TFRA's ShadowVariable holds them."""
     del do_prefetch
     ids = self._ids if self._ids is not None else getattr(self, "_last_ids", None)
     if ids is None:
-      return super().read_value()
+      return tf.zeros([0, self.params.dim], self.params.value_dtype)
     return self.lookup(tf.reshape(ids, [-1]))
 
   def size(self):
@@ -680,10 +891,28 @@ class TrainableWrapper(resource_variable_ops.ResourceVariable):
     return rows
 
 
+class _AsScalarVariable:
+  """Within it, a ShadowVariable is the float32 scalar variable it is to TensorFlow's checkpoint,
+  SavedModel and tf.function code (its dtype, and read_value), not the rows it stands for."""
+
+  def __init__(self, shadow):
+    self._shadow = shadow
+
+  def __enter__(self):
+    vars(self._shadow)["_tfra_as_variable"] = vars(self._shadow).get("_tfra_as_variable", 0) + 1
+
+  def __exit__(self, *exc):
+    vars(self._shadow)["_tfra_as_variable"] -= 1
+
+
 class ShadowVariable(TrainableWrapper):
   """The trainable handle of `params` under `name`: Keras layers hold one as their weight, and the
   optimizer's var_list takes it. Lookups through it (`de.shadow_ops.embedding_lookup`) train
-  `params`' rows."""
+  `params`' rows.
+
+  As TFRA's, its `dtype` is the rows' (`params.value_dtype`) and `read_value()` the rows of its
+  last eager lookup; the variable itself is a float32 scalar (the lookups' gradient anchor), and
+  TensorFlow's checkpoints, SavedModel and tf.function see it as such."""
 
   def __init__(
     self,
@@ -697,8 +926,57 @@ class ShadowVariable(TrainableWrapper):
     del distribute_strategy, kwargs
     if not isinstance(params, Variable):
       raise TypeError(f"params must be a de.Variable, got {type(params).__name__}")
-    super().__init__(params, max_norm=max_norm, trainable=trainable and params.trainable, name=name)
+    with _AsScalarVariable(self):
+      super().__init__(
+        params, max_norm=max_norm, trainable=trainable and params.trainable, name=name
+      )
     params.trainable_store[name] = self
+
+  @property
+  def dtype(self):
+    """The dtype of the rows (of params), as TFRA's ShadowVariable holds them."""
+    if vars(self).get("_tfra_as_variable"):
+      return self._dtype
+    return self.params.value_dtype
+
+  def read_value(self, do_prefetch=True):
+    if vars(self).get("_tfra_as_variable"):
+      return resource_variable_ops.ResourceVariable.read_value(self)
+    return super().read_value(do_prefetch)
+
+  read_value.__doc__ = TrainableWrapper.read_value.__doc__
+
+  def _serialize_to_tensors(self):
+    """A checkpoint saves the scalar; the rows of the last lookup are let go, as TFRA's
+    ShadowVariable clears the rows it holds when it is saved."""
+    self._last_ids = None
+    with _AsScalarVariable(self):
+      return super()._serialize_to_tensors()
+
+  def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+    with _AsScalarVariable(self):
+      return super()._dense_var_to_tensor(dtype=dtype, name=name, as_ref=as_ref)
+
+  def __tf_tracing_type__(self, signature_context):
+    with _AsScalarVariable(self):
+      return super().__tf_tracing_type__(signature_context)
+
+  @property
+  def _type_spec(self):
+    with _AsScalarVariable(self):
+      return resource_variable_ops.VariableSpec.from_value(self)
+
+  def _write_object_proto(self, proto, options):
+    with _AsScalarVariable(self):
+      return super()._write_object_proto(proto, options)
+
+  def _export_to_saved_model_graph(self, *args, **kwargs):
+    with _AsScalarVariable(self):
+      return super()._export_to_saved_model_graph(*args, **kwargs)
+
+  def _copy_trackable_to_cpu(self, object_map):
+    with _AsScalarVariable(self):
+      return super()._copy_trackable_to_cpu(object_map)
 
 
 def _wrapper_for(params, ids, name, max_norm):

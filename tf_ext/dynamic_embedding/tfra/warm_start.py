@@ -5,6 +5,7 @@ program saved with tf.compat.v1.train.Saver (under the same names, or those of
 import tensorflow as tf
 
 from tf_ext.dynamic_embedding import checkpoint
+from tf_ext.dynamic_embedding.tfra import file_system
 from tf_ext.dynamic_embedding.tfra import variable as variable_lib
 
 __all__ = ["WarmStartHook", "warm_start"]
@@ -33,19 +34,32 @@ def _variables(vars_to_warm_start):
 def warm_start(ckpt_to_initialize_from, vars_to_warm_start=".*", var_name_to_prev_var_name=None):
   """An op (eagerly: after running it) that fills the Variables of `vars_to_warm_start` from the
   checkpoint (a prefix, or a directory: its latest), each from the Variable of its previous name
-  with the same number of tables. A missing or damaged file is an error, and no table changes."""
+  with the same number of tables; from a Variable saved with FileSystemSaver (its tables saved
+  together), of any number of tables. A missing or damaged file is an error, and no table
+  changes."""
   prefix = ckpt_to_initialize_from
   if tf.io.gfile.isdir(prefix):
     prefix = tf.train.latest_checkpoint(prefix)
     if prefix is None:
       raise ValueError(f"no checkpoint in {ckpt_to_initialize_from!r}")
   renames = var_name_to_prev_var_name or {}
-  tables = []
+  tables, groups = [], []
   for variable in _variables(vars_to_warm_start):
-    previous = renames.get(variable.name, variable.name).replace("/", "_")
+    previous = renames.get(variable.name, variable.name)
+    group = file_system.group_name(previous)
+    if tf.io.gfile.exists(prefix + checkpoint.snapshot_suffix(group)):
+      groups.append((variable, group))
+      continue
     for index, table in enumerate(variable.tables):
-      tables.append((table, f"{previous}_mht_{index + 1}of{variable.shard_num}"))
-  return checkpoint.warm_start_tables(tables, prefix)
+      tables.append((table, f"{group}_{index + 1}of{variable.shard_num}"))
+  if not groups:
+    return checkpoint.warm_start_tables(tables, prefix)
+  # Every file is checked first: the groups', then warm_start_tables checks the tables'.
+  checks = [file_system.restore_group(v, g, prefix, verify_only=True) for v, g in groups]
+  with tf.control_dependencies(checks):
+    restored = checkpoint.warm_start_tables(tables, prefix)
+  with tf.control_dependencies([restored] if restored is not None else []):
+    return tf.group([file_system.restore_group(v, g, prefix) for v, g in groups])
 
 
 class WarmStartHook(tf.compat.v1.train.SessionRunHook):
