@@ -20,7 +20,10 @@ def run(*args, timeout=300):
   )
 
 
-def test_tfra_api_trains_as_the_native_api_in_a_tiny_run(tmp_path):
+def test_tfra_api_trains_as_the_native_api_in_a_tiny_run(tmp_path, monkeypatch):
+  # With the table's per-key initial rows, the TFRA program makes the native program's updates
+  # (by default tf_ext.tfra draws rows per lookup, as TFRA, and trains as TFRA instead).
+  monkeypatch.setenv("TF_EXT_TFRA_INITIAL_ROWS", "per_key")
   out = tmp_path / "quality.json"
   proc = run("--configs=tfra_api,optimizer,row", "--seeds=1", "--steps=3", f"--json={out}")
   assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
