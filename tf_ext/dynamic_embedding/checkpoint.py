@@ -35,8 +35,6 @@ from tensorflow.python.training.saving import saveable_object
 from tf_ext import _ops_loader
 
 SAVER_PACKAGE, SAVER_NAME = "tf_ext", "DynamicEmbeddingTable"
-# What TensorFlow appends to the checkpoint prefix for a registered saver's own files.
-_REGISTERED_SUFFIX = f"-{SAVER_PACKAGE}.{SAVER_NAME}"
 # A tf.train.Checkpoint of tf_ext 0.1 named a table's tensors <object>/.ATTRIBUTES/<suffix>.
 _LEGACY_ATTRIBUTES = "/.ATTRIBUTES/"
 # The tensor each table adds to a checkpoint's index: its row count (the rows are in its file).
@@ -351,23 +349,19 @@ def _handle(table):
   return (original() or table).resource_handle if original else table.resource_handle
 
 
-def _save_tables(trackables, file_prefix):
-  """Streams each table to its file beside the final checkpoint; returns a small index shard."""
+def write_index_shard(trackables, file_prefix, saver_name, save_one):
+  """The body of a registered saver's save_fn: save_one(object_name, obj, final_prefix) streams
+  each object beside the final checkpoint and returns its number of rows; those are the small
+  index shard written at `file_prefix` (saver_name: the registered saver's name)."""
+  # What TensorFlow appends to the checkpoint prefix for a registered saver's own files.
+  registered_suffix = f"-{SAVER_PACKAGE}.{saver_name}"
   final_prefix = tf.strings.substr(
-    file_prefix, 0, tf.strings.length(file_prefix) - len(_REGISTERED_SUFFIX)
+    file_prefix, 0, tf.strings.length(file_prefix) - len(registered_suffix)
   )
   names, rows = [], []
-  for object_name, table in sorted(trackables.items()):
+  for object_name, obj in sorted(trackables.items()):
     names.append(f"{object_name}/{_ROWS_TENSOR}")
-    if _shards_of(table):
-      saved = _save_sharded(_shards_of(table), object_name, final_prefix)
-      rows.append(tf.add_n([shard_rows for shard_rows, _ in saved]))
-      continue
-    if hasattr(table, "checkpoint_files"):  # split across ranks
-      rows.append(_save_split(table, object_name, final_prefix)[0])
-      continue
-    path = tf.strings.join([final_prefix, snapshot_suffix(object_name)])
-    rows.append(_save(_handle(table), path)[1])
+    rows.append(save_one(object_name, obj, final_prefix))
   with ops.device("CPU"):
     written = tf.raw_ops.SaveV2(
       prefix=file_prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=rows
@@ -376,20 +370,46 @@ def _save_tables(trackables, file_prefix):
       return [tf.identity(file_prefix)]
 
 
-def _restore_tables(trackables, merged_prefix):
+def restore_verified(trackables, merged_prefix, restore_one, what):
+  """The body of a registered saver's restore_fn: restore_one(object_name, obj, merged_prefix,
+  verify_only) checks every object's files in full first (missing, corrupt, of another key type
+  or dim), so a bad file changes nothing; then restores each. `what` names them in the error of
+  a TF1 graph."""
   # TensorFlow drops what a registered restore function returns: its ops run only eagerly or
   # inside a tf.function (automatic control dependencies), never in a TF1 graph.
   if not tf.executing_eagerly() and not ops.get_default_graph().building_function:
     raise ValueError(
-      "tf_ext: tf.train.Checkpoint cannot restore dynamic embedding tables in a TF1 graph; "
-      "use tf.compat.v1.train.Saver there (or restore eagerly)"
+      f"{what} in a TF1 graph; use tf.compat.v1.train.Saver there (or restore eagerly)"
     )
-  # Every table's files are checked in full first (missing, corrupt, of another key type or
-  # dim), so a bad file changes no table; then each table is replaced.
-  verified = [_restore_table(*item, merged_prefix, True) for item in sorted(trackables.items())]
+  items = sorted(trackables.items())
+  verified = [restore_one(*item, merged_prefix, True) for item in items]
   with tf.control_dependencies(verified):
-    for item in sorted(trackables.items()):
-      _restore_table(*item, merged_prefix, False)
+    for item in items:
+      restore_one(*item, merged_prefix, False)
+
+
+def _save_table_beside(object_name, table, final_prefix):
+  if _shards_of(table):
+    saved = _save_sharded(_shards_of(table), object_name, final_prefix)
+    return tf.add_n([shard_rows for shard_rows, _ in saved])
+  if hasattr(table, "checkpoint_files"):  # split across ranks
+    return _save_split(table, object_name, final_prefix)[0]
+  path = tf.strings.join([final_prefix, snapshot_suffix(object_name)])
+  return _save(_handle(table), path)[1]
+
+
+def _save_tables(trackables, file_prefix):
+  """Streams each table to its file beside the final checkpoint; returns a small index shard."""
+  return write_index_shard(trackables, file_prefix, SAVER_NAME, _save_table_beside)
+
+
+def _restore_tables(trackables, merged_prefix):
+  restore_verified(
+    trackables,
+    merged_prefix,
+    _restore_table,
+    "tf_ext: tf.train.Checkpoint cannot restore dynamic embedding tables",
+  )
 
 
 def _restore_table(object_name, table, merged_prefix, verify_only):

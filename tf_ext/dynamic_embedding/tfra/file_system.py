@@ -45,8 +45,6 @@ KEYS_SUFFIX, VALUES_SUFFIX = "-keys", "-values"
 _SHARD_PART = re.compile(r"_mht_([^/]*)of([^/]*)")
 # The registered saver of table groups (tf.train.Checkpoint, Keras, SavedModel).
 SAVER_NAME = "TfraTableGroup"
-_REGISTERED_SUFFIX = f"-{table_checkpoint.SAVER_PACKAGE}.{SAVER_NAME}"
-_ROWS_TENSOR = ".TF_EXT_TABLE_ROWS"
 
 
 # ---- key and value files ------------------------------------------------------------------------
@@ -327,20 +325,12 @@ def restore_group(variable, name, prefix, verify_only=False):
   file in full and changes nothing."""
   tables = list(variable.tables)
   proc_size, _, _ = _saver_config(variable)
-  manifest = tf.strings.join([prefix, table_checkpoint.snapshot_suffix(name)])
   if verify_only:
-    return table_checkpoint.restore_snapshot(tables[0], manifest, prefix, verify_only=True)
+    return _verify_group(tables, name, prefix)
+  manifest = _manifest(name, prefix)
 
   def each_into_its_table():
-    restored = [
-      table_checkpoint.restore_snapshot(
-        table,
-        tf.strings.join([prefix, table_checkpoint.snapshot_suffix(f"{name}/part_{index}")]),
-        prefix,
-      )
-      for index, table in enumerate(tables)
-    ]
-    with tf.control_dependencies(restored):
+    with tf.control_dependencies([_restore_parts(tables, name, prefix)]):
       return tf.constant(True)
 
   def split_by_partitioner():
@@ -356,6 +346,31 @@ def restore_group(variable, name, prefix, verify_only=False):
     restored = tf.cond(tf.equal(count, len(tables)), each_into_its_table, split_by_partitioner)
   with tf.control_dependencies([restored]):
     return _load_files_beside(variable, prefix)
+
+
+def _manifest(name, prefix):
+  return tf.strings.join([prefix, table_checkpoint.snapshot_suffix(name)])
+
+
+def _verify_group(tables, name, prefix):
+  """Checks every file of the group `name` in full (through its manifest); changes nothing."""
+  return table_checkpoint.restore_snapshot(
+    tables[0], _manifest(name, prefix), prefix, verify_only=True
+  )
+
+
+def _restore_parts(tables, name, prefix):
+  """Restores the group's part i into table i (a group saved with as many tables)."""
+  return tf.group(
+    [
+      table_checkpoint.restore_snapshot(
+        table,
+        tf.strings.join([prefix, table_checkpoint.snapshot_suffix(f"{name}/part_{index}")]),
+        prefix,
+      )
+      for index, table in enumerate(tables)
+    ]
+  )
 
 
 def _split_first_table(variable):
@@ -507,18 +522,8 @@ class _RevivedGroup:
 
   def restore(self, name, prefix, verify_only=False):
     if verify_only:
-      manifest = tf.strings.join([prefix, table_checkpoint.snapshot_suffix(name)])
-      return table_checkpoint.restore_snapshot(self.tables[0], manifest, prefix, verify_only=True)
-    return tf.group(
-      [
-        table_checkpoint.restore_snapshot(
-          table,
-          tf.strings.join([prefix, table_checkpoint.snapshot_suffix(f"{name}/part_{index}")]),
-          prefix,
-        )
-        for index, table in enumerate(self.tables)
-      ]
-    )
+      return _verify_group(self.tables, name, prefix)
+    return _restore_parts(self.tables, name, prefix)
 
 
 def _group_of(obj):
@@ -529,34 +534,21 @@ def _group_of(obj):
 
 def _save_groups(trackables, file_prefix):
   """The registered saver: streams each group beside the final checkpoint; a small index shard."""
-  final_prefix = tf.strings.substr(
-    file_prefix, 0, tf.strings.length(file_prefix) - len(_REGISTERED_SUFFIX)
-  )
-  names, rows = [], []
-  for object_name, group in sorted(trackables.items()):
-    names.append(f"{object_name}/{_ROWS_TENSOR}")
+
+  def save_one(object_name, group, final_prefix):
     saved = _group_of(group).save(object_name, final_prefix)
-    rows.append(tf.add_n([table_rows for table_rows, _ in saved]))
-  with ops.device("CPU"):
-    written = tf.raw_ops.SaveV2(
-      prefix=file_prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=rows
-    )
-    with tf.control_dependencies([written]):
-      return [tf.identity(file_prefix)]
+    return tf.add_n([table_rows for table_rows, _ in saved])
+
+  return table_checkpoint.write_index_shard(trackables, file_prefix, SAVER_NAME, save_one)
 
 
 def _restore_groups(trackables, merged_prefix):
-  if not tf.executing_eagerly() and not ops.get_default_graph().building_function:
-    raise ValueError(
-      "tf_ext.tfra: tf.train.Checkpoint cannot restore a FileSystemSaver Variable's tables in a "
-      "TF1 graph; use tf.compat.v1.train.Saver there (or restore eagerly)"
-    )
-  # Every group's files are checked in full first, so a bad file changes no table.
-  items = [(name, _group_of(group)) for name, group in sorted(trackables.items())]
-  verified = [group.restore(name, merged_prefix, verify_only=True) for name, group in items]
-  with tf.control_dependencies(verified):
-    for name, group in items:
-      group.restore(name, merged_prefix)
+  table_checkpoint.restore_verified(
+    trackables,
+    merged_prefix,
+    lambda name, group, prefix, verify_only: _group_of(group).restore(name, prefix, verify_only),
+    "tf_ext.tfra: tf.train.Checkpoint cannot restore a FileSystemSaver Variable's tables",
+  )
 
 
 registration.register_checkpoint_saver(

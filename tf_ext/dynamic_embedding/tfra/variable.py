@@ -309,7 +309,8 @@ class Variable(trackable.Trackable):
     return tf.cast(self.partition_fn(keys, self.shard_num), tf.int32)
 
   def _per_shard(self, flat_keys, each):
-    """Runs each(table, keys) per shard on 1-D stored keys and stitches the results in order."""
+    """Runs each(table, keys) per shard on 1-D stored keys and stitches the results in order (a
+    tuple of results: each stitched)."""
     if self.shard_num == 1:
       with self._tables[0].colocated():
         return each(self._tables[0], flat_keys)
@@ -320,6 +321,8 @@ class Variable(trackable.Trackable):
     for table, shard_keys in zip(self._tables, keys):
       with table.colocated():
         results.append(each(table, shard_keys))
+    if isinstance(results[0], tuple):
+      return tuple(tf.dynamic_stitch(positions, list(r)) for r in zip(*results))
     return tf.dynamic_stitch(positions, results)
 
   def _each_shard(self, keys, action, values=None):
@@ -364,14 +367,14 @@ class Variable(trackable.Trackable):
       rows, present = library.tf_ext_table_find_with_presence(
         table.resource_handle, shard_keys, anchor_value, dim=width
       )
-      if self.shard_num == 1:
+      if defaults is None:
         return rows, present
-      # One tensor per shard for the stitch: the presence rides as a last column.
-      return tf.concat([rows, tf.cast(present[:, None], tf.float32)], 1)
+      # Drawn per shard for the shard's keys, as TFRA calls its initializer.
+      return rows, present, defaults.rows(tf.shape(shard_keys))
 
     found = self._per_shard(flat, find)
     if with_presence:
-      found, present = found if self.shard_num == 1 else (found[:, :width], found[:, width] > 0.5)
+      found, present, *default = found
     rows = tf.reshape(found, tf.concat([tf.shape(stored), [width]], 0))
     rows.set_shape(stored.shape.concatenate([width]))
     rows = self._codec.decode(rows)
@@ -380,30 +383,13 @@ class Variable(trackable.Trackable):
     exists = tf.reshape(present, tf.shape(stored))
     exists.set_shape(stored.shape)
     if defaults is not None:
-      # Drawn per shard for the shard's keys, as TFRA calls its initializer.
-      default = self._per_shard(flat, lambda _, shard_keys: defaults.rows(tf.shape(shard_keys)))
-      default = tf.reshape(default, tf.shape(rows))
-      rows = self._with_default_rows(rows, exists, default)
+      differentiable = self.value_dtype.is_floating and not self._codec.bitwise
+      rows = _with_default_rows(
+        rows, exists, tf.reshape(default[0], tf.shape(rows)), differentiable
+      )
       if anchor is not None:
-        self._record_default_rows(anchor, flat, tf.reshape(exists, [-1]), default)
+        _keep_default_rows(anchor, flat, present, default[0])
     return (rows, exists) if return_exists else rows
-
-  def _with_default_rows(self, rows, exists, default):
-    """`rows` with `default`'s row where a key is missing (the table gave it zeros). Float rows
-    keep their gradient for every key, missing ones too."""
-    if self._codec.bitwise or not self.value_dtype.is_floating:
-      return tf.where(exists[..., None], rows, default)
-    return rows + tf.stop_gradient(tf.where(exists[..., None], tf.zeros_like(rows), default))
-
-  def _record_default_rows(self, anchor, stored_keys, exists, default):
-    """Keeps the rows a lookup through `anchor` read for its missing keys, for
-    write_default_rows."""
-    missing = tf.logical_not(exists)
-    _keep_default_rows(
-      anchor,
-      tf.boolean_mask(stored_keys, missing),
-      tf.boolean_mask(tf.reshape(default, [-1, self.dim]), missing),
-    )
 
   def write_default_rows(self, keys, anchor=None):
     """Inserts the default row of each of `keys` (1-D, key_dtype) that has no row, so that an
@@ -413,10 +399,10 @@ class Variable(trackable.Trackable):
     if self._default_rows is None:
       return None
     read = _default_rows_read_through(anchor)
-    if read:  # stored keys and value_dtype rows
-      rows = self._codec.encode(tf.concat([r for _, r in read], 0))
+    if read is not None:  # stored keys and value_dtype rows
+      read_keys, read_rows = read
       return self._each_shard(
-        tf.concat([k for k, _ in read], 0), lambda t, k, v: t.insert(k, v), rows
+        read_keys, lambda t, k, v: t.insert(k, v), self._codec.encode(read_rows)
       )
     keys = tf.unique(tf.reshape(keys, [-1]))[0]
     rows, exists = self.read_rows(keys, return_exists=True)
@@ -615,35 +601,48 @@ class Variable(trackable.Trackable):
 _MAX_EAGER_DEFAULT_ROWS = 64
 
 
-def _keep_default_rows(anchor, keys, rows):
-  """Keeps (keys, rows) that a lookup through `anchor` read for missing keys, for the next update
-  to write: per graph in a graph (while the graph lives), eagerly only under a gradient tape,
-  until the next update."""
+def _with_default_rows(rows, exists, default, differentiable):
+  """`rows` with `default`'s row where a key is missing (the table gave it zeros). Differentiable
+  (float) rows keep their gradient for every key, missing ones too."""
+  if not differentiable:
+    return tf.where(exists[..., None], rows, default)
+  return rows + tf.stop_gradient(tf.where(exists[..., None], tf.zeros_like(rows), default))
+
+
+def _keep_default_rows(anchor, keys, present, rows):
+  """Keeps the rows ([n, dim]) that a lookup through `anchor` read for its 1-D `keys` that were
+  not `present`, for the next update to write: per graph in a graph (while the graph lives),
+  eagerly only under a gradient tape, until the next update."""
+  if tf.executing_eagerly() and not gradient_record.could_possibly_record():
+    return
+  missing = tf.logical_not(present)
+  entry = (tf.boolean_mask(keys, missing), tf.boolean_mask(rows, missing))
   if tf.executing_eagerly():
-    if not gradient_record.could_possibly_record():
-      return
     eager = anchor.__dict__.setdefault("_tfra_eager_default_rows", [])
-    eager.append((keys, rows))
+    eager.append(entry)
     del eager[:-_MAX_EAGER_DEFAULT_ROWS]
     return
   per_graph = anchor.__dict__.setdefault("_tfra_default_rows", weakref.WeakKeyDictionary())
-  per_graph.setdefault(ops.get_default_graph(), []).append((keys, rows))
+  per_graph.setdefault(ops.get_default_graph(), []).append(entry)
 
 
 def _default_rows_read_through(anchor):
-  """The (keys, rows) that lookups through `anchor` read for missing keys and that the current
-  graph can use (its own, or an enclosing graph's); eagerly, those since the last update (taken)."""
+  """(keys, rows) that lookups through `anchor` read for missing keys and that the current graph
+  can use (its own, or an enclosing graph's); eagerly, those since the last update (taken). None
+  when there are none."""
   if anchor is None:
-    return []
+    return None
   if tf.executing_eagerly():
-    return anchor.__dict__.pop("_tfra_eager_default_rows", [])
-  per_graph = anchor.__dict__.get("_tfra_default_rows")
-  graph = ops.get_default_graph()
-  while per_graph is not None and graph is not None:
-    if graph in per_graph:
-      return per_graph[graph]
-    graph = getattr(graph, "outer_graph", None)
-  return []
+    read = anchor.__dict__.pop("_tfra_eager_default_rows", [])
+  else:
+    read, per_graph = [], anchor.__dict__.get("_tfra_default_rows")
+    graph = ops.get_default_graph()
+    while per_graph is not None and graph is not None and not read:
+      read = per_graph.get(graph, [])
+      graph = getattr(graph, "outer_graph", None)
+  if not read:
+    return None
+  return tf.concat([k for k, _ in read], 0), tf.concat([r for _, r in read], 0)
 
 
 class _AllToAllTableOfInitialRows(alltoall.AllToAllDynamicEmbeddingVariable):
@@ -679,22 +678,16 @@ class _AllToAllTableOfInitialRows(alltoall.AllToAllDynamicEmbeddingVariable):
         self.resource_handle, distinct, anchor, dim=self.dim
       )
     default = self._default_rows.rows(tf.shape(distinct))
-    rows += tf.stop_gradient(tf.where(present[:, None], tf.zeros_like(rows), default))
-    missing = tf.logical_not(present)
+    rows = _with_default_rows(rows, present, default, differentiable=True)
     if self.trainable:
-      _keep_default_rows(
-        self.gradient_anchor, tf.boolean_mask(distinct, missing), tf.boolean_mask(default, missing)
-      )
+      _keep_default_rows(self.gradient_anchor, distinct, present, default)
     return tf.gather(rows, positions)
 
   def write_default_rows(self):
     """Writes the rows this rank's lookups read for its missing ids (into its own part), so
     that the update starts from them; None when there are none."""
     read = _default_rows_read_through(self.gradient_anchor)
-    if not read:
-      return None
-    keys, rows = tf.concat([k for k, _ in read], 0), tf.concat([r for _, r in read], 0)
-    return table_lib.DynamicEmbeddingVariable.insert(self, keys, rows)
+    return None if read is None else table_lib.DynamicEmbeddingVariable.insert(self, *read)
 
 
 def _idle_anchor(table_name):
