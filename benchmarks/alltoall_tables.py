@@ -22,7 +22,9 @@ stream, rows of --dim floats; FM second order + a linear term + an MLP over the 
   tfra_api    the same program as tfra with `import tf_ext.tfra as de` (tf_ext's all-to-all
               tables under TFRA's API, tf_ext.lightcc's Horovod).
 
-Every configuration's rows start from N(0, --initial-stddev^2) (a seeded Keras RandomNormal).
+The TFRA programs' rows start from N(0, --initial-stddev^2) (a seeded Keras RandomNormal); tf_ext's
+native tables from tf_ext's default initial rows (N(0, 0.001^2)), or with --native-rows same from
+the TFRA programs' N(0, --initial-stddev^2).
 
 Per configuration and link: samples/s (rank 0, between two barriers around --steps steps after
 --warmup steps; the fastest of --rounds rounds, each round running the configurations in another
@@ -76,6 +78,7 @@ SPEED_TARGET, MEMORY_TARGET, TFRA_TARGET, AUC_TOLERANCE = 1.5, 0.6, 1.5, 0.001
 BASE_RATE = 0.2  # the stream's click rate, roughly: the output bias starts at its log-odds
 LEARNING_RATE = 0.002
 INITIAL_STDDEV = 0.01
+NATIVE_ROWS = {"defaults": "from its default initializer", "same": "the same"}
 
 # ----------------------------------------------------------------------------------- rank side
 
@@ -112,6 +115,11 @@ def initial_rows(tf, spec):
   return tf.keras.initializers.RandomNormal(stddev=spec["initial_stddev"], seed=spec["seed"])
 
 
+def native_initial_rows(tf, spec):
+  """tf_ext's default initializer (None), or with --native-rows same the TFRA programs' rows."""
+  return initial_rows(tf, spec) if spec["native_rows"] == "same" else None
+
+
 def tf_ext_step(tf, spec, distribution):
   """The training step of a tf_ext table (split or replicated), and its table's figures."""
   import tf_ext
@@ -121,7 +129,7 @@ def tf_ext_step(tf, spec, distribution):
   table = tf_ext.get_dynamic_embedding_variable(
     "deepfm_emb",
     dim,
-    initializer=initial_rows(tf, spec),
+    initializer=native_initial_rows(tf, spec),
     distribution=distribution,
   )
   logit_of, dense_vars = deepfm(tf, dim, spec["hidden"], spec["seed"])
@@ -296,6 +304,7 @@ def run_one(cluster, config, rate, args, workdir, data_path, labels, days):
     "hidden": args.hidden,
     "seed": args.seed,
     "initial_stddev": args.initial_stddev,
+    "native_rows": args.native_rows,
     "intra_op_threads": args.intra_op_threads,
     "inter_op_threads": args.inter_op_threads,
   }
@@ -361,7 +370,7 @@ def day_table(rows, args, rate, samples_per_day):
   tfra = by.get("tfra")
   print(
     f"\nAUC per day (progressive validation; days of {args.day_samples:,} samples, rows from "
-    f"N(0, {args.initial_stddev}^2); link {rate}):"
+    f"N(0, {args.initial_stddev}^2), tf_ext's {NATIVE_ROWS[args.native_rows]}; link {rate}):"
   )
   head = f"  {'day':>3} {'samples':>9} " + " ".join(f"{LABELS[r['config']]:>27}" for r in ok)
   others = [r for r in ok if r["config"] != "tfra"] if tfra else []
@@ -553,7 +562,14 @@ def parse_args(argv):
     "--initial-stddev",
     type=float,
     default=INITIAL_STDDEV,
-    help="standard deviation of every configuration's initial rows",
+    help="standard deviation of the TFRA programs' initial rows (and of tf_ext's with "
+    "--native-rows same)",
+  )
+  p.add_argument(
+    "--native-rows",
+    choices=sorted(NATIVE_ROWS),
+    default="defaults",
+    help="tf_ext's native tables' initial rows: its default initializer, or the same as TFRA's",
   )
   p.add_argument("--intra-op-threads", type=int, default=1, help="per rank (2 cores, 4 ranks)")
   p.add_argument("--inter-op-threads", type=int, default=2, help="per rank")
@@ -654,6 +670,7 @@ def main(argv=None):
   results["workload"] = {
     k: getattr(args, k)
     for k in ("batch", "steps", "warmup", "dim", "hidden", "day_samples", "seed", "rates")
+    + ("initial_stddev", "native_rows")
   }
   results["workload"].update(
     samples=len(labels), distinct_ids=distinct, ranks=lightcc_cluster.WORLD

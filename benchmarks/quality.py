@@ -24,7 +24,8 @@ then trained on, one pass in --batch-size batches.
      its values and Adagrad slot take the bytes of tf_ext's table at the end of its run
      (memory_bytes(), the admission sketch included), so its ids collide;
   3. tf_ext with its defaults ("defaults", run with TFRA, against which it is compared): no
-     admission and no eviction, every id kept, as TFRA keeps them;
+     admission and no eviction, every id kept, as TFRA keeps them, and the table's default
+     initial rows (N(0, 0.001^2), not --initializer's);
   4. TFRA 0.7.2: de.get_variable + de.embedding_lookup_unique (TrainableWrapper path; with
      --lookup plain de.embedding_lookup, whose wrapper updates an id repeated in a batch once, not
      with its summed gradient, which costs it AUC) and de.DynamicEmbeddingOptimizer; skipped with
@@ -293,7 +294,7 @@ def tf_ext_initial_rows(tf, tf_ext, args):
 
 def tf_ext_model(tf, tf_ext, args, steps_per_day, policies=True):
   """tf_ext's backend: with --min-count admission and --ttl-days eviction, or (not `policies`)
-  with the table's defaults, neither."""
+  with the table's defaults: neither, and its default initial rows."""
   holder = {}
   ttl = max(1, int(round(args.ttl_days * steps_per_day)))
   options = {}
@@ -308,7 +309,7 @@ def tf_ext_model(tf, tf_ext, args, steps_per_day, policies=True):
       "emb",
       dim=args.dim,
       key_dtype=tf.int64,
-      initializer=tf_ext_initial_rows(tf, tf_ext, args),
+      initializer=tf_ext_initial_rows(tf, tf_ext, args) if policies else None,
       **options,
     )
     holder["table"] = table
@@ -328,7 +329,7 @@ def tf_ext_model(tf, tf_ext, args, steps_per_day, policies=True):
     memory=lambda: holder["table"].memory_bytes(),
   )
   if not policies:
-    model.policy = "no admission or eviction (the table's defaults)"
+    model.policy = "no admission or eviction, default initial rows (the table's defaults)"
     return model
   model.policy = f"FrequencyAdmission(min_count={args.min_count}, sketch {args.sketch_mib} MiB), "
   model.policy += f"EvictionPolicy(ttl_steps={ttl}) + evict() after each day"

@@ -10,9 +10,11 @@ tf_ext.tfra):
   `de.embedding_lookup_sparse` (mean), a logistic head,
   `DynamicEmbeddingOptimizer(AdagradOptimizer)`, `Session.run` with feeds.
 "native" is each model with tf_ext's own API (tf_ext.keras.layers.DynamicEmbedding,
-tf_ext.embedding_lookup). Each (implementation, program) trains in a fresh process (TFRA's import
-patches TensorFlow), round after round in rotated order; a round's ratio compares runs of that
-round, and the verdicts use the median over rounds.
+tf_ext.embedding_lookup). "floor" (opt-in: --impls tfra,tf_ext.tfra,native,floor) is each model
+with one-row dense embeddings in place of the tables (every id reads row 0): the rest of the
+step, which bounds every implementation's samples/s. Each (implementation, program) trains in a
+fresh process (TFRA's import patches TensorFlow), round after round in rotated order; a round's
+ratio compares runs of that round, and the verdicts use the median over rounds.
 
 Targets: tf_ext.tfra >= 2x TFRA's samples/s on the Keras model and >= 1.5x on the TF1 graph; the
 compat path >= 0.95x the native API on both.
@@ -27,7 +29,8 @@ import time
 
 import _common
 
-IMPLS = ("tfra", "tf_ext.tfra", "native")
+IMPLS = ("tfra", "tf_ext.tfra", "native", "floor")
+DEFAULT_IMPLS = IMPLS[:3]
 PROGRAMS = ("keras", "tf1")
 TARGETS = {
   ("keras", "tfra"): 2.0,
@@ -83,6 +86,30 @@ class NativeApi:
 
   def optimizer(self, optimizer):
     return self.tf_ext.DynamicEmbeddingOptimizer(optimizer)
+
+
+class FloorApi:
+  """The same calls with one-row dense embeddings: the models' cost without their tables."""
+
+  def __init__(self, tf):
+    self.tf = tf
+
+  def embedding(self, dim, name):
+    row = self.tf.keras.layers.Embedding(1, dim, name=name)
+    return lambda ids: row(self.tf.zeros_like(ids))
+
+  def sparse_lookup(self, name, dim, sparse_ids):
+    tf = self.tf
+    row = tf.compat.v1.get_variable(
+      name, [1, dim], initializer=tf.keras.initializers.RandomNormal()
+    )
+    zeros = tf.SparseTensor(
+      sparse_ids.indices, tf.zeros_like(sparse_ids.values), sparse_ids.dense_shape
+    )
+    return tf.nn.embedding_lookup_sparse(row, zeros, None, combiner="mean")
+
+  def optimizer(self, optimizer):
+    return optimizer
 
 
 def run_keras(tf, api, args):
@@ -150,7 +177,8 @@ def worker(args):
     import tf_ext.tfra  # pylint: disable=import-outside-toplevel
 
     version = tf_ext.__version__
-    api = NativeApi(tf_ext) if args.impl == "native" else TfraApi(tf, tf_ext.tfra)
+    apis = {"native": NativeApi(tf_ext), "floor": FloorApi(tf)}
+    api = apis.get(args.impl) or TfraApi(tf, tf_ext.tfra)
   run = run_keras if args.program == "keras" else run_tf1
   result = run(tf, api, args)
   result.update(impl=args.impl, program=args.program, version=version)
@@ -163,7 +191,7 @@ def main():
   p.add_argument("--impl", choices=IMPLS)
   p.add_argument("--program", choices=PROGRAMS)
   p.add_argument("--programs", default=",".join(PROGRAMS))
-  p.add_argument("--impls", default=",".join(IMPLS))
+  p.add_argument("--impls", default=",".join(DEFAULT_IMPLS), help=f"of {IMPLS}")
   p.add_argument("--rounds", type=int, default=3)
   p.add_argument("--batch", type=int, default=2048)
   p.add_argument("--steps", type=int, default=40, help="timed steps per run")
@@ -244,6 +272,14 @@ def main():
         "target": target,
         "met": met,
       }
+    if "floor" in impls and "tfra" in impls:
+      ratios = [a / b for a, b in zip(runs[(program, "floor")], runs[(program, "tfra")])]
+      ceiling = statistics.median(ratios)
+      results["verdicts"][f"{program}/floor"] = {"ceiling": ceiling, "ratios": ratios}
+      print(
+        f"{program}: floor / tfra    = {ceiling:.2f}x: the most any implementation's tables "
+        "could give over TFRA's (the step without them)"
+      )
   results.update(
     batch=args.batch, steps=args.steps, rounds=args.rounds, dim=args.dim, all_targets_met=all_met
   )

@@ -20,7 +20,9 @@ Configurations (each run in a fresh process: TFRA's import patches TensorFlow):
   row, optimizer    tf_ext's native API (tf_ext.get_dynamic_embedding_variable,
                     tf_ext.DynamicEmbeddingOptimizer(Adam, bias_correction_step=...)): each row
                     bias-corrected by its own update count, or by the optimizer's step as
-                    TensorFlow and TFRA do (tf_ext's default).
+                    TensorFlow and TFRA do (tf_ext's default);
+  defaults          tf_ext's native API with its defaults: the table's default initial rows
+                    (N(0, 0.001^2), whatever --initial-stddev) and the optimizer's.
 The seed is the initializer's (the stream and the dense layers are the same in every run).
 
 Prints, per configuration, the AUC over the run for each seed and their mean, then the mean AUC of
@@ -42,7 +44,7 @@ import time
 import _common
 import numpy as np
 
-CONFIGS = ("tfra", "tfra_independent", "tfra_api", "row", "optimizer")
+CONFIGS = ("tfra", "tfra_independent", "tfra_api", "row", "optimizer", "defaults")
 RANKS, RANK_BATCH, STEPS = 4, 4096, 110
 DAY_SAMPLES = 100_000
 
@@ -95,8 +97,12 @@ def worker(config, seed, stddev, data_path, steps):
   else:
     import tf_ext
 
-    table = tf_ext.get_dynamic_embedding_variable("emb", dim, initializer=init)
-    optimizer = tf_ext.DynamicEmbeddingOptimizer(adam, bias_correction_step=config)
+    if config == "defaults":
+      table = tf_ext.get_dynamic_embedding_variable("emb", dim)
+      optimizer = tf_ext.DynamicEmbeddingOptimizer(adam)
+    else:
+      table = tf_ext.get_dynamic_embedding_variable("emb", dim, initializer=init)
+      optimizer = tf_ext.DynamicEmbeddingOptimizer(adam, bias_correction_step=config)
 
     def embed(batch_ids):
       unique, positions = tf.unique(tf.reshape(batch_ids, [-1]))

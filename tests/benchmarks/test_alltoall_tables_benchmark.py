@@ -69,6 +69,7 @@ def test_tiny_run_of_the_alltoall_tables(tmp_path, monkeypatch):
     "--warmup=2",
     "--steps=2",
     "--day-samples=2000",
+    "--native-rows=same",  # the TFRA program's rows for the native tables too
     f"--json={out}",
     f"--png={png}",
     # About 45 s alone; CI runs two test actions at once, and one may be as heavy as this.

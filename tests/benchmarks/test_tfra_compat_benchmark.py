@@ -22,11 +22,11 @@ def run(*args, timeout=300):
 
 def test_tfra_compat_tiny_run(tmp_path):
   out = tmp_path / "tfra.json"
-  proc = run("--quick", "--impls=tf_ext.tfra,native", f"--json={out}")
+  proc = run("--quick", "--impls=tf_ext.tfra,native,floor", f"--json={out}")
   assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
   results = json.loads(out.read_text())
   assert set(results["runs"]) == {
-    f"{p}/{i}" for p in ("keras", "tf1") for i in ("tf_ext.tfra", "native")
+    f"{p}/{i}" for p in ("keras", "tf1") for i in ("tf_ext.tfra", "native", "floor")
   }
   assert all(rate > 0 for rates in results["runs"].values() for rate in rates)
   assert set(results["verdicts"]) == {"keras/native", "tf1/native"}

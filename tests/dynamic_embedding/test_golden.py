@@ -21,7 +21,16 @@ INT64_IDS = [0, -1, 10**15, 2**63 - 1]
 STRING_IDS = [b"", b"abcdefghi", b"a\x00b"]
 
 # Rows as float32 values written in hex, for INT64_IDS then STRING_IDS.
-UNIFORM_DEFAULT = [  # uniform in [-0.05, 0.05), seed 0: initializer=None
+DEFAULT = [  # mean 0, stddev 0.001, seed 0: initializer=None
+  ["0x1.06f6d0p-11", "-0x1.e289c8p-11", "0x1.616fa2p-10"],
+  ["0x1.37694ap-14", "0x1.042004p-14", "0x1.120fc8p-12"],
+  ["-0x1.60c568p-10", "-0x1.337fa8p-11", "0x1.95d0d8p-13"],
+  ["-0x1.2d1766p-13", "0x1.a1f58ep-11", "-0x1.ee0f90p-11"],
+  ["-0x1.77c7e2p-11", "0x1.3ce3a6p-11", "0x1.81cb8cp-12"],
+  ["0x1.62d27ap-14", "0x1.d36660p-10", "-0x1.de5bb0p-11"],
+  ["-0x1.4ea472p-12", "-0x1.8395f8p-13", "0x1.9e70c8p-12"],
+]
+UNIFORM_DEFAULT = [  # uniform in [-0.05, 0.05), seed 0: "uniform"
   ["0x1.47043ap-10", "0x1.074c3ep-5", "-0x1.17722p-6"],
   ["-0x1.4a0eacp-6", "-0x1.a60e6p-6", "0x1.0034c2p-5"],
   ["-0x1.ed8bdap-6", "0x1.7a0028p-7", "0x1.1809fcp-5"],
@@ -71,7 +80,7 @@ TRUNCATED_NORMAL_SEED_MINUS_99 = [  # mean -1, stddev 0.1, seed -99; the row of 
 
 # (how the initializer is given, a factory of it, its pinned rows or constant value)
 CASES = [
-  ("None", lambda: None, UNIFORM_DEFAULT),
+  ("None", lambda: None, DEFAULT),
   ("'uniform'", lambda: "uniform", UNIFORM_DEFAULT),
   ("'normal'", lambda: "normal", NORMAL_DEFAULT),
   ("'truncated_normal'", lambda: "truncated_normal", TRUNCATED_NORMAL_DEFAULT),
@@ -244,4 +253,4 @@ def test_saved_model_serves_the_pinned_rows_in_a_fresh_process(tmp_path):
   """)
   served = np.load(out)
   _assert_bits_equal(served["ids"], _pinned(NORMAL_SEED_123, tf.int64), "SavedModel, int64")
-  _assert_bits_equal(served["names"], _pinned(UNIFORM_DEFAULT, tf.string), "SavedModel, string")
+  _assert_bits_equal(served["names"], _pinned(DEFAULT, tf.string), "SavedModel, string")

@@ -277,6 +277,22 @@ def test_legacy_keras_optimizers_match_dense_in_graph_mode(name):
   np.testing.assert_allclose(w_table, w_dense, **TOLERANCE)
 
 
+@pytest.mark.parametrize("name", ["legacy_adam", "tf_keras_adamax", "tf_keras_nadam"])
+def test_legacy_keras_optimizers_wrapped_eagerly_train_in_a_graph_built_later(name):
+  """TFRA's suite wraps eagerly, then builds a TF1 graph: wrapping must create none of the
+  optimizer's variables (eager ones, which the graph cannot read)."""
+  make = (lambda: LEGACY.Adam(0.05)) if name == "legacy_adam" else KERAS[name][0]
+  wrapped = tf_ext.DynamicEmbeddingOptimizer(make())
+  assert not wrapped.variables()
+  made = iter([wrapped, make()])
+  with tf.Graph().as_default():
+    twins = graph_twins(f"more_wrapped_eagerly_{name}", _initial_rows(), _loss, lambda: next(made))
+    with tf.compat.v1.train.MonitoredTrainingSession() as sess:
+      twins.fit(sess, _batches(every_row=True))
+      rows, want = sess.run([twins.lookup_all, twins.dense])
+  np.testing.assert_allclose(rows, want, **TOLERANCE)
+
+
 @pytest.mark.parametrize("name", ["keras_adamax", "keras_nadam", "keras_rmsprop_momentum"])
 def test_rows_absent_from_a_batch_do_not_move_unlike_keras_dense(name):
   """Keras 2.11+ moves every row of a dense variable for these; table rows are lazy."""

@@ -34,7 +34,7 @@ def get_dynamic_embedding_variable(
     dim: row width, 1 to 4096.
     key_dtype: tf.int64 or tf.string (exact keys, no hashing into buckets).
     value_dtype: tf.float32.
-    initializer: initial rows of missing ids: None (uniform in [-0.05, 0.05)), "zeros",
+    initializer: initial rows of missing ids: None (normal, mean 0, stddev 0.001), "zeros",
       a number (constant), "uniform"/"normal"/"truncated_normal", or a TF/Keras initializer
       object (Zeros, Ones, Constant, RandomUniform, RandomNormal, TruncatedNormal) whose seed
       is used. Deterministic per id and seed.

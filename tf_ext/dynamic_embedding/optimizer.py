@@ -68,8 +68,10 @@ from tf_ext import _ops_loader, optimizer_pipeline, rank_local_gradients
 from tf_ext.dynamic_embedding import alltoall
 from tf_ext.dynamic_embedding import variable as variable_lib
 
-# learning_rate is a callable so that validating an optimizer creates no tensors or variables;
-# hyperparameters too: learning_rate's value -> the op's `hyperparameters` list (by kind: momentum
+# learning_rate is a callable so that validating an optimizer creates no tensors or variables
+# (legacy Keras' beta1 and beta2 too: its first _get_hyper creates its hyperparameter variables,
+# eager ones when wrapped eagerly, which a TF1 graph built later cannot read); hyperparameters
+# too: learning_rate's value -> the op's `hyperparameters` list (by kind: momentum
 # [momentum]; ftrl [l1, l2 + beta / (2 * learning_rate), l2_shrinkage, learning_rate_power]; the
 # RMSprop kinds [rho] or [rho, momentum]; adadelta [rho]; proximal ones [l1, l2]; adagrad_da [l1,
 # l2, global step]; nadam [schedule decay]: ops/dynamic_embedding_optimizer_ops.cc).
@@ -122,6 +124,10 @@ def _reject(optimizer, **unsupported):
 
 def _as_float(x):
   return tf.cast(x, tf.float32)
+
+
+def _called(x):
+  return x() if callable(x) else x
 
 
 def _ftrl(lr, l1, l2, l2_shrinkage, lr_power, beta, initial_accumulator_value, adjust_l2):
@@ -368,8 +374,8 @@ def _hyperparameters(optimizer):
       return _Hyper(
         "amsgrad" if optimizer.amsgrad else "adam",
         lr,
-        beta1=optimizer._get_hyper("beta_1"),
-        beta2=optimizer._get_hyper("beta_2"),
+        beta1=hyper("beta_1"),
+        beta2=hyper("beta_2"),
         epsilon=optimizer.epsilon,
         bias_correction="keras_legacy",
       )
@@ -402,8 +408,8 @@ def _hyperparameters(optimizer):
       return _Hyper(
         "adamax",
         lr,
-        beta1=optimizer._get_hyper("beta_1"),
-        beta2=optimizer._get_hyper("beta_2"),
+        beta1=hyper("beta_1"),
+        beta2=hyper("beta_2"),
         epsilon=optimizer.epsilon,
         bias_correction="keras_legacy",
       )
@@ -413,8 +419,8 @@ def _hyperparameters(optimizer):
       return _Hyper(
         "nadam",
         hyper("learning_rate"),
-        beta1=optimizer._get_hyper("beta_1"),
-        beta2=optimizer._get_hyper("beta_2"),
+        beta1=hyper("beta_1"),
+        beta2=hyper("beta_2"),
         epsilon=optimizer.epsilon,
         hyperparameters=lambda lr: [_as_float(optimizer._initial_decay)],
         bias_correction="keras_legacy",
@@ -460,8 +466,8 @@ def apply_table_gradient(table, gradient, hyper, step):
       unique_keys,
       summed,
       learning_rate,
-      _as_float(hyper.beta1),
-      _as_float(hyper.beta2),
+      _as_float(_called(hyper.beta1)),
+      _as_float(_called(hyper.beta2)),
       _as_float(hyper.epsilon),
       tf.cast(step, tf.int64),
       hyper.hyperparameters(learning_rate),

@@ -589,8 +589,14 @@ def test_restrict_without_a_policy_does_nothing(request):
 
 def test_bad_input_is_refused_by_name(request):
   name = _name(request)
-  with pytest.raises(TypeError, match="int64-string.*not supported"):
-    de.get_variable(name + "_a", value_dtype=tf.string)
+  with pytest.raises(TypeError, match="string-string.*not supported"):
+    de.get_variable(name + "_a", key_dtype=tf.string, value_dtype=tf.string)
+  with pytest.raises(TypeError, match="int64-uint64.*not supported"):
+    de.get_variable(name + "_a2", value_dtype=tf.uint64)
+  with pytest.raises(ValueError, match="MutableHashTable.*restrict_policy is not offered"):
+    de.get_variable(name + "_a3", value_dtype=tf.string, restrict_policy=de.TimestampRestrictPolicy)
+  with pytest.raises(TypeError, match="string rows take a constant initializer"):
+    de.get_variable(name + "_a4", value_dtype=tf.string, initializer=tf.keras.initializers.Ones())
   with pytest.raises(ValueError, match="'/GPU:7', which this process does not have"):
     de.get_variable(name + "_b", devices=["/GPU:7"])
   with pytest.raises(NotImplementedError, match="Redis.*num_shards"):
@@ -709,3 +715,59 @@ def test_a_keras_optimizer_in_a_tf1_session_updates_the_rows(api):
     np.testing.assert_allclose(
       session.run(table.lookup(tf.constant([1, 3], tf.int64))), [[0.3], [0.1]], atol=1e-6
     )
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.int32])
+def test_string_rows_in_a_graph_eagerly_and_in_checkpoints(request, key_dtype, tmp_path):
+  """value_dtype=tf.string: rows held in TensorFlow's MutableHashTable, sharded, read with the
+  initializer's row for missing keys, saved by Saver and tf.train.Checkpoint."""
+  name = _name(request)
+  keys, values = [0, 1, 2, 3], [["a", "b"], ["c", ""], ["e", "f"], ["g", "h"]]
+
+  def exercise(run, var):
+    assert run(var.size()) == 0
+    run(var.upsert(tf.constant(keys, key_dtype), tf.constant(values)))
+    run(var.remove(tf.constant([1, 5], key_dtype)))
+    assert run(var.size()) == 3
+    rows, exists = run(var.lookup(tf.constant([[0, 1], [3, 9]], key_dtype), return_exists=True))
+    np.testing.assert_array_equal(
+      rows, [[[b"a", b"b"], [b"-1", b"-1"]], [[b"g", b"h"], [b"-1", b"-1"]]]
+    )
+    np.testing.assert_array_equal(exists, [[True, False], [True, False]])
+    exported_keys, exported_values = run(var.export())
+    order = np.argsort(exported_keys)
+    np.testing.assert_array_equal(exported_keys[order], [0, 2, 3])
+    np.testing.assert_array_equal(
+      exported_values[order], [[b"a", b"b"], [b"e", b"f"], [b"g", b"h"]]
+    )
+
+  def make(suffix):
+    return de.get_variable(
+      name + suffix,
+      key_dtype=key_dtype,
+      value_dtype=tf.string,
+      dim=2,
+      initializer="-1",
+      devices=["/CPU:0", "/CPU:0"],
+    )
+
+  var = make("_eager")
+  exercise(lambda t: tf.nest.map_structure(lambda x: x.numpy() if tf.is_tensor(x) else x, t), var)
+  path = tf.train.Checkpoint(var=var).save(str(tmp_path / "eager" / "ckpt"))
+  again = make("_eager_restored")
+  tf.train.Checkpoint(var=again).restore(path).assert_consumed()
+  np.testing.assert_array_equal(
+    again.lookup(tf.constant([2, 1], key_dtype)), [[b"e", b"f"], [b"-1", b"-1"]]
+  )
+  with pytest.raises(TypeError, match="string rows are not trained"):
+    de.embedding_lookup(var, tf.constant([1], key_dtype), name="x")
+  with pytest.raises(TypeError, match="accum adds rows"):
+    var.accum(tf.constant(keys, key_dtype), values, values, [True] * 4)
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    var = make("_graph")
+    exercise(session.run, var)
+    prefix = tf.compat.v1.train.Saver([var]).save(session, str(tmp_path / "graph" / "model"))
+    session.run(var.clear())
+    assert session.run(var.size()) == 0
+    tf.compat.v1.train.Saver([var]).restore(session, prefix)
+    assert session.run(var.size()) == 3

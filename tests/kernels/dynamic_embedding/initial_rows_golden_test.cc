@@ -75,8 +75,8 @@ struct GoldenRows {
 };
 
 const GoldenRows kGoldenRows[] = {
-    // The default of the Python API (initializer=None): uniform in [-0.05, 0.05), seed 0.
-    {"default_uniform",
+    // initializer="uniform" in the Python API: uniform in [-0.05, 0.05), seed 0.
+    {"uniform_by_name",
      {InitializerKind::kUniform, -0.05f, 0.05f, 0},
      {
          {0x1.47043ap-10f, 0x1.074c3ep-5f, -0x1.17722p-6f, -0x1.d80648p-7f, -0x1.0cf196p-5f,

@@ -7,7 +7,7 @@ of other types are held in float32 rows without loss:
 - int32 rows as their 32 bits, and int64 and float64 rows as their 64 bits in two float32 columns
   (a bit-for-bit copy: the table copies rows, it does no arithmetic on them unless trained, and
   only float rows are trained).
-String rows are refused by name.
+String rows are held in TensorFlow's MutableHashTable (tfra/string_rows.py).
 """
 
 import numpy as np
@@ -22,14 +22,13 @@ def stored_key_dtype(variable_name, key_dtype, value_dtype):
   """The stored key dtype; TypeError (as TFRA's) for a key or value dtype not offered."""
   key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
   if key_dtype not in _STORED_KEYS or (
-    value_dtype not in _BY_VALUE and value_dtype not in _BY_BITS
+    value_dtype not in _BY_VALUE and value_dtype not in _BY_BITS and value_dtype != tf.string
   ):
     raise TypeError(
       f"tf_ext.tfra Variable '{variable_name}': key-value dtype ({key_dtype.name}-"
       f"{value_dtype.name}) is not supported. tf_ext tables hold keys of "
       f"{sorted(d.name for d in _STORED_KEYS)} and rows of "
-      f"{sorted(d.name for d in _BY_VALUE + tuple(_BY_BITS))}; keep string rows in a "
-      "tf.lookup.experimental.MutableHashTable"
+      f"{sorted(d.name for d in _BY_VALUE + tuple(_BY_BITS) + (tf.string,))}"
     )
   return _STORED_KEYS[key_dtype]
 
@@ -45,22 +44,24 @@ def trainable_rows(value_dtype):
 
 
 class RowCodec:
-  """Rows of a value dtype to the table's float32 rows ([n, dim] -> [n, dim * columns]) and back."""
+  """Rows of a value dtype to the table's float32 rows ([n, dim] -> [n, dim * columns]) and back
+  (string rows: as they are)."""
 
   def __init__(self, value_dtype, dim):
     self.value_dtype = tf.as_dtype(value_dtype)
     self.dim = dim
     self.columns = _BY_BITS.get(self.value_dtype, 1)
     self.bitwise = self.value_dtype in _BY_BITS
+    self.stored_dtype = tf.string if self.value_dtype == tf.string else tf.float32
 
   @property
   def stored_dim(self):
     return self.dim * self.columns
 
   def encode(self, rows):
-    """[..., dim] rows of value_dtype as [..., stored_dim] float32."""
+    """[..., dim] rows of value_dtype as [..., stored_dim] of stored_dtype."""
     if not self.bitwise:
-      return to_stored(rows, tf.float32)
+      return to_stored(rows, self.stored_dtype)
     bits = tf.bitcast(rows, tf.float32)  # [..., dim] or [..., dim, 2]
     return tf.reshape(bits, tf.concat([tf.shape(rows)[:-1], [self.stored_dim]], 0))
 

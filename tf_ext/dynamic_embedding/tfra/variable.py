@@ -23,7 +23,7 @@ from tensorflow.python.trackable import data_structures
 from tf_ext import _ops_loader, rank_local_gradients
 from tf_ext.dynamic_embedding import alltoall
 from tf_ext.dynamic_embedding import variable as table_lib
-from tf_ext.dynamic_embedding.tfra import creators, dtypes, file_system, initial_rows
+from tf_ext.dynamic_embedding.tfra import creators, dtypes, file_system, initial_rows, string_rows
 
 
 class GraphKeys:
@@ -168,15 +168,20 @@ class Variable(trackable.Trackable):
     self.bp_v2 = bp_v2
     self.initializer = initializer
     self._codec = dtypes.RowCodec(self.value_dtype, dim)
-    self._initializer_spec, self._default_rows = initial_rows.plan(
-      initializer,
-      name,
-      dim,
-      self._codec,
-      # A split table reads its rows on their owners: float32 rows there.
-      per_lookup=initial_rows.drawn_per_lookup()
-      and (distribution is None or self.value_dtype == tf.float32),
-    )
+    self._string_rows = self.value_dtype == tf.string
+    if self._string_rows:
+      _check_string_rows(name, self.key_dtype, distribution, restrict_policy, self.kv_creator)
+      self._initializer_spec, self._default_rows = None, None
+    else:
+      self._initializer_spec, self._default_rows = initial_rows.plan(
+        initializer,
+        name,
+        dim,
+        self._codec,
+        # A split table reads its rows on their owners: float32 rows there.
+        per_lookup=initial_rows.drawn_per_lookup()
+        and (distribution is None or self.value_dtype == tf.float32),
+      )
     trainable = trainable and dtypes.trainable_rows(self.value_dtype)
     self._trainable_store = {}
     self.distribution = alltoall.check_distribution(name, distribution)
@@ -201,10 +206,17 @@ class Variable(trackable.Trackable):
           partition_fn=self.partition_fn,
           key_dtype_of_ids=self.key_dtype,
         )
+    if self._string_rows:
+      table_class = functools.partial(
+        string_rows.StringRowsTable, default=string_rows.default_row(name, initializer, dim)
+      )
     self._tables = data_structures.ListWrapper([])
     for index, device in enumerate(self.devices):
       with tf.device(device):
         table_name = self._make_name(index)
+        if self._string_rows:
+          self._tables.append(table_class(table_name, dim, self._stored_key_dtype))
+          continue
         # Lookups train through the wrappers; a table's own anchor only serves the all-to-all
         # exchange, which trains it (HvdAllToAllEmbedding's weight).
         own_anchor = None if distribution else _idle_anchor(table_name)
@@ -218,7 +230,7 @@ class Variable(trackable.Trackable):
             gradient_anchor=own_anchor,
           )
         )
-    for table in self._tables:  # TFRA's save_to_file_system and load_from_file_system
+    for table in () if self._string_rows else self._tables:  # TFRA's file system methods
       file_system.attach(table, self.key_dtype, self._codec)
     self._table_group = None
     if checkpoint:
@@ -355,6 +367,17 @@ class Variable(trackable.Trackable):
         )
       return self._codec.decode(self._tables[0].lookup(stored))
     flat = tf.reshape(stored, [-1])
+    if self._string_rows:
+      if anchor is not None:
+        raise TypeError(
+          f"tf_ext.tfra Variable '{self.name}': string rows are not trained; read them with "
+          "Variable.lookup"
+        )
+      rows, present = self._per_shard(flat, lambda table, shard_keys: table.find(shard_keys))
+      rows = tf.reshape(rows, tf.concat([tf.shape(stored), [self.dim]], 0))
+      rows.set_shape(stored.shape.concatenate([self.dim]))
+      exists = tf.reshape(present, tf.shape(stored))
+      return (rows, exists) if return_exists else rows
     anchor_value = anchor.read_for_lookup() if anchor is not None else tf.constant(0.0)
     library = _ops_loader.load()
     width = self._codec.stored_dim
@@ -498,6 +521,8 @@ class Variable(trackable.Trackable):
     the lookup) are left as they are. Not atomic against concurrent writers of the same keys: a
     read and an insert."""
     del name
+    if self._string_rows:
+      raise TypeError(f"tf_ext.tfra Variable '{self.name}': accum adds rows; these are strings")
     keys = self._stored_keys(keys)
     old, new = self._rows(keys, old_values), self._rows(keys, new_values)
     keys = tf.reshape(keys, [-1])
@@ -688,6 +713,27 @@ class _AllToAllTableOfInitialRows(alltoall.AllToAllDynamicEmbeddingVariable):
     that the update starts from them; None when there are none."""
     read = _default_rows_read_through(self.gradient_anchor)
     return None if read is None else table_lib.DynamicEmbeddingVariable.insert(self, *read)
+
+
+def _check_string_rows(name, key_dtype, distribution, restrict_policy, kv_creator):
+  """String rows live in TensorFlow's MutableHashTable, in this process, whole."""
+  if key_dtype == tf.string:
+    raise TypeError(
+      f"tf_ext.tfra Variable '{name}': key-value dtype (string-string) is not supported: "
+      "TensorFlow's MutableHashTable, which holds string rows, has int64 keys for them"
+    )
+  refused = [
+    (distribution is not None, "distribution (a table split across Horovod ranks)"),
+    (restrict_policy is not None, "restrict_policy"),
+    (file_system.saves_as_group(kv_creator, None), "a FileSystemSaver kv_creator"),
+  ]
+  for is_asked, what in refused:
+    if is_asked:
+      raise ValueError(
+        f"tf_ext.tfra Variable '{name}': string rows (value_dtype=tf.string) are held in "
+        f"TensorFlow's MutableHashTable, in this process: {what} is not offered for them; use "
+        "numeric rows for it"
+      )
 
 
 def _idle_anchor(table_name):
