@@ -46,8 +46,9 @@ class StringRowsTable(trackable.Trackable):
     self.dim = dim
     self.key_dtype = key_dtype
     self._graph = None if tf.executing_eagerly() else ops.get_default_graph()
+    self._default = tf.constant(default, tf.string)
     self._table = tf.lookup.experimental.MutableHashTable(
-      key_dtype, tf.string, default_value=tf.constant(default, tf.string), name=name
+      key_dtype, tf.string, default_value=self._default, name=name
     )
     self._track_trackable(self._table, "table")
 
@@ -63,13 +64,13 @@ class StringRowsTable(trackable.Trackable):
 
   def find(self, keys):
     """(rows [n, dim], present [n]) of 1-D `keys`; a missing key reads the default row."""
-    rows = self._table.lookup(keys)
     shape = tf.concat([tf.shape(keys), [self.dim]], 0)
-    firsts = [self._table.lookup(keys, dynamic_default_values=tf.fill(shape, a)) for a in _ABSENT]
+    found = [self._table.lookup(keys, dynamic_default_values=tf.fill(shape, a)) for a in _ABSENT]
     absent = tf.logical_and(
-      tf.reduce_all(tf.equal(firsts[0], _ABSENT[0]), -1),
-      tf.reduce_all(tf.equal(firsts[1], _ABSENT[1]), -1),
+      tf.reduce_all(tf.equal(found[0], _ABSENT[0]), -1),
+      tf.reduce_all(tf.equal(found[1], _ABSENT[1]), -1),
     )
+    rows = tf.where(absent[:, None], tf.broadcast_to(self._default, shape), found[0])
     return rows, tf.logical_not(absent)
 
   def insert(self, keys, values, name=None):
