@@ -21,14 +21,19 @@ _BY_BITS = {tf.int32: 1, tf.int64: 2, tf.float64: 2}  # float32 columns per valu
 def stored_key_dtype(variable_name, key_dtype, value_dtype):
   """The stored key dtype; TypeError (as TFRA's) for a key or value dtype not offered."""
   key_dtype, value_dtype = tf.as_dtype(key_dtype), tf.as_dtype(value_dtype)
+  pair = f"key-value dtype ({key_dtype.name}-{value_dtype.name}) is not supported"
   if key_dtype not in _STORED_KEYS or (
     value_dtype not in _BY_VALUE and value_dtype not in _BY_BITS and value_dtype != tf.string
   ):
     raise TypeError(
-      f"tf_ext.tfra Variable '{variable_name}': key-value dtype ({key_dtype.name}-"
-      f"{value_dtype.name}) is not supported. tf_ext tables hold keys of "
+      f"tf_ext.tfra Variable '{variable_name}': {pair}. tf_ext tables hold keys of "
       f"{sorted(d.name for d in _STORED_KEYS)} and rows of "
       f"{sorted(d.name for d in _BY_VALUE + tuple(_BY_BITS) + (tf.string,))}"
+    )
+  if key_dtype == tf.string and value_dtype == tf.string:
+    raise TypeError(
+      f"tf_ext.tfra Variable '{variable_name}': {pair}: TensorFlow's MutableHashTable, which "
+      "holds string rows, has int64 keys for them"
     )
   return _STORED_KEYS[key_dtype]
 

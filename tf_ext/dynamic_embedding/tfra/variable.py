@@ -170,7 +170,7 @@ class Variable(trackable.Trackable):
     self._codec = dtypes.RowCodec(self.value_dtype, dim)
     self._string_rows = self.value_dtype == tf.string
     if self._string_rows:
-      _check_string_rows(name, self.key_dtype, distribution, restrict_policy, self.kv_creator)
+      _check_string_rows(name, distribution, restrict_policy, self.kv_creator)
       self._initializer_spec, self._default_rows = None, None
     else:
       self._initializer_spec, self._default_rows = initial_rows.plan(
@@ -207,15 +207,15 @@ class Variable(trackable.Trackable):
           key_dtype_of_ids=self.key_dtype,
         )
     if self._string_rows:
-      table_class = functools.partial(
-        string_rows.StringRowsTable, default=string_rows.default_row(name, initializer, dim)
-      )
+      string_default = string_rows.default_row(name, initializer, dim)
     self._tables = data_structures.ListWrapper([])
     for index, device in enumerate(self.devices):
       with tf.device(device):
         table_name = self._make_name(index)
         if self._string_rows:
-          self._tables.append(table_class(table_name, dim, self._stored_key_dtype))
+          self._tables.append(
+            string_rows.StringRowsTable(table_name, dim, self._stored_key_dtype, string_default)
+          )
           continue
         # Lookups train through the wrappers; a table's own anchor only serves the all-to-all
         # exchange, which trains it (HvdAllToAllEmbedding's weight).
@@ -374,9 +374,7 @@ class Variable(trackable.Trackable):
           "Variable.lookup"
         )
       rows, present = self._per_shard(flat, lambda table, shard_keys: table.find(shard_keys))
-      rows = tf.reshape(rows, tf.concat([tf.shape(stored), [self.dim]], 0))
-      rows.set_shape(stored.shape.concatenate([self.dim]))
-      exists = tf.reshape(present, tf.shape(stored))
+      rows, exists = _shaped_as(stored, rows, self.dim), _shaped_as(stored, present)
       return (rows, exists) if return_exists else rows
     anchor_value = anchor.read_for_lookup() if anchor is not None else tf.constant(0.0)
     library = _ops_loader.load()
@@ -398,13 +396,10 @@ class Variable(trackable.Trackable):
     found = self._per_shard(flat, find)
     if with_presence:
       found, present, *default = found
-    rows = tf.reshape(found, tf.concat([tf.shape(stored), [width]], 0))
-    rows.set_shape(stored.shape.concatenate([width]))
-    rows = self._codec.decode(rows)
+    rows = self._codec.decode(_shaped_as(stored, found, width))
     if not with_presence:
       return rows
-    exists = tf.reshape(present, tf.shape(stored))
-    exists.set_shape(stored.shape)
+    exists = _shaped_as(stored, present)
     if defaults is not None:
       differentiable = self.value_dtype.is_floating and not self._codec.bitwise
       rows = _with_default_rows(
@@ -626,6 +621,15 @@ class Variable(trackable.Trackable):
 _MAX_EAGER_DEFAULT_ROWS = 64
 
 
+def _shaped_as(keys, flat, width=None):
+  """`flat` (one value, or one row of `width`, per key of the flattened `keys`) in keys' shape
+  (+ [width]), with the static shape kept."""
+  tail = [] if width is None else [width]
+  shaped = tf.reshape(flat, tf.concat([tf.shape(keys), tail], 0))
+  shaped.set_shape(keys.shape.concatenate(tail))
+  return shaped
+
+
 def _with_default_rows(rows, exists, default, differentiable):
   """`rows` with `default`'s row where a key is missing (the table gave it zeros). Differentiable
   (float) rows keep their gradient for every key, missing ones too."""
@@ -715,13 +719,8 @@ class _AllToAllTableOfInitialRows(alltoall.AllToAllDynamicEmbeddingVariable):
     return None if read is None else table_lib.DynamicEmbeddingVariable.insert(self, *read)
 
 
-def _check_string_rows(name, key_dtype, distribution, restrict_policy, kv_creator):
+def _check_string_rows(name, distribution, restrict_policy, kv_creator):
   """String rows live in TensorFlow's MutableHashTable, in this process, whole."""
-  if key_dtype == tf.string:
-    raise TypeError(
-      f"tf_ext.tfra Variable '{name}': key-value dtype (string-string) is not supported: "
-      "TensorFlow's MutableHashTable, which holds string rows, has int64 keys for them"
-    )
   refused = [
     (distribution is not None, "distribution (a table split across Horovod ranks)"),
     (restrict_policy is not None, "restrict_policy"),
