@@ -108,19 +108,9 @@ DEVELOP_STAMP := $(ROOT)/.develop-stamp
 # and every plugin of third_party/sources.bzl (tests/build/test_capabilities.py checks the list).
 LIBRARIES   := tf_ext/_tf_ext_ops.so tf_ext/harp/libnccl-net-harp.so
 
-# Horovod: the PyPI sdist built against the venv's TensorFlow, CPU only, with the Gloo and MPI
-# (Open MPI from apt) controllers; Gloo runs the CPU collectives by default. This is its one pin.
-# The wheel is cached outside the work tree (TF_EXT_CACHE_DIR, declared in tf_ext/settings.py), so
-# a fresh clone on the same machine installs it in seconds; the key covers everything the binary
-# depends on (Horovod, TensorFlow, Python, build flags, Open MPI).
-HOROVOD_VERSION   := 0.28.1
-HOROVOD_BUILD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-                     HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
+# Horovod's wheel is cached outside the work tree (third_party/install_horovod.sh, which holds its
+# one pin): in TF_EXT_CACHE_DIR, declared in tf_ext/settings.py.
 TF_EXT_CACHE_DIR  := $(or $(TF_EXT_CACHE_DIR),$(HOME)/.cache/tf_ext)
-# Passes when the venv has a usable Horovod: this version, Gloo + MPI, built for the installed TensorFlow.
-HOROVOD_CHECK     := import json, os, tensorflow as tf, horovod, horovod.tensorflow as hvd; \
-                     assert horovod.__version__ == "$(HOROVOD_VERSION)" and hvd.gloo_built() and hvd.mpi_built(); \
-                     assert json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))["tensorflow"] == tf.__version__
 
 # Every command (bazel included) sees the venv first: the @local_tensorflow repository rule and
 # py_test both use the first python3 on PATH. Build actions run with a fixed PATH
@@ -192,45 +182,8 @@ venv: apt
 	  echo "$$want" > "$(STAMP)"; \
 	fi
 
-# Skipped when HOROVOD_CHECK passes (a few seconds: it imports TensorFlow); else installs the cached
-# wheel; else builds it (about 2 minutes on 2 cores), caches it and installs it.
 horovod: venv
-	@py="$(VENV)/bin/python"; \
-	if TF_CPP_MIN_LOG_LEVEL=3 $$py -c '$(HOROVOD_CHECK)' >/dev/null 2>&1; then \
-	  echo "[setup] horovod $(HOROVOD_VERSION) present"; exit 0; \
-	fi; \
-	tf=$$($$py -c 'from importlib import metadata as m; print(m.version("tensorflow"))'); \
-	key=$$( { echo "horovod==$(HOROVOD_VERSION) tensorflow==$$tf $(HOROVOD_BUILD_ENV)"; $$py -VV; \
-	          dpkg-query -W -f='$${Version}' libopenmpi-dev || true; } | sha256sum | cut -c1-12); \
-	dir="$(TF_EXT_CACHE_DIR)/wheels/horovod-$(HOROVOD_VERSION)-tf$$tf-$$key"; \
-	whl=$$(ls "$$dir"/horovod-$(HOROVOD_VERSION)-*.whl 2>/dev/null | head -n1 || true); \
-	if [ -z "$$whl" ]; then \
-	  tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; start=$$(date +%s); \
-	  echo "[setup] building horovod $(HOROVOD_VERSION) from source for tensorflow $$tf (about 2 minutes)"; \
-	  env $(HOROVOD_BUILD_ENV) MAKEFLAGS=-j$$(nproc) TMPDIR="$$tmp" \
-	    $$py -m pip wheel -v --no-cache-dir --no-build-isolation --no-deps --no-binary horovod \
-	      -w "$$tmp/wheel" "horovod==$(HOROVOD_VERSION)" > "$$tmp/build.log" 2>&1 & pid=$$!; \
-	  while kill -0 $$pid 2>/dev/null; do \
-	    sleep 15; \
-	    last=$$(grep -E '^ *\[ *[0-9]+%\] (Building|Linking)' "$$tmp/build.log" | tail -n1 \
-	      | sed -E 's|^ *(\[ *[0-9]+%\]) ([A-Za-z]+) .* ([^ ]*/)?([^ /]+)$$|\1 \2 \4|') || true; \
-	    echo "[setup]   $$(( $$(date +%s) - start ))s $${last:-(configuring)}"; \
-	  done; \
-	  rc=0; wait $$pid || rc=$$?; \
-	  if [ $$rc -ne 0 ]; then \
-	    tail -n 60 "$$tmp/build.log"; mkdir -p "$(TF_EXT_CACHE_DIR)"; cp "$$tmp/build.log" "$(TF_EXT_CACHE_DIR)/horovod-build.log"; \
-	    echo "[setup] horovod build FAILED (full log: $(TF_EXT_CACHE_DIR)/horovod-build.log)"; exit $$rc; \
-	  fi; \
-	  mkdir -p "$$dir"; cp "$$tmp"/wheel/horovod-*.whl "$$dir/.partial.$$$$"; \
-	  whl="$$dir/$$(basename "$$tmp"/wheel/horovod-*.whl)"; mv "$$dir/.partial.$$$$" "$$whl"; \
-	  echo "[setup] built $$(basename "$$whl") ($$(du -h "$$whl" | cut -f1), $$(( $$(date +%s) - start ))s), cached in $$dir"; \
-	else \
-	  echo "[setup] horovod $(HOROVOD_VERSION) from cached wheel $$whl"; \
-	fi; \
-	$$py -m pip install -q --force-reinstall --no-deps "$$whl"; \
-	$$py -m pip install -q "$$whl"; \
-	TF_CPP_MIN_LOG_LEVEL=3 $$py -c '$(HOROVOD_CHECK)'; \
-	echo "[setup] horovod $(HOROVOD_VERSION) installed (Gloo + MPI)"
+	@$(ROOT)/third_party/install_horovod.sh "$(VENV)/bin/python" "$(TF_EXT_CACHE_DIR)"
 
 # $(call pip_when_changed,REQUIREMENTS,STAMP,TAG): pip install -r REQUIREMENTS into .venv, unless
 # STAMP holds the file's hash from the last install.

@@ -94,7 +94,7 @@ def installed_by(target):
         requirement = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#")[0])
         if requirement:
           names.add(normalize(requirement.group(1)))
-  if re.search(r"\bhorovod==", proc.stdout):  # make setup builds Horovod from source
+  if "install_horovod.sh" in proc.stdout:  # make setup builds Horovod from source
     names.add("horovod")
   return names
 
