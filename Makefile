@@ -1,5 +1,7 @@
-# tf_ext developer entry points. Everything runs offline except `setup` (apt + PyPI).
+# tf_ext developer entry points. Everything runs offline except `setup` (apt + PyPI). This list
+# is the one list of targets: `make help` prints it, and .PHONY is read from it.
 #
+#   make help    this list
 #   make setup   system packages (apt) + .venv with requirements.txt + Horovod (built from source
 #                once per machine, wheel cached in TF_EXT_CACHE_DIR); a no-op when already done
 #   make build   bazel build the op library and HARP's plugin library, copy them into tf_ext/, then
@@ -17,6 +19,9 @@
 #                one), a failure shrunk to a small call
 #   make fuzz    the C++ parsers and cores under libFuzzer with ASan and UBSan (tests/kernels/*/fuzz/,
 #                tests/fuzz/native_fuzz.sh): FUZZ_SECONDS each (default 300; `make test` runs 20)
+#   make apt, make venv, make horovod, make docs-deps, make bench-deps  setup's parts, and the
+#                benchmarks' requirements (requirements-bench.txt)
+#   make format  rewrites the sources as `make lint` wants them
 #   make demo    examples/train_ctr.py
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
 #                columns: train_and_evaluate, export_saved_model, serving in a fresh process)
@@ -29,9 +34,9 @@
 #                lookups from a second thread, killed with SIGKILL at random moments and restarted
 #                from the last link; checks memory, lost rows, restores and AUC (writes soak.png)
 #   make bench-quality  benchmarks/quality.py: DeepFM on a drifting Criteo-like stream, tf_ext
-#                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt);
-#                benchmarks/initial_rows.py: the cost of a missing id's initial row, per initializer
-#                and version
+#                against a memory-matched hashed tf.Variable and TFRA (installs requirements-bench.txt)
+#   make bench-initial-rows  benchmarks/initial_rows.py: the cost of a missing id's initial row,
+#                per initializer and version
 #   make bench-amp  benchmarks/amp.py: loss-aware mixed precision against float32 and TensorFlow's
 #                own AMP (speed on a DLRM-style tower, accuracy on three tasks; writes amp.png)
 #   make bench-fusion  benchmarks/embedding_fusion.py: training steps/s with tf_ext's graph passes
@@ -56,6 +61,8 @@
 #   make bench-tfra  benchmarks/tfra_compat.py: the same TFRA-API programs (a DeepFM-like Keras
 #                model, a TF1 graph) with TFRA 0.7.2 and with tf_ext.tfra, and the native API, in
 #                interleaved rounds (installs requirements-bench.txt: TFRA); BENCH_ARGS=--quick
+#   make bench-tfra-quality  benchmarks/tfra_quality.py: model quality against TFRA over seeds (one
+#                process, no cluster; about 12 min)
 #   make test-tfra  TFRA 0.7.2's own dynamic-embedding tests with `import tf_ext.tfra as de`
 #                (tests/dynamic_embedding/tfra/run_tfra_suite.py; needs TFRA's source, fetched
 #                outside the checkout: TFRA_SOURCE=<its git dir>; skips with a message without it)
@@ -76,6 +83,7 @@
 #                the GPU table against HierarchicalKV (RESULTS=its gpu_table.json; writes
 #                benchmarks/gpu_table.png). The run itself is part of make test-gpu.
 #   make clean   bazel clean + built artefacts
+#   make distclean  clean, and the venv and Bazel's cached repositories
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
 #        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra"
@@ -141,14 +149,12 @@ endif
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: all setup apt venv horovod bench-deps docs-deps docs build develop lint format test \
-        gpu-checks test-gpu bench-gpu-table sanitize fuzz-ops fuzz demo bench bench-lifecycle \
-        bench-quality bench-amp bench-fusion bench-jit soak \
-        bench-jit-profile bench-jit-session bench-jit-verdicts bench-cluster bench-alltoall \
-        bench-scaling bench-harp bench-harp-nccl bench-tfra bench-tfra-quality test-tfra demo-estimator clean \
-        distclean
+.PHONY: $(sort all $(shell sed -n '/^[^\#]/q;p' $(ROOT)/Makefile | grep -oE 'make [a-z][a-z-]*' | cut -c6-))
 
 all: build
+
+help:
+	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' $(ROOT)/Makefile
 
 # docs-deps too: make test builds the docs site (tests/docs).
 setup: apt venv horovod docs-deps
@@ -255,8 +261,7 @@ test: setup lint build
 	echo; echo "================================ test summary ================================"; \
 	grep -E '^//[^ ]+ +.*(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|SKIPPED|INCOMPLETE|FAILED TO BUILD)' "$$log" || true; \
 	grep -E '^(Executed|INFO: Build completed|FAILED: Build did NOT complete)' "$$log" | awk '!seen[$$0]++' | tail -n 3 || true; \
-	labels=$$(grep -oE '^//[^ ]+' "$$log" | sort -u); \
-	$(VENV)/bin/python tests/count_results.py "$$($(BAZEL) info bazel-testlogs 2>/dev/null)" $$labels || true; \
+	$(VENV)/bin/python tests/count_results.py "$$($(BAZEL) info bazel-testlogs 2>/dev/null)" "$$log" || true; \
 	if [ $$rc -eq 0 ]; then echo "RESULT: all tests passed"; \
 	else echo "RESULT: FAILED (bazel exit code $$rc; logs under bazel-testlogs/)"; fi; \
 	exit $$rc
@@ -267,7 +272,7 @@ sanitize: setup
 	@cd $(ROOT) && $(BAZEL) test --config=tsan $(BAZEL_FLAGS) $(CORE_TESTS) && \
 	  $(BAZEL) test --config=asan $(BAZEL_FLAGS) $(CORE_TESTS) && echo "RESULT: sanitizers clean"
 
-# Issue 37's op fuzzer, longer than `make test`'s run of it: EXAMPLES calls per op and mode, a new
+# The op fuzzer, longer than `make test`'s run of it: EXAMPLES calls per op and mode, a new
 # seed each run (printed; SEED=N repeats a run), a failing call shrunk and printed as corpus JSON.
 EXAMPLES  ?= 1000
 SEED      ?=
@@ -278,7 +283,7 @@ fuzz-ops: build
 	    $(VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests/fuzz/test_ops_fuzz.py) && \
 	  echo "[fuzz-ops] no crash, hang or allocation past the bound ($$(( $$(date +%s) - start ))s)"
 
-# Issue 37's native fuzzers, longer than `make test`'s 20 s each: every libFuzzer harness under
+# The native fuzzers, longer than `make test`'s 20 s each: every libFuzzer harness under
 # tests/kernels/*/fuzz/ for FUZZ_SECONDS (clang from `make setup`). New inputs go to build/fuzz/;
 # a crashing input is printed and left in build/fuzz/artifacts/.
 FUZZ_SECONDS ?= 300
@@ -292,93 +297,54 @@ demo: build
 demo-estimator: build
 	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python examples/estimator_columns.py $(DEMO_ARGS))
 
-bench: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/lookup.py $(BENCH_ARGS))
+# The benchmarks: `make TARGET` runs the scripts BENCH.TARGET names (under benchmarks/, in order),
+# each with BENCH_FLAGS.TARGET and BENCH_ARGS (BENCH_ARGS=--quick: a short run, for those that
+# have one). Those in BENCH_AS_ROOT build network namespaces: they run as root (sudo when not
+# root; sudo drops the environment, so the settings they need are passed explicitly).
+BENCH.bench              := lookup.py
+BENCH.bench-lifecycle    := eviction.py bulk_insert.py admission.py small_tables.py checkpoint.py \
+                            serving_export.py
+BENCH.soak               := soak.py
+BENCH.bench-quality      := quality.py
+BENCH.bench-initial-rows := initial_rows.py
+BENCH.bench-fusion       := embedding_fusion.py
+BENCH.bench-jit          := jit_cache.py
+BENCH.bench-jit-profile  := jit_op_profile.py
+BENCH.bench-jit-session  := jit_cache_session.py
+BENCH.bench-jit-verdicts := speed_check_verdicts.py
+BENCH.bench-amp          := amp.py
+BENCH.bench-cluster      := lightcc_cluster.py
+BENCH.bench-scaling      := lightcc_scaling.py
+BENCH.bench-alltoall     := alltoall_tables.py
+BENCH.bench-tfra         := tfra_compat.py
+BENCH.bench-tfra-quality := tfra_quality.py
+BENCH.bench-harp         := harp_transport.py
+BENCH_TARGETS := $(patsubst BENCH.%,%,$(filter BENCH.%,$(.VARIABLES)))
+BENCH_AS_ROOT := bench-cluster bench-scaling bench-alltoall bench-harp
+# Those that need only the op library (no requirements-bench.txt).
+BENCH_BUILD_ONLY := bench-jit-profile bench-jit-verdicts bench-initial-rows
 
-# The lifecycle benchmarks (issue 8), one after the other; BENCH_ARGS=--quick for short runs.
-bench-lifecycle: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/eviction.py $(BENCH_ARGS))
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/bulk_insert.py $(BENCH_ARGS))
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/admission.py $(BENCH_ARGS))
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/small_tables.py $(BENCH_ARGS))
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/checkpoint.py $(BENCH_ARGS))
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/serving_export.py $(BENCH_ARGS))
-
-# Issue 37's soak run (not part of `make test`): SOAK_MINUTES of training killed and restarted;
-# exits 1 on a lost row, a restore that differs from its save or a child that fails.
+# The soak run exits 1 on a lost row, a restore that differs from its save or a child that fails.
 SOAK_MINUTES       ?= 30
 SOAK_KILL_INTERVAL ?= 150
-soak: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/soak.py \
-	  --minutes $(SOAK_MINUTES) --kill-interval $(SOAK_KILL_INTERVAL) --json build/soak/soak.json \
-	  --png benchmarks/soak.png $(BENCH_ARGS))
+BENCH_FLAGS.soak := --minutes $(SOAK_MINUTES) --kill-interval $(SOAK_KILL_INTERVAL) \
+                    --json build/soak/soak.json --png benchmarks/soak.png
 
-# Issue 9's quality and speed benchmark; BENCH_ARGS=--quick for a short run, --no-tfra without TFRA.
-bench-quality: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/quality.py $(BENCH_ARGS))
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/initial_rows.py)
+bench_runner = $(if $(filter $(1),$(BENCH_AS_ROOT)),$(SUDO) env PYTHONPATH=$(ROOT) \
+  TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL),env PYTHONPATH=$(ROOT))
 
-# Issue 11's graph-pass benchmark; BENCH_ARGS=--quick for a short run.
-bench-fusion: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/embedding_fusion.py $(BENCH_ARGS))
-
-# Issue 11's compilation-cache benchmark; BENCH_ARGS=--quick for a short run.
-bench-jit: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_cache.py $(BENCH_ARGS))
-
-# Why bench-jit's figures are what they are: XLA's ops against TensorFlow's kernels (20 s).
-bench-jit-profile: build
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_op_profile.py $(BENCH_ARGS))
-
-# Its TF1 Session path; BENCH_ARGS=--quick for a short run.
-bench-jit-session: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/jit_cache_session.py $(BENCH_ARGS))
-
-# How often the speed check's verdicts are right, on simulated calls (no XLA; seconds).
-bench-jit-verdicts: build
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/speed_check_verdicts.py $(BENCH_ARGS))
-
-# Issue 10's mixed-precision benchmark; BENCH_ARGS=--quick for a short run (matplotlib: bench-deps).
-bench-amp: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/amp.py $(BENCH_ARGS))
-
-# Needs root for its network namespaces: sudo when not root (sudo drops the environment, so the
-# settings it needs are passed explicitly).
-bench-cluster: build bench-deps
-	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
-	  $(VENV)/bin/python benchmarks/lightcc_cluster.py $(BENCH_ARGS))
-
-# Issue 39's scaling efficiency on the same emulated cluster (root: sudo when not root); about
-# 50 min, BENCH_ARGS=--quick for 2-4 min.
-bench-scaling: build bench-deps
-	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
-	  $(VENV)/bin/python benchmarks/lightcc_scaling.py $(BENCH_ARGS))
-
-# Issue 36's benchmark on the same emulated cluster (root: sudo when not root); ~12 min,
-# BENCH_ARGS=--quick for ~3 min, BENCH_ARGS="--json benchmarks/results/alltoall_tables.json".
-bench-alltoall: build bench-deps
-	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL) \
-	  $(VENV)/bin/python benchmarks/alltoall_tables.py $(BENCH_ARGS))
-
-bench-tfra: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/tfra_compat.py $(BENCH_ARGS))
-
-# Issue 58's model quality against TFRA over seeds (one process, no cluster); ~12 min.
-bench-tfra-quality: build bench-deps
-	@cd $(ROOT) && $(call quiet,PYTHONPATH=$(ROOT) $(VENV)/bin/python benchmarks/tfra_quality.py $(BENCH_ARGS))
+$(BENCH_TARGETS): build
+$(filter-out $(BENCH_BUILD_ONLY),$(BENCH_TARGETS)): bench-deps
+$(BENCH_TARGETS):
+	@cd $(ROOT) && for script in $(BENCH.$@); do \
+	  $(call quiet,$(call bench_runner,$@) $(VENV)/bin/python benchmarks/$$script $(BENCH_FLAGS.$@) $(BENCH_ARGS)); \
+	done
 
 test-tfra: build
 	@cd $(ROOT) && $(VENV)/bin/python tests/dynamic_embedding/tfra/run_tfra_suite.py --impl tf_ext \
 	  --python $(VENV)/bin/python $(TFRA_ARGS)
 
-# Issue 12's transport benchmark: HARP's plugin against a stand-in for NCCL's default socket
-# transport across two network namespaces (root: via sudo when not root; compiles its driver and
-# the baseline plugin with g++); BENCH_ARGS=--quick for a short run.
-bench-harp: build bench-deps
-	@cd $(ROOT) && $(call quiet,$(SUDO) env PYTHONPATH=$(ROOT) \
-	  $(VENV)/bin/python benchmarks/harp_transport.py $(BENCH_ARGS))
-
-# Issue 12's NCCL end-to-end check, for a GPU machine with PyTorch and NCCL (the script needs no
+# NCCL end to end through HARP's plugin, for a GPU machine with PyTorch and NCCL (the script needs no
 # TensorFlow; its ranks run under TORCH_PYTHON, default the venv's Python): two ranks on one GPU,
 # HARP's plugin against NCCL's Socket transport, results and NCCL's logs checked. Root (sudo when
 # not root) only with BENCH_ARGS="--netns aggregate" or "--netns cloud"; BENCH_ARGS=--dry-run

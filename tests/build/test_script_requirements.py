@@ -64,16 +64,38 @@ def makefile():
 
 
 def make_target_running(script):
-  """The Makefile target whose own recipe runs `script`."""
-  target = None
-  with open(os.path.join(ROOT, "Makefile")) as f:
-    for line in f:
-      rule = re.match(r"^([A-Za-z0-9_.-]+):(?!=)", line)
-      if rule:
-        target = rule.group(1)
-      elif line.startswith("\t") and script in line:
+  """The Makefile target whose own recipe runs `script`, or whose benchmark table entry
+  (BENCH.TARGET := scripts under benchmarks/) names it."""
+  text = makefile().replace("\\\n", " ")  # continuation lines joined
+  if script.startswith("benchmarks/"):
+    for target, names in re.findall(r"^BENCH\.([A-Za-z0-9_-]+)\s*:=(.*)$", text, re.M):
+      if os.path.basename(script) in names.split():
         return target
+  target = None
+  for line in text.splitlines():
+    rule = re.match(r"^([A-Za-z0-9_.-]+):(?!=)", line)
+    if rule:
+      target = rule.group(1)
+    elif line.startswith("\t") and script in line:
+      return target
   return None
+
+
+def make_targets_listed():
+  """The targets of the Makefile's header (`make help` prints it: the one list)."""
+  header = makefile().split("\n\n", 1)[0]
+  return set(re.findall(r"\bmake ([a-z][a-z-]*)", header))
+
+
+def test_every_make_target_is_in_the_list_make_help_prints():
+  defined = set(re.findall(r"^([a-z][a-z-]*):(?!=)", makefile(), re.M))
+  defined |= set(re.findall(r"^BENCH\.([a-z][a-z-]*)\s*:=", makefile(), re.M))
+  missing = sorted(defined - make_targets_listed() - {"all"})
+  assert not missing, f"targets missing from the Makefile's header list: {missing}"
+  proc = subprocess.run(
+    ["make", "-s", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True
+  )
+  assert proc.returncode == 0 and "make bench-tfra-quality" in proc.stdout, proc.stderr
 
 
 def installed_by(target):
