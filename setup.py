@@ -16,13 +16,13 @@ for the op library, carrying the running TensorFlow's version and C++ ABI in its
 marker. So `pip install -e .` after `make build` compiles nothing.
 """
 
-import ast
 import filecmp
 import importlib.util
 import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -30,6 +30,9 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 SOURCES_BZL = ROOT / "third_party" / "sources.bzl"
+sys.path.insert(0, str(ROOT / "third_party"))
+import sources_bzl  # noqa: E402  (the one reader of sources.bzl)
+
 # Keep in sync with the `build --copt` lines of .bazelrc.
 # -fno-math-errno: std::sqrt need not set errno, so the optimizers' loops can use vector square
 # roots (the same values; Adam's row update ran 4x slower one float at a time).
@@ -40,17 +43,8 @@ PLUGIN_LINK_FLAGS = ["-Wl,-z,nodelete"]
 
 
 def read_description():
-  """The top-level `NAME = <literal>` assignments of sources.bzl (plain Python syntax)."""
-  tree = ast.parse(SOURCES_BZL.read_text(), str(SOURCES_BZL))
-  values = {}
-  for node in tree.body:
-    if (
-      isinstance(node, ast.Assign)
-      and len(node.targets) == 1
-      and isinstance(node.targets[0], ast.Name)
-    ):
-      values[node.targets[0].id] = ast.literal_eval(node.value)
-  return values
+  """The top-level `NAME = <literal>` assignments of sources.bzl."""
+  return sources_bzl.read(str(SOURCES_BZL))
 
 
 class SharedLibrary(Extension):

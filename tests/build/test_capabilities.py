@@ -11,10 +11,13 @@ target lists, and tests that link one core but include another's.
 import ast
 import os
 import re
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "third_party"))
+import sources_bzl  # noqa: E402  (the one reader of sources.bzl)
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.MULTILINE)
 # What only TensorFlow's headers provide (a core or a plugin must not include any of it).
@@ -32,15 +35,9 @@ PROJECT_PREFIXES = ("kernels/", "ops/")
 
 
 def read_description(root):
-  """CAPABILITIES and OP_LIBRARY of sources.bzl, read as setup.py reads them."""
-  path = os.path.join(root, "third_party", "sources.bzl")
-  with open(path) as f:
-    tree = ast.parse(f.read(), path)
-  values = {
-    node.targets[0].id: ast.literal_eval(node.value)
-    for node in tree.body
-    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-  }
+  """CAPABILITIES and OP_LIBRARY of the sources.bzl of the tree at `root`, read as setup.py reads
+  them."""
+  values = sources_bzl.read(os.path.join(root, "third_party", "sources.bzl"))
   return values["CAPABILITIES"], values["OP_LIBRARY"]
 
 

@@ -49,19 +49,7 @@ fi
 
 # A capability's core sources and those of its deps, from the one source list.
 core_sources() {
-  python3 - "$1" <<'EOF'
-import ast, sys
-tree = ast.parse(open("third_party/sources.bzl").read())
-values = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)}
-caps = values["CAPABILITIES"]
-seen, todo = [], [sys.argv[1]]
-while todo:
-  name = todo.pop()
-  if name not in seen:
-    seen.append(name)
-    todo += caps[name]["deps"]
-print("\n".join(src for name in seen for src in caps[name]["core_srcs"]))
-EOF
+  python3 third_party/sources_bzl.py core-sources "$1"
 }
 
 mkdir -p "$OUT/bin" "$OUT/artifacts"

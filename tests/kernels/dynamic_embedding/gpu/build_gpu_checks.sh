@@ -13,16 +13,8 @@ set -eu
 cd "$(dirname "$0")/../../../.."
 out=build/gpu
 mkdir -p "$out"
-sources=$(python3 - <<'PY'
-import ast
-tree = ast.parse(open("third_party/sources.bzl").read())
-capabilities = next(
-  ast.literal_eval(node.value) for node in tree.body
-  if isinstance(node, ast.Assign) and node.targets[0].id == "CAPABILITIES"
-)
-print(" ".join(capabilities["dynamic_embedding"]["core_srcs"]))
-PY
-)
+# The table core's sources (it depends on no other capability), from the one source list.
+sources=$(python3 third_party/sources_bzl.py core-sources dynamic_embedding | tr '\n' ' ')
 TF_EXT_CUDA=1 third_party/cuda_library.sh "$out/libdynamic_embedding_cuda.a" \
   kernels/dynamic_embedding/core/gpu/cuda_table.cu kernels/dynamic_embedding/core/gpu/no_cuda_table.cc
 CXXFLAGS="-std=c++17 -O3 -march=x86-64-v2 -fno-math-errno -pthread -I."
