@@ -19,6 +19,9 @@ load("//third_party:sources.bzl", "CAPABILITIES", "OP_LIBRARY")
 _TF_HEADERS = "@local_tensorflow//:tf_headers"
 _TF_FRAMEWORK = "@local_tensorflow//:libtensorflow_framework"
 
+# The TensorFlow-free cores are our own code only: every warning is an error there.
+_CORE_WARNINGS = ["-Wall", "-Wextra", "-Werror"]
+
 # A plugin is dlopen'ed into foreign processes (NCCL's): it exports only what it marks, and it
 # stays mapped once loaded (NCCL may dlclose it while its worker threads still run).
 _PLUGIN_COPTS = ["-fvisibility=hidden"]
@@ -75,7 +78,7 @@ def capability_targets():
             name = name + "_core",
             srcs = capability["core_srcs"],
             hdrs = capability["core_hdrs"],
-            copts = _PLUGIN_COPTS if plugin else [],
+            copts = _CORE_WARNINGS + (_PLUGIN_COPTS if plugin else []),
             # A plugin's core hides its symbols, so its tests must link it statically, not as a
             # shared library (Bazel's default for tests).
             linkstatic = 1 if plugin else 0,

@@ -246,7 +246,7 @@ std::string SnapshotReader::ReadHeader(SnapshotHeader* header) {
     return "not a tf_ext table snapshot (bad magic)";
   }
   Cursor cursor(bytes.data() + sizeof(kMagic), kFixed - sizeof(kMagic));
-  uint32_t version, kind, key_type;
+  uint32_t version = 0, kind = 0, key_type = 0;  // a short read leaves them invalid
   SnapshotHeader h;
   cursor.Get(&version);
   cursor.Get(&kind);
