@@ -31,12 +31,10 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 SOURCES_BZL = ROOT / "third_party" / "sources.bzl"
 sys.path.insert(0, str(ROOT / "third_party"))
-import sources_bzl  # noqa: E402  (the one reader of sources.bzl)
+import build_description  # noqa: E402  (the one reader of sources.bzl and .bazelrc's flags)
 
-# Keep in sync with the `build --copt` lines of .bazelrc.
-# -fno-math-errno: std::sqrt need not set errno, so the optimizers' loops can use vector square
-# roots (the same values; Adam's row update ran 4x slower one float at a time).
-COMMON_FLAGS = ["-O3", "-march=x86-64-v2", "-fno-math-errno", "-fPIC", "-pthread", "-DNDEBUG"]
+# With the code-generation flags of .bazelrc (build_description.codegen_flags), read when compiling.
+COMMON_FLAGS = ["-fPIC", "-pthread", "-DNDEBUG"]
 # Keep in sync with _PLUGIN_COPTS and _PLUGIN_LINKOPTS of third_party/capabilities.bzl.
 PLUGIN_FLAGS = ["-fvisibility=hidden"]
 PLUGIN_LINK_FLAGS = ["-Wl,-z,nodelete"]
@@ -44,7 +42,7 @@ PLUGIN_LINK_FLAGS = ["-Wl,-z,nodelete"]
 
 def read_description():
   """The top-level `NAME = <literal>` assignments of sources.bzl."""
-  return sources_bzl.read(str(SOURCES_BZL))
+  return build_description.read(str(SOURCES_BZL))
 
 
 class SharedLibrary(Extension):
@@ -149,7 +147,8 @@ class BuildLibraries(build_ext):
           shutil.copy2(existing, out)
         return
 
-    cflags = cflags + COMMON_FLAGS + shlex.split(os.environ.get("CXXFLAGS", ""))
+    codegen = build_description.codegen_flags(str(ROOT / ".bazelrc"))
+    cflags = cflags + codegen + COMMON_FLAGS + shlex.split(os.environ.get("CXXFLAGS", ""))
     ldflags = ldflags + ext.link_flags + shlex.split(os.environ.get("LDFLAGS", ""))
     tmp = Path(self.build_temp) / ext.name
     tmp.mkdir(parents=True, exist_ok=True)

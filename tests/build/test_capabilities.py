@@ -17,7 +17,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "third_party"))
-import sources_bzl  # noqa: E402  (the one reader of sources.bzl)
+import build_description  # noqa: E402  (the one reader of sources.bzl)
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.MULTILINE)
 # What only TensorFlow's headers provide (a core or a plugin must not include any of it).
@@ -37,7 +37,7 @@ PROJECT_PREFIXES = ("kernels/", "ops/")
 def read_description(root):
   """CAPABILITIES and OP_LIBRARY of the sources.bzl of the tree at `root`, read as setup.py reads
   them."""
-  values = sources_bzl.read(os.path.join(root, "third_party", "sources.bzl"))
+  values = build_description.read(os.path.join(root, "third_party", "sources.bzl"))
   return values["CAPABILITIES"], values["OP_LIBRARY"]
 
 

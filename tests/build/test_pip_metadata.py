@@ -14,7 +14,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What setup.py and pyproject.toml read when pip asks for the metadata.
-PACKAGING = ["pyproject.toml", "setup.py", "MANIFEST.in", "requirements-bench.txt"]
+PACKAGING = [".bazelrc", "pyproject.toml", "setup.py", "MANIFEST.in", "requirements-bench.txt"]
 TREES = ["tf_ext", "kernels", "ops", "third_party"]
 METADATA = """
 import sys

@@ -49,7 +49,7 @@ fi
 
 # A capability's core sources and those of its deps, from the one source list.
 core_sources() {
-  python3 third_party/sources_bzl.py core-sources "$1"
+  python3 third_party/build_description.py core-sources "$1"
 }
 
 mkdir -p "$OUT/bin" "$OUT/artifacts"

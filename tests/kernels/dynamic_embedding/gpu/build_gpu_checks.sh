@@ -14,10 +14,11 @@ cd "$(dirname "$0")/../../../.."
 out=build/gpu
 mkdir -p "$out"
 # The table core's sources (it depends on no other capability), from the one source list.
-sources=$(python3 third_party/sources_bzl.py core-sources dynamic_embedding | tr '\n' ' ')
+sources=$(python3 third_party/build_description.py core-sources dynamic_embedding | tr '\n' ' ')
 TF_EXT_CUDA=1 third_party/cuda_library.sh "$out/libdynamic_embedding_cuda.a" \
   kernels/dynamic_embedding/core/gpu/cuda_table.cu kernels/dynamic_embedding/core/gpu/no_cuda_table.cc
-CXXFLAGS="-std=c++17 -O3 -march=x86-64-v2 -fno-math-errno -pthread -I."
+# The code-generation flags of the op library's builds (declared once, in .bazelrc).
+CXXFLAGS="-std=c++17 $(python3 third_party/build_description.py codegen-flags) -pthread -I."
 STATIC="-static-libstdc++ -static-libgcc"
 libs="$out/libdynamic_embedding_cuda.a -ldl -lrt -pthread"
 # shellcheck disable=SC2086
