@@ -299,7 +299,8 @@ demo-estimator: build
 
 # The benchmarks: `make TARGET` runs the scripts BENCH.TARGET names (under benchmarks/, in order),
 # each with BENCH_FLAGS.TARGET and BENCH_ARGS (BENCH_ARGS=--quick: a short run, for those that
-# have one). Those in BENCH_AS_ROOT build network namespaces: they run as root (sudo when not
+# have one). Their charts go to build/charts/ (--png benchmarks/NAME.png, or --plot / --out, updates
+# a committed one). Those in BENCH_AS_ROOT build network namespaces: they run as root (sudo when not
 # root; sudo drops the environment, so the settings they need are passed explicitly).
 BENCH.bench              := lookup.py
 BENCH.bench-lifecycle    := eviction.py bulk_insert.py admission.py small_tables.py checkpoint.py \
@@ -328,7 +329,7 @@ BENCH_BUILD_ONLY := bench-jit-profile bench-jit-verdicts bench-initial-rows
 SOAK_MINUTES       ?= 30
 SOAK_KILL_INTERVAL ?= 150
 BENCH_FLAGS.soak := --minutes $(SOAK_MINUTES) --kill-interval $(SOAK_KILL_INTERVAL) \
-                    --json build/soak/soak.json --png benchmarks/soak.png
+                    --json build/soak/soak.json
 
 bench_runner = $(if $(filter $(1),$(BENCH_AS_ROOT)),$(SUDO) env PYTHONPATH=$(ROOT) \
   TF_CPP_MIN_LOG_LEVEL=$(TF_CPP_MIN_LOG_LEVEL),env PYTHONPATH=$(ROOT))

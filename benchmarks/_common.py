@@ -198,6 +198,16 @@ def versions(tf, tf_ext, np, **more):
   }
 
 
+# Charts go under the build folder unless a path is given: the committed ones (benchmarks/*.png,
+# shown by the docs) change only when a run names them (--png benchmarks/NAME.png).
+CHART_DIR = os.path.join(REPO, "build", "charts")
+
+
+def chart_path(name):
+  """Where a run's chart `name` goes by default: build/charts/, never a committed chart."""
+  return os.path.join(CHART_DIR, name)
+
+
 def save_figure(fig, plt, path, **savefig_options):
   """Lays `fig` out, writes it to `path` (making its folder) and closes it."""
   fig.tight_layout()

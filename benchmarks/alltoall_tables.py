@@ -590,7 +590,7 @@ def parse_args(argv):
     "--quick", action="store_true", help="a ~3-minute run: one round of a few small steps"
   )
   p.add_argument("--timeout", type=int, default=900, help="seconds per configuration and link")
-  p.add_argument("--png", default=os.path.join(_common.REPO, "benchmarks", "alltoall_tables.png"))
+  p.add_argument("--png", default=_common.chart_path("alltoall_tables.png"))
   _common.add_json(p)
   p.add_argument("--workdir", help="rank logs and results (default: a temp dir, removed after)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

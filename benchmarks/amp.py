@@ -52,6 +52,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   add_intra_op_threads,
   add_json,
   argument_parser,
+  chart_path,
   cpu_model_and_flags,
   finish,
   int_list,
@@ -78,7 +79,7 @@ WITHIN_FP32 = 0.005  # ours ends within 0.5% of float32's metric
 HALF_FRACTION = 0.90  # task (a): ours spends >= 90% of its steps in half
 BASELINE_LOSS = 0.01  # task (c): plain bf16 ends more than 1% worse than float32
 VARIANTS = ("fp32", "tf_amp", "ours")
-DEFAULT_PNG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "amp.png")
+DEFAULT_PNG = chart_path("amp.png")
 
 
 def parse_args(argv=None):

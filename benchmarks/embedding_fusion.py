@@ -37,6 +37,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   add_intra_op_threads,
   add_json,
   argument_parser,
+  chart_path,
   finish,
   int_list,
   log,
@@ -57,7 +58,7 @@ import _criteo_like  # noqa: E402
 import numpy as np  # noqa: E402
 
 TARGET = 1.3
-DEFAULT_PNG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "embedding_fusion.png")
+DEFAULT_PNG = chart_path("embedding_fusion.png")
 VARIANTS = ("off", "fusion", "all")
 LABELS = {"off": "off", "fusion": "embedding fusion", "all": "fusion + XLA (all passes)"}
 SWITCHES = {

@@ -676,13 +676,13 @@ def parse_args(argv):
   p.add_argument(
     "--plot",
     default=None,
-    help="chart path (default: benchmarks/harp_transport.png; a --quick run writes none)",
+    help="chart path (default: build/charts/harp_transport.png; a --quick run writes none)",
   )
   _common.add_json(p)
   args = p.parse_args(argv)
   q = args.quick
-  if args.plot is None and not q:  # a smoke run must not replace the committed chart
-    args.plot = os.path.join(HERE, "harp_transport.png")
+  if args.plot is None and not q:  # a smoke run draws none
+    args.plot = _common.chart_path("harp_transport.png")
   args.sizes = _common.int_list(args.sizes) if args.sizes else (QUICK_SIZES if q else FULL_SIZES)
   args.bytes_per_size = args.bytes_per_size or (16 * MIB if q else 256 * MIB)
   args.latency_iters = args.latency_iters or (200 if q else 2000)

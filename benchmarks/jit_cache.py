@@ -441,8 +441,7 @@ def plot(all_results, path):
     ax.set_ylabel("step time (ms)")
     ax.set_title(f"Workload {workload}: step times over the whole run")
     ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
+  _common.save_figure(fig, plt, path, dpi=90)
   print(f"\nPlot: {path}")
 
 
@@ -459,7 +458,7 @@ def main():
   p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
   p.add_argument("--steps-a", type=int, default=None, help="steps of workload A")
   p.add_argument("--steps-b", type=int, default=None, help="steps of workload B")
-  p.add_argument("--plot", default=None, help="PNG path (default: benchmarks/jit_cache.png)")
+  p.add_argument("--plot", default=None, help="PNG path (default: build/charts/jit_cache.png)")
   p.add_argument("--json", default=None, help="write all results here")
   p.add_argument(
     "--rounds",
@@ -486,8 +485,7 @@ def main():
     if set(CONFIGS) <= set(configs):
       verdicts += report(workload, results)
   if set(CONFIGS) <= set(configs) and not args.quick or args.plot:
-    here = os.path.dirname(os.path.abspath(__file__))
-    plot(all_results, args.plot or os.path.join(here, "jit_cache.png"))
+    plot(all_results, args.plot or _common.chart_path("jit_cache.png"))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(all_results, f)

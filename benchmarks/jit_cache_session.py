@@ -257,7 +257,7 @@ def main():
   p.add_argument("--quick", action="store_true", help="a short smoke run of every configuration")
   p.add_argument("--steps", type=int, default=None, help="training steps (default 1000)")
   p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset")
-  p.add_argument("--plot", default=None, help="PNG (default: benchmarks/jit_cache_session.png)")
+  p.add_argument("--plot", default=None, help="PNG (default: build/charts/jit_cache_session.png)")
   p.add_argument("--json", default=None, help="write all results here")
   p.add_argument(
     "--rounds",
@@ -293,10 +293,9 @@ def main():
     print("(the table and verdicts below: each configuration's median run)")
   verdicts = report(results) if set(CONFIGS) <= set(configs) else []
   if not args.quick or args.plot:
-    here = os.path.dirname(os.path.abspath(__file__))
     chart = {}
     _common.write_chart(
-      args.plot or os.path.join(here, "jit_cache_session.png"), chart, lambda p: plot(results, p)
+      args.plot or _common.chart_path("jit_cache_session.png"), chart, lambda p: plot(results, p)
     )
   if args.json:
     with open(args.json, "w") as f:

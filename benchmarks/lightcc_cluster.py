@@ -696,10 +696,11 @@ def plot(rows, args):
     f"LightCC vs Horovod: {NODES} nodes x {RANKS_PER_NODE} ranks, {args.rate} link, "
     f"{args.model_desc} (S = {args.total_bytes / 1e6:.1f} MB)"
   )
-  fig.tight_layout()
-  fig.savefig(args.out, dpi=110)
-  plt.close(fig)
-  return os.path.abspath(args.out)
+  import _common  # pylint: disable=import-outside-toplevel (as in start_driver)
+
+  path = args.out or _common.chart_path("lightcc_cluster.png")
+  _common.save_figure(fig, plt, path, dpi=110)
+  return os.path.abspath(path)
 
 
 def rate_to_bps(rate):
@@ -741,7 +742,9 @@ def parse_args(argv):
   )
   p.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
   add_steal_options(p)
-  p.add_argument("--out", default="lightcc_cluster.png", help="PNG chart path")
+  p.add_argument(
+    "--out", default=None, help="PNG chart path (default: build/charts/lightcc_cluster.png)"
+  )
   p.add_argument("--json", help="also write the results here")
   p.add_argument("--workdir", help="rank logs and results (default: a temp dir, kept on failure)")
   p.add_argument("--keep-netns", action="store_true", help="debug: leave the namespaces up")

@@ -1071,7 +1071,7 @@ def parse_args(argv):
     help=f"VGG16 only, shrink 32, configs {','.join(QUICK_CONFIGS)}, 10 warm-up + 3 steps, "
     "fusion probed in 3 rounds, no fixed sweep (2-4 min)",
   )
-  p.add_argument("--png", default=os.path.join(_common.REPO, "benchmarks", "lightcc_scaling.png"))
+  p.add_argument("--png", default=_common.chart_path("lightcc_scaling.png"))
   p.add_argument("--timeline-png", help="default: beside --png, named <its name>_timeline.png")
   _common.add_json(p)
   p.add_argument("--workdir", help="rank logs and results (default: a temporary folder)")

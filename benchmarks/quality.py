@@ -62,6 +62,7 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   add_intra_op_threads,
   add_json,
   argument_parser,
+  chart_path,
   finish,
   import_tfra,
   log,
@@ -89,7 +90,7 @@ LABELS = {
   "tfra": "TFRA 0.7.2 dynamic_embedding",
   "defaults": "tf_ext (its defaults: every id kept)",
 }
-DEFAULT_PNG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quality.png")
+DEFAULT_PNG = chart_path("quality.png")
 
 
 def parse_args(argv=None):

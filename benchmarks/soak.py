@@ -58,6 +58,7 @@ import numpy as np
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   add_json,
   argument_parser,
+  chart_path,
   finish,
   log,
   machine_report,
@@ -99,7 +100,7 @@ def parse_args(argv=None):
   p.add_argument("--steady-fraction", type=float, default=0.33, help="the steady part starts")
   p.add_argument("--rss-bound-mib-per-min", type=float, default=2.0, help="the memory bound")
   p.add_argument("--dir", default="build/soak", help="checkpoints, events and samples go here")
-  p.add_argument("--png", default="build/soak/soak.png", help="chart ('' for none)")
+  p.add_argument("--png", default=chart_path("soak.png"), help="chart ('' for none)")
   p.add_argument("--child", action="store_true", help="(internal) the training process")
   add_json(p)
   args = p.parse_args(argv)
