@@ -149,12 +149,14 @@ endif
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: $(sort all $(shell sed -n '/^[^\#]/q;p' $(ROOT)/Makefile | grep -oE 'make [a-z][a-z-]*' | cut -c6-))
+# The header above, the one list of targets (it ends at the first line that is not a comment).
+MAKEFILE_HEADER := sed -n '/^[^\#]/q;p' $(ROOT)/Makefile
+.PHONY: $(sort all $(shell $(MAKEFILE_HEADER) | grep -oE 'make [a-z][a-z-]*' | cut -c6-))
 
 all: build
 
 help:
-	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' $(ROOT)/Makefile
+	@$(MAKEFILE_HEADER) | sed 's/^# \{0,1\}//'
 
 # docs-deps too: make test builds the docs site (tests/docs).
 setup: apt venv horovod docs-deps

@@ -30,6 +30,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 SOURCES_BZL = ROOT / "third_party" / "sources.bzl"
+BAZELRC = ROOT / ".bazelrc"  # the code-generation flags
 sys.path.insert(0, str(ROOT / "third_party"))
 import build_description  # noqa: E402  (the one reader of sources.bzl and .bazelrc's flags)
 
@@ -121,7 +122,7 @@ class BuildLibraries(build_ext):
   def build_extension(self, ext):
     cxx = shlex.split(os.environ.get("CXX", "g++"))
     out = Path(self.get_ext_fullpath(ext.name))
-    inputs = [ROOT / p for p in ext.sources + ext.depends] + [SOURCES_BZL]
+    inputs = [ROOT / p for p in ext.sources + ext.depends] + [SOURCES_BZL, BAZELRC]
     newest_input = max(p.stat().st_mtime for p in inputs)
     cflags, ldflags, build_info = ["-std=c++17"], [], None
     if ext.uses_tensorflow:
@@ -147,12 +148,12 @@ class BuildLibraries(build_ext):
           shutil.copy2(existing, out)
         return
 
-    codegen = build_description.codegen_flags(str(ROOT / ".bazelrc"))
+    codegen = build_description.codegen_flags(str(BAZELRC))
     cflags = cflags + codegen + COMMON_FLAGS + shlex.split(os.environ.get("CXXFLAGS", ""))
     ldflags = ldflags + ext.link_flags + shlex.split(os.environ.get("LDFLAGS", ""))
     tmp = Path(self.build_temp) / ext.name
     tmp.mkdir(parents=True, exist_ok=True)
-    newest_header = max((ROOT / h).stat().st_mtime for h in ext.depends + ["setup.py"])
+    newest_header = max((ROOT / h).stat().st_mtime for h in ext.depends + ["setup.py", ".bazelrc"])
     objects = []
     for src in ext.sources:
       obj = tmp / (src.replace("/", "_") + ".o")

@@ -186,7 +186,7 @@ def _hyperparameters(optimizer):
   """What the table update needs from the wrapped optimizer; raises for what it cannot do."""
   v1, keras, legacy = tf.compat.v1.train, tf.keras.optimizers, tf.keras.optimizers.legacy
   if isinstance(optimizer, v1.Optimizer):
-    value = optimizer._call_if_callable
+    value = _called
     if isinstance(optimizer, v1.GradientDescentOptimizer):
       return _Hyper("sgd", lambda: value(optimizer._learning_rate))
     if isinstance(optimizer, v1.AdagradOptimizer):
