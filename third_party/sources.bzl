@@ -50,7 +50,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/gpu/device_slots.h",
             "kernels/dynamic_embedding/core/gpu/device_table.h",
             "kernels/dynamic_embedding/core/gpu/device_table_impl.h",
-            "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h",
+            "kernels/dynamic_embedding/core/gpu/device_snapshot_file.h",
             "kernels/dynamic_embedding/core/gpu/host_exec.h",
             "kernels/dynamic_embedding/core/host_device.h",
             "kernels/dynamic_embedding/core/huge_pages.h",
@@ -66,7 +66,7 @@ CAPABILITIES = {
         "core_srcs": [
             "kernels/dynamic_embedding/core/column_windows.cc",
             "kernels/dynamic_embedding/core/combiners.cc",
-            "kernels/dynamic_embedding/core/gpu/device_table_snapshot.cc",
+            "kernels/dynamic_embedding/core/gpu/device_snapshot_file.cc",
             "kernels/dynamic_embedding/core/gpu/host_table.cc",
             "kernels/dynamic_embedding/core/initializers.cc",
             "kernels/dynamic_embedding/core/snapshot_file.cc",

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/dynamic_embedding/core/embedding_table.h"
-#include "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h"
+#include "kernels/dynamic_embedding/core/gpu/device_snapshot_file.h"
 #include "kernels/dynamic_embedding/core/sharding.h"
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
 #include "kernels/dynamic_embedding/table_kernel.h"
@@ -227,7 +227,7 @@ class SaveSnapshotOp : public TableKernel {
   }
 
   // A GPU table writes full and delta snapshots in the same file format, by the same rules
-  // (device_table_snapshot.h).
+  // (device_snapshot_file.h).
   void SaveFromDevice(OpKernelContext* ctx, DynamicTable* table) {
     const std::string path(ctx->input(1).scalar<tstring>()());
     const int64_t since = ScalarInput(ctx, 2);
@@ -769,7 +769,7 @@ REGISTER_KERNEL_BUILDER(Name("TfExtTableWriteServingBundle").Device(DEVICE_CPU),
                         WriteServingBundleOp);
 
 // The GPU kernels (RegisterGpuKernel: table_kernel.h): paths, scalars and outputs in host memory;
-// the rows stream through pinned memory (device_table_snapshot.h).
+// the rows stream through pinned memory (device_snapshot_file.h).
 using ::tensorflow::KernelDefBuilder;
 TF_EXT_REGISTER_GPU_KERNEL(KernelDefBuilder("TfExtTableSaveSnapshot")
                                .HostMemory("path")

@@ -28,7 +28,7 @@
 #include "gtest/gtest.h"
 #include "kernels/dynamic_embedding/core/embedding_table.h"
 #include "kernels/dynamic_embedding/core/gpu/device_memory.h"
-#include "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h"
+#include "kernels/dynamic_embedding/core/gpu/device_snapshot_file.h"
 #include "kernels/dynamic_embedding/core/initializers.h"
 #include "kernels/dynamic_embedding/core/optimizers.h"
 #include "tests/kernels/dynamic_embedding/string_bytes.h"

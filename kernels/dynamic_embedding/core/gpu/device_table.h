@@ -9,7 +9,7 @@
 //     multiply-adds (host_device.h), so updates match to the rounding of the device's pow;
 //   - admission (SketchCounterIndex: the same count-min sketch), eviction (Condemned, then the
 //     least recently updated rows over max_size), update counts, last steps;
-//   - the snapshot format (snapshot_file.h, through device_table_snapshot.h): a table saved from
+//   - the snapshot format (snapshot_file.h, through device_snapshot_file.h): a table saved from
 //     the GPU restores into the CPU table and back.
 // Differences, by design:
 //   - int64 keys only: string tables stay on the CPU (the TF kernels refuse a GPU placement);

@@ -1,4 +1,4 @@
-#include "kernels/dynamic_embedding/core/gpu/device_table_snapshot.h"
+#include "kernels/dynamic_embedding/core/gpu/device_snapshot_file.h"
 
 #include <algorithm>
 #include <vector>

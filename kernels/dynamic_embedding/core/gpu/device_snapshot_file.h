@@ -1,8 +1,8 @@
 // GPU tables in the CPU table's snapshot files (snapshot_file.h): a table saved from the GPU
 // restores into the CPU table and back, rows, slots, update counts and last steps exact. Both
 // stream in chunks, so the extra memory is one chunk, whatever the table's size.
-#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_SNAPSHOT_H_
-#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_SNAPSHOT_H_
+#ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_SNAPSHOT_FILE_H_
+#define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_SNAPSHOT_FILE_H_
 
 #include <cstdint>
 #include <string>
@@ -39,4 +39,4 @@ std::string ReadDeviceSnapshot(ByteSource* source, DeviceTable& table, cudaStrea
 }  // namespace de
 }  // namespace tf_ext
 
-#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_SNAPSHOT_H_
+#endif  // TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_SNAPSHOT_FILE_H_
