@@ -43,6 +43,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/embedding_table_entries.h",
             "kernels/dynamic_embedding/core/embedding_table_lookup.h",
             "kernels/dynamic_embedding/core/embedding_table_removal.h",
+            "kernels/dynamic_embedding/core/embedding_table_sink.h",
             "kernels/dynamic_embedding/core/embedding_table_snapshot.h",
             "kernels/dynamic_embedding/core/embedding_table_update.h",
             "kernels/dynamic_embedding/core/gpu/device_atomics.h",
@@ -67,6 +68,8 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/rw_spinlock.h",
             "kernels/dynamic_embedding/core/sharding.h",
             "kernels/dynamic_embedding/core/snapshot_file.h",
+            "kernels/dynamic_embedding/core/snapshot_restore.h",
+            "kernels/dynamic_embedding/core/table_error.h",
             "kernels/dynamic_embedding/core/table_policies.h",
         ],
         "core_srcs": [
@@ -76,6 +79,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/gpu/host_table.cc",
             "kernels/dynamic_embedding/core/initializers.cc",
             "kernels/dynamic_embedding/core/snapshot_file.cc",
+            "kernels/dynamic_embedding/core/snapshot_restore.cc",
         ],
         "kernel_hdrs": [
             "kernels/dynamic_embedding/apply_rows.h",

@@ -73,10 +73,15 @@ class FileSource : public de::ByteSource {
   Status status_;
 };
 
-template <typename Key>
-constexpr de::SnapshotKeyType KeyTypeOf() {
-  return std::is_same_v<Key, int64_t> ? de::SnapshotKeyType::kInt64 : de::SnapshotKeyType::kString;
-}
+// A FileSource that owns its file.
+class OwnedFileSource : public FileSource {
+ public:
+  explicit OwnedFileSource(std::unique_ptr<RandomAccessFile> file)
+      : FileSource(file.get()), file_(std::move(file)) {}
+
+ private:
+  std::unique_ptr<RandomAccessFile> file_;
+};
 
 // Eager calls skip shape inference: inputs read as scalars are checked here (a non-scalar would
 // abort the process in Tensor::scalar).
@@ -144,13 +149,23 @@ class SaveSnapshotOp : public TableKernel {
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
     OP_REQUIRES_OK(ctx, CheckScalars(ctx, *table, {1, 2, 3, 4, 5}));
-    if (table->on_gpu()) {
-      SaveFromDevice(ctx, table.get());
-    } else if (table->key_dtype() == ::tensorflow::DT_STRING) {
-      Save<std::string>(ctx, table.get());
-    } else {
-      Save<int64_t>(ctx, table.get());
-    }
+    const std::string path(ctx->input(1).scalar<tstring>()());
+    const int64_t since = ScalarInput(ctx, 2);
+    const cudaStream_t stream = StreamOf(ctx);
+    de::SnapshotHeader header = HeaderOf(ctx, *table);
+    Status written;
+    int64_t version = -1, bytes = 0;
+    const Status status = WriteFileInPlace(path, &bytes, [&](FileSink* sink) {
+      written =
+          table->backend()->WriteSnapshot(stream, path, since, track_, &header, sink, &version);
+      return written.ok();
+    });
+    // A delta without its base says so first; then the file's errors, then the table's.
+    if (version == de::DeviceSnapshotPlan::kNoDeltaBase) OP_REQUIRES_OK(ctx, written);
+    OP_REQUIRES_OK(ctx, status);
+    OP_REQUIRES_OK(ctx, written);
+    if (track_) OP_REQUIRES_OK(ctx, table->backend()->CommitSnapshot(stream, version));
+    SetOutputs(ctx, version, header, bytes);
   }
 
  private:
@@ -176,300 +191,45 @@ class SaveSnapshotOp : public TableKernel {
     for (int s = 0; s < num_slots; ++s) slot_init->flat<float>()(s) = header.slot_initial_values[s];
   }
 
-  template <typename Key>
-  void Save(OpKernelContext* ctx, DynamicTable* table) {
-    const std::string path(ctx->input(1).scalar<tstring>()());
-    const int64_t since = ScalarInput(ctx, 2);
-    de::EmbeddingTable<Key>* core = table->template table<Key>();
-    de::SnapshotHeader header = HeaderOf(ctx, *table);
-    header.kind = since < 0 ? de::SnapshotKind::kFull : de::SnapshotKind::kDelta;
-    header.key_type = KeyTypeOf<Key>();
-    de::DescribeAdmission(core->admission(), &header);
-    bool written = false;
-    int64_t version = -1, bytes = 0;
-    uint64_t over_limit_bytes = 0;
-    const Status status = WriteFileInPlace(path, &bytes, [&](FileSink* sink) {
-      de::SnapshotWriter writer(sink);
-      version = core->Snapshot(
-          since < 0 ? de::EmbeddingTable<Key>::kFullSnapshot : since,
-          [&](int64_t rows, int64_t tombstones) {
-            // stable: EnsureSlots waits for a running snapshot
-            header.num_slots = static_cast<uint32_t>(core->num_slots());
-            header.slot_initial_values = core->slot_initial_values();
-            header.rows = static_cast<uint64_t>(rows);
-            header.tombstones = static_cast<uint64_t>(tombstones);
-            return writer.Begin(header);
-          },
-          [&](const Key& key, const de::RowRef& row) {
-            return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
-          },
-          [&](const Key& key) { return writer.Tombstone(key); }, track_,
-          [&](const Key& key, uint32_t count) { return writer.Pending(key, count); },
-          [&](const de::CountMinSketch& sketch) { return writer.SketchCounters(sketch); });
-      if (version >= 0) written = writer.Finish();
-      over_limit_bytes = writer.over_limit_bytes();
-      return written;
-    });
-    OP_REQUIRES(ctx, version != de::EmbeddingTable<Key>::kSnapshotNoBase,
-                errors::FailedPrecondition("dynamic embedding table '", table->name(),
-                                           "': ", de::NoDeltaBase(since)));
-    OP_REQUIRES_OK(ctx, status);
-    // Nothing of it is kept: the temporary file is deleted, and the path keeps what it held.
-    OP_REQUIRES(
-        ctx, over_limit_bytes == 0,
-        errors::ResourceExhausted(de::CheckSnapshotFileBytes(table->name(), over_limit_bytes),
-                                  " ('", path, "' not written)"));
-    OP_REQUIRES(ctx, written,
-                errors::Internal("dynamic embedding table '", table->name(),
-                                 "': the snapshot walk stopped while writing ", path));
-    if (track_) core->CommitSnapshot(version);
-    SetOutputs(ctx, version, header, bytes);
-  }
-
-  // A GPU table writes full and delta snapshots in the same file format, by the same rules
-  // (device_snapshot_file.h).
-  void SaveFromDevice(OpKernelContext* ctx, DynamicTable* table) {
-    const std::string path(ctx->input(1).scalar<tstring>()());
-    const int64_t since = ScalarInput(ctx, 2);
-    const DynamicTable::LockedCore core = table->device_table();  // for the whole save
-    const cudaStream_t stream = StreamOf(ctx);
-    de::SnapshotHeader header = HeaderOf(ctx, *table);
-    std::string problem;
-    int64_t version = -1, bytes = 0;
-    const Status status = WriteFileInPlace(path, &bytes, [&](FileSink* sink) {
-      problem = de::WriteDeviceSnapshot(*core, stream, &header, sink, /*chunk_rows=*/0, since,
-                                        track_, &version);
-      return problem.empty();
-    });
-    OP_REQUIRES(ctx, version != de::DeviceSnapshotPlan::kNoDeltaBase,
-                errors::FailedPrecondition("dynamic embedding table '", table->name(),
-                                           "': ", de::NoDeltaBase(since)));
-    OP_REQUIRES_OK(ctx, status);
-    OP_REQUIRES_OK(ctx, DynamicTable::FromCore(problem));
-    if (track_) OP_REQUIRES_OK(ctx, DynamicTable::FromCore(core->CommitSnapshot(stream, version)));
-    SetOutputs(ctx, version, header, bytes);
-  }
-
   bool track_;
 };
 
-// Reads snapshot files, in chain order, into a new table that replaces the content at the end.
-// As shard `shard_index` of `num_shards`, it keeps only the rows of its own ids (TfExtShardOf);
-// `merge` reads several full snapshots (the shards of a sharded checkpoint) into one table.
-// With `verify_only` it reads and checks every file the same way but keeps no row.
-// Admission state: a file of a chain that holds some replaces the earlier files' (it is the whole
-// state at its save); merged files add up: exact counts of this shard's ids, sketch counters by
-// element-wise max (admission.h says why). A sketch of another width or depth than the table's
-// cannot be re-hashed and is dropped; exact counts restored into a sketch raise the ids'
-// estimates; files without admission state (format version 1) leave the counts at 0.
-template <typename Key>
-class ChainLoader {
- public:
-  explicit ChainLoader(DynamicTable* table, int num_shards = 1, int shard_index = 0,
-                       bool merge = false, bool verify_only = false)
-      : table_(table),
-        fresh_(EmptyTableLike<Key>(table)),
-        num_shards_(num_shards),
-        shard_index_(shard_index),
-        merge_(merge),
-        verify_only_(verify_only) {}
-
-  // Reads one file of the chain; `position` is its index in the chain (0 for each merged file).
-  // Without `read_admission` the file's admission state is skipped.
-  Status Load(const std::string& path, int64_t position, bool read_admission = true) {
-    Env* env = Env::Default();
-    std::unique_ptr<RandomAccessFile> file;
-    Status status = env->NewRandomAccessFile(path, &file);
-    if (!status.ok()) {
-      return errors::NotFound(Where(path), "cannot open the snapshot file: ", status.message());
-    }
-    FileSource source(file.get());
-    de::SnapshotReader reader(&source);
-    de::SnapshotHeader header;
-    std::string problem = reader.ReadHeader(&header);
-    if (!problem.empty()) return DataLoss(path, problem, source.status());
-    TF_RETURN_IF_ERROR(CheckHeader(path, header, position));
-    // A file's rows are distinct ids: unless a shard keeps only some, so many rows would pass
-    // the table's limit, and are refused before any is read.
-    if (num_shards_ == 1 && header.rows > static_cast<uint64_t>(table_->max_rows())) {
-      return errors::ResourceExhausted(
-          de::CheckTableRows(table_->name(), 0, static_cast<int64_t>(header.rows),
-                             table_->max_rows()),
-          " ('", path, "' holds them)");
-    }
-    // Merged shards may differ in slots (a shard that no optimizer updated has none): rows of a
-    // file with fewer keep the initial values of the others.
-    if (header.num_slots > de::kMaxSlots ||
-        (!merge_ && static_cast<int>(header.num_slots) < fresh_.num_slots())) {
-      return DataLoss(path,
-                      "it has " + std::to_string(header.num_slots) +
-                          " optimizer slots per row, an earlier file or this build has " +
-                          std::to_string(fresh_.num_slots()) + " (at most " +
-                          std::to_string(de::kMaxSlots) + ")",
-                      Status());
-    }
-    if (static_cast<int>(header.num_slots) > fresh_.num_slots()) {
-      fresh_.EnsureSlots(static_cast<int>(header.num_slots), header.slot_initial_values);
-    }
-    const int dim = table_->dim();
-    const int num_slots = static_cast<int>(header.num_slots);
-    std::string too_many_rows;
-    auto put_row = [&](auto key, uint32_t count, int64_t step, const float* values) {
-      if (verify_only_) return true;
-      if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
-      if (fresh_.Size() >= table_->max_rows() && !fresh_.Contains(key)) {
-        too_many_rows = de::CheckTableRows(table_->name(), fresh_.Size(), 1, table_->max_rows());
-        return false;
-      }
-      fresh_.Upsert(key, [&](de::RowRef& row, bool) {
-        std::memcpy(row.embedding, values, sizeof(float) * dim);
-        std::memcpy(row.slots, values + dim, sizeof(float) * dim * num_slots);
-        *row.update_count = count;
-        *row.last_step = step;
-      });
-      return true;
-    };
-    auto remove = [&](auto key) {
-      if (verify_only_) return true;
-      fresh_.Remove(key);
-      return true;
-    };
-    if (header.admission != de::SnapshotAdmission::kNone && !merge_ && !verify_only_) {
-      fresh_.ClearAdmission();
-    }
-    de::SnapshotReader::AdmissionRecords admission;
-    auto pending = [&](auto key, uint32_t count) {
-      if (verify_only_ || !read_admission) return true;
-      if (num_shards_ > 1 && de::ShardOf(key, num_shards_) != shard_index_) return true;
-      fresh_.RestorePending(key, count);
-      return true;
-    };
-    admission.sketch = [&](uint64_t first, const uint32_t* counters, size_t n) {
-      if (!verify_only_ && read_admission) {
-        fresh_.RestoreSketch(static_cast<int64_t>(header.sketch_width),
-                             static_cast<int>(header.sketch_depth), first, n, counters);
-      }
-      return true;
-    };
-    if constexpr (std::is_same_v<Key, int64_t>) {
-      admission.int64_pending = pending;
-      problem = reader.ReadRecords(remove, put_row, nullptr, nullptr, &admission);
-    } else {
-      admission.string_pending = pending;
-      problem = reader.ReadRecords(nullptr, nullptr, remove, put_row, &admission);
-    }
-    if (!too_many_rows.empty()) {
-      return errors::ResourceExhausted(too_many_rows, " (restoring '", path, "')");
-    }
-    if (!problem.empty()) return DataLoss(path, problem, source.status());
-    step_ = header.step;
-    return ::tensorflow::OkStatus();
-  }
-
-  void SwapIn() {
-    if (!verify_only_) SwapInRestored(table_, &fresh_);
-  }
-  int64_t step() const { return step_; }
-
- private:
-  std::string Where(const std::string& path) const {
-    return "dynamic embedding table '" + table_->name() + "': '" + path + "': ";
-  }
-  Status DataLoss(const std::string& path, const std::string& problem, const Status& io) const {
-    if (!io.ok()) return errors::DataLoss(Where(path), "read failed: ", io.message());
-    return errors::DataLoss(Where(path), problem);
-  }
-  Status CheckHeader(const std::string& path, const de::SnapshotHeader& header, int64_t position) {
-    if (header.key_type != KeyTypeOf<Key>()) {
-      return table_->Invalid("'", path, "' holds ",
-                             header.key_type == de::SnapshotKeyType::kString ? "string" : "int64",
-                             " keys, the table has ", DataTypeString(table_->key_dtype()),
-                             " keys (key_dtype)");
-    }
-    if (static_cast<int>(header.dim) != table_->dim()) {
-      return table_->Invalid("'", path, "' holds rows of dim ", header.dim, ", the table has dim ",
-                             table_->dim());
-    }
-    // Rows not in the file would start from other values than in the table saved.
-    if (static_cast<int>(header.initializer_version) != table_->initializer().version) {
-      return table_->Invalid("'", path, "' was saved from a table of initializer version ",
-                             header.initializer_version, ", the table has version ",
-                             table_->initializer().version,
-                             " (a table keeps its initializer version for life)");
-    }
-    if (position == 0) {
-      if (header.kind != de::SnapshotKind::kFull) {
-        return table_->Invalid("delta chain out of order: '", path, "' is a delta (number ",
-                               header.sequence, " of chain ", header.chain_id,
-                               "), a chain must start with a full snapshot");
-      }
-      chain_id_ = header.chain_id;
-      return ::tensorflow::OkStatus();
-    }
-    if (header.kind != de::SnapshotKind::kDelta || header.chain_id != chain_id_ ||
-        header.sequence != static_cast<uint64_t>(position)) {
-      return table_->Invalid(
-          "delta chain out of order: '", path, "' is ",
-          header.kind == de::SnapshotKind::kFull ? "a full snapshot" : "delta number ",
-          header.kind == de::SnapshotKind::kFull ? "" : std::to_string(header.sequence),
-          " of chain ", header.chain_id, ", expected delta number ", position, " of chain ",
-          chain_id_);
-    }
-    return ::tensorflow::OkStatus();
-  }
-
-  DynamicTable* table_;
-  de::EmbeddingTable<Key> fresh_;
-  const int num_shards_;
-  const int shard_index_;
-  const bool merge_;
-  const bool verify_only_;
-  uint64_t chain_id_ = 0;
-  int64_t step_ = 0;
-};
-
-// Reads snapshot chains (each a full snapshot, then its deltas) into the table, keeping the rows
-// of shard `shard_index` of `num_shards`. Several chains (saved by the parts of a table split
-// across ranks, whose ids are disjoint) merge; each one's admission state is its last file's,
-// since every file holds the whole state at its save.
-template <typename Key>
-Status LoadChains(DynamicTable* table, const std::vector<std::vector<std::string>>& chains,
-                  int num_shards, int shard_index, bool verify_only, int64_t* step) {
-  const bool merge = chains.size() > 1;
-  ChainLoader<Key> loader(table, num_shards, shard_index, merge, verify_only);
-  for (const std::vector<std::string>& chain : chains) {
-    for (size_t i = 0; i < chain.size(); ++i) {
-      TF_RETURN_IF_ERROR(loader.Load(chain[i], i, !merge || i + 1 == chain.size()));
-    }
-  }
-  loader.SwapIn();
-  *step = loader.step();
-  return ::tensorflow::OkStatus();
+// A snapshot file through TensorFlow's file systems, for the core's restore.
+de::TableError OpenSnapshotFile(const std::string& path, de::OpenedSnapshot* opened) {
+  std::unique_ptr<RandomAccessFile> file;
+  const Status status = Env::Default()->NewRandomAccessFile(path, &file);
+  if (!status.ok()) return de::TableError::NotFound(std::string(status.message()));
+  auto source = std::make_unique<OwnedFileSource>(std::move(file));
+  OwnedFileSource* reader = source.get();
+  opened->io_error = [reader] { return std::string(reader->status().message()); };
+  opened->source = std::move(source);
+  return de::TableError::Ok();
 }
 
-Status LoadChains(DynamicTable* table, const std::vector<std::vector<std::string>>& chains,
-                  int num_shards, int shard_index, bool verify_only, int64_t* step) {
+// Reads snapshot chains (each a full snapshot, then its deltas; or single full snapshots, the
+// shards of a sharded checkpoint) into the table by the core's rules (core/snapshot_restore.h),
+// keeping the rows of shard `shard_index` of `num_shards`.
+template <typename Key>
+Status Restore(OpKernelContext* ctx, DynamicTable* table,
+               const std::vector<std::vector<std::string>>& chains, int num_shards, int shard_index,
+               bool verify_only, int64_t* step) {
+  de::RestoreOptions options;
+  options.table_name = table->name();
+  options.dim = table->dim();
+  options.initializer_version = table->initializer().version;
+  options.max_rows = table->max_rows();
+  options.num_shards = num_shards;
+  options.shard_index = shard_index;
+  options.verify_only = verify_only;
+  return table->template backend<Key>()->Restore(ctx, options, chains, OpenSnapshotFile, step);
+}
+
+Status Restore(OpKernelContext* ctx, DynamicTable* table,
+               const std::vector<std::vector<std::string>>& chains, int num_shards, int shard_index,
+               bool verify_only, int64_t* step) {
   return table->key_dtype() == ::tensorflow::DT_STRING
-             ? LoadChains<std::string>(table, chains, num_shards, shard_index, verify_only, step)
-             : LoadChains<int64_t>(table, chains, num_shards, shard_index, verify_only, step);
-}
-
-// Reads full snapshots (one, or the shards of a sharded checkpoint) into the table, keeping the
-// rows of shard `shard_index` of `num_shards`.
-template <typename Key>
-Status LoadShards(DynamicTable* table, const std::vector<std::string>& paths, int num_shards,
-                  int shard_index, bool verify_only) {
-  ChainLoader<Key> loader(table, num_shards, shard_index, /*merge=*/true, verify_only);
-  for (const std::string& path : paths) TF_RETURN_IF_ERROR(loader.Load(path, 0));
-  loader.SwapIn();
-  return ::tensorflow::OkStatus();
-}
-
-Status LoadShards(DynamicTable* table, const std::vector<std::string>& paths, int num_shards,
-                  int shard_index, bool verify_only) {
-  return table->key_dtype() == ::tensorflow::DT_STRING
-             ? LoadShards<std::string>(table, paths, num_shards, shard_index, verify_only)
-             : LoadShards<int64_t>(table, paths, num_shards, shard_index, verify_only);
+             ? Restore<std::string>(ctx, table, chains, num_shards, shard_index, verify_only, step)
+             : Restore<int64_t>(ctx, table, chains, num_shards, shard_index, verify_only, step);
 }
 
 // The files to read for a table's `path` in a checkpoint: the snapshot itself, or, when `path` is
@@ -505,34 +265,6 @@ Status SnapshotFiles(const DynamicTable& table, const std::string& path, const s
   return ::tensorflow::OkStatus();
 }
 
-// Reads snapshot files in order into a new GPU table of the table's options, and swaps it in only
-// once every file read cleanly (with verify_only, never): a chain (a full snapshot, then deltas),
-// or with `merge` the full snapshots of a table's shards, whose admission sketches merge. *step:
-// the last file's step.
-Status LoadIntoDevice(OpKernelContext* ctx, DynamicTable* table,
-                      const std::vector<std::string>& paths, bool merge, bool verify_only,
-                      int64_t* step) {
-  std::string error;
-  std::unique_ptr<de::DeviceTable> fresh = table->device_table()->NewEmpty(&error);
-  if (fresh == nullptr) return DynamicTable::FromCore(error);
-  const cudaStream_t stream = StreamOf(ctx);
-  for (const std::string& path : paths) {
-    std::unique_ptr<RandomAccessFile> file;
-    TF_RETURN_IF_ERROR(Env::Default()->NewRandomAccessFile(path, &file));
-    FileSource source(file.get());
-    de::SnapshotHeader header;
-    const std::string problem = de::ReadDeviceSnapshot(&source, *fresh, stream, &header, merge);
-    TF_RETURN_IF_ERROR(source.status());
-    if (!problem.empty()) {
-      return errors::DataLoss("dynamic embedding table '", table->name(), "': '", path,
-                              "': ", problem);
-    }
-    *step = header.step;
-  }
-  if (verify_only) return ::tensorflow::OkStatus();
-  return DynamicTable::FromCore(table->device_table()->SwapContents(*fresh));
-}
-
 class RestoreSnapshotsOp : public TableKernel {
  public:
   explicit RestoreSnapshotsOp(OpKernelConstruction* ctx) : TableKernel(ctx) {
@@ -565,23 +297,10 @@ class RestoreSnapshotsOp : public TableKernel {
       OP_REQUIRES(ctx, !chain.empty(), table->Invalid("restore: paths holds an empty chain"));
     }
     int64_t step = 0;
-    if (table->on_gpu()) {
-      OP_REQUIRES(ctx, chains.size() == 1 && num_shards_ == 1,
-                  table->Invalid("a table in GPU memory restores one chain whole, not the "
-                                 "chains of a table split across another number of ranks"));
-      OP_REQUIRES_OK(
-          ctx, LoadIntoDevice(ctx, table.get(), chains[0], /*merge=*/false, verify_only_, &step));
-    } else {
-      OP_REQUIRES_OK(
-          ctx, LoadChains(table.get(), chains, num_shards_, shard_index_, verify_only_, &step));
-    }
+    OP_REQUIRES_OK(
+        ctx, Restore(ctx, table.get(), chains, num_shards_, shard_index_, verify_only_, &step));
     int64_t version = -1;
-    if (track_ && !verify_only_) {
-      version = table->on_gpu() ? table->device_table()->MarkSnapshotBase(StreamOf(ctx))
-                : table->key_dtype() == ::tensorflow::DT_STRING
-                    ? table->table<std::string>()->MarkSnapshotBase()
-                    : table->table<int64_t>()->MarkSnapshotBase();
-    }
+    if (track_ && !verify_only_) version = table->backend()->MarkSnapshotBase(StreamOf(ctx));
     OP_REQUIRES_OK(ctx, SetScalarOutputs(ctx, {version, step}));
   }
 
@@ -613,17 +332,12 @@ class RestoreCheckpointOp : public TableKernel {
     if (Env::Default()->FileExists(path).ok()) {
       std::vector<std::string> files;
       OP_REQUIRES_OK(ctx, SnapshotFiles(*table, path, prefix, num_shards_, shard_index_, &files));
-      if (table->on_gpu()) {
-        OP_REQUIRES(ctx, num_shards_ == 1,
-                    table->Invalid("a table in GPU memory restores whole (num_shards=1), not as "
-                                   "shard ",
-                                   shard_index_, " of ", num_shards_));
-        int64_t step = 0;
-        OP_REQUIRES_OK(
-            ctx, LoadIntoDevice(ctx, table.get(), files, /*merge=*/true, verify_only_, &step));
-        return;
-      }
-      OP_REQUIRES_OK(ctx, LoadShards(table.get(), files, num_shards_, shard_index_, verify_only_));
+      // Each shard's file is a chain of its own: they merge.
+      std::vector<std::vector<std::string>> chains;
+      for (const std::string& file : files) chains.push_back({file});
+      int64_t step = 0;
+      OP_REQUIRES_OK(
+          ctx, Restore(ctx, table.get(), chains, num_shards_, shard_index_, verify_only_, &step));
       return;
     }
     ::tensorflow::BundleReader bundle(Env::Default(), prefix);
@@ -631,10 +345,6 @@ class RestoreCheckpointOp : public TableKernel {
                 errors::NotFound("dynamic embedding table '", table->name(), "': checkpoint '",
                                  prefix, "' has no snapshot file '", path,
                                  "' (copy every file of the checkpoint: <prefix>.*)"));
-    OP_REQUIRES(ctx, !table->on_gpu(),
-                table->Invalid("checkpoint '", prefix,
-                               "' is a tf_ext 0.1 checkpoint, which restores into a table in host "
-                               "memory only"));
     // 0.1 checkpoints predate sharding: their tensors are imported whole, unfiltered.
     OP_REQUIRES(ctx, num_shards_ == 1,
                 table->Invalid("checkpoint '", prefix,
@@ -684,9 +394,6 @@ class WriteServingBundleOp : public TableKernel {
   void Compute(OpKernelContext* ctx) override {
     TF_EXT_GET_TABLE(ctx, table);
     OP_REQUIRES_OK(ctx, CheckScalars(ctx, *table, {1, 2, 3, 4, 5}));
-    OP_REQUIRES(ctx, !table->on_gpu(),
-                errors::Unimplemented("dynamic embedding table '", table->name(),
-                                      "': a GPU table is exported whole, not streamed"));
     // RestoreV2 reads a string tensor written in slices back wrong, so string ids go whole.
     OP_REQUIRES(ctx, table->key_dtype() == ::tensorflow::DT_INT64,
                 errors::Unimplemented("dynamic embedding table '", table->name(),

@@ -58,8 +58,9 @@ void ParallelFor(OpKernelContext* ctx, int64_t n, int64_t cost, Fn&& fn) {
 }
 
 // TF_EXT_GPU_TABLES (tf_ext/settings.py), read when the op library loads: "0" (or unset), "1",
-// or "host" (int64 tables on the CPU are the GPU table core on host threads, for tests).
-enum class GpuTables { kOff, kOn, kHost };
+// or "emulate" (int64 tables on the CPU are the GPU table core on host threads, for tests; "host",
+// its older name, still works).
+enum class GpuTables { kOff, kOn, kEmulate };
 GpuTables GpuTablesSetting();
 
 // Whether op `op` has a kernel that serves GPU tables (RegisterGpuKernel), registered or not.
@@ -68,7 +69,7 @@ bool ServesGpuTables(const std::string& op);
 // A table in GPU memory is served only by the kernels registered for the GPU (those over the
 // backend, RegisterGpuKernel), a table in host memory only by CPU kernels: never a host kernel
 // reading device memory, or the reverse. The GPU table core in host memory (TF_EXT_GPU_TABLES=
-// host) is served by the CPU kernels of the ops that serve GPU tables, and refused by the others
+// emulate) is served by the CPU kernels of the ops that serve GPU tables, and refused by the others
 // as a GPU table is.
 inline Status CheckPlacement(const OpKernel& kernel, bool kernel_on_gpu,
                              const DynamicTable& table) {

@@ -28,7 +28,7 @@ namespace {
 
 // The most counters (4 bytes each) an admission sketch may have: 1 GiB.
 constexpr int64_t kMaxSketchCounters = int64_t{1} << 28;
-// Host threads of a GPU table core in host memory (TF_EXT_GPU_TABLES=host): more than one, so
+// Host threads of a GPU table core in host memory (TF_EXT_GPU_TABLES=emulate): more than one, so
 // its bodies race as on a GPU.
 constexpr int kHostTableThreads = 2;
 
@@ -119,11 +119,11 @@ class DynamicTableOp : public OpKernel {
         ::tensorflow::MakeResourceHandle<DynamicTable>(ctx, cinfo.container(), cinfo.name());
   }
 
-  // A table in host memory, or under a GPU placement in GPU memory; with TF_EXT_GPU_TABLES=host
-  // an int64 table on the CPU is the GPU table core on host threads.
+  // A table in host memory, or under a GPU placement in GPU memory; with
+  // TF_EXT_GPU_TABLES=emulate an int64 table on the CPU is the GPU table core on host threads.
   Status Create(bool on_gpu, DynamicTable** out) const {
-    const bool core_on_host =
-        !on_gpu && key_dtype_ == ::tensorflow::DT_INT64 && GpuTablesSetting() == GpuTables::kHost;
+    const bool core_on_host = !on_gpu && key_dtype_ == ::tensorflow::DT_INT64 &&
+                              GpuTablesSetting() == GpuTables::kEmulate;
     if (!on_gpu && !core_on_host) {
       *out = new DynamicTable(table_name_, key_dtype_, dim_, init_, admission_, max_rows_);
       return ::tensorflow::OkStatus();
@@ -160,17 +160,6 @@ class DynamicTableOp : public OpKernel {
   int64_t max_rows_;
 };
 
-// TF_EXT_FIND_DEDUP (tf_ext/settings.py), read when a find kernel is made: "auto" (or unset), "1"
-// or "0".
-enum class FindDedup { kAuto, kAlways, kNever };
-FindDedup FindDedupSetting() {
-  const char* value = std::getenv("TF_EXT_FIND_DEDUP");
-  const std::string setting = value == nullptr ? "auto" : value;
-  if (setting == "1") return FindDedup::kAlways;
-  if (setting == "0") return FindDedup::kNever;
-  return FindDedup::kAuto;
-}
-
 // TfExtTableFind, and with kReportsPresence TfExtTableFindWithPresence (which also outputs
 // whether each key had a row).
 template <typename Key, bool kReportsPresence = false>
@@ -191,36 +180,11 @@ class FindOp : public TableKernel {
       Tensor* present_out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &present_out));
       present = present_out->flat<bool>().data();
-    } else if constexpr (std::is_same_v<Key, int64_t>) {
-      if (!table->on_gpu() && FindDistinctOnce(ctx, *table, keys, rows)) return;
     }
-    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Find(ctx, keys, rows, present));
+    OP_REQUIRES_OK(ctx, table->template backend<Key>()->Find(ctx, keys, rows, present, dedup_));
   }
 
  private:
-  // The lookup of a host table's int64 keys, each distinct key found once (core/distinct_lookup.h),
-  // where the setting and the batch's repeats say it pays; false, doing nothing, where not.
-  bool FindDistinctOnce(OpKernelContext* ctx, DynamicTable& table, const Tensor& keys,
-                        float* rows) const {
-    const auto flat_keys = keys.flat<int64_t>();
-    const int64_t n = flat_keys.size();
-    auto key_at = [&](int64_t i) { return flat_keys(i); };
-    const int dim = table.dim();
-    const bool dedup = dedup_ == FindDedup::kAlways ||
-                       (dedup_ == FindDedup::kAuto && de::DuplicatesPay(n, dim, key_at));
-    if (!dedup || n == 0) return false;
-    std::vector<int32_t> slots(n);  // CheckCallIds: n < 2^31
-    auto for_ranges = [ctx](int64_t count, int64_t cost_per_item, auto&& fn) {
-      ParallelFor(ctx, count, cost_per_item, fn);
-    };
-    const de::DistinctRows found = de::FindDistinctRows(*table.template table<int64_t>(), n, key_at,
-                                                        slots.data(), kLookupBlock, for_ranges);
-    ParallelFor(ctx, n, 4 + dim / 4, [&](int64_t begin, int64_t end) {
-      de::PlaceRows(found.rows.data(), dim, slots.data(), begin, end, rows, dim);
-    });
-    return true;
-  }
-
   const FindDedup dedup_;
 };
 

@@ -66,15 +66,12 @@ class DynamicTable : public ::tensorflow::ResourceBase {
     if (problem.empty()) return ::tensorflow::OkStatus();
     return ::tensorflow::errors::ResourceExhausted(problem);
   }
-  const de::AdmissionSpec& admission() const {
-    if (device_table_) return device_table_->options().admission;
-    return string_table_ ? string_table_->admission() : int64_table_->admission();
-  }
-  // Whether the table is the GPU table core, in GPU memory (or in host memory with
-  // TF_EXT_GPU_TABLES=host): then table<Key>() is null, and only the kernels of the ops with a GPU
-  // registration (those over the backend) serve it.
+  const de::AdmissionSpec& admission() const { return backend_->admission(); }
+  // Whether the table is the GPU table core, in GPU memory (or on host threads with
+  // TF_EXT_GPU_TABLES=emulate): then table<Key>() is null, and only the kernels of the ops with a
+  // GPU registration serve it (CheckPlacement; the kernels themselves never ask).
   bool on_gpu() const { return device_table_ != nullptr; }
-  // Whether that core keeps its rows in host memory (TF_EXT_GPU_TABLES=host); fixed for life.
+  // Whether that core keeps its rows in host memory (TF_EXT_GPU_TABLES=emulate); fixed for life.
   bool core_in_host_memory() const { return device_table_ && device_table_->InHostMemory(); }
 
   // The GPU table core, locked while the handle lives: the core is used from one host thread at
@@ -92,47 +89,26 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   };
   LockedCore device_table() const { return LockedCore(device_mutex_, device_table_.get()); }
 
-  // The CPU table core (null for a GPU table).
+  // The CPU table core (null for a GPU table), for the ops only CPU tables serve.
   template <typename Key>
   de::EmbeddingTable<Key>* table();
+  // The verbs that take keys of type Key (a GPU table has int64 keys only).
   template <typename Key>
-  TableBackend<Key>* backend();
+  KeyedBackend<Key>* backend();
 
-  // On a GPU table these run on `stream` and wait for it.
-  int64_t Size(cudaStream_t stream = nullptr) const {
-    if (device_table_) return device_table()->Size(stream);
-    return string_table_ ? string_table_->Size() : int64_table_->Size();
-  }
-  size_t BytesInUse() const {
-    if (device_table_) return device_table()->BytesInUse();
-    return string_table_ ? string_table_->BytesInUse() : int64_table_->BytesInUse();
-  }
-  ::tensorflow::Status Clear(cudaStream_t stream = nullptr) {
-    if (device_table_) return FromCore(device_table()->Clear(stream));
-    string_table_ ? string_table_->Clear() : int64_table_->Clear();
-    return ::tensorflow::OkStatus();
-  }
+  // The table's verbs, wherever it lives (table_backend.h); on a GPU table they run on `stream`
+  // and wait for it.
+  TableBackend* backend() const { return backend_; }
+  int64_t Size(cudaStream_t stream = nullptr) const { return backend_->Size(stream); }
+  size_t BytesInUse() const { return backend_->BytesInUse(); }
+  ::tensorflow::Status Clear(cudaStream_t stream = nullptr) { return backend_->Clear(stream); }
   de::TableCounters Counters(cudaStream_t stream = nullptr) const {
-    if (device_table_) return device_table()->Counters(stream);
-    return string_table_ ? string_table_->Counters() : int64_table_->Counters();
+    return backend_->Counters(stream);
   }
-  int64_t LatestStep(cudaStream_t stream = nullptr) const {
-    if (device_table_) return device_table()->LatestStep(stream);
-    return string_table_ ? string_table_->latest_step() : int64_table_->latest_step();
-  }
-  // Removes the rows `criteria` condemns; *evicted: how many.
+  int64_t LatestStep(cudaStream_t stream = nullptr) const { return backend_->LatestStep(stream); }
   ::tensorflow::Status Evict(const de::EvictionCriteria& criteria, int64_t* evicted,
                              cudaStream_t stream = nullptr) {
-    if (device_table_) return FromCore(device_table()->Evict(stream, criteria, evicted));
-    *evicted = string_table_ ? string_table_->Evict(criteria) : int64_table_->Evict(criteria);
-    return ::tensorflow::OkStatus();
-  }
-
-  // A GPU table core's error (which names the table), or OK.
-  static ::tensorflow::Status FromCore(const std::string& error) {
-    if (error.empty()) return ::tensorflow::OkStatus();
-    if (de::IsOverLimit(error)) return ::tensorflow::errors::ResourceExhausted(error);
-    return ::tensorflow::errors::Internal(error);
+    return backend_->Evict(stream, criteria, evicted);
   }
 
   // An InvalidArgument error that names this table.
@@ -153,8 +129,9 @@ class DynamicTable : public ::tensorflow::ResourceBase {
   std::unique_ptr<de::EmbeddingTable<std::string>> string_table_;
   std::unique_ptr<de::DeviceTable> device_table_;
   mutable std::mutex device_mutex_;  // LockedCore
-  std::unique_ptr<TableBackend<int64_t>> int64_backend_;
-  std::unique_ptr<TableBackend<std::string>> string_backend_;
+  std::unique_ptr<KeyedBackend<int64_t>> int64_backend_;
+  std::unique_ptr<KeyedBackend<std::string>> string_backend_;
+  TableBackend* backend_ = nullptr;  // the one of the two above the table has
 
   void MakeBackends();  // table_backend.cc
 };
@@ -168,11 +145,11 @@ inline de::EmbeddingTable<std::string>* DynamicTable::table<std::string>() {
   return string_table_.get();
 }
 template <>
-inline TableBackend<int64_t>* DynamicTable::backend<int64_t>() {
+inline KeyedBackend<int64_t>* DynamicTable::backend<int64_t>() {
   return int64_backend_.get();
 }
 template <>
-inline TableBackend<std::string>* DynamicTable::backend<std::string>() {
+inline KeyedBackend<std::string>* DynamicTable::backend<std::string>() {
   return string_backend_.get();
 }
 

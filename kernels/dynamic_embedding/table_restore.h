@@ -1,4 +1,4 @@
-// Replacing a table's whole content, shared by the import op and the checkpoint restore ops: the
+// Replacing a CPU table's whole content, shared by the import, restore and checkpoint ops: the
 // new content is built aside in a fresh core table, checked, then swapped in, so a failure
 // leaves the table as it was.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_TABLE_RESTORE_H_
@@ -35,9 +35,10 @@ void SwapInRestored(DynamicTable* table, de::EmbeddingTable<Key>* fresh) {
   live->SwapContents(*fresh);
 }
 
-// Replaces the content with the tensors of TfExtTableExport (TfExtTableImport's inputs).
+// Checks the tensors of TfExtTableExport (TfExtTableImport's inputs) against the table, then
+// replaces the content with them (KeyedBackend::Import).
 template <typename Key>
-Status ImportTensors(OpKernelContext*, DynamicTable* table, const Tensor& keys,
+Status ImportTensors(OpKernelContext* ctx, DynamicTable* table, const Tensor& keys,
                      const Tensor& values, const Tensor& slots, const Tensor& counts,
                      const Tensor& steps, const Tensor& slot_init) {
   const int dim = table->dim();
@@ -69,32 +70,15 @@ Status ImportTensors(OpKernelContext*, DynamicTable* table, const Tensor& keys,
   if (counts.shape() != keys.shape() || steps.shape() != keys.shape()) {
     return table->Invalid("import: update_counts and last_steps must have shape [", n, "]");
   }
-  // The tensors hold no admission state: the counts of ids waiting start at 0.
-  de::EmbeddingTable<Key> fresh = EmptyTableLike<Key>(table);
   const auto init = slot_init.flat<float>();
-  fresh.EnsureSlots(num_slots, std::vector<float>(init.data(), init.data() + num_slots));
-  const auto flat_keys = keys.flat<typename KeyTensor<Key>::Element>();
-  const float* rows = values.flat<float>().data();
-  const float* slot_rows = slots.flat<float>().data();
-  const auto count_values = counts.flat<int64_t>();
-  const auto step_values = steps.flat<int64_t>();
-  // On this op's thread, not the intra-op pool, whose every thread a large import would hold
-  // while lookups of other tables (or of this one, until the swap) queue behind it.
-  fresh.UpsertBatch(
-      n, [&](int64_t i) { return KeyTensor<Key>::View(flat_keys(i)); },
-      [&](int64_t i, de::RowRef& row, bool) {
-        std::copy(rows + i * dim, rows + (i + 1) * dim, row.embedding);
-        std::copy(slot_rows + i * num_slots * dim, slot_rows + (i + 1) * num_slots * dim,
-                  row.slots);
-        *row.update_count = static_cast<uint32_t>(
-            std::clamp<int64_t>(count_values(i), 0, std::numeric_limits<uint32_t>::max()));
-        *row.last_step = step_values(i);
-      });
-  if (fresh.Size() != n) {
-    return table->Invalid("import: the data holds ", n - fresh.Size(), " duplicate keys");
-  }
-  SwapInRestored(table, &fresh);
-  return ::tensorflow::OkStatus();
+  ImportedRows rows;
+  rows.n = n;
+  rows.values = values.flat<float>().data();
+  rows.slots = slots.flat<float>().data();
+  rows.update_counts = counts.flat<int64_t>().data();
+  rows.last_steps = steps.flat<int64_t>().data();
+  rows.slot_initial_values.assign(init.data(), init.data() + num_slots);
+  return table->template backend<Key>()->Import(ctx, keys, rows);
 }
 
 }  // namespace tf_ext

@@ -1,6 +1,7 @@
 #include "kernels/dynamic_embedding/core/gpu/device_snapshot_file.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 namespace tf_ext {
@@ -67,97 +68,121 @@ std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, Snapsho
   return writer.Finish() ? "" : "finishing the snapshot failed (row count changed?)";
 }
 
+TableError DeviceTableSink::EnsureSlots(int num_slots, const std::vector<float>& slot_init) {
+  TableError error = Flush();  // staged rows have the slots of before
+  if (!error.ok()) return error;
+  error = TableError::FromMessage(table_->EnsureSlots(stream_, num_slots, slot_init));
+  slot_init_ = table_->slot_initial_values();
+  return error;
+}
+
+TableError DeviceTableSink::PutRow(int64_t key, uint32_t update_count, int64_t last_step,
+                                   const float* values, int file_slots) {
+  // Removed ids come first in a file: apply them before any row.
+  const TableError error = FlushRemoved();
+  if (!error.ok()) return error;
+  const int dim = table_->dim();
+  const int file_stride = dim * (1 + file_slots);
+  const int stride = dim * (1 + table_->num_slots());
+  keys_.push_back(key);
+  counts_.push_back(update_count);
+  steps_.push_back(last_step);
+  values_.insert(values_.end(), values, values + file_stride);
+  for (int j = file_stride; j < stride; ++j) values_.push_back(slot_init_[j / dim - 1]);
+  return keys_.size() < kChunkRows ? TableError::Ok() : FlushRows();
+}
+
+TableError DeviceTableSink::Remove(int64_t key) {
+  // The next file of a chain removes ids that earlier files' rows may hold.
+  const TableError error = FlushRows();
+  if (!error.ok()) return error;
+  removed_.push_back(key);
+  return removed_.size() < kChunkRows ? TableError::Ok() : FlushRemoved();
+}
+
+TableError DeviceTableSink::ClearAdmission() {
+  const uint64_t total = table_->SketchCounters();
+  const std::vector<uint32_t> zeros(std::min<uint64_t>(total, kChunkRows), 0);
+  for (uint64_t first = 0; first < total; first += zeros.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(), total - first));
+    const std::string problem =
+        table_->WriteSketch(stream_, first, n, zeros.data(), /*keep_larger=*/false);
+    if (!problem.empty()) return TableError::FromMessage(problem);
+  }
+  return TableError::Ok();
+}
+
+TableError DeviceTableSink::RestoreSketch(uint64_t width, int depth, uint64_t first, size_t n,
+                                          const uint32_t* counters) {
+  const AdmissionSpec& spec = table_->options().admission;
+  const bool same_shape = table_->SketchCounters() > 0 &&
+                          width == static_cast<uint64_t>(SketchWidth(spec.sketch_width)) &&
+                          depth == spec.sketch_depth;
+  if (!same_shape) return TableError::Ok();  // cannot be re-hashed: dropped
+  return TableError::FromMessage(
+      table_->WriteSketch(stream_, first, n, counters, /*keep_larger=*/true));
+}
+
+TableError DeviceTableSink::Flush() {
+  const TableError error = FlushRemoved();
+  return error.ok() ? FlushRows() : error;
+}
+
+TableError DeviceTableSink::FlushRows() {
+  if (keys_.empty()) return TableError::Ok();
+  HostRows rows;
+  rows.n = static_cast<int64_t>(keys_.size());
+  rows.keys = keys_.data();
+  rows.update_counts = counts_.data();
+  rows.last_steps = steps_.data();
+  rows.values = values_.data();
+  const std::string problem = table_->Import(stream_, rows);
+  keys_.clear();
+  counts_.clear();
+  steps_.clear();
+  values_.clear();
+  return TableError::FromMessage(problem);
+}
+
+TableError DeviceTableSink::FlushRemoved() {
+  if (removed_.empty()) return TableError::Ok();
+  const std::string problem =
+      table_->RemoveHostKeys(stream_, static_cast<int64_t>(removed_.size()), removed_.data());
+  removed_.clear();
+  return TableError::FromMessage(problem);
+}
+
+namespace {
+// A source the caller owns, lent to a restore.
+class LentSource : public ByteSource {
+ public:
+  explicit LentSource(ByteSource* source) : source_(source) {}
+  bool Read(char* out, size_t n) override { return source_->Read(out, n); }
+
+ private:
+  ByteSource* source_;
+};
+}  // namespace
+
 std::string ReadDeviceSnapshot(ByteSource* source, DeviceTable& table, cudaStream_t stream,
-                               SnapshotHeader* header_out, bool merge_admission) {
-  SnapshotReader reader(source);
-  SnapshotHeader header;
-  std::string problem = reader.ReadHeader(&header);
-  if (!problem.empty()) return problem;
-  if (header.key_type != SnapshotKeyType::kInt64) {
-    return "the snapshot has string keys; GPU tables hold int64 keys";
-  }
-  if (static_cast<int>(header.dim) != table.dim()) {
-    return "the snapshot's dim is " + std::to_string(header.dim) + ", the table's " +
-           std::to_string(table.dim());
-  }
-  if (static_cast<int>(header.initializer_version) != table.options().initializer.version) {
-    return "the snapshot was saved from a table of initializer version " +
-           std::to_string(header.initializer_version) + ", the table has version " +
-           std::to_string(table.options().initializer.version) +
-           " (a table keeps its initializer version for life)";
-  }
-  if (header.num_slots > static_cast<uint32_t>(kMaxSlots)) {
-    return "the snapshot has " + std::to_string(header.num_slots) + " optimizer slots (at most " +
-           std::to_string(kMaxSlots) + ")";
-  }
-  if (static_cast<int>(header.num_slots) > table.num_slots()) {
-    problem =
-        table.EnsureSlots(stream, static_cast<int>(header.num_slots), header.slot_initial_values);
-    if (!problem.empty()) return problem;
-  }
-  const int dim = table.dim();
-  const int file_stride = dim * (1 + static_cast<int>(header.num_slots));
-  const int stride = dim * (1 + table.num_slots());
-  const std::vector<float> slot_init = table.slot_initial_values();
-  constexpr size_t kChunkRows = size_t{1} << 16;
-  std::vector<int64_t> keys, steps, removed;
-  std::vector<uint32_t> counts;
-  std::vector<float> values;
-  std::string failure;
-  auto flush_rows = [&] {
-    if (keys.empty() || !failure.empty()) return failure.empty();
-    HostRows rows;
-    rows.n = static_cast<int64_t>(keys.size());
-    rows.keys = keys.data();
-    rows.update_counts = counts.data();
-    rows.last_steps = steps.data();
-    rows.values = values.data();
-    failure = table.Import(stream, rows);
-    keys.clear();
-    counts.clear();
-    steps.clear();
-    values.clear();
-    return failure.empty();
-  };
-  auto flush_removed = [&] {
-    if (!removed.empty() && failure.empty()) {
-      failure = table.RemoveHostKeys(stream, static_cast<int64_t>(removed.size()), removed.data());
-    }
-    removed.clear();
-    return failure.empty();
-  };
-  auto tombstone = [&](int64_t key) {
-    removed.push_back(key);
-    return removed.size() < kChunkRows || flush_removed();
-  };
-  auto row = [&](int64_t key, uint32_t count, int64_t step, const float* row_values) {
-    if (!flush_removed()) return false;  // tombstones come first: apply them before any row
-    keys.push_back(key);
-    counts.push_back(count);
-    steps.push_back(step);
-    values.insert(values.end(), row_values, row_values + file_stride);
-    for (int j = file_stride; j < stride; ++j) values.push_back(slot_init[j / dim - 1]);
-    return keys.size() < kChunkRows || flush_rows();
-  };
-  // The file's sketch, if the table's has its width and depth (else it cannot be re-hashed).
-  const AdmissionSpec& spec = table.options().admission;
-  SnapshotReader::AdmissionRecords admission;
-  admission.sketch = [&](uint64_t first, const uint32_t* counters, size_t n) {
-    if (!flush_removed() || !flush_rows()) return false;
-    failure = table.WriteSketch(stream, first, n, counters, merge_admission);
-    return failure.empty();
-  };
-  const bool same_sketch =
-      header.admission == SnapshotAdmission::kSketch && table.SketchCounters() > 0 &&
-      header.sketch_width == static_cast<uint64_t>(SketchWidth(spec.sketch_width)) &&
-      header.sketch_depth == static_cast<uint32_t>(spec.sketch_depth);
-  problem =
-      reader.ReadRecords(tombstone, row, nullptr, nullptr, same_sketch ? &admission : nullptr);
-  if (problem.empty() && !(flush_removed() && flush_rows())) return failure;
-  if (!failure.empty()) return failure;
-  if (!problem.empty()) return problem;
-  if (header_out != nullptr) *header_out = header;
-  return "";
+                               SnapshotHeader* header, bool merge_admission) {
+  RestoreOptions options;
+  options.table_name = table.options().name;
+  options.dim = table.dim();
+  options.initializer_version = table.options().initializer.version;
+  options.max_rows = table.options().max_rows;
+  options.merge_into_sink = merge_admission;
+  options.check_chain_order = false;  // one file, onto a table that holds its base
+  DeviceTableSink sink(&table, stream);
+  int64_t step = 0;
+  const TableError error = RestoreChains<int64_t>(
+      options, {{"snapshot"}},
+      [&](const std::string&, OpenedSnapshot* opened) {
+        opened->source = std::make_unique<LentSource>(source);
+        return TableError::Ok();
+      },
+      &sink, &step, header);
+  return error.message();
 }
 
 }  // namespace de

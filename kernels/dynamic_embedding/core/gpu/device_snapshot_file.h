@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/dynamic_embedding/core/gpu/device_table.h"
 #include "kernels/dynamic_embedding/core/snapshot_file.h"
+#include "kernels/dynamic_embedding/core/snapshot_restore.h"
 
 namespace tf_ext {
 namespace de {
@@ -24,15 +26,44 @@ std::string WriteDeviceSnapshot(DeviceTable& table, cudaStream_t stream, Snapsho
                                 ByteSink* sink, int64_t chunk_rows = 0, int64_t since_version = -1,
                                 bool track = false, int64_t* version = nullptr);
 
-// Applies a full or delta snapshot of int64 keys to `table` (a full one onto an empty table
-// restores it): removed ids first, then rows. Rows with fewer optimizer slots than the table get
-// the table's initial slot values; a file with more gives the table its slots first. *header
+// The GPU table's side of a restore (snapshot_restore.h): rows and removed ids are staged in host
+// memory and go to the table in chunks (Import, RemoveHostKeys), removed ids before the rows that
+// follow them. A GPU table counts admission with a sketch only: a CPU table's exact pending
+// counts are dropped.
+class DeviceTableSink : public RestoreSink<int64_t> {
+ public:
+  // `table` (not owned): the new table, used on `stream`.
+  DeviceTableSink(DeviceTable* table, cudaStream_t stream) : table_(table), stream_(stream) {}
+  int num_slots() const override { return table_->num_slots(); }
+  TableError EnsureSlots(int num_slots, const std::vector<float>& slot_init) override;
+  TableError PutRow(int64_t key, uint32_t update_count, int64_t last_step, const float* values,
+                    int file_slots) override;
+  TableError Remove(int64_t key) override;
+  TableError ClearAdmission() override;
+  TableError RestorePending(int64_t, uint32_t) override { return TableError::Ok(); }
+  TableError RestoreSketch(uint64_t width, int depth, uint64_t first, size_t n,
+                           const uint32_t* counters) override;
+  TableError Flush() override;
+
+ private:
+  static constexpr size_t kChunkRows = size_t{1} << 16;
+  TableError FlushRows();
+  TableError FlushRemoved();
+
+  DeviceTable* table_;
+  cudaStream_t stream_;
+  std::vector<float> slot_init_ = table_->slot_initial_values();
+  std::vector<int64_t> keys_, steps_, removed_;
+  std::vector<uint32_t> counts_;
+  std::vector<float> values_;
+};
+
+// Applies one full or delta snapshot of int64 keys to `table` (a full one onto an empty table
+// restores it) by the restore rules of snapshot_restore.h, as the CPU table's restore does. *header
 // (optional) receives the file's header. "" or what is wrong with the file; then the table holds
-// part of it: restore into a new table and keep it only on success, as the CPU kernels do.
-// Admission state, as the CPU table restores it: a file's sketch replaces the table's (with
-// merge_admission, as when the shards of a checkpoint merge into one table, each counter keeps
-// the larger value); a sketch of another width or depth than the table's is dropped, and so are
-// a CPU table's exact pending counts, which a GPU table cannot hold.
+// part of it: restore into a new table and keep it only on success, as the kernels do. With
+// merge_admission (the shards of a checkpoint merging into one table) the file's sketch merges
+// into the table's, each counter keeping the larger value; else it replaces it.
 std::string ReadDeviceSnapshot(ByteSource* source, DeviceTable& table, cudaStream_t stream,
                                SnapshotHeader* header = nullptr, bool merge_admission = false);
 
