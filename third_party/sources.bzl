@@ -76,7 +76,7 @@ CAPABILITIES = {
             "kernels/dynamic_embedding/core/column_windows.cc",
             "kernels/dynamic_embedding/core/combiners.cc",
             "kernels/dynamic_embedding/core/gpu/device_snapshot_file.cc",
-            "kernels/dynamic_embedding/core/gpu/host_table.cc",
+            "kernels/dynamic_embedding/core/gpu/emulated_gpu_table.cc",
             "kernels/dynamic_embedding/core/initializers.cc",
             "kernels/dynamic_embedding/core/snapshot_file.cc",
             "kernels/dynamic_embedding/core/snapshot_restore.cc",

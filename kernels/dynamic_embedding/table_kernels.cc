@@ -30,7 +30,7 @@ namespace {
 constexpr int64_t kMaxSketchCounters = int64_t{1} << 28;
 // Host threads of a GPU table core in host memory (TF_EXT_GPU_TABLES=emulate): more than one, so
 // its bodies race as on a GPU.
-constexpr int kHostTableThreads = 2;
+constexpr int kEmulatedGpuTableThreads = 2;
 
 class DynamicTableOp : public OpKernel {
  public:
@@ -122,9 +122,9 @@ class DynamicTableOp : public OpKernel {
   // A table in host memory, or under a GPU placement in GPU memory; with
   // TF_EXT_GPU_TABLES=emulate an int64 table on the CPU is the GPU table core on host threads.
   Status Create(bool on_gpu, DynamicTable** out) const {
-    const bool core_on_host = !on_gpu && key_dtype_ == ::tensorflow::DT_INT64 &&
-                              GpuTablesSetting() == GpuTables::kEmulate;
-    if (!on_gpu && !core_on_host) {
+    const bool emulated = !on_gpu && key_dtype_ == ::tensorflow::DT_INT64 &&
+                          GpuTablesSetting() == GpuTables::kEmulate;
+    if (!on_gpu && !emulated) {
       *out = new DynamicTable(table_name_, key_dtype_, dim_, init_, admission_, max_rows_);
       return ::tensorflow::OkStatus();
     }
@@ -143,8 +143,8 @@ class DynamicTableOp : public OpKernel {
     options.max_rows = max_rows_;
     std::string error;
     std::unique_ptr<de::DeviceTable> device_table =
-        core_on_host ? de::MakeHostTable(options, &error, kHostTableThreads)
-                     : de::MakeCudaTable(options, &error);
+        emulated ? de::MakeEmulatedGpuTable(options, &error, kEmulatedGpuTableThreads)
+                 : de::MakeCudaTable(options, &error);
     if (!device_table) return ::tensorflow::errors::FailedPrecondition(error);
     *out = new DynamicTable(table_name_, std::move(device_table), max_rows_);
     return ::tensorflow::OkStatus();

@@ -2,7 +2,7 @@
 // table (embedding_table.h) operation by operation.
 //
 // Every case runs on each backend this machine has:
-//   host    the GPU table's algorithm on one host thread (MakeHostTable): every build;
+//   host    the GPU table's algorithm on one host thread (MakeEmulatedGpuTable): every build;
 //   host4   the same on 4 threads, so that claims of one slot and counts race;
 //   cuda    the CUDA table, where the build has CUDA and the machine a GPU.
 // With TF_EXT_REQUIRE_GPU=1 (the GPU run: tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh)
@@ -51,7 +51,7 @@ struct Backend {
   int threads;  // host threads; on the device, GPU threads per key (0: the default)
 
   std::unique_ptr<DeviceTable> Make(DeviceTableOptions options, std::string* error) const {
-    if (!on_device) return MakeHostTable(options, error, threads);
+    if (!on_device) return MakeEmulatedGpuTable(options, error, threads);
     if (threads > 0 && options.tile_lanes == 0) options.tile_lanes = threads;
     return MakeCudaTable(options, error);
   }

@@ -1,6 +1,6 @@
 // The restore rules written once (core/snapshot_restore.h), through each storage's sink: the CPU
 // table (EmbeddingTableSink) and the GPU table's algorithm on host threads (DeviceTableSink over
-// MakeHostTable). The same files must give the same rows and the same errors in both.
+// MakeEmulatedGpuTable). The same files must give the same rows and the same errors in both.
 #include "kernels/dynamic_embedding/core/snapshot_restore.h"
 
 #include <gtest/gtest.h>
@@ -124,7 +124,7 @@ class EmulatedGpuTarget : public Target {
     options.dim = kDim;
     options.max_rows = max_rows;
     std::string error;
-    table_ = MakeHostTable(options, &error);
+    table_ = MakeEmulatedGpuTable(options, &error);
     EXPECT_EQ(error, "");
     sink_ = std::make_unique<DeviceTableSink>(table_.get(), nullptr);
   }

@@ -1,5 +1,5 @@
 // The atomic operations of the GPU table's kernel bodies, for both places those bodies run: CUDA
-// kernels, and the host threads of MakeHostTable's table.
+// kernels, and the host threads of MakeEmulatedGpuTable's table.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_ATOMICS_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_ATOMICS_H_
 

@@ -31,9 +31,9 @@
 // memory, the operation fails with an error naming the table and the size it was growing to, and
 // the table is unchanged.
 //
-// Pointers to keys, rows and gradients are device memory (host memory for MakeHostTable's table).
-// Calls return "" or what went wrong; a table is used from one host thread at a time (a call
-// from another thread while one runs returns an error saying so, and changes nothing).
+// Pointers to keys, rows and gradients are device memory (host memory for MakeEmulatedGpuTable's
+// table). Calls return "" or what went wrong; a table is used from one host thread at a time (a
+// call from another thread while one runs returns an error saying so, and changes nothing).
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_DEVICE_TABLE_H_
 
@@ -102,7 +102,7 @@ class DeviceTable {
   virtual ~DeviceTable() = default;
 
   virtual const DeviceTableOptions& options() const = 0;
-  // Whether keys, rows and the pointers calls take are host memory (MakeHostTable's table).
+  // Whether keys, rows and the pointers calls take are host memory (MakeEmulatedGpuTable's table).
   virtual bool InHostMemory() const = 0;
   // A new empty table of the same options on the same backend (a restore fills one aside).
   virtual std::unique_ptr<DeviceTable> NewEmpty(std::string* error) const = 0;
@@ -215,8 +215,8 @@ bool CudaTableBuilt();
 // The same table, algorithm and arithmetic on the host: every kernel body runs on `threads` CPU
 // threads instead of a GPU, pointers are host memory, the stream is ignored. The CPU build tests
 // the GPU table's logic with it; it is not a fast CPU table.
-std::unique_ptr<DeviceTable> MakeHostTable(const DeviceTableOptions& options, std::string* error,
-                                           int threads = 1);
+std::unique_ptr<DeviceTable> MakeEmulatedGpuTable(const DeviceTableOptions& options,
+                                                  std::string* error, int threads = 1);
 
 }  // namespace de
 }  // namespace tf_ext

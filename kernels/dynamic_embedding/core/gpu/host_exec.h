@@ -1,6 +1,7 @@
-// The executor that runs the GPU table's kernel bodies on host threads (MakeHostTable): memory is
-// host memory, a launch is a loop split over `threads` threads, the stream is ignored. It lets the
-// CPU build test the GPU table's algorithm; concurrent bodies (threads > 1) exercise its atomics.
+// The executor that runs the GPU table's kernel bodies on host threads (MakeEmulatedGpuTable):
+// memory is host memory, a launch is a loop split over `threads` threads, the stream is ignored. It
+// lets the CPU build test the GPU table's algorithm; concurrent bodies (threads > 1) exercise its
+// atomics.
 #ifndef TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_HOST_EXEC_H_
 #define TF_EXT_KERNELS_DYNAMIC_EMBEDDING_CORE_GPU_HOST_EXEC_H_
 
