@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import tf_ext
-from tf_ext import settings
+from tf_ext import setting_parsers, settings
 from tf_ext.lightcc import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,7 +89,7 @@ def test_each_capability_prefix_is_accepted():
 
 def test_declarations_are_checked():
   with pytest.raises(ValueError, match="LIGHT_NEW='x' is invalid"):
-    settings.Setting("LIGHT_NEW", "x", "A flag.", capability="lightcc", parse=settings._flag)
+    settings.Setting("LIGHT_NEW", "x", "A flag.", capability="lightcc", parse=setting_parsers.flag)
   with pytest.raises(ValueError, match="one line"):
     settings.Setting("LIGHT_NEW", "0", "A | B.", capability="lightcc")
   with pytest.raises(ValueError, match="not an identifier"):

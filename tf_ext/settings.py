@@ -9,216 +9,35 @@ regenerated table.
 Read a setting with `get("NAME")`; the environment overrides the default. Code elsewhere must
 not read these variables from `os.environ` directly.
 
-Prefixes (enforced when a setting is declared, see CAPABILITIES):
-  TF_EXT_*  the package and its in-TensorFlow capabilities (dynamic_embedding, mixed_precision,
-            graph, jit)
-  LIGHT_*   LightCC (tf_ext.lightcc); its init() also takes them as light_<name> keywords
-  HARP_*    HARP, the NCCL network plugin: read by the plugin outside TensorFlow, declared here so
-            that they are documented with the rest
-
-A declaration gives the default as the raw string the environment would hold, and a parser from
-that string to the value (raising ValueError with the reason when the string is invalid). Where a
-capability has a config object, `attribute` is the setting's field name there.
+What a declaration is and checks (each capability's prefix, CAPABILITIES) is in
+setting_declaration.py; the parsers of the raw strings are in setting_parsers.py.
 """
 
 import dataclasses
 import os
-import re
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Tuple
 
-# Capability -> prefix of its settings' names.
-CAPABILITIES = {
-  "tf_ext": "TF_EXT_",  # the package itself: loading, set-up
-  "dynamic_embedding": "TF_EXT_",
-  "mixed_precision": "TF_EXT_",
-  "graph": "TF_EXT_",
-  "jit": "TF_EXT_",
-  "lightcc": "LIGHT_",
-  "harp": "HARP_",
-}
+from tf_ext.setting_declaration import CAPABILITIES, Setting, registry
+from tf_ext.setting_parsers import (
+  auto_flag,
+  flag,
+  float_at_least,
+  fraction,
+  gpu_tables,
+  harp_cpu_list,
+  harp_integer,
+  harp_interface,
+  increasing_positive_numbers,
+  int_at_least,
+  op_names,
+  open_fraction,
+  positive_float,
+  tfra_initial_rows,
+)
 
 # LightCC's fusion probe does not count its first round (Horovod's first negotiation of each
 # bucketing), so a probe needs one round more to measure anything (tf_ext/lightcc/fusion.py).
 FUSION_MIN_PROBE_ROUNDS = 2
-
-
-def _flag(raw):
-  value = raw.strip().lower()
-  if value in ("1", "true", "yes", "on"):
-    return True
-  if value in ("0", "false", "no", "off", ""):
-    return False
-  raise ValueError("expected 0 or 1")
-
-
-def _auto_flag(raw):
-  """ "auto", or a flag."""
-  if raw.strip().lower() == "auto":
-    return "auto"
-  try:
-    return _flag(raw)
-  except ValueError:
-    raise ValueError("expected 0, 1 or auto") from None
-
-
-def _gpu_tables(raw):
-  """TF_EXT_GPU_TABLES: the op library compares the exact text."""
-  if raw not in ("0", "1", "host"):
-    raise ValueError("expected 0, 1 or host")
-  return raw
-
-
-def _tfra_initial_rows(raw):
-  """TF_EXT_TFRA_INITIAL_ROWS."""
-  if raw not in ("tfra", "per_key"):
-    raise ValueError("expected tfra or per_key")
-  return raw
-
-
-def _int_at_least(minimum):
-  def parse(raw):
-    value = int(raw)
-    if value < minimum:
-      raise ValueError(f"must be >= {minimum}")
-    return value
-
-  return parse
-
-
-def _fraction(raw):
-  value = float(raw)
-  if not 0.0 < value <= 1.0:
-    raise ValueError("must be in (0, 1]")
-  return value
-
-
-def _increasing_positive_numbers(raw):
-  values = tuple(float(item) for item in raw.split(",") if item.strip())
-  if not values or any(v <= 0 for v in values) or list(values) != sorted(values):
-    raise ValueError("must be positive numbers in increasing order, e.g. 1,4,16")
-  return values
-
-
-def _float_at_least(minimum):
-  def parse(raw):
-    value = float(raw)
-    if not value >= minimum or value == float("inf"):
-      raise ValueError(f"must be a finite number >= {minimum}")
-    return value
-
-  return parse
-
-
-def _positive_float(raw):
-  value = float(raw)
-  if not 0.0 < value < float("inf"):
-    raise ValueError("must be a finite number > 0")
-  return value
-
-
-def _open_fraction(raw):
-  value = float(raw)
-  if not 0.0 < value < 1.0:
-    raise ValueError("must be in (0, 1)")
-  return value
-
-
-def _op_names(raw):
-  names = tuple(item.strip() for item in raw.split(",") if item.strip())
-  for name in names:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-      raise ValueError(f"{name!r} is not an op type name (e.g. MatMul,BatchMatMulV2)")
-  return names
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-  """One setting. Declaring it checks the name's prefix against its capability and its default."""
-
-  name: str
-  default: str  # as the environment holds it; "" for empty
-  meaning: str  # one line; shown in docs/settings.md and in error messages
-  capability: str
-  parse: Callable[[str], object] = str
-  attribute: Optional[str] = None  # field name in the capability's config object, if it has one
-
-  def __post_init__(self):
-    prefix = CAPABILITIES.get(self.capability)
-    if prefix is None:
-      raise ValueError(
-        f"setting {self.name}: unknown capability {self.capability!r}; known: {list(CAPABILITIES)}"
-      )
-    if not re.fullmatch(re.escape(prefix) + r"[A-Z0-9_]+", self.name):
-      raise ValueError(
-        f"setting {self.name!r} of capability {self.capability!r} must be named {prefix}<NAME> "
-        "(upper case, digits, underscores): TF_EXT_* for the package and its in-TensorFlow "
-        "capabilities, LIGHT_* for LightCC, HARP_* for HARP"
-      )
-    if self.attribute is not None and not self.attribute.isidentifier():
-      raise ValueError(f"setting {self.name}: attribute {self.attribute!r} is not an identifier")
-    for field in ("default", "meaning"):
-      if any(c in getattr(self, field) for c in "|\n"):
-        raise ValueError(f"setting {self.name}: its {field} must be one line without '|'")
-    if not self.meaning:
-      raise ValueError(f"setting {self.name}: its meaning is empty")
-    self.value(self.default)  # the default must parse
-
-  def value(self, raw):
-    """`raw` parsed; ValueError "NAME='raw' is invalid: why (meaning)" if it does not parse."""
-    try:
-      return self.parse(raw)
-    except ValueError as error:
-      raise ValueError(f"{self.name}={raw!r} is invalid: {error} ({self.meaning})") from None
-
-  def parsed_default(self):
-    return self.value(self.default)
-
-
-def registry(declarations):
-  """{name: Setting} in declaration order; ValueError if a name, or a config attribute within a
-  capability, is declared twice."""
-  by_name, attributes = {}, set()
-  for setting in declarations:
-    if setting.name in by_name:
-      raise ValueError(f"setting {setting.name} is declared twice")
-    if setting.attribute is not None:
-      if (setting.capability, setting.attribute) in attributes:
-        raise ValueError(
-          f"setting {setting.name}: attribute {setting.attribute!r} is already used by another "
-          f"setting of {setting.capability!r}"
-        )
-      attributes.add((setting.capability, setting.attribute))
-    by_name[setting.name] = setting
-  return by_name
-
-
-# HARP's parsers accept exactly what the plugin's C++ parser accepts (plain decimal digits, no
-# sign or spaces), so a value that passes here cannot fail at NCCL's init.
-def _harp_integer(minimum, maximum):
-  def parse(raw):
-    if not re.fullmatch(r"[0-9]{1,19}", raw) or not minimum <= int(raw) <= maximum:
-      raise ValueError(f"expected an integer in [{minimum}, {maximum}]")
-    return int(raw)
-
-  return parse
-
-
-def _harp_cpu_list(raw):
-  cpus = []
-  for item in raw.split(",") if raw else []:
-    match = re.fullmatch(r"([0-9]{1,19})(?:-([0-9]{1,19}))?", item)
-    first = int(match.group(1)) if match else 0
-    last = int(match.group(2) or first) if match else -1
-    if not match or first > last or last >= 4096:
-      raise ValueError("expected CPU numbers below 4096 and ranges, e.g. 0,2,4-7")
-    cpus.extend(range(first, last + 1))
-  return tuple(cpus)
-
-
-def _harp_interface(raw):
-  if len(raw) > 64 or " " in raw:
-    raise ValueError("expected an interface name or an IPv4 address, or empty (auto)")
-  return raw
 
 
 SETTINGS: Dict[str, Setting] = registry(
@@ -245,7 +64,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "compiled by nvcc: `auto` where nvcc is on the PATH, `1` always (an error without nvcc), "
       "`0` never. Read by `third_party/cuda_library.sh`.",
       capability="dynamic_embedding",
-      parse=_auto_flag,
+      parse=auto_flag,
     ),
     Setting(
       "TF_EXT_FIND_DEDUP",
@@ -256,7 +75,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "for rows of at most 32 floats, where at least 1 in 8 of 256 ids sampled across the batch "
       "repeat (Zipf-like batches); `1` always; `0` never (one probe per id, as before).",
       capability="dynamic_embedding",
-      parse=_auto_flag,
+      parse=auto_flag,
     ),
     Setting(
       "TF_EXT_GPU_TABLES",
@@ -269,7 +88,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "core run on host threads, served by the same kernels as on a GPU (slow; the ops that do "
       "not serve GPU tables refuse it).",
       capability="dynamic_embedding",
-      parse=_gpu_tables,
+      parse=gpu_tables,
     ),
     Setting(
       "TF_EXT_PS_WAIT_TIMEOUT_S",
@@ -277,7 +96,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "Seconds a table built on a task of the TF_CONFIG cluster (e.g. a shard on a PS) waits "
       "for that task to accept connections before a clear error; 0 skips the check.",
       capability="dynamic_embedding",
-      parse=_float_at_least(0.0),
+      parse=float_at_least(0.0),
     ),
     Setting(
       "TF_EXT_TRIM_HEAP_AFTER_SAVE",
@@ -288,7 +107,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "heap, so a long job's resident memory creeps up though what it holds stays flat "
       "(docs/benchmarks.md, Soak). `0`: leave the heap as the allocator keeps it.",
       capability="dynamic_embedding",
-      parse=_flag,
+      parse=flag,
     ),
     Setting(
       "TF_EXT_SERVING_EXPORT_CHUNK_BYTES",
@@ -298,7 +117,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "slice of each table's tensors: the export's extra memory for a table, at 8 + 4 x dim "
       "bytes per row.",
       capability="dynamic_embedding",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
     ),
     Setting(
       "TF_EXT_TFRA_INITIAL_ROWS",
@@ -311,7 +130,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "missing key's row from the key and a seed, of the same distribution (faster; a key reads "
       "the same row at every lookup).",
       capability="dynamic_embedding",
-      parse=_tfra_initial_rows,
+      parse=tfra_initial_rows,
     ),
     # Loss-aware mixed precision (tf_ext.mixed_precision): the policy's knobs, read when a policy
     # is created. The attributes are the policy op's attributes (kernels/mixed_precision/core/
@@ -321,7 +140,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "32768",
       "fp16: the loss scale to start (and to return to half precision) with.",
       capability="mixed_precision",
-      parse=_float_at_least(1.0),
+      parse=float_at_least(1.0),
       attribute="initial_loss_scale",
     ),
     Setting(
@@ -329,7 +148,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "2000",
       "fp16: finite steps in a row after which the loss scale doubles.",
       capability="mixed_precision",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
       attribute="growth_interval",
     ),
     Setting(
@@ -337,7 +156,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "1",
       "fp16: a loss scale below this falls back to full precision.",
       capability="mixed_precision",
-      parse=_positive_float,
+      parse=positive_float,
       attribute="min_loss_scale",
     ),
     Setting(
@@ -345,7 +164,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "8",
       "fp16: this many steps in a row with non-finite gradients fall back to full precision.",
       capability="mixed_precision",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
       attribute="max_nonfinite_streak",
     ),
     Setting(
@@ -353,7 +172,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "0.02",
       "A precision probe whose relative loss difference (half vs full) exceeds this falls back.",
       capability="mixed_precision",
-      parse=_positive_float,
+      parse=positive_float,
       attribute="probe_tolerance",
     ),
     Setting(
@@ -362,7 +181,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "A half-precision loss above its running mean by this many running standard deviations "
       "falls back.",
       capability="mixed_precision",
-      parse=_positive_float,
+      parse=positive_float,
       attribute="spike_sigmas",
     ),
     Setting(
@@ -370,7 +189,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "50",
       "Losses seen before the spike detector acts.",
       capability="mixed_precision",
-      parse=_int_at_least(2),
+      parse=int_at_least(2),
       attribute="spike_warmup_steps",
     ),
     Setting(
@@ -378,7 +197,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "0.99",
       "Decay of the loss's running mean and variance, in (0, 1).",
       capability="mixed_precision",
-      parse=_open_fraction,
+      parse=open_fraction,
       attribute="loss_decay",
     ),
     Setting(
@@ -386,7 +205,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "200",
       "Applied full-precision steps in a row before half precision is tried again.",
       capability="mixed_precision",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
       attribute="return_after_steps",
     ),
     Setting(
@@ -394,7 +213,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "12800",
       "Cap of that wait, which doubles at each fallback soon after a return.",
       capability="mixed_precision",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
       attribute="max_return_after_steps",
     ),
     Setting(
@@ -403,7 +222,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "Half-precision steps after a return past which a fallback resets the wait instead of "
       "doubling it.",
       capability="mixed_precision",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
       attribute="stable_half_steps",
     ),
     # Loss-aware mixed precision: the probe and the rewrite's op lists, read when
@@ -414,28 +233,28 @@ SETTINGS: Dict[str, Setting] = registry(
       "Every this many half-precision steps, the precision probe computes the step's loss in "
       "both precisions on the same batch; 0: never.",
       capability="mixed_precision",
-      parse=_int_at_least(0),
+      parse=int_at_least(0),
     ),
     Setting(
       "TF_EXT_AMP_ALLOW_OPS",
       "",
       "Op types added to the rewrite's allow list (always half), comma-separated.",
       capability="mixed_precision",
-      parse=_op_names,
+      parse=op_names,
     ),
     Setting(
       "TF_EXT_AMP_INFER_OPS",
       "",
       "Op types added to the rewrite's infer list (half when their inputs are), comma-separated.",
       capability="mixed_precision",
-      parse=_op_names,
+      parse=op_names,
     ),
     Setting(
       "TF_EXT_AMP_DENY_OPS",
       "",
       "Op types the rewrite keeps in fp32 whatever the other lists say, comma-separated.",
       capability="mixed_precision",
-      parse=_op_names,
+      parse=op_names,
     ),
     # Adaptive XLA compilation cache (tf_ext.jit): read when tf_ext.jit.function wraps a
     # function (its keyword arguments of the same names override them).
@@ -445,7 +264,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit: compiled executables kept per function; the least recently used beyond this "
       "are dropped. A Bucketing makes at most this many bucket shapes.",
       capability="jit",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
     ),
     Setting(
       "TF_EXT_JIT_MAX_BUCKETS",
@@ -453,7 +272,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit: bucket shapes a plan may hold (the product of the bucket counts of the padded "
       "dimensions).",
       capability="jit",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
     ),
     Setting(
       "TF_EXT_JIT_MAX_SIZE",
@@ -461,7 +280,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit: largest size of a padded dimension that is compiled; larger runs uncompiled "
       "with one warning.",
       capability="jit",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
     ),
     Setting(
       "TF_EXT_JIT_MIN_OBSERVATIONS",
@@ -469,7 +288,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit: calls observed (run uncompiled) before the first bucket plan; the plan may "
       "grow each time the calls seen double.",
       capability="jit",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
     ),
     Setting(
       "TF_EXT_JIT_MIN_GAIN",
@@ -477,7 +296,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit: an extra bucket shape is planned only if it cuts the padded work on the "
       "observed sizes by at least this fraction of the unpadded work.",
       capability="jit",
-      parse=_float_at_least(0.0),
+      parse=float_at_least(0.0),
     ),
     Setting(
       "TF_EXT_JIT_REPLAN_GAIN",
@@ -485,7 +304,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.jit: a new plan replaces the current one only if it cuts the padded work by this "
       "fraction (sizes the plan cannot hold always replan).",
       capability="jit",
-      parse=_float_at_least(0.0),
+      parse=float_at_least(0.0),
     ),
     Setting(
       "TF_EXT_JIT_ASYNC",
@@ -494,7 +313,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "calling thread, like tf.function(jit_compile=True)); a Bucketing turns on TensorFlow's "
       "asynchronous XLA compilation for the process.",
       capability="jit",
-      parse=_flag,
+      parse=flag,
     ),
     Setting(
       "TF_EXT_JIT_ADAPTIVE",
@@ -507,7 +326,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "once executables are ready and runs the graph's XLA clusters the faster way; after an "
       "uncompiled verdict XLA is no longer asked and batches pass unpadded. 0: always compiled.",
       capability="jit",
-      parse=_flag,
+      parse=flag,
     ),
     # Graph passes (tf_ext.graph): read by enable() and config_proto().
     Setting(
@@ -516,7 +335,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "tf_ext.graph: fuse every embedding lookup of a step into one op, and the "
       "table updates into one (0: leave them unfused).",
       capability="graph",
-      parse=_flag,
+      parse=flag,
     ),
     Setting(
       "TF_EXT_GRAPH_CLUSTER_DENSE",
@@ -525,7 +344,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "loss, and its gradients, with XLA: 1, 0, or auto (on where TensorFlow sees a GPU; on CPU, "
       "XLA made the benchmark's steps slower).",
       capability="graph",
-      parse=_auto_flag,
+      parse=auto_flag,
     ),
     # LightCC (tf_ext.lightcc): read at hvd.init(); init(light_<name>=...) overrides them. The
     # attributes are LightConfig's fields (tf_ext/lightcc/config.py).
@@ -535,7 +354,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "Use 2D allreduce: reduce-scatter in each group of "
       "LIGHT_INTRA_SIZE ranks, allreduce across groups, allgather in the group.",
       capability="lightcc",
-      parse=_flag,
+      parse=flag,
       attribute="two_d",
     ),
     Setting(
@@ -543,7 +362,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "8",
       "Ranks per group (node) in 2D allreduce; must divide the world size.",
       capability="lightcc",
-      parse=_int_at_least(1),
+      parse=int_at_least(1),
       attribute="intra_size",
     ),
     Setting(
@@ -551,7 +370,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "1073741824",
       "Bytes; tensors up to this size use 2D allreduce, larger ones Horovod's flat allreduce.",
       capability="lightcc",
-      parse=_int_at_least(0),
+      parse=int_at_least(0),
       attribute="hierarchical_threshold",
     ),
     Setting(
@@ -559,7 +378,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "0",
       "Use TOPK compressed communication with error feedback for gradients.",
       capability="lightcc",
-      parse=_flag,
+      parse=flag,
       attribute="topk",
     ),
     Setting(
@@ -567,7 +386,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "0.01",
       "Fraction of a gradient's entries sent, in (0, 1].",
       capability="lightcc",
-      parse=_fraction,
+      parse=fraction,
       attribute="topk_ratio",
     ),
     Setting(
@@ -575,7 +394,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "1048576",
       "Bytes; gradients at least this size are TOPK-compressed, smaller ones reduced densely.",
       capability="lightcc",
-      parse=_int_at_least(0),
+      parse=int_at_least(0),
       attribute="topk_threshold",
     ),
     Setting(
@@ -583,7 +402,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "0",
       "Send TOPK values as float16.",
       capability="lightcc",
-      parse=_flag,
+      parse=flag,
       attribute="topk_fp16",
     ),
     # Adaptive gradient fusion (tf_ext/lightcc/fusion.py has the policy).
@@ -593,7 +412,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "Reduce dense gradients (TOPK ones included) in buckets, in "
       "backprop order, with the bucket size chosen from measured step times.",
       capability="lightcc",
-      parse=_flag,
+      parse=flag,
       attribute="fusion",
     ),
     Setting(
@@ -601,7 +420,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "1,4,16,64",
       "Candidate bucket sizes in MiB, in increasing order.",
       capability="lightcc",
-      parse=_increasing_positive_numbers,
+      parse=increasing_positive_numbers,
       attribute="fusion_buckets_mb",
     ),
     Setting(
@@ -610,7 +429,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "Rounds of a probe: the candidates take turns, one step each, per round (the first "
       "round is not counted); those within 3 % of the fastest then take as many rounds again.",
       capability="lightcc",
-      parse=_int_at_least(FUSION_MIN_PROBE_ROUNDS),
+      parse=int_at_least(FUSION_MIN_PROBE_ROUNDS),
       attribute="fusion_probe_steps",
     ),
     Setting(
@@ -618,7 +437,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "200",
       "Steps between re-probes of the chosen size's neighbours; 0 never re-probes.",
       capability="lightcc",
-      parse=_int_at_least(0),
+      parse=int_at_least(0),
       attribute="fusion_reprobe_steps",
     ),
     Setting(
@@ -629,7 +448,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "changes (Keras: FusionSettledCallback does it). 0: every candidate size sits behind one "
       "tf.switch_case, and nothing is traced again (TF1 Sessions need 0).",
       capability="lightcc",
-      parse=_flag,
+      parse=flag,
       attribute="fusion_retrace",
     ),
     Setting(
@@ -639,7 +458,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "gradients are exchanged, in backprop order, each bucket as soon as its gradients exist; "
       "0 sends all TOPK gradients in one exchange and all 2D ones in another.",
       capability="lightcc",
-      parse=_float_at_least(0),
+      parse=float_at_least(0),
       attribute="bucket_mb",
     ),
     Setting(
@@ -648,7 +467,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "1: init() points NCCL at HARP (NCCL_NET_PLUGIN = tf_ext.harp.plugin_path(), NCCL_NET=HARP) "
       "before NCCL starts; only Horovod built with NCCL uses it.",
       capability="lightcc",
-      parse=_flag,
+      parse=flag,
       attribute="harp",
     ),
     # HARP, the NCCL network plugin (kernels/harp/): read by the plugin itself at NCCL's init, in
@@ -661,14 +480,14 @@ SETTINGS: Dict[str, Setting] = registry(
       "goes to the stream with the fewest unacknowledged bytes. With NCCL's 2 channels, 4 ran "
       "faster than 8 on both emulated networks (docs/benchmarks.md, HARP).",
       capability="harp",
-      parse=_harp_integer(1, 64),
+      parse=harp_integer(1, 64),
     ),
     Setting(
       "HARP_NTHREADS",
       "2",
       "Worker threads driving the sockets; each connection belongs to one of them.",
       capability="harp",
-      parse=_harp_integer(1, 64),
+      parse=harp_integer(1, 64),
     ),
     Setting(
       "HARP_CPU_AFFINITY",
@@ -676,14 +495,14 @@ SETTINGS: Dict[str, Setting] = registry(
       "CPUs to pin the worker threads to, e.g. 0,2,4-7 (worker i on the i-th, cycling); "
       "empty: not pinned.",
       capability="harp",
-      parse=_harp_cpu_list,
+      parse=harp_cpu_list,
     ),
     Setting(
       "HARP_CHUNK_BYTES",
       "524288",
       "Bytes per chunk, the unit a message is spread over the streams in (4096 to 64 MiB).",
       capability="harp",
-      parse=_harp_integer(4096, 64 << 20),
+      parse=harp_integer(4096, 64 << 20),
     ),
     Setting(
       "HARP_ZEROCOPY_THRESHOLD",
@@ -693,7 +512,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "veth the kernel copies anyway, and harp_transport.py measured it slower). Where "
       "SO_ZEROCOPY is unavailable, sends copy (logged once).",
       capability="harp",
-      parse=_harp_integer(0, 1 << 62),
+      parse=harp_integer(0, 1 << 62),
     ),
     Setting(
       "HARP_IFNAME",
@@ -704,14 +523,14 @@ SETTINGS: Dict[str, Setting] = registry(
       "not loopback), else the first interface that is up and not loopback, else loopback. The "
       "plugin logs the interface it chose and why.",
       capability="harp",
-      parse=_harp_interface,
+      parse=harp_interface,
     ),
     Setting(
       "HARP_TIMEOUT_MS",
       "30000",
       "Milliseconds after which a silent peer or an unfinished connection set-up is an error.",
       capability="harp",
-      parse=_harp_integer(100, 3600 * 1000),
+      parse=harp_integer(100, 3600 * 1000),
     ),
     Setting(
       "HARP_CALLER_CONNECTIONS",
@@ -721,7 +540,7 @@ SETTINGS: Dict[str, Setting] = registry(
       "workers. 0: the workers drive all (more throughput where one flow cannot fill the link, "
       "at more CPU per byte; docs/benchmarks.md, HARP).",
       capability="harp",
-      parse=_harp_integer(0, 64),
+      parse=harp_integer(0, 64),
     ),
   ]
 )

@@ -16,7 +16,7 @@ from _keras_models import two_table_model
 from tensorflow.core.protobuf import saved_model_pb2
 
 import tf_ext
-from tf_ext.saved_model import serving
+from tf_ext.saved_model import saved_model_files, serving
 
 # The child process must not reach tf_ext, neither this checkout nor the editable install.
 _NO_TF_EXT = """
@@ -111,7 +111,7 @@ def test_keras_model_served_without_tf_ext_matches(model, tmp_path, c_api_serve)
   export = str(tmp_path / "serving")
   rows = tf_ext.saved_model.export_for_serving(model, export)
   assert rows == {"ids_emb": 100, "city_emb": 20}
-  assert serving._tf_ext_ops_in(export) == []  # pylint: disable=protected-access
+  assert saved_model_files._tf_ext_ops_in(export) == []  # pylint: disable=protected-access
   expected = model.predict({k: np.array(v) for k, v in TRAINED.items()}, verbose=0)
   served = run_without_tf_ext(f"""
     import json

@@ -7,23 +7,30 @@ the lookup read, keyed by the looked-up ids, and the optimizer wrapped by
 `de.DynamicEmbeddingOptimizer` updates the rows and their slots inside the table
 (tf_ext/dynamic_embedding/optimizer.py). Updates are applied as deltas inside the table, so TFRA's
 `bp_v2=True` semantics hold either way.
+
+Its reads are in variable_reads.py, its writes in variable_writes.py, its shards' devices and
+partitioner in shards.py.
 """
 
 import functools
-import weakref
 
 import tensorflow as tf
-from tensorflow.python.eager import record as gradient_record
 from tensorflow.python.framework import ops
-from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops, variable_scope
-from tensorflow.python.platform import tf_logging
+from tensorflow.python.ops import resource_variable_ops, variable_scope
 from tensorflow.python.trackable import base as trackable
 from tensorflow.python.trackable import data_structures
 
-from tf_ext import _ops_loader, rank_local_gradients
 from tf_ext.dynamic_embedding import alltoall
 from tf_ext.dynamic_embedding import variable as table_lib
 from tf_ext.dynamic_embedding.tfra import creators, dtypes, file_system, initial_rows, string_rows
+from tf_ext.dynamic_embedding.tfra.model_mode import ModelMode as ModelMode
+from tf_ext.dynamic_embedding.tfra.model_mode import enable_inference_mode as enable_inference_mode
+from tf_ext.dynamic_embedding.tfra.model_mode import enable_train_mode as enable_train_mode
+from tf_ext.dynamic_embedding.tfra.model_mode import get_model_mode as get_model_mode
+from tf_ext.dynamic_embedding.tfra.shards import ShardedTarget, check_devices, default_partition_fn
+from tf_ext.dynamic_embedding.tfra.trainable_wrapper import TrainableWrapper
+from tf_ext.dynamic_embedding.tfra.variable_reads import AllToAllTableOfInitialRows, VariableReads
+from tf_ext.dynamic_embedding.tfra.variable_writes import VariableWrites
 
 
 class GraphKeys:
@@ -33,95 +40,7 @@ class GraphKeys:
   TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
 
 
-class ModelMode:
-  """TFRA's model mode. tf_ext lookups never insert in either mode (a missing key reads its
-  initial row; only optimizer updates create rows), so the mode only records the choice."""
-
-  TRAIN = "train"
-  INFERENCE = "inference"
-  CURRENT_SETTING = TRAIN
-
-
-def get_model_mode():
-  return ModelMode.CURRENT_SETTING
-
-
-def enable_train_mode():
-  ModelMode.CURRENT_SETTING = ModelMode.TRAIN
-
-
-def enable_inference_mode():
-  ModelMode.CURRENT_SETTING = ModelMode.INFERENCE
-
-
-def default_partition_fn(keys, shard_num):
-  """TFRA's default: int keys by `key mod shard_num`, strings by their fast hash."""
-  if shard_num <= 1:
-    return tf.zeros(tf.shape(keys), tf.int32)
-  keys = tf.convert_to_tensor(keys)
-  if keys.dtype == tf.string:
-    ids = tf.strings.to_hash_bucket_fast(keys, shard_num)
-    return tf.cast(tf.bitwise.bitwise_and(ids, 0x7FFFFFFF), tf.int32)
-  return tf.cast(tf.math.floormod(keys, shard_num), tf.int32)
-
-
-def _check_devices(name, devices):
-  """The devices as a list; ValueError for one this process does not have (eagerly: a CPU it does
-  not have is its first CPU, as TensorFlow's soft placement places it)."""
-  if devices is None:
-    gpus = tf.config.list_logical_devices("GPU")
-    return [gpus[0].name if gpus else "/CPU:0"]
-  devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
-  if not devices:
-    raise ValueError(f"tf_ext.tfra Variable '{name}': devices is an empty list")
-  if not tf.executing_eagerly():  # a session's config may add devices (device_count)
-    return devices
-  local = {
-    (d.device_type, tf.DeviceSpec.from_string(d.name).device_index)
-    for d in tf.config.list_logical_devices()
-  }
-  placed = []
-  for device in devices:
-    spec = tf.DeviceSpec.from_string(device)
-    # A device of another task (a parameter server) is checked when the session places it.
-    if spec.job is None and spec.device_type is not None:
-      if (spec.device_type.upper(), spec.device_index or 0) not in local:
-        # TFRA spreads shards over "/CPU:0", "/CPU:1", ...: with soft placement on, a CPU this
-        # process does not have is its CPU; a missing GPU is refused.
-        if spec.device_type.upper() != "CPU" or not tf.config.get_soft_device_placement():
-          raise ValueError(
-            f"tf_ext.tfra Variable '{name}': devices names {device!r}, which this process does "
-            f"not have (it has {sorted(d.name for d in tf.config.list_logical_devices())})"
-          )
-        device = spec.replace(device_index=0).to_string()
-    placed.append(device)
-  return placed
-
-
-class _ShardedTarget:
-  """What a wrapper of a Variable of several tables names as its table: the optimizer hands it the
-  lookup's gradient, and it gives each table the part of its keys (TablesStage, optimizer.py)."""
-
-  def __init__(self, variable):
-    self._variable = weakref.ref(variable)
-
-  @property
-  def name(self):
-    return self._variable().name
-
-  def split_gradient(self, gradient):
-    """[(table, IndexedSlices of its keys)] of a gradient keyed by stored keys."""
-    variable = self._variable()
-    parts = variable.partition(gradient.indices)
-    values = tf.dynamic_partition(gradient.values, parts, variable.shard_num)
-    keys = tf.dynamic_partition(gradient.indices, parts, variable.shard_num)
-    return [
-      (table, tf.IndexedSlices(v, k, gradient.dense_shape))
-      for table, k, v in zip(variable.tables, keys, values)
-    ]
-
-
-class Variable(trackable.Trackable):
+class Variable(VariableReads, VariableWrites, trackable.Trackable):
   """TFRA's dynamic embedding Variable: rows of `dim` values for keys of `key_dtype`."""
 
   def __init__(
@@ -159,7 +78,7 @@ class Variable(trackable.Trackable):
         f"(CuckooHashTableCreator or HkvHashTableCreator), got {type(self.kv_creator).__name__}"
       )
     self.kv_creator.check(name)
-    self.devices = _check_devices(name, devices)
+    self.devices = check_devices(name, devices)
     self.shard_num = len(self.devices)
     self.shared_name = shared_name or f"shared_name.{name}"
     self.trainable = trainable
@@ -201,7 +120,7 @@ class Variable(trackable.Trackable):
       table_class = alltoall.AllToAllDynamicEmbeddingVariable
       if split_default_rows:
         table_class = functools.partial(
-          _AllToAllTableOfInitialRows,
+          AllToAllTableOfInitialRows,
           default_rows=self._default_rows,
           partition_fn=self.partition_fn,
           key_dtype_of_ids=self.key_dtype,
@@ -243,7 +162,7 @@ class Variable(trackable.Trackable):
         self._track_trackable(self._table_group, "table_group", overwrite=True)
     else:
       _drop_from_saver(self._tables)
-    self._gradient_target = self._tables[0] if self.shard_num == 1 else _ShardedTarget(self)
+    self._gradient_target = self._tables[0] if self.shard_num == 1 else ShardedTarget(self)
     self._restrict_policy = None
     if restrict_policy is not None:
       if not (isinstance(restrict_policy, type) and hasattr(restrict_policy, "apply_restriction")):
@@ -352,86 +271,7 @@ class Variable(trackable.Trackable):
       ops_ = [action(t, k, v) for t, k, v in zip(self._tables, key_parts, value_parts)]
     return tf.group(ops_)
 
-  # ---- reads --------------------------------------------------------------------------------
-
-  def read_rows(self, keys, anchor=None, return_exists=False):
-    """Rows of `keys` (any shape) as keys.shape + [dim] in value_dtype (and, with
-    `return_exists`, whether each key had a row). With `anchor` (a wrapper variable), the rows'
-    gradient reaches it, keyed by the stored keys."""
-    stored = self._stored_keys(keys)
-    if self.distribution is not None:  # the exchange trains the table's own anchor
-      if return_exists:
-        raise NotImplementedError(
-          f"tf_ext.tfra Variable '{self.name}': return_exists is not offered for a table split "
-          "across Horovod ranks"
-        )
-      return self._codec.decode(self._tables[0].lookup(stored))
-    flat = tf.reshape(stored, [-1])
-    if self._string_rows:
-      if anchor is not None:
-        raise TypeError(
-          f"tf_ext.tfra Variable '{self.name}': string rows are not trained; read them with "
-          "Variable.lookup"
-        )
-      rows, present = self._per_shard(flat, lambda table, shard_keys: table.find(shard_keys))
-      rows, exists = _shaped_as(stored, rows, self.dim), _shaped_as(stored, present)
-      return (rows, exists) if return_exists else rows
-    anchor_value = anchor.read_for_lookup() if anchor is not None else tf.constant(0.0)
-    library = _ops_loader.load()
-    width = self._codec.stored_dim
-    defaults = self._default_rows
-    with_presence = return_exists or defaults is not None
-
-    def find(table, shard_keys):
-      if not with_presence:
-        return library.tf_ext_table_find(table.resource_handle, shard_keys, anchor_value, dim=width)
-      rows, present = library.tf_ext_table_find_with_presence(
-        table.resource_handle, shard_keys, anchor_value, dim=width
-      )
-      if defaults is None:
-        return rows, present
-      # Drawn per shard for the shard's keys, as TFRA calls its initializer.
-      return rows, present, defaults.rows(tf.shape(shard_keys))
-
-    found = self._per_shard(flat, find)
-    if with_presence:
-      found, present, *default = found
-    rows = self._codec.decode(_shaped_as(stored, found, width))
-    if not with_presence:
-      return rows
-    exists = _shaped_as(stored, present)
-    if defaults is not None:
-      differentiable = self.value_dtype.is_floating and not self._codec.bitwise
-      rows = _with_default_rows(
-        rows, exists, tf.reshape(default[0], tf.shape(rows)), differentiable
-      )
-      if anchor is not None:
-        _keep_default_rows(anchor, flat, present, default[0])
-    return (rows, exists) if return_exists else rows
-
-  def write_default_rows(self, keys, anchor=None):
-    """Inserts the default row of each of `keys` (1-D, key_dtype) that has no row, so that an
-    update starts from it (de.DynamicEmbeddingOptimizer calls it before a step trains `keys`
-    through `anchor`): the rows the lookups through `anchor` read, where they are reachable
-    here, else rows drawn now. None when the table computes its initial rows itself."""
-    if self._default_rows is None:
-      return None
-    read = _default_rows_read_through(anchor)
-    if read is not None:  # stored keys and value_dtype rows
-      read_keys, read_rows = read
-      return self._each_shard(
-        read_keys, lambda t, k, v: t.insert(k, v), self._codec.encode(read_rows)
-      )
-    keys = tf.unique(tf.reshape(keys, [-1]))[0]
-    rows, exists = self.read_rows(keys, return_exists=True)
-    missing = tf.logical_not(exists)
-    return self.upsert(tf.boolean_mask(keys, missing), tf.boolean_mask(rows, missing))
-
-  def lookup(self, keys, return_exists=False, name=None):
-    """Rows of `keys`: keys.shape + [dim]; a missing key reads its initial row. With
-    `return_exists`, (rows, exists): whether each key had a row."""
-    with tf.name_scope(name or f"{self._scope_name()}_lookup"):
-      return self.read_rows(keys, return_exists=return_exists)
+  # ---- reads (the others: VariableReads) ---------------------------------------------------
 
   def embedding_lookup(self, ids, name=None, max_norm=None):
     """(rows, wrapper) of `ids`, as de.embedding_lookup(self, ids, return_trainable=True) with the
@@ -444,168 +284,6 @@ class Variable(trackable.Trackable):
       return_trainable=True,
     )
 
-  def size(self, index=None, name=None):
-    """The number of keys in table `index`, or in all of them (int64 scalar). In a TF1 graph
-    the ops are made once per graph and reused, as TFRA does, so that a finalized graph
-    (MonitoredTrainingSession) still answers."""
-    if tf.executing_eagerly() or ops.inside_function():
-      sizes = [table.size(name=name) for table in self._tables]
-      return sizes[index] if index is not None else tf.add_n(sizes)
-    graph = ops.get_default_graph()
-    cache = self.__dict__.setdefault("_size_ops", weakref.WeakKeyDictionary())
-    if graph not in cache:
-      sizes = [table.size(name=name) for table in self._tables]
-      cache[graph] = (sizes, tf.add_n(sizes))
-    sizes, total = cache[graph]
-    return sizes[index] if index is not None else total
-
-  def export(self, name=None):
-    """(keys, values) of every row, in key_dtype and value_dtype."""
-    keys, values = [], []
-    for table in self._tables:
-      k, v = table.export(name=name)
-      keys.append(k)
-      values.append(v)
-    keys = tf.concat(keys, 0) if len(keys) > 1 else keys[0]
-    values = tf.concat(values, 0) if len(values) > 1 else values[0]
-    return dtypes.to_stored(keys, self.key_dtype), self._codec.decode(values)
-
-  # ---- writes -------------------------------------------------------------------------------
-
-  def _rows(self, keys, values):
-    """`values` (keys.shape + [dim]) as [n, dim] of value_dtype (lists and arrays converted, as
-    TFRA converts them); InvalidArgumentError for another shape."""
-    try:
-      values = tf.convert_to_tensor(values, None if tf.is_tensor(values) else self.value_dtype)
-    except (TypeError, ValueError) as error:
-      raise ValueError(f"tf_ext.tfra Variable '{self.name}': bad values: {error}") from None
-    if values.dtype != self.value_dtype:
-      raise ValueError(
-        f"tf_ext.tfra Variable '{self.name}': values must be {self.value_dtype.name}, got "
-        f"{values.dtype.name}"
-      )
-    expected = keys.shape.concatenate([self.dim])
-    if not values.shape.is_compatible_with(expected):
-      raise tf.errors.InvalidArgumentError(
-        None,
-        None,
-        f"tf_ext.tfra Variable '{self.name}': Expected shape {expected} for values, "
-        f"got {values.shape}",
-      )
-    if not values.shape.is_fully_defined() or not keys.shape.is_fully_defined():
-      check = tf.debugging.assert_equal(
-        tf.shape(values),
-        tf.concat([tf.shape(keys), [self.dim]], 0),
-        message=f"tf_ext.tfra Variable '{self.name}': Expected shape keys.shape + [dim] for values",
-      )
-      with tf.control_dependencies([check]):
-        values = tf.identity(values)
-    return tf.reshape(values, [-1, self.dim])
-
-  def upsert(self, keys, values, name=None):
-    """Sets the rows of `keys` to `values` (keys.shape + [dim]), inserting missing keys."""
-    keys = self._stored_keys(keys)
-    values = self._codec.encode(self._rows(keys, values))
-    keys = tf.reshape(keys, [-1])
-    return self._each_shard(keys, lambda t, k, v: t.insert(k, v, name=name), values)
-
-  def accum(self, keys, old_values, new_values, exists, name=None):
-    """TFRA's update for asynchronous training, by what `exists` says a lookup found: a key that
-    existed and still has a row gets `new_values - old_values` added; a key that did not exist
-    and still has none gets `new_values`; the others (removed or inserted by another writer since
-    the lookup) are left as they are. Not atomic against concurrent writers of the same keys: a
-    read and an insert."""
-    del name
-    if self._string_rows:
-      raise TypeError(f"tf_ext.tfra Variable '{self.name}': accum adds rows; these are strings")
-    keys = self._stored_keys(keys)
-    old, new = self._rows(keys, old_values), self._rows(keys, new_values)
-    keys = tf.reshape(keys, [-1])
-    existed = tf.reshape(tf.convert_to_tensor(exists, tf.bool), [-1])
-    current, present = self.read_rows(dtypes.to_stored(keys, self.key_dtype), return_exists=True)
-    current = tf.reshape(current, [-1, self.dim])
-    write = tf.equal(existed, present)
-    rows = tf.where(existed[:, None], current + (new - old), new)
-    rows = self._codec.encode(tf.boolean_mask(rows, write))
-    return self._each_shard(tf.boolean_mask(keys, write), lambda t, k, v: t.insert(k, v), rows)
-
-  def remove(self, keys, name=None):
-    """Removes `keys` (missing ones are ignored)."""
-    keys = tf.reshape(self._stored_keys(keys), [-1])
-    return self._each_shard(keys, lambda t, k: t.remove(k, name=name))
-
-  def clear(self, name=None):
-    """Removes every key."""
-    return tf.group([table.clear(name=name) for table in self._tables])
-
-  def restrict(self, num_reserved, **kwargs):
-    """Keeps at most `num_reserved` rows, chosen by the Variable's restrict policy (None and a
-    warning without one, as in TFRA)."""
-    if self._restrict_policy is None:
-      tf_logging.warning("Call restrict without setting restrict policy.")
-      return None
-    return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
-
-  def save_to_file_system(
-    self,
-    dirpath,
-    proc_size=1,
-    proc_rank=0,
-    file_name_list=None,
-    dirpath_env=file_system.DIRPATH_ENV,
-    append_to_file=False,
-    buffer_size=file_system.DEFAULT_BUFFER_SIZE,
-    name=None,
-  ):
-    """Writes each table's keys and rows as TFRA's key and value files in `dirpath`, table i of n
-    as `<its name, _mht_<i>of<n>_rank<proc_rank>_size<proc_size>>-keys` and `-values` (or the
-    names of `file_name_list`). Rows only: a checkpoint keeps the optimizer's slots too."""
-    return file_system.save_variable(
-      self,
-      dirpath,
-      proc_size,
-      proc_rank,
-      file_name_list,
-      dirpath_env=dirpath_env,
-      append_to_file=append_to_file,
-      buffer_size=buffer_size,
-      name=name,
-    )
-
-  def load_from_file_system(
-    self,
-    dirpath,
-    proc_size=1,
-    proc_rank=0,
-    file_name_list=None,
-    dirpath_env=file_system.DIRPATH_ENV,
-    load_entire_dir=False,
-    buffer_size=file_system.DEFAULT_BUFFER_SIZE,
-    name=None,
-  ):
-    """Sets the rows of the keys in the files save_to_file_system writes (with the same
-    arguments), each table from its own; other keys keep their rows."""
-    return file_system.load_variable(
-      self,
-      dirpath,
-      proc_size,
-      proc_rank,
-      file_name_list,
-      dirpath_env=dirpath_env,
-      load_entire_dir=load_entire_dir,
-      buffer_size=buffer_size,
-      name=name,
-    )
-
-  def load_from_file_system_with_restore_function(
-    self, dirpath, proc_size=1, proc_rank=0, buffer_size=file_system.DEFAULT_BUFFER_SIZE
-  ):
-    """Sets the rows of every key in this Variable's files in `dirpath` (of any number of tables,
-    ranks and sizes) that its partitioner gives `proc_rank` of `proc_size`, each in the table its
-    partitioner gives it now."""
-    del buffer_size
-    return file_system.load_variable_files(self, dirpath, proc_size, proc_rank)
-
   def get_slot_variables(self, optimizer):
     """TFRA returns the optimizer's slot Variables. tf_ext keeps a row's slots in the row's own
     table entry (exported with `tables[i].export_with_slots()`), so there are none to return."""
@@ -614,109 +292,6 @@ class Variable(trackable.Trackable):
 
   def _scope_name(self):
     return self.name.split("/")[-1]
-
-
-# Eagerly, a wrapper keeps what its lookups read for their missing keys until the next update;
-# lookups under a tape that are never trained keep at most this many.
-_MAX_EAGER_DEFAULT_ROWS = 64
-
-
-def _shaped_as(keys, flat, width=None):
-  """`flat` (one value, or one row of `width`, per key of the flattened `keys`) in keys' shape
-  (+ [width]), with the static shape kept."""
-  tail = [] if width is None else [width]
-  shaped = tf.reshape(flat, tf.concat([tf.shape(keys), tail], 0))
-  shaped.set_shape(keys.shape.concatenate(tail))
-  return shaped
-
-
-def _with_default_rows(rows, exists, default, differentiable):
-  """`rows` with `default`'s row where a key is missing (the table gave it zeros). Differentiable
-  (float) rows keep their gradient for every key, missing ones too."""
-  if not differentiable:
-    return tf.where(exists[..., None], rows, default)
-  return rows + tf.stop_gradient(tf.where(exists[..., None], tf.zeros_like(rows), default))
-
-
-def _keep_default_rows(anchor, keys, present, rows):
-  """Keeps the rows ([n, dim]) that a lookup through `anchor` read for its 1-D `keys` that were
-  not `present`, for the next update to write: per graph in a graph (while the graph lives),
-  eagerly only under a gradient tape, until the next update."""
-  if tf.executing_eagerly() and not gradient_record.could_possibly_record():
-    return
-  missing = tf.logical_not(present)
-  entry = (tf.boolean_mask(keys, missing), tf.boolean_mask(rows, missing))
-  if tf.executing_eagerly():
-    eager = anchor.__dict__.setdefault("_tfra_eager_default_rows", [])
-    eager.append(entry)
-    del eager[:-_MAX_EAGER_DEFAULT_ROWS]
-    return
-  per_graph = anchor.__dict__.setdefault("_tfra_default_rows", weakref.WeakKeyDictionary())
-  per_graph.setdefault(ops.get_default_graph(), []).append(entry)
-
-
-def _default_rows_read_through(anchor):
-  """(keys, rows) that lookups through `anchor` read for missing keys and that the current graph
-  can use (its own, or an enclosing graph's); eagerly, those since the last update (taken). None
-  when there are none."""
-  if anchor is None:
-    return None
-  if tf.executing_eagerly():
-    read = anchor.__dict__.pop("_tfra_eager_default_rows", [])
-  else:
-    read, per_graph = [], anchor.__dict__.get("_tfra_default_rows")
-    graph = ops.get_default_graph()
-    while per_graph is not None and graph is not None and not read:
-      read = per_graph.get(graph, [])
-      graph = getattr(graph, "outer_graph", None)
-  if not read:
-    return None
-  return tf.concat([k for k, _ in read], 0), tf.concat([r for _, r in read], 0)
-
-
-class _AllToAllTableOfInitialRows(alltoall.AllToAllDynamicEmbeddingVariable):
-  """The table of a Variable split across Horovod ranks whose initial rows TFRA's initializer
-  draws (HvdAllToAllEmbedding): as TFRA's, the Variable's partitioner names each id's rank, and
-  an owner reads the distinct ids it received and gives each missing one the initializer's row
-  at its position (so every id starts from the row it gets in TFRA); an update first writes
-  those rows."""
-
-  def __init__(self, *args, default_rows, partition_fn, key_dtype_of_ids, **kwargs):
-    self._default_rows = default_rows
-    self._partition_fn, self._key_dtype_of_ids = partition_fn, key_dtype_of_ids
-    super().__init__(*args, **kwargs)
-
-  def owner_of(self, ids):
-    keys = dtypes.to_stored(ids, self._key_dtype_of_ids)
-    return tf.cast(self._partition_fn(keys, self.ranks), tf.int32)
-
-  def distinct_by_owner(self, flat_ids):
-    distinct, positions = tf.unique(flat_ids)
-    owners = self.owner_of(distinct)
-    order = tf.argsort(owners, stable=True)
-    counts = tf.math.bincount(owners, minlength=self.ranks, maxlength=self.ranks, dtype=tf.int32)
-    grouped_index = tf.math.invert_permutation(order)
-    return tf.gather(distinct, order), tf.gather(grouped_index, positions), counts
-
-  def owned_rows(self, received):
-    distinct, positions = tf.unique(received)
-    self.mark_owned(distinct)
-    anchor = self.gradient_anchor.value() if self.trainable else tf.constant(0.0)
-    with self.colocated():
-      rows, present = _ops_loader.load().tf_ext_table_find_with_presence(
-        self.resource_handle, distinct, anchor, dim=self.dim
-      )
-    default = self._default_rows.rows(tf.shape(distinct))
-    rows = _with_default_rows(rows, present, default, differentiable=True)
-    if self.trainable:
-      _keep_default_rows(self.gradient_anchor, distinct, present, default)
-    return tf.gather(rows, positions)
-
-  def write_default_rows(self):
-    """Writes the rows this rank's lookups read for its missing ids (into its own part), so
-    that the update starts from them; None when there are none."""
-    read = _default_rows_read_through(self.gradient_anchor)
-    return None if read is None else table_lib.DynamicEmbeddingVariable.insert(self, *read)
 
 
 def _check_string_rows(name, distribution, restrict_policy, kv_creator):
@@ -810,123 +385,6 @@ def get_variable(
   )
   store[full_name] = variable
   return variable
-
-
-class TrainableWrapper(resource_variable_ops.ResourceVariable):
-  """What `de.embedding_lookup(..., return_trainable=True)` returns for the optimizer's var_list:
-  a scalar variable whose gradient is the lookup's, keyed by the looked-up ids, and which names the
-  Variable's table to `de.DynamicEmbeddingOptimizer`."""
-
-  @classmethod
-  def _variable_call(cls, *args, **kwargs):
-    """Constructs like any class (tf.Variable's metaclass would bind positional arguments to
-    tf.Variable's own parameters first)."""
-    del args, kwargs
-
-  def __init__(
-    self,
-    params,
-    ids=None,
-    max_norm=None,
-    trainable=True,
-    name="TrainableWrapper",
-    model_mode=None,
-    **kwargs,
-  ):
-    del kwargs  # TFRA's initial_value, dtype, collections: the wrapper holds no rows here
-    self.params = params
-    self._ids = ids
-    self.max_norm = max_norm
-    self.model_mode = model_mode or ModelMode.CURRENT_SETTING
-    # Out of Saver's default list (a TFRA checkpoint has no wrappers, nor need ours): local.
-    collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-    if trainable:
-      collections.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
-    with tf.init_scope():
-      super().__init__(
-        initial_value=0.0, trainable=trainable, dtype=tf.float32, name=name, collections=collections
-      )
-    setattr(self, table_lib.TABLE_OF_ANCHOR, weakref.ref(params._gradient_target))  # noqa: SLF001
-    # Horovod's reductions leave a wrapper's gradient on its rank, as TFRA registers its wrappers
-    # as local variables of Horovod's optimizers.
-    rank_local_gradients.mark(self)
-
-  def read_for_lookup(self):
-    """The wrapper's value (always 0), read so that the lookup's gradient reaches it. In a graph
-    the read assigns it first, as TFRA's wrapper does, so a session need not initialize it."""
-    if tf.executing_eagerly() or ops.inside_function():
-      return resource_variable_ops.ResourceVariable.value(self)
-    assign = gen_resource_variable_ops.assign_variable_op(self.handle, tf.constant(0.0))
-    with tf.control_dependencies([assign]):
-      # The variable's own read: a gradient tape (Keras' minimize in a graph) sees the access.
-      return self._read_variable_op()  # noqa: SLF001
-
-  def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
-    """Used as a tensor, a lookup's wrapper is its rows, as TFRA's wrapper holds them ([ids,
-    dim]; the gradient reaches this wrapper). A ShadowVariable is the scalar it holds."""
-    if self._ids is None or as_ref:
-      return super()._dense_var_to_tensor(dtype=dtype, name=name, as_ref=as_ref)
-    return self.lookup(tf.reshape(self._ids, [-1]))
-
-  @property
-  def ids(self):
-    """The ids of the wrapper's lookup; for a ShadowVariable, those of its last eager lookup (an
-    empty tensor of the key dtype before one), as TFRA's ShadowVariable holds them."""
-    if self._ids is not None:
-      return self._ids
-    last = getattr(self, "_last_ids", None)
-    if last is None:
-      return tf.zeros([0], self.params.key_dtype)
-    return tf.reshape(tf.convert_to_tensor(last, self.params.key_dtype), [-1])
-
-  def value(self):
-    """As a tensor: a lookup's wrapper is its rows (so `wrapper * wrapper` multiplies rows, as
-    with TFRA's wrapper), a ShadowVariable its scalar."""
-    if self._ids is None:
-      return super().value()
-    return self._dense_var_to_tensor()
-
-  def read_value(self, do_prefetch=True):
-    """The rows of the wrapper's ids (TFRA's wrapper holds them): for a ShadowVariable, of its
-    last eager lookup, none ([0, dim] of the value dtype) before one or after a checkpoint saved
-    it, as TFRA's ShadowVariable holds them."""
-    del do_prefetch
-    ids = self._ids if self._ids is not None else getattr(self, "_last_ids", None)
-    if ids is None:
-      return tf.zeros([0, self.params.dim], self.params.value_dtype)
-    return self.lookup(tf.reshape(ids, [-1]))
-
-  def size(self):
-    """The number of keys of the wrapper's Variable (int64 scalar)."""
-    return self.params.size()
-
-  def update_op(self, v0=None):
-    """Writes the rows this wrapper's lookup read (`v0`, or read now, max_norm applied) into the
-    table, as TFRA's does: its keys get rows. Training needs no such call: tf_ext's optimizer
-    updates the table itself."""
-    if self._ids is None:
-      return tf.no_op()
-    return self.params.upsert(self._ids, self.lookup(self._ids) if v0 is None else v0)
-
-  def prefetch_values(self, update=False):
-    """TFRA's read of the wrapper's rows from its table: the rows of the wrapper's ids."""
-    del update
-    return self.lookup(self._ids)
-
-  def embedding_lookup(self, ids, name=None, max_norm=None):
-    """(rows of `ids`, this wrapper): TFRA's lookup through an existing wrapper."""
-    del name, max_norm
-    return self.lookup(ids), self
-
-  def lookup(self, ids):
-    """The rows of `ids` through this wrapper (its max_norm applied). Eagerly, a
-    ShadowVariable remembers the ids, as TFRA's does (its read_value gives their rows)."""
-    if self._ids is None and tf.executing_eagerly():
-      self._last_ids = ids
-    rows = self.params.read_rows(ids, anchor=self)
-    if self.max_norm is not None:
-      rows = tf.clip_by_norm(rows, self.max_norm, axes=[-1])
-    return rows
 
 
 class _AsScalarVariable:
