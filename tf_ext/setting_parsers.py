@@ -24,9 +24,9 @@ def auto_flag(raw):
 
 
 def gpu_tables(raw):
-  """TF_EXT_GPU_TABLES: the op library compares the exact text."""
-  if raw not in ("0", "1", "host"):
-    raise ValueError("expected 0, 1 or host")
+  """TF_EXT_GPU_TABLES: the op library compares the exact text ("host": emulate's older name)."""
+  if raw not in ("0", "1", "emulate", "host"):
+    raise ValueError("expected 0, 1 or emulate (or host, its older name)")
   return raw
 
 

@@ -84,9 +84,9 @@ SETTINGS: Dict[str, Setting] = registry(
       "GPU tables (create, find, insert, remove, size, clear, the optimizer step, eviction, "
       "statistics, checkpoints), so a table created under `tf.device('/GPU:0')` lives in GPU "
       "memory (a build with CUDA: `TF_EXT_CUDA`). `0`: tables stay in host memory on every "
-      "device, as before. `host`, for tests without a GPU: every int64 table is the GPU table "
-      "core run on host threads, served by the same kernels as on a GPU (slow; the ops that do "
-      "not serve GPU tables refuse it).",
+      "device, as before. `emulate`, for tests without a GPU: every int64 table is the GPU "
+      "table core run on host threads (the emulated GPU table), served by the same kernels as on "
+      "a GPU (slow; the ops that do not serve GPU tables refuse it); `host` is its older name.",
       capability="dynamic_embedding",
       parse=gpu_tables,
     ),

@@ -1,4 +1,5 @@
-"""The TensorFlow kernels of GPU tables, run without a GPU: with TF_EXT_GPU_TABLES=host every int64
+"""The TensorFlow kernels of GPU tables, run without a GPU: with TF_EXT_GPU_TABLES=host (emulate's
+older name, which the cases use as a user of it would) every int64
 table is the GPU table core (kernels/dynamic_embedding/core/gpu/) on host threads, served by the
 same kernels and the same code paths as a table in GPU memory (the placement checks, the GPU
 backend, full and delta saves from the core, restores into a new core swapped in). Only the CUDA
@@ -136,6 +137,53 @@ def test_delta_chains_move_between_gpu_and_cpu_tables_and_continue_after_a_resto
     np.testing.assert_array_equal(other_rows, rows, err_msg=name)
 
 
+# Trains a table of 3 shards, checkpoints it, restores the checkpoint into tables of 2 shards and
+# of one (each shard keeps its own ids of every file, the files merge) and prints the rows of all.
+RESHARD = """
+import json, os, sys
+import numpy as np, tensorflow as tf, tf_ext
+
+init = tf.keras.initializers.RandomNormal(seed=3)
+table = tf_ext.get_dynamic_embedding_variable("items", 4, num_shards=3, initializer=init)
+opt = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adagrad(0.1))
+rng = np.random.default_rng(0)
+for _ in range(3):
+  ids = rng.integers(0, 200, 64)
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf.square(table.lookup(ids) - 0.5))
+  opt.apply_gradients(zip(tape.gradient(loss, table.gradient_anchors), table.gradient_anchors))
+path = tf.train.Checkpoint(table=table).write(os.path.join(sys.argv[1], "ckpt"))
+probe = np.arange(-5, 210, dtype=np.int64)
+rows = {"saved": table.lookup(probe).numpy().tolist(), "size": int(table.size())}
+for shards in (2, 1):
+  other = tf_ext.get_dynamic_embedding_variable(
+    f"items{shards}", 4, num_shards=shards if shards > 1 else None, initializer=init
+  )
+  tf.train.Checkpoint(table=other).read(path)
+  rows[shards] = other.lookup(probe).numpy().tolist()
+  rows[f"size{shards}"] = int(other.size())
+print(json.dumps(rows))
+"""
+
+
+def test_gpu_tables_restore_a_checkpoint_into_another_number_of_shards_as_cpu_tables_do(tmp_path):
+  results = {}
+  for name, env in (
+    ("gpu", HOST_CORE),
+    ("emulate", {"TF_EXT_GPU_TABLES": "emulate"}),
+    ("cpu", None),
+  ):
+    out = tmp_path / name
+    out.mkdir()
+    proc = run_python(RESHARD, args=[str(out)], env=env)
+    results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+  for name, rows in results.items():
+    assert rows["size2"] == rows["size1"] == rows["size"] > 0, name
+    np.testing.assert_array_equal(rows["2"], rows["saved"], err_msg=name)
+    np.testing.assert_array_equal(rows["1"], rows["saved"], err_msg=name)
+    np.testing.assert_array_equal(rows["saved"], results["cpu"]["saved"], err_msg=name)
+
+
 def test_a_bad_gpu_tables_setting_is_a_clear_error():
   proc = run_python(
     """
@@ -146,7 +194,10 @@ def test_a_bad_gpu_tables_setting_is_a_clear_error():
     env={"TF_EXT_GPU_TABLES": "yes"},
   )
   assert proc.returncode != 0
-  assert "TF_EXT_GPU_TABLES='yes' is invalid: expected 0, 1 or host" in proc.stderr
+  assert (
+    "TF_EXT_GPU_TABLES='yes' is invalid: expected 0, 1 or emulate (or host, its older name)"
+    in proc.stderr
+  )
 
 
 # A TF1 graph whose ops on one table run at once on 4 inter-op threads: lookups of rows inserted
