@@ -1,7 +1,7 @@
 // Op interfaces of the fused embedding subgraph: the markers that tf_ext's lookups leave in a
 // graph, and the fused ops that kernels/graph/embedding_fusion_pass.cc puts in their place.
-// Kernels: kernels/dynamic_embedding/fused_kernels.cc; combiner arithmetic:
-// kernels/dynamic_embedding/core/combiners.h.
+// Kernels: kernels/dynamic_embedding/fused_lookup_kernels.cc and fused_apply_kernels.cc; combiner
+// arithmetic: kernels/dynamic_embedding/core/combiners.h.
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 

@@ -86,6 +86,7 @@ CAPABILITIES = {
         ],
         "kernel_hdrs": [
             "kernels/dynamic_embedding/apply_rows.h",
+            "kernels/dynamic_embedding/fused_fields.h",
             "kernels/dynamic_embedding/table_backend.h",
             "kernels/dynamic_embedding/table_kernel.h",
             "kernels/dynamic_embedding/table_resource.h",
@@ -93,7 +94,8 @@ CAPABILITIES = {
         ],
         "kernel_srcs": [
             "kernels/dynamic_embedding/checkpoint_kernels.cc",
-            "kernels/dynamic_embedding/fused_kernels.cc",
+            "kernels/dynamic_embedding/fused_apply_kernels.cc",
+            "kernels/dynamic_embedding/fused_lookup_kernels.cc",
             "kernels/dynamic_embedding/lifecycle_kernels.cc",
             "kernels/dynamic_embedding/optimizer_kernels.cc",
             "kernels/dynamic_embedding/sharding_kernels.cc",

@@ -1,6 +1,6 @@
 // Lookups that find each distinct int64 key of a batch once and copy its row to every position
-// that holds it: the fused lookup (fused_kernels.cc) always, the unfused find kernel
-// (table_kernels.cc) where DuplicatesPay says so. TensorFlow-free.
+// that holds it: the fused lookup (fused_lookup_kernels.cc) always, the unfused find kernel
+// (the CPU backend, table_backend.cc) where DuplicatesPay says so. TensorFlow-free.
 //
 // The rows are those of a lookup of every key, to the bit (a row is copied, never recomputed: a
 // missing key's initial row depends on the key alone), and the table's statistics count every key
