@@ -1,15 +1,19 @@
 """Test macros: one Bazel test per test file, discovered by glob (tests mirror the code layout)."""
 
+load("//third_party:capabilities.bzl", "kernel_libraries")
 load("//third_party:sources.bzl", "CAPABILITIES")
 
-def cc_tests(pattern = "kernels/**/*_test.cc", deps = [], **kwargs):
-    """A cc_test per file matching `pattern`, named after its path without `.cc`.
+# A C++ test that runs a graph pass on a small graph: named *_tf_test.cc, it links TensorFlow.
+TF_TEST_SUFFIX = "_tf_test.cc"
+
+def cc_tests(pattern = "kernels/**/*_test.cc", exclude = [], deps = [], **kwargs):
+    """A cc_test per file matching `pattern` (and not `exclude`), named after its path without `.cc`.
 
     The headers beside the tests (test helpers, e.g. kernels/<capability>/string_bytes.h) come
     with each test.
     """
     helpers = native.glob(["kernels/**/*.h"], exclude = ["kernels/*/fuzz/**"])
-    for src in native.glob([pattern]):
+    for src in native.glob([pattern], exclude = exclude):
         native.cc_test(
             name = src[:-len(".cc")],
             srcs = [src] + helpers,
@@ -20,12 +24,38 @@ def cc_tests(pattern = "kernels/**/*_test.cc", deps = [], **kwargs):
 def capability_cc_tests(deps = [], **kwargs):
     """cc_tests for tests/kernels/<capability>/**/*_test.cc, linking only that capability's core.
 
-    tests/build/test_capabilities.py checks that every C++ test lies under a capability's folder.
+    Not the *_tf_test.cc (capability_tf_tests). tests/build/test_capabilities.py checks that every
+    C++ test lies under a capability's folder.
     """
     for name in CAPABILITIES:
         cc_tests(
             pattern = "kernels/%s/**/*_test.cc" % name,
+            exclude = ["kernels/%s/**/*%s" % (name, TF_TEST_SUFFIX)],
             deps = ["//:%s_core" % name] + deps,
+            **kwargs
+        )
+
+def capability_tf_tests(deps = [], **kwargs):
+    """cc_tests for tests/kernels/<capability>/**/*_tf_test.cc: a graph pass run on small graphs.
+
+    Each links what the op library links (every capability's kernels and ops, so the graphs may
+    hold any of tf_ext's ops and every pass is registered), the op library's common headers, and
+    TensorFlow: its framework, and libtensorflow_cc.so.2 for its own ops and passes (which
+    `import tensorflow` brings in Python). A test finds a pass in TensorFlow's registry by name and
+    runs it. `make sanitize` leaves them out: TensorFlow's prebuilt libraries have no sanitizers.
+    """
+    for name in CAPABILITIES:
+        cc_tests(
+            pattern = "kernels/%s/**/*%s" % (name, TF_TEST_SUFFIX),
+            deps = kernel_libraries() + [
+                "//:op_library_hdrs",
+                "@local_tensorflow//:tf_headers",
+                "@local_tensorflow//:libtensorflow_framework",
+                "@local_tensorflow//:libtensorflow_cc",
+            ] + deps,
+            # Our libraries linked into the test as into the op library: statically (a core's CUDA
+            # archive keeps its symbols local to what links it).
+            linkstatic = 1,
             **kwargs
         )
 

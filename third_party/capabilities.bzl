@@ -8,7 +8,7 @@ For each capability NAME (see sources.bzl for the fields):
   //:<plugin path> cc_binary (linkshared), NAME's plugin library without TensorFlow
 the op library's common headers //:op_library_hdrs (OP_LIBRARY's hdrs: TensorFlow helpers that
 every NAME_kernels may include), and the op library //:<OP_LIBRARY path>
-(//:tf_ext/_tf_ext_ops.so) linking every NAME_kernels.
+(//:tf_ext/_tf_ext_ops.so) linking every NAME_kernels (kernel_libraries()).
 
 A capability reaches another capability's headers only through `deps`: Bazel's sandbox holds
 only the declared headers, and its undeclared-inclusion check rejects anything else.
@@ -65,7 +65,6 @@ def capability_targets():
         hdrs = OP_LIBRARY["hdrs"],
         deps = [_TF_HEADERS],
     )
-    kernel_libraries = []
     for name, capability in CAPABILITIES.items():
         _check(name, capability)
         dep_cores = [":%s_core" % dep for dep in capability["deps"]]
@@ -93,7 +92,6 @@ def capability_targets():
                 alwayslink = 1,
                 deps = [":%s_core" % name] + dep_cores + [":op_library_hdrs", _TF_HEADERS],
             )
-            kernel_libraries.append(":%s_kernels" % name)
         if plugin:
             native.cc_binary(
                 name = plugin["path"],
@@ -110,8 +108,17 @@ def capability_targets():
         name = OP_LIBRARY["path"],
         srcs = OP_LIBRARY["srcs"],
         linkshared = 1,
-        deps = kernel_libraries + [":op_library_hdrs", _TF_FRAMEWORK, _TF_HEADERS],
+        deps = kernel_libraries() + [":op_library_hdrs", _TF_FRAMEWORK, _TF_HEADERS],
     )
+
+def kernel_libraries():
+    """Every capability's //:NAME_kernels: what the op library links, and what the C++ tests that
+    run a graph pass link (tests/defs.bzl), so that they see the ops and passes Python sees."""
+    return [
+        "//:%s_kernels" % name
+        for name, capability in CAPABILITIES.items()
+        if capability["kernel_srcs"] or capability["op_srcs"]
+    ]
 
 def plugin_paths():
     """The output paths of the capabilities' plugin libraries (also their Bazel target names)."""

@@ -163,10 +163,14 @@ CAPABILITIES = {
             "kernels/graph/core/pass_switches.cc",
         ],
         "kernel_hdrs": [
+            "kernels/graph/embedding_fusion_match.h",
+            "kernels/graph/embedding_fusion_rewrite.h",
             "kernels/graph/pass_switches.h",
         ],
         "kernel_srcs": [
+            "kernels/graph/embedding_fusion_match.cc",
             "kernels/graph/embedding_fusion_pass.cc",
+            "kernels/graph/embedding_fusion_rewrite.cc",
             "kernels/graph/pass_switches.cc",
             "kernels/graph/xla_dense_cluster_pass.cc",
         ],
@@ -233,6 +237,7 @@ OP_LIBRARY = {
     "path": "tf_ext/_tf_ext_ops.so",
     # The TensorFlow version and C++ ABI marker that tf_ext/_ops_loader.py checks before loading.
     "srcs": ["kernels/build_info.cc"],
-    # Which nodes a walk along a graph's edges reaches (graph's and mixed_precision's passes).
-    "hdrs": ["kernels/reachable_nodes.h"],
+    # Which nodes a walk along a graph's edges reaches (graph's and mixed_precision's passes), and
+    # when each graph pass runs (graph's, mixed_precision's and jit's).
+    "hdrs": ["kernels/pass_phases.h", "kernels/reachable_nodes.h"],
 }

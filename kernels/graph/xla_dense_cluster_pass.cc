@@ -6,7 +6,7 @@
 // part is ordinary arithmetic over [batch, ...] tensors. The pass sets `_XlaCompile=true` and one
 // `_XlaScope` on it, as tf.xla.experimental.jit_scope would; XLA's own passes (MarkForCompilation
 // at POST_REWRITE_FOR_EXEC phase 10, then declustering, encapsulation, launch ops) take it from
-// there. This pass runs at phase 5: after the embedding fusion pass (phase 1), before XLA.
+// there. This pass runs after the embedding fusion pass and before XLA (kernels/pass_phases.h).
 //
 // The region: nodes reached along data edges from the embedding outputs (TfExtTableFind,
 // TfExtEmbeddingField, TfExtFusedEmbeddingLookup), except
@@ -33,6 +33,7 @@
 
 #include "absl/strings/match.h"
 #include "kernels/graph/pass_switches.h"
+#include "kernels/pass_phases.h"
 #include "kernels/reachable_nodes.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/node_def_util.h"
@@ -54,7 +55,6 @@ using ::tensorflow::GraphOptimizationPass;
 using ::tensorflow::GraphOptimizationPassOptions;
 using ::tensorflow::Node;
 using ::tensorflow::NodeBuilder;
-using ::tensorflow::OptimizationPassRegistry;
 using ::tensorflow::Status;
 
 // The attributes of tf.xla.experimental.jit_scope (tensorflow/compiler/jit/defs.h).
@@ -251,7 +251,8 @@ class XlaDenseClusterPass : public GraphOptimizationPass {
   }
 };
 
-REGISTER_OPTIMIZATION(OptimizationPassRegistry::POST_REWRITE_FOR_EXEC, 5, XlaDenseClusterPass);
+REGISTER_OPTIMIZATION(kXlaDenseClusterPhase.grouping, kXlaDenseClusterPhase.phase,
+                      XlaDenseClusterPass);
 
 }  // namespace
 }  // namespace graph

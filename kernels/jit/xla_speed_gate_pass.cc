@@ -8,7 +8,8 @@
 //   outputs = _XlaMerge(function call(args..., ^order), _XlaRun(args..., compiled))
 //   (and the call's host-memory arguments through an IdentityN(^order))
 //
-// This pass (phase 70) makes the _XlaCompile conditional on the graph's speed gate:
+// This pass (after it: kernels/pass_phases.h) makes the _XlaCompile conditional on the graph's
+// speed gate:
 //
 //   ask = TfExtXlaSpeedGate(args...)                      // ask XLA this step?
 //   (skip, asking) = Switch(ask, pred=ask)
@@ -29,6 +30,7 @@
 
 #include "absl/strings/match.h"
 #include "kernels/jit/core/speed_gate.h"
+#include "kernels/pass_phases.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -227,8 +229,7 @@ class XlaSpeedGatePass : public ::tensorflow::GraphOptimizationPass {
   }
 };
 
-REGISTER_OPTIMIZATION(::tensorflow::OptimizationPassRegistry::POST_REWRITE_FOR_EXEC, 70,
-                      XlaSpeedGatePass);
+REGISTER_OPTIMIZATION(kXlaSpeedGatePhase.grouping, kXlaSpeedGatePhase.phase, XlaSpeedGatePass);
 
 }  // namespace
 }  // namespace jit

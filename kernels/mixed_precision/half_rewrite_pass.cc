@@ -2,9 +2,10 @@
 // graph, and a predicate that picks one per step.
 //
 // It runs on every graph TensorFlow executes (a Session's graph and every tf.function), after
-// Grappler and placement (POST_REWRITE_FOR_EXEC), and changes only graphs that hold a
-// TfExtAmpHalfMode node (which tf_ext.mixed_precision.LossAwareOptimizer adds to the training
-// step). Its output is the predicate: true runs the half version.
+// Grappler and placement, after XLA has taken its clusters (kernels/pass_phases.h says why), and
+// changes only graphs that hold a TfExtAmpHalfMode node (which
+// tf_ext.mixed_precision.LossAwareOptimizer adds to the training step). Its output is the
+// predicate: true runs the half version.
 //
 // For each node painted half (core/half_precision_plan.h) a copy with T = the half type is added:
 //   - an fp32 tensor entering the painted region goes through Switch(tensor, predicate): the
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "kernels/mixed_precision/core/half_precision_plan.h"
+#include "kernels/pass_phases.h"
 #include "kernels/reachable_nodes.h"
 #include "tensorflow/core/common_runtime/optimization_registry.h"
 #include "tensorflow/core/framework/kernel_def.pb.h"
@@ -54,7 +56,6 @@ using ::tensorflow::Node;
 using ::tensorflow::NodeBuilder;
 using ::tensorflow::NodeDef;
 using ::tensorflow::OpDef;
-using ::tensorflow::OptimizationPassRegistry;
 using ::tensorflow::Status;
 
 constexpr char kHalfModeOp[] = "TfExtAmpHalfMode";
@@ -479,7 +480,7 @@ class HalfRewritePass : public GraphOptimizationPass {
   }
 };
 
-REGISTER_OPTIMIZATION(OptimizationPassRegistry::POST_REWRITE_FOR_EXEC, 60, HalfRewritePass);
+REGISTER_OPTIMIZATION(kHalfRewritePhase.grouping, kHalfRewritePhase.phase, HalfRewritePass);
 
 }  // namespace
 }  // namespace tf_ext

@@ -8,7 +8,6 @@ this check is fast, runs without Bazel, and also covers what Bazel cannot see: f
 target lists, and tests that link one core but include another's.
 """
 
-import ast
 import os
 import re
 import sys
@@ -32,6 +31,8 @@ TENSORFLOW_PREFIXES = (
   "google/protobuf/",
 )
 PROJECT_PREFIXES = ("kernels/", "ops/")
+# C++ tests that run a graph pass with TensorFlow (tests/defs.bzl, capability_tf_tests).
+TF_TEST_SUFFIXES = ("_tf_test.cc", "_tf_test.h")
 
 
 def read_description(root):
@@ -143,7 +144,9 @@ def check(root):
     if os.path.isfile(os.path.join(root, path)):
       for included in includes(os.path.join(root, path)):
         problems.append(include_problem(capabilities, owner, path, capability, part, included))
-  # C++ tests: tests/kernels/<capability>/ links only that capability's core (tests/defs.bzl).
+  # C++ tests: tests/kernels/<capability>/ links only that capability's core (tests/defs.bzl);
+  # those that run a graph pass (*_tf_test.cc, and their *_tf_test.h helpers) link TensorFlow and
+  # the op library's kernels, and include what their capability's kernels may.
   tests_dir = os.path.join(root, "tests", "kernels")
   for dirpath, _, names in os.walk(tests_dir):
     for name in names:
@@ -157,9 +160,15 @@ def check(root):
           " so no cc_test is generated for it"
         )
         continue
+      part = "tf test" if name.endswith(TF_TEST_SUFFIXES) else "test"
       for included in includes(os.path.join(root, path)):
-        problem = include_problem(capabilities, owner, path, capability, "test", included)
-        if problem is None and included in owner and owner[included][1] == "kernels":
+        problem = include_problem(capabilities, owner, path, capability, part, included)
+        if (
+          problem is None
+          and part == "test"
+          and included in owner
+          and owner[included][1] == "kernels"
+        ):
           problem = f"{path} includes {included}: C++ tests link only TensorFlow-free cores"
         problems.append(problem)
   return [p for p in problems if p]
@@ -259,6 +268,13 @@ def test_a_clean_tree_passes(tmp_path):
     # the op library's common headers: for kernels and ops only, and reaching no capability
     ([], {"kernels/a/core/a.cc": '#include "kernels/common.h"\n'}, "only kernels and ops"),
     ([], {"tests/kernels/a/a_test.cc": '#include "kernels/common.h"\n'}, "only kernels and ops"),
+    # a test that runs a pass may include TensorFlow and its kernels, but no other capability's
+    (
+      [],
+      {"tests/kernels/a/p_tf_test.cc": '#include "kernels/b/b_kernel.h"\n'},
+      "declare 'b' in the deps",
+    ),
+    (["b"], {"tests/kernels/a/p_tf_test.cc": '#include "kernels/b/b_kernel.h"\n'}, "only the core"),
     ([], {"kernels/common.h": '#include "kernels/a/core/a.h"\n'}, "reaches none"),
   ],
 )
@@ -266,6 +282,21 @@ def test_a_crossing_is_reported(tmp_path, deps, extra, expected):
   make_tree(tmp_path, deps, extra)
   problems = check(str(tmp_path))
   assert any(expected in p for p in problems), problems
+
+
+def test_a_test_that_runs_a_pass_may_include_tensorflow_and_its_kernels(tmp_path):
+  make_tree(
+    tmp_path,
+    deps=[],
+    extra={
+      "tests/kernels/a/p_tf_test.cc": (
+        '#include "kernels/a/a_kernel.h"\n#include "kernels/common.h"\n'
+        '#include "tensorflow/core/graph/graph.h"\n#include "tests/kernels/a/p_tf_test.h"\n'
+      ),
+      "tests/kernels/a/p_tf_test.h": '#include "tensorflow/core/graph/graph.h"\n',
+    },
+  )
+  assert check(str(tmp_path)) == []
 
 
 def test_a_listed_file_that_does_not_exist_is_reported(tmp_path):

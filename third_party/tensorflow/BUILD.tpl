@@ -21,6 +21,15 @@ cc_library(
     srcs = ["libtensorflow_framework.so.2"],
 )
 
+# libtensorflow_cc.so.2 from the pip wheel: TensorFlow's own op definitions, kernels and graph
+# passes, which `import tensorflow` loads before our library. Only the C++ tests that run a graph
+# pass outside Python link it (tests/defs.bzl, capability_tf_tests); the op library never does.
+cc_library(
+    name = "libtensorflow_cc",
+    srcs = ["libtensorflow_cc.so.2"],
+    deps = [":libtensorflow_framework"],
+)
+
 py_runtime(
     name = "py3_runtime",
     interpreter_path = %{PYTHON},

@@ -8,6 +8,8 @@ libtensorflow_framework.so.2 are and which macros TensorFlow was built with, and
   @local_tensorflow//:tf_headers               cc_library: headers + defines (-D_GLIBCXX_USE_CXX11_ABI=1,
                                                 -DEIGEN_MAX_ALIGN_BYTES=64, ...)
   @local_tensorflow//:libtensorflow_framework  cc_library wrapping libtensorflow_framework.so.2
+  @local_tensorflow//:libtensorflow_cc         cc_library wrapping libtensorflow_cc.so.2 (TensorFlow's
+                                                own ops and passes: only tests that run a pass link it)
   @local_tensorflow//:py_toolchain             Python toolchain for that same interpreter, so py_test
                                                 imports the TensorFlow the op library was built against.
   @local_tensorflow//:python_packages.txt      interpreter path + installed distributions (py_test data).
@@ -88,6 +90,10 @@ def _tf_configure_impl(ctx):
     if not ctx.path(lib).exists:
         _fail("%s not found" % lib)
     ctx.symlink(lib, "libtensorflow_framework.so.2")
+    cc_lib = info["lib"] + "/libtensorflow_cc.so.2"
+    if not ctx.path(cc_lib).exists:
+        _fail("%s not found" % cc_lib)
+    ctx.symlink(cc_lib, "libtensorflow_cc.so.2")
 
     ctx.template("BUILD", ctx.attr._build_tpl, {
         "%{DEFINES}": repr(info["defines"]),
