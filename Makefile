@@ -18,7 +18,7 @@
 #                and mode (default 1000; `make test` runs 100), a new seed per run (SEED=N repeats
 #                one), a failure shrunk to a small call
 #   make fuzz    the C++ parsers and cores under libFuzzer with ASan and UBSan (tests/kernels/*/fuzz/,
-#                tests/fuzz/native_fuzz.sh): FUZZ_SECONDS each (default 300; `make test` runs 20)
+#                tests/fuzz/native_fuzz.sh): FUZZ_SECONDS each (default 300; `make test` runs 5)
 #   make apt, make venv, make horovod, make docs-deps, make bench-deps  setup's parts, and the
 #                benchmarks' requirements (requirements-bench.txt)
 #   make format  rewrites the sources as `make lint` wants them
@@ -268,8 +268,9 @@ test: setup lint build
 	else echo "RESULT: FAILED (bazel exit code $$rc; logs under bazel-testlogs/)"; fi; \
 	exit $$rc
 
-# The C++ core tests (TensorFlow-free: tests/kernels/) under ThreadSanitizer and AddressSanitizer.
-CORE_TESTS = $(patsubst tests/%.cc,//tests:%,$(wildcard tests/kernels/*/*_test.cc))
+# The C++ core tests (TensorFlow-free: tests/kernels/) under ThreadSanitizer and AddressSanitizer;
+# not the *_tf_test.cc, which link TensorFlow's prebuilt libraries (built without sanitizers).
+CORE_TESTS = $(patsubst tests/%.cc,//tests:%,$(filter-out %_tf_test.cc,$(wildcard tests/kernels/*/*_test.cc)))
 sanitize: setup
 	@cd $(ROOT) && $(BAZEL) test --config=tsan $(BAZEL_FLAGS) $(CORE_TESTS) && \
 	  $(BAZEL) test --config=asan $(BAZEL_FLAGS) $(CORE_TESTS) && echo "RESULT: sanitizers clean"
@@ -285,7 +286,7 @@ fuzz-ops: build
 	    $(VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests/fuzz/test_ops_fuzz.py) && \
 	  echo "[fuzz-ops] no crash, hang or allocation past the bound ($$(( $$(date +%s) - start ))s)"
 
-# The native fuzzers, longer than `make test`'s 20 s each: every libFuzzer harness under
+# The native fuzzers, longer than `make test`'s 5 s each: every libFuzzer harness under
 # tests/kernels/*/fuzz/ for FUZZ_SECONDS (clang from `make setup`). New inputs go to build/fuzz/;
 # a crashing input is printed and left in build/fuzz/artifacts/.
 FUZZ_SECONDS ?= 300

@@ -85,8 +85,7 @@ class ApplyGradientOp : public TableKernel {
     de::OptimizerParams params;
     int64_t step;
     OP_REQUIRES_OK(ctx, attrs_.ReadInputs(ctx, 3, *table, &params, &step));
-    OP_REQUIRES_OK(ctx, CheckCallIds(*table, keys));
-    OP_REQUIRES_OK(ctx, CheckRowsFit<Key>(*table, keys));
+    OP_REQUIRES_OK(ctx, CheckCallIds(*table, keys));  // the backend checks the row limit
     OP_REQUIRES_OK(ctx, table->template backend<Key>()->Apply(ctx, params, step, keys,
                                                               grads.flat<float>().data()));
   }

@@ -123,9 +123,9 @@ inline Status CheckCallIds(const DynamicTable& table, const Tensor& keys) {
   return CheckKeyLengths(table, keys);
 }
 
-// Whether the table has room for the rows a call of these keys may add (de::CheckRowsFit). CPU
-// tables: the GPU table keeps its own capacity, and asking its size would wait for its stream on
-// every call.
+// Whether the table has room for the rows a call of these keys may add (de::CheckRowsFit), for
+// the fused ops, which serve CPU tables only (the backends check their own calls: the GPU table
+// keeps its own capacity, and asking its size would wait for its stream on every call).
 template <typename Key>
 Status CheckRowsFit(DynamicTable& table, const Tensor& keys) {
   const de::EmbeddingTable<Key>* core = table.template table<Key>();

@@ -204,8 +204,7 @@ class InsertOp : public TableKernel {
     OP_REQUIRES(ctx, values.shape() == expected,
                 table->Invalid("insert: values must have shape keys.shape + [dim] = ",
                                expected.DebugString(), ", got ", values.shape().DebugString()));
-    OP_REQUIRES_OK(ctx, CheckCallIds(*table, keys));
-    OP_REQUIRES_OK(ctx, CheckRowsFit<Key>(*table, keys));
+    OP_REQUIRES_OK(ctx, CheckCallIds(*table, keys));  // the backend checks the row limit
     OP_REQUIRES_OK(ctx,
                    table->template backend<Key>()->Insert(ctx, keys, values.flat<float>().data()));
   }
