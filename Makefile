@@ -25,7 +25,8 @@
 #   make demo    examples/train_ctr.py
 #   make demo-estimator  examples/estimator_columns.py (a canned Estimator over dynamic embedding
 #                columns: train_and_evaluate, export_saved_model, serving in a fresh process)
-#   make bench   benchmarks/lookup.py (installs requirements-bench.txt: the TFRA baseline)
+#   make bench   benchmarks/lookup.py, BENCH_RUNS (5) fresh runs, their ratios' median and range
+#                (installs requirements-bench.txt: the TFRA baseline)
 #   make bench-lifecycle  benchmarks/eviction.py, bulk_insert.py, admission.py, small_tables.py,
 #                checkpoint.py and serving_export.py
 #                (installs requirements-bench.txt: TFRA, for eviction's comparison)
@@ -86,7 +87,7 @@
 #   make distclean  clean, and the venv and Bazel's cached repositories
 #
 # Knobs: BAZEL_FLAGS="--jobs=1" (e.g. while something else compiles), PYTHON=python3.11,
-#        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra"
+#        TESTS="//tests:..." (targets for `make test`), DEMO_ARGS="--quick", BENCH_ARGS="--no-tfra" and BENCH_RUNS=N
 #        (make bench) or "--configs horovod,2d" (make bench-cluster), EXAMPLES=N and SEED=N
 #        (make fuzz-ops), SOAK_MINUTES=N and SOAK_KILL_INTERVAL=S (make soak: mean seconds
 #        between kills, default 150),
@@ -328,6 +329,11 @@ BENCH_AS_ROOT := bench-cluster bench-scaling bench-alltoall bench-harp
 # Those that need only the op library (no requirements-bench.txt).
 BENCH_BUILD_ONLY := bench-jit-profile bench-jit-verdicts bench-initial-rows
 
+# Headline figures are the median of several fresh processes (benchmarks/repeat.py): a lookup's
+# ratio moves with the process by more than the changes it is there to catch.
+BENCH_RUNS ?= 5
+BENCH_RUNS.bench := $(BENCH_RUNS)
+
 # The soak run exits 1 on a lost row, a restore that differs from its save or a child that fails.
 SOAK_MINUTES       ?= 30
 SOAK_KILL_INTERVAL ?= 150
@@ -341,7 +347,7 @@ $(BENCH_TARGETS): build
 $(filter-out $(BENCH_BUILD_ONLY),$(BENCH_TARGETS)): bench-deps
 $(BENCH_TARGETS):
 	@cd $(ROOT) && for script in $(BENCH.$@); do \
-	  $(call quiet,$(call bench_runner,$@) $(VENV)/bin/python benchmarks/$$script $(BENCH_FLAGS.$@) $(BENCH_ARGS)); \
+	  $(call quiet,$(call bench_runner,$@) $(VENV)/bin/python $(if $(BENCH_RUNS.$@),benchmarks/repeat.py --runs $(BENCH_RUNS.$@) $$script,benchmarks/$$script) $(BENCH_FLAGS.$@) $(BENCH_ARGS)); \
 	done
 
 test-tfra: build
