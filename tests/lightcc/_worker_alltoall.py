@@ -19,6 +19,9 @@ with different dims: a ValueError on every rank. MODE=policies: admission, evict
 optimizers per rank, LossAwareOptimizer. MODE=serving (serving_one: one rank): serving exports.
 MODE=estimator: Estimators. MODE=delta: delta checkpoints (delta_reshard: restored by other ranks).
 MODE=die: a rank dies mid-step (replaced: the restore after it).
+
+main(mode, checkpoint_dir) runs one MODE (run as a script: $MODE, $CHECKPOINT_DIR); MODE=tf1
+disables eager execution: in a shared run, the last case of its process.
 """
 
 import os
@@ -26,7 +29,8 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.environ["TF_EXT_ROOT"])
+if __name__ == "__main__":
+  sys.path.insert(0, os.environ["TF_EXT_ROOT"])
 import horovod.tensorflow as horovod  # noqa: E402
 import horovod.tensorflow.keras as horovod_keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -39,26 +43,35 @@ import tf_ext.lightcc.keras as hvd_keras  # noqa: E402
 import tf_ext.mixed_precision as amp  # noqa: E402
 from tf_ext.dynamic_embedding.live_tables import tables as live_tables  # noqa: E402
 
-MODE = os.environ["MODE"]
-
-
-if MODE == "tf1":
-  tf.compat.v1.disable_eager_execution()
-hvd.init(light_fusion=1 if MODE == "lightcc" else 0)
-rank, size = hvd.rank(), hvd.size()
 ROWS, STEPS, DIM, IDS_PER_ROW = 6, 3, 4, 3
-rng = np.random.default_rng(11)
-# [steps, global batch, ids]: few distinct ids, so ranks share ids and rows repeat in a batch.
-GLOBAL_IDS = rng.integers(0, 20, size=(STEPS, ROWS * size, IDS_PER_ROW)).astype(np.int64)
-GLOBAL_LABELS = rng.normal(size=(STEPS, ROWS * size, 1)).astype(np.float32)
-MINE = slice(rank * ROWS, (rank + 1) * ROWS)
 OPTIMIZERS = {
   "sgd": lambda: tf.keras.optimizers.SGD(0.5),
   "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3),
   "adam": lambda: tf.keras.optimizers.Adam(0.05),
   "ftrl": lambda: tf.keras.optimizers.Ftrl(0.3, l1_regularization_strength=0.001),
 }
+# This run's: set by main() (the functions below read them).
+MODE = rank = size = GLOBAL_IDS = GLOBAL_LABELS = MINE = PROBE = None
 failures, cases = [], 0
+
+
+def start(mode):
+  """hvd.init for `mode`, and this run's ranks, data and checks."""
+  global MODE, rank, size, GLOBAL_IDS, GLOBAL_LABELS, MINE, PROBE, failures, cases
+  MODE = mode
+  if MODE == "tf1":
+    tf.compat.v1.disable_eager_execution()
+  hvd.init(light_fusion=1 if MODE == "lightcc" else 0)
+  rank, size = hvd.rank(), hvd.size()
+  rng = np.random.default_rng(11)
+  # [steps, global batch, ids]: few distinct ids, so ranks share ids and rows repeat in a batch.
+  GLOBAL_IDS = rng.integers(0, 20, size=(STEPS, ROWS * size, IDS_PER_ROW)).astype(np.int64)
+  GLOBAL_LABELS = rng.normal(size=(STEPS, ROWS * size, 1)).astype(np.float32)
+  MINE = slice(rank * ROWS, (rank + 1) * ROWS)
+  # Ids of the first global batch, the same for any number of ranks (the first rows of the
+  # stream).
+  PROBE = [GLOBAL_IDS[0][:ROWS], as_keys(GLOBAL_IDS[0][:ROWS], tf.string)]
+  failures, cases = [], 0
 
 
 def check(label, ok, detail=""):
@@ -451,10 +464,6 @@ def serving_model():
   return tf.keras.Model([ids, words], out)
 
 
-# Ids of the first global batch, the same for any number of ranks (the first rows of the stream).
-PROBE = [GLOBAL_IDS[0][:ROWS], as_keys(GLOBAL_IDS[0][:ROWS], tf.string)]
-
-
 def export_split_model(directory):
   """Every rank exports the trained model (a collective; rank 0 writes); the SavedModel, loaded
   without tf_ext's tables, serves what the split model computes, and holds every rank's rows.
@@ -675,54 +684,62 @@ MODES_WITH_A_DIRECTORY = {
   "serving": export_split_model,
   "serving_one": export_from_checkpoint,
 }
-if MODE == "tf1":
-  train_in_a_session(
-    "tf1_adagrad",
-    lambda: tf.compat.v1.train.AdagradOptimizer(0.3),
-    True,
-    saved_in=os.environ["CHECKPOINT_DIR"],
-  )
-  train_in_a_session("tf1_adam", lambda: tf.compat.v1.train.AdamOptimizer(0.05), False)
-  train_in_a_session("tf1_ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.3), True)
-  train_in_a_session(
-    "tf1_column", lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5), False, column=True
-  )
-elif MODE == "tape":
-  for name in OPTIMIZERS:
-    train_with_tape(f"tape_{name}", name)
-  train_with_tape("strings", "adam", key_dtype=tf.string)
-  train_with_tape("ragged", "adagrad", ragged=True)
-  train_with_tape("horovod_tape", "ftrl", tape_of=horovod.DistributedGradientTape)
-elif MODE == "tape4":  # four ranks: fewer cases
-  train_with_tape("tape4_adam", "adam")
-  train_with_tape("tape4_strings", "ftrl", key_dtype=tf.string)
-elif MODE == "lightcc":
-  train_with_tape("lightcc_adam", "adam")
-elif MODE == "keras":
-  for name in OPTIMIZERS:
-    train_with_fit(f"fit_{name}", name)
-  train_with_fit("fit_horovods_own", "adam", wrapper=horovod_keras.DistributedOptimizer)
-elif MODE == "checkpoint":
-  restore_checkpoints(os.environ["CHECKPOINT_DIR"])
-elif MODE == "policies":
-  train_with_policies("policies")
-  check_mismatched_optimizers()
-  check_refused_horovod_settings()
-  train_with_tape(
-    "amp_adam",
-    "adam",
-    amp_wrap=lambda o: amp.LossAwareOptimizer(o, "bfloat16", probe_interval=0),
-    tolerance=2e-2,
-  )
-elif MODE in MODES_WITH_A_DIRECTORY:
-  MODES_WITH_A_DIRECTORY[MODE](os.environ["CHECKPOINT_DIR"])
-elif MODE == "reshard":  # restores the checkpoints that MODE=checkpoint wrote with other ranks
-  check_restored(os.environ["CHECKPOINT_DIR"], "")
-elif MODE == "mismatch":
-  try:
-    tf_ext.get_dynamic_embedding_variable("mismatched", 4 + 4 * rank, distribution="alltoall")
-    check("mismatched dims", False, "no error")
-  except ValueError as error:
-    print(f"rank {rank}: {error}", flush=True)
-    check("mismatched dims", "ranks [1]" in str(error) and "'mismatched'" in str(error))
-finish(rank, cases, failures)
+
+
+def main(mode, checkpoint_dir=None):
+  start(mode)
+  if MODE == "tf1":
+    train_in_a_session(
+      "tf1_adagrad",
+      lambda: tf.compat.v1.train.AdagradOptimizer(0.3),
+      True,
+      saved_in=checkpoint_dir,
+    )
+    train_in_a_session("tf1_adam", lambda: tf.compat.v1.train.AdamOptimizer(0.05), False)
+    train_in_a_session("tf1_ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.3), True)
+    train_in_a_session(
+      "tf1_column", lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5), False, column=True
+    )
+  elif MODE == "tape":
+    for name in OPTIMIZERS:
+      train_with_tape(f"tape_{name}", name)
+    train_with_tape("strings", "adam", key_dtype=tf.string)
+    train_with_tape("ragged", "adagrad", ragged=True)
+    train_with_tape("horovod_tape", "ftrl", tape_of=horovod.DistributedGradientTape)
+  elif MODE == "tape4":  # four ranks: fewer cases
+    train_with_tape("tape4_adam", "adam")
+    train_with_tape("tape4_strings", "ftrl", key_dtype=tf.string)
+  elif MODE == "lightcc":
+    train_with_tape("lightcc_adam", "adam")
+  elif MODE == "keras":
+    for name in OPTIMIZERS:
+      train_with_fit(f"fit_{name}", name)
+    train_with_fit("fit_horovods_own", "adam", wrapper=horovod_keras.DistributedOptimizer)
+  elif MODE == "checkpoint":
+    restore_checkpoints(checkpoint_dir)
+  elif MODE == "policies":
+    train_with_policies("policies")
+    check_mismatched_optimizers()
+    check_refused_horovod_settings()
+    train_with_tape(
+      "amp_adam",
+      "adam",
+      amp_wrap=lambda o: amp.LossAwareOptimizer(o, "bfloat16", probe_interval=0),
+      tolerance=2e-2,
+    )
+  elif MODE in MODES_WITH_A_DIRECTORY:
+    MODES_WITH_A_DIRECTORY[MODE](checkpoint_dir)
+  elif MODE == "reshard":  # restores the checkpoints that MODE=checkpoint wrote with other ranks
+    check_restored(checkpoint_dir, "")
+  elif MODE == "mismatch":
+    try:
+      tf_ext.get_dynamic_embedding_variable("mismatched", 4 + 4 * rank, distribution="alltoall")
+      check("mismatched dims", False, "no error")
+    except ValueError as error:
+      print(f"rank {rank}: {error}", flush=True)
+      check("mismatched dims", "ranks [1]" in str(error) and "'mismatched'" in str(error))
+  finish(rank, cases, failures)
+
+
+if __name__ == "__main__":
+  main(os.environ["MODE"], os.environ.get("CHECKPOINT_DIR"))

@@ -16,6 +16,10 @@ MODE=elastic: under `horovodrun --min-np`, with tf_ext.lightcc.elastic.run and T
 steps and writes what it committed; rank DIE_RANK of the first round SIGKILLs itself mid-step at
 DIE_STEP. The others restore, re-form without it and check, before their next step, that
 LightCC's residuals and policy are the committed ones; training then runs to STEPS.
+
+main(mode, config, die_rank, die_step, steps, commit_every, result_dir); run as a script (as the
+tests run it: a killed rank, a link cut and elastic training each need processes of their own):
+$MODE, $CONFIG, $DIE_RANK, $DIE_STEP, $STEPS, $COMMIT_EVERY, $RESULT_DIR.
 """
 
 import json
@@ -31,21 +35,8 @@ import tensorflow as tf  # noqa: E402
 import tf_ext.lightcc as hvd  # noqa: E402
 from tf_ext.lightcc import state as lightcc_state  # noqa: E402
 
-MODE = os.environ["MODE"]
-parts = set(os.environ.get("CONFIG", "topk+fusion").split("+"))
-hvd.init(
-  light_2d_allreduce=int("2d" in parts),
-  light_intra_size=2,
-  light_topk_allreduce=int("topk" in parts),
-  light_topk_ratio=0.1,
-  light_topk_threshold=1000,
-  light_fusion=int("fusion" in parts),
-  light_fusion_buckets_mb=[0.05, 0.5],
-  light_fusion_probe_steps=2,
-  light_fusion_reprobe_steps=4,
-)
-DIE_RANK = int(os.environ.get("DIE_RANK", "1"))
-DIE_STEP = int(os.environ.get("DIE_STEP", "3"))
+# This run's: set by main() (the functions below read them).
+DIE_RANK, DIE_STEP = 1, 3
 SHAPES = [(64, 256), (256, 256), (256, 256), (256, 8)]
 
 
@@ -174,15 +165,40 @@ def elastic_training(directory, steps, commit_every):
   train(st)
 
 
-if MODE == "kill":
-  run_until_failure(int(os.environ.get("STEPS", "20")), DIE_STEP)
-elif MODE == "cut":
-  run_until_failure(10**6, None)
-elif MODE == "elastic":
-  elastic_training(
-    os.environ["RESULT_DIR"],
-    int(os.environ.get("STEPS", "12")),
-    int(os.environ.get("COMMIT_EVERY", "2")),
+def main(
+  mode, config="topk+fusion", die_rank=1, die_step=3, steps=None, commit_every=2, result_dir=None
+):
+  global DIE_RANK, DIE_STEP
+  parts = set(config.split("+"))
+  hvd.init(
+    light_2d_allreduce=int("2d" in parts),
+    light_intra_size=2,
+    light_topk_allreduce=int("topk" in parts),
+    light_topk_ratio=0.1,
+    light_topk_threshold=1000,
+    light_fusion=int("fusion" in parts),
+    light_fusion_buckets_mb=[0.05, 0.5],
+    light_fusion_probe_steps=2,
+    light_fusion_reprobe_steps=4,
   )
-else:
-  raise SystemExit(f"unknown MODE {MODE}")
+  DIE_RANK, DIE_STEP = int(die_rank), int(die_step)
+  if mode == "kill":
+    run_until_failure(int(steps or 20), DIE_STEP)
+  elif mode == "cut":
+    run_until_failure(10**6, None)
+  elif mode == "elastic":
+    elastic_training(result_dir, int(steps or 12), int(commit_every))
+  else:
+    raise SystemExit(f"unknown MODE {mode}")
+
+
+if __name__ == "__main__":
+  main(
+    os.environ["MODE"],
+    os.environ.get("CONFIG", "topk+fusion"),
+    os.environ.get("DIE_RANK", "1"),
+    os.environ.get("DIE_STEP", "3"),
+    os.environ.get("STEPS"),
+    os.environ.get("COMMIT_EVERY", "2"),
+    os.environ.get("RESULT_DIR"),
+  )

@@ -5,48 +5,127 @@ import re
 
 import pytest
 import tensorflow as tf
-from _launch import assert_ok, horovodrun
+from _launch import Case, assert_ok, horovodrun, selected_tests, shared_run
 
 import tf_ext
 
+T_CHECKPOINTS = "test_checkpoints_of_two_ranks_restore_into_two_four_and_one_process"
+T_SERVING = "test_a_serving_export_by_every_rank_or_by_one_process_holds_every_ranks_rows"
+T_DIE = "test_a_rank_that_dies_mid_step_fails_the_survivor_and_the_checkpoint_restores"
+T_DELTA = "test_delta_checkpoints_of_two_ranks_restore_into_two_one_and_four_and_from_one_process"
 
-def _run(mode, ranks=2, **env):
-  proc = horovodrun("_worker_alltoall.py", ranks=ranks, timeout=300, MODE=mode, **env)
+
+class Runs:
+  """The file's rank programs: one horovodrun per number of ranks (2, then 1, then 4: the later
+  ones read the checkpoints the 2 ranks wrote), after the run in which a rank dies (its own)."""
+
+  def __init__(self, request, tmp_path_factory):
+    self.dirs = {
+      name: tmp_path_factory.mktemp(name)
+      for name in ("tf1", "checkpoint", "serving", "die", "estimator", "delta")
+    }
+    self.died = None
+
+    def case(mode, tests, directory=None):
+      config = {"mode": mode}
+      if directory:
+        config["checkpoint_dir"] = str(self.dirs[directory])
+      return Case(mode, "_worker_alltoall.py", config, tests=tests, timeout=300)
+
+    two = [
+      case(
+        "tape",
+        "test_tape_training_on_two_ranks_equals_one_process_for_every_optimizer_and_string_keys",
+      ),
+      case("keras", "test_keras_fit_on_two_ranks_equals_one_process_for_every_optimizer"),
+      case("lightcc", "test_lightcc_reduce_stage_leaves_the_table_gradients_to_the_all_to_all"),
+      case("checkpoint", T_CHECKPOINTS, "checkpoint"),
+      case(
+        "mismatch", "test_ranks_that_create_the_table_with_different_dims_get_an_error_naming_them"
+      ),
+      case(
+        "policies",
+        "test_admission_eviction_and_loss_aware_precision_on_split_tables_equal_one_process",
+      ),
+      case("serving", T_SERVING, "serving"),
+      case(
+        "estimator",
+        "test_an_estimator_with_a_split_table_trains_saves_and_predicts_as_one_process",
+        "estimator",
+      ),
+      case("delta", T_DELTA, "delta"),
+      case("replaced", T_DIE, "die"),  # restores what MODE=die saved
+      # Disables eager execution: the last case of its processes.
+      case(
+        "tf1",
+        "test_tf1_session_training_with_horovods_v1_optimizer_in_either_order_equals_one_process",
+        "tf1",
+      ),
+    ]
+    one = [
+      case("serving_one", T_SERVING, "serving"),
+      case("delta_reshard", T_DELTA, "delta"),  # also saves one process's
+    ]
+    four = [
+      case("tape4", "test_tape_training_on_four_ranks_equals_one_process"),
+      case("reshard", T_CHECKPOINTS, "checkpoint"),
+      case("delta_reshard", T_DELTA, "delta"),
+    ]
+    after_die = [self.die] if T_DIE in selected_tests(request) else []
+    self.two = shared_run(request, tmp_path_factory, two, ranks=2, after=after_die)
+    self.one = shared_run(request, tmp_path_factory, one, ranks=1, after=[self.two])
+    self.four = shared_run(request, tmp_path_factory, four, ranks=4, after=[self.two, self.one])
+    self.by_ranks = {1: self.one, 2: self.two, 4: self.four}
+
+  def die(self):
+    """Rank 1 exits inside a step (a run of its own: the rank's death ends it)."""
+    if self.died is None:
+      self.died = horovodrun(
+        "_worker_alltoall.py", ranks=2, timeout=240, MODE="die", CHECKPOINT_DIR=self.dirs["die"]
+      )
+    return self.died
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+  return Runs(request, tmp_path_factory)
+
+
+def _run(runs, mode, ranks=2):
+  proc = runs.by_ranks[ranks].result(mode)
   assert_ok(proc)
   summaries = re.findall(r"rank \d+: (\d+) cases, 0 failures", proc.stdout)
   assert len(summaries) == ranks and all(int(n) > 0 for n in summaries), proc.stdout
   return proc
 
 
-def test_tape_training_on_two_ranks_equals_one_process_for_every_optimizer_and_string_keys():
-  _run("tape")
+def test_tape_training_on_two_ranks_equals_one_process_for_every_optimizer_and_string_keys(runs):
+  _run(runs, "tape")
 
 
-def test_tape_training_on_four_ranks_equals_one_process():
-  _run("tape4", ranks=4)
+def test_tape_training_on_four_ranks_equals_one_process(runs):
+  _run(runs, "tape4", ranks=4)
 
 
-def test_keras_fit_on_two_ranks_equals_one_process_for_every_optimizer():
-  _run("keras")
+def test_keras_fit_on_two_ranks_equals_one_process_for_every_optimizer(runs):
+  _run(runs, "keras")
 
 
-def test_tf1_session_training_with_horovods_v1_optimizer_in_either_order_equals_one_process(
-  tmp_path,
-):
-  _run("tf1", CHECKPOINT_DIR=tmp_path)
+def test_tf1_session_training_with_horovods_v1_optimizer_in_either_order_equals_one_process(runs):
+  _run(runs, "tf1")
 
 
-def test_lightcc_reduce_stage_leaves_the_table_gradients_to_the_all_to_all():
-  _run("lightcc")
+def test_lightcc_reduce_stage_leaves_the_table_gradients_to_the_all_to_all(runs):
+  _run(runs, "lightcc")
 
 
-def test_checkpoints_of_two_ranks_restore_into_two_four_and_one_process(tmp_path):
-  _run("checkpoint", CHECKPOINT_DIR=tmp_path)
-  _run("reshard", ranks=4, CHECKPOINT_DIR=tmp_path)
+def test_checkpoints_of_two_ranks_restore_into_two_four_and_one_process(runs):
+  _run(runs, "checkpoint")
+  _run(runs, "reshard", ranks=4)
 
 
-def test_ranks_that_create_the_table_with_different_dims_get_an_error_naming_them():
-  proc = _run("mismatch")
+def test_ranks_that_create_the_table_with_different_dims_get_an_error_naming_them(runs):
+  proc = _run(runs, "mismatch")
   assert "every rank must build the same table" in proc.stdout
 
 
@@ -90,40 +169,38 @@ def test_the_keras_layer_and_the_column_keep_their_distribution_in_their_configs
   assert column.get_config()["distribution"] is None
 
 
-def test_admission_eviction_and_loss_aware_precision_on_split_tables_equal_one_process():
-  proc = _run("policies")
+def test_admission_eviction_and_loss_aware_precision_on_split_tables_equal_one_process(runs):
+  proc = _run(runs, "policies")
   # Ranks that train the table with different optimizers get an error naming them.
   assert "every rank must build the same table with the same optimizer" in proc.stdout
 
 
-def test_a_serving_export_by_every_rank_or_by_one_process_holds_every_ranks_rows(tmp_path):
-  _run("serving", CHECKPOINT_DIR=tmp_path)
-  _run("serving_one", ranks=1, CHECKPOINT_DIR=tmp_path)
+def test_a_serving_export_by_every_rank_or_by_one_process_holds_every_ranks_rows(runs):
+  _run(runs, "serving")
+  _run(runs, "serving_one", ranks=1)
 
 
-def test_a_rank_that_dies_mid_step_fails_the_survivor_and_the_checkpoint_restores(tmp_path):
+def test_a_rank_that_dies_mid_step_fails_the_survivor_and_the_checkpoint_restores(runs):
   # Rank 1 exits inside a step; rank 0, waiting in the step's all-to-all (and ignoring the
   # launcher's SIGTERM), gets Horovod's error from the step instead of a hang (the launch's
   # timeout would catch one).
-  proc = horovodrun(
-    "_worker_alltoall.py", ranks=2, timeout=240, MODE="die", CHECKPOINT_DIR=tmp_path
-  )
+  proc = runs.die()
   assert proc.returncode != 0
   assert "rank 0: saved" in proc.stdout and "rank 1: saved" in proc.stdout, proc.stdout
   assert re.search(
     r"rank 0: the step failed after [\d.]+ s: .*Horovod has been shut down", proc.stdout
   ), proc.stdout[-4000:]
   # The survivor and a replacement restore the checkpoint saved before the death.
-  _run("replaced", CHECKPOINT_DIR=tmp_path)
+  _run(runs, "replaced")
 
 
-def test_an_estimator_with_a_split_table_trains_saves_and_predicts_as_one_process(tmp_path):
-  _run("estimator", CHECKPOINT_DIR=tmp_path)
+def test_an_estimator_with_a_split_table_trains_saves_and_predicts_as_one_process(runs):
+  _run(runs, "estimator")
 
 
 def test_delta_checkpoints_of_two_ranks_restore_into_two_one_and_four_and_from_one_process(
-  tmp_path,
+  runs,
 ):
-  _run("delta", CHECKPOINT_DIR=tmp_path)
-  _run("delta_reshard", ranks=1, CHECKPOINT_DIR=tmp_path)  # also saves one process's
-  _run("delta_reshard", ranks=4, CHECKPOINT_DIR=tmp_path)
+  _run(runs, "delta")
+  _run(runs, "delta_reshard", ranks=1)  # also saves one process's
+  _run(runs, "delta_reshard", ranks=4)

@@ -22,7 +22,7 @@ import sys
 import time
 
 import pytest
-from _launch import HERE, ROOT, horovodrun, init_in_subprocess
+from _launch import HERE, ROOT, Case, horovodrun, shared_run
 
 GLOO_TIMEOUT = 15  # HOROVOD_GLOO_TIMEOUT_SECONDS in these tests (Horovod's default: 30)
 MARGIN = 15  # seconds beyond it, for a loaded machine
@@ -346,9 +346,9 @@ print("OK")
 )
 
 
-def test_commit_restore_and_reset_in_one_process():
+def test_commit_restore_and_reset_in_one_process(one_process):
   # One rank (no launcher): the commit, a failed collective, the restore and LightCC's re-init.
-  proc = init_in_subprocess({}, ONE_PROCESS)
+  proc = one_process.result("tensorflow_state")
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -396,9 +396,26 @@ print("OK")
 )
 
 
-def test_keras_elastic_state_carries_lightcc_state_in_one_process():
+@pytest.fixture(scope="module")
+def one_process(request, tmp_path_factory):
+  """Both one-process programs in one process (tests/lightcc/_case_runner.py gives each its own
+  output, and LightCC's state afresh)."""
+  cases = [
+    Case(
+      "tensorflow_state", code=ONE_PROCESS, tests="test_commit_restore_and_reset_in_one_process"
+    ),
+    Case(
+      "keras_state",
+      code=KERAS_ONE_PROCESS,
+      tests="test_keras_elastic_state_carries_lightcc_state_in_one_process",
+    ),
+  ]
+  return shared_run(request, tmp_path_factory, cases, ranks=None)
+
+
+def test_keras_elastic_state_carries_lightcc_state_in_one_process(one_process):
   # tf_ext.lightcc.keras.elastic: Horovod's Keras callbacks commit a KerasState that holds the
   # TOPK residuals; a failed collective restores them as committed (not as the lost batches left
   # them) and fit runs again after LightCC's re-init.
-  proc = init_in_subprocess({}, KERAS_ONE_PROCESS)
+  proc = one_process.result("keras_state")
   assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

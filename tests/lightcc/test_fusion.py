@@ -1,24 +1,44 @@
-"""Adaptive gradient fusion with real ranks."""
+"""Adaptive gradient fusion with real ranks (one horovodrun for every multi-rank case)."""
 
 import pytest
-from _launch import assert_ok, horovodrun, init_in_subprocess
+from _launch import Case, assert_ok, init_in_subprocess, shared_run
+
+ADAPTIVE = [(0, 0), (1, 0), (1, 1)]
+T_ADAPTIVE = "test_adaptive_fusion_reduces_like_horovod_and_ranks_switch_together"
+T_FROZEN = "test_a_frozen_choice_retraced_holds_one_bucketing_and_reduces_alike"
+T_RETRACED = "test_retraced_probe_graphs_hold_one_bucketing_each_and_reduce_alike"
+T_STALE = "test_a_step_not_traced_again_under_retrace_stops_with_an_error_that_says_so"
 
 
-@pytest.mark.parametrize("two_d,topk", [(0, 0), (1, 0), (1, 1)])
-def test_adaptive_fusion_reduces_like_horovod_and_ranks_switch_together(two_d, topk):
-  assert_ok(horovodrun("_worker_fusion.py", TWO_D=two_d, TOPK=topk))
+@pytest.fixture(scope="module")
+def ranks(request, tmp_path_factory):
+  worker = "_worker_fusion.py"
+  cases = [
+    Case(f"adaptive_2d{two_d}_topk{topk}", worker, {"two_d": two_d, "topk": topk}, tests=T_ADAPTIVE)
+    for two_d, topk in ADAPTIVE
+  ] + [
+    Case("frozen", worker, {"two_d": 1, "topk": 1, "freeze": 1}, tests=T_FROZEN),
+    Case("retraced", worker, {"two_d": 1, "topk": 1, "freeze": 1, "retrace": 1}, tests=T_RETRACED),
+    Case("stale", worker, {"retrace": 1, "stale": 1, "freeze": 1}, tests=T_STALE),
+  ]
+  return shared_run(request, tmp_path_factory, cases)
 
 
-def test_a_frozen_choice_retraced_holds_one_bucketing_and_reduces_alike():
-  assert_ok(horovodrun("_worker_fusion.py", TWO_D=1, TOPK=1, FREEZE=1))
+@pytest.mark.parametrize("two_d,topk", ADAPTIVE)
+def test_adaptive_fusion_reduces_like_horovod_and_ranks_switch_together(ranks, two_d, topk):
+  assert_ok(ranks.result(f"adaptive_2d{two_d}_topk{topk}"))
 
 
-def test_retraced_probe_graphs_hold_one_bucketing_each_and_reduce_alike():
-  assert_ok(horovodrun("_worker_fusion.py", TWO_D=1, TOPK=1, FREEZE=1, RETRACE=1))
+def test_a_frozen_choice_retraced_holds_one_bucketing_and_reduces_alike(ranks):
+  assert_ok(ranks.result("frozen"))
 
 
-def test_a_step_not_traced_again_under_retrace_stops_with_an_error_that_says_so():
-  assert_ok(horovodrun("_worker_fusion.py", RETRACE=1, STALE=1, FREEZE=1))
+def test_retraced_probe_graphs_hold_one_bucketing_each_and_reduce_alike(ranks):
+  assert_ok(ranks.result("retraced"))
+
+
+def test_a_step_not_traced_again_under_retrace_stops_with_an_error_that_says_so(ranks):
+  assert_ok(ranks.result("stale"))
 
 
 def test_retrace_is_refused_in_a_tf1_graph_with_a_clear_error():
