@@ -17,9 +17,9 @@ the anchor (per-round medians in brackets), and the ratio of the process's CPU t
 
 import os
 import statistics
-import time
 
 import numpy as np
+from _rounds import median_of_ratios, ratio_of_medians, timed_rounds
 
 # variant: (TF_EXT_FIND_DEDUP, embedding fusion on)
 VARIANTS = {
@@ -76,23 +76,6 @@ def _switched(tf_ext, variant, fn):
   return call
 
 
-def _time(functions, batches, warmup, repeats):
-  """({name: [wall seconds per round]}, {name: [process CPU seconds per round]}). CPU time counts
-  every thread of this process: on a shared machine it is less disturbed by other tenants."""
-  names = list(functions)
-  times = {name: [] for name in names}
-  cpu_times = {name: [] for name in names}
-  for r in range(warmup + repeats):
-    for name in names[r % len(names) :] + names[: r % len(names)]:
-      cpu_start, start = time.process_time(), time.perf_counter()
-      for ids in batches:
-        functions[name](ids)
-      if r >= warmup:
-        times[name].append(time.perf_counter() - start)
-        cpu_times[name].append(time.process_time() - cpu_start)
-  return times, cpu_times
-
-
 def run(args, tf, tf_ext, key_batches, keys, rng, results):
   """Both modes for each of args.dedup_dims, on lookup.py's Zipf ids and on uniform ids; fills
   results["dedup"]."""
@@ -137,15 +120,16 @@ def _run_ids(args, tf, tf_ext, ids_name, key_batches, keys, rng):
         for variant in list(VARIANTS)[1:]:
           if not np.array_equal(functions[variant](batches[0]).numpy(), reference):
             print(f"WARNING: dim {dim}: {variant} rows differ from the anchor's")
-      times, cpu_times = _time(functions, batches, args.warmup, args.repeats)
+      methods = {name: (fn, batches) for name, fn in functions.items()}
+      times, cpu_times = timed_rounds(methods, args.warmup, args.repeats)
       tf_ext.graph.disable()
       anchor, anchor_cpu = times[anchor_name], cpu_times[anchor_name]
       entry = {}
       for variant in VARIANTS:
         ts, cpus = times[variant], cpu_times[variant]
-        ratio = statistics.median(anchor) / statistics.median(ts)
-        per_round = statistics.median(a / t for a, t in zip(anchor, ts))
-        cpu_ratio = statistics.median(anchor_cpu) / statistics.median(cpus)
+        ratio = ratio_of_medians(anchor, ts)
+        per_round = median_of_ratios(anchor, ts)
+        cpu_ratio = ratio_of_medians(anchor_cpu, cpus)
         ms = statistics.median(ts) / per_batch * 1e3
         entry[variant] = {
           "ms_per_batch": ms,
@@ -159,5 +143,5 @@ def _run_ids(args, tf, tf_ext, ids_name, key_batches, keys, rng):
           f"{ratio:5.2f}x anchor [{per_round:.2f}x]  CPU time {cpu_ratio:5.2f}x"
         )
       results[f"{mode}_dim{dim}"] = entry
-      del functions, tables
+      del functions, methods, tables
   return results

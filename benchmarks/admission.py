@@ -44,13 +44,15 @@ import numpy as np
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   add_json,
   argument_parser,
-  finish,
   int_list,
   log,
-  machine_report,
   mib,
   require_positive,
   use_checkout,
+)
+from _report import (
+  finish,
+  machine_report,
   versions,
 )
 

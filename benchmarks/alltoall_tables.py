@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Dynamic embedding tables split across Horovod ranks (all-to-all) against replicated tables and
-TFRA's HvdAllToAllEmbedding, on the emulated two-node cluster of lightcc_cluster.py.
+TFRA's HvdAllToAllEmbedding, on the emulated two-node cluster of _horovod_cluster.py.
 
-Needs root (network namespaces, a veth link, tc qdiscs) and `ip` / `tc`, like lightcc_cluster.py,
+Needs root (network namespaces, a veth link, tc qdiscs) and `ip` / `tc`, like _horovod_cluster.py,
 whose Cluster and rank launcher it reuses: 2 nodes x 2 ranks, a veth between the nodes throttled
 by tc tbf at --rate each way (1 Gbit/s), then the same runs with the link uncapped.
 
@@ -35,8 +35,8 @@ bound), and the AUC of every prediction the training steps made before learning 
 (progressive validation, per day of the stream and over the run; warm-up steps included).
 Targets (informational, exit status 0): all-to-all >= 1.5x replicated samples/s at 1 Gbit/s;
 all-to-all table memory per rank <= 0.6x the replica's; all-to-all >= 1.5x TFRA's samples/s; AUC
-within 0.001 of replicated (issue 36); tf_ext.tfra's AUC TFRA's to 3 decimals on every day, and
-all-to-all's at least TFRA's on every day (issue 58). The AUC per day is printed beside TFRA's.
+within 0.001 of replicated; tf_ext.tfra's AUC TFRA's to 3 decimals on every day, and
+all-to-all's at least TFRA's on every day. The AUC per day is printed beside TFRA's.
 
   make bench-alltoall                     # installs what it needs, ~13 min (sudo if not root)
   make bench-alltoall BENCH_ARGS=--quick  # ~3 min (one round, small steps)
@@ -48,7 +48,6 @@ import atexit
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -58,7 +57,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 import _criteo_like  # noqa: E402
-import lightcc_cluster  # noqa: E402
+import _horovod_cluster  # noqa: E402
+import _report  # noqa: E402
+import _rounds  # noqa: E402
+from _netns import exit_on_signals  # noqa: E402
 
 CONFIGS = ("alltoall", "replicated", "tfra", "tfra_api")
 LABELS = {
@@ -71,203 +73,12 @@ UNCAPPED = "uncapped"
 # Checked before anything starts (TFRA is imported, or reported missing, later: the others run
 # without it): `make bench-alltoall` installs them.
 # matplotlib is optional: without it the run goes on, and the chart is not written (write_chart).
-REQUIRED_MODULES = tuple(m for m in lightcc_cluster.REQUIRED_MODULES if m != "matplotlib") + (
+REQUIRED_MODULES = tuple(m for m in _horovod_cluster.REQUIRED_MODULES if m != "matplotlib") + (
   "sklearn",
 )
 SPEED_TARGET, MEMORY_TARGET, TFRA_TARGET, AUC_TOLERANCE = 1.5, 0.6, 1.5, 0.001
-BASE_RATE = 0.2  # the stream's click rate, roughly: the output bias starts at its log-odds
-LEARNING_RATE = 0.002
 INITIAL_STDDEV = 0.01
 NATIVE_ROWS = {"defaults": "from its default initializer", "same": "the same"}
-
-# ----------------------------------------------------------------------------------- rank side
-
-
-def deepfm(tf, dim, hidden, seed):
-  """The dense part of the model, the same on every rank (seeded): a function of the embeddings
-  [B, F, dim] and dense features [B, D] to the logit [B], and its variables."""
-  init = tf.keras.initializers.GlorotUniform(seed=seed)
-  width = _criteo_like.NUM_FIELDS * dim + _criteo_like.NUM_DENSE
-  linear = tf.Variable(init([width, 1]), name="linear")
-  layers, last = [], width
-  for i, units in enumerate(hidden):
-    layers.append(
-      (tf.Variable(init([last, units]), name=f"mlp{i}"), tf.Variable(tf.zeros([units])))
-    )
-    last = units
-  out = tf.Variable(init([last, 1]), name="mlp_out")
-  bias = tf.Variable(float(np.log(BASE_RATE / (1 - BASE_RATE))), name="bias")
-
-  def logit(emb, dense):
-    x = tf.concat([tf.reshape(emb, [-1, width - _criteo_like.NUM_DENSE]), dense], 1)
-    summed = tf.reduce_sum(emb, 1)  # FM: 0.5 * sum_k ((sum_f e_fk)^2 - sum_f e_fk^2)
-    fm = 0.5 * tf.reduce_sum(tf.square(summed) - tf.reduce_sum(tf.square(emb), 1), 1)
-    h = x
-    for w, b in layers:
-      h = tf.nn.relu(h @ w + b)
-    return (x @ linear)[:, 0] + fm + (h @ out)[:, 0] + bias
-
-  variables = [linear, out, bias] + [v for pair in layers for v in pair]
-  return logit, variables
-
-
-def initial_rows(tf, spec):
-  return tf.keras.initializers.RandomNormal(stddev=spec["initial_stddev"], seed=spec["seed"])
-
-
-def native_initial_rows(tf, spec):
-  """tf_ext's default initializer (None), or with --native-rows same the TFRA programs' rows."""
-  return initial_rows(tf, spec) if spec["native_rows"] == "same" else None
-
-
-def tf_ext_step(tf, spec, distribution):
-  """The training step of a tf_ext table (split or replicated), and its table's figures."""
-  import tf_ext
-  import tf_ext.lightcc as hvd
-
-  dim = spec["dim"]
-  table = tf_ext.get_dynamic_embedding_variable(
-    "deepfm_emb",
-    dim,
-    initializer=native_initial_rows(tf, spec),
-    distribution=distribution,
-  )
-  logit_of, dense_vars = deepfm(tf, dim, spec["hidden"], spec["seed"])
-  optimizer = tf_ext.DynamicEmbeddingOptimizer(tf.keras.optimizers.Adam(LEARNING_RATE))
-  variables = [table.gradient_anchor] + dense_vars
-
-  def embed(ids):
-    if distribution is not None:  # its lookup deduplicates before the exchange
-      return table.lookup(ids)
-    unique, positions = tf.unique(tf.reshape(ids, [-1]))
-    return tf.reshape(tf.gather(table.lookup(unique), positions), [-1, ids.shape[1], dim])
-
-  @tf.function
-  def step(ids, dense, label):
-    with tf.GradientTape() as tape:
-      logit = logit_of(embed(ids), dense)
-      loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
-    grads = hvd.DistributedGradientTape(tape).gradient(loss, variables)
-    optimizer.apply_gradients(zip(grads, variables))
-    return tf.sigmoid(logit)
-
-  def figures():
-    return {"rows": int(table.size().numpy()), "bytes": int(table.memory_bytes().numpy())}
-
-  return step, figures
-
-
-def tfra_step(tf, spec, hvd, de):
-  """The training step of HvdAllToAllEmbedding from `de` (TFRA's, or tf_ext.tfra's), and its
-  table's figures."""
-  dim = spec["dim"]
-  layer = de.keras.layers.HvdAllToAllEmbedding(
-    embedding_size=dim,
-    key_dtype=tf.int64,
-    initializer=initial_rows(tf, spec),
-    name="deepfm_emb",
-  )
-  logit_of, dense_vars = deepfm(tf, dim, spec["hidden"], spec["seed"])
-  optimizer = de.DynamicEmbeddingOptimizer(
-    tf.keras.optimizers.Adam(LEARNING_RATE), synchronous=True
-  )
-  size = float(hvd.size())
-
-  @tf.function
-  def step(ids, dense, label):
-    with tf.GradientTape() as tape:
-      logit = logit_of(layer(ids), dense)
-      # Horovod sums TFRA's dense gradients and each owner sums every rank's row gradients:
-      # divided by the ranks, both are the global batch's mean, as in the tf_ext runs.
-      loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
-      loss = loss / size
-    variables = layer.trainable_variables + dense_vars
-    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-    return tf.sigmoid(logit)
-
-  def figures():
-    rows = int(layer.params.size().numpy())
-    if de.__name__.startswith("tf_ext"):
-      tables_bytes = sum(int(t.memory_bytes().numpy()) for t in layer.params.tables)
-      return {"rows": rows, "bytes": tables_bytes}
-    # Key + value, and Adam's two slot tables (each a key and a value): a lower bound.
-    return {"rows": rows, "bytes": rows * (3 * 8 + 3 * 4 * dim), "bytes_estimated": True}
-
-  return step, figures
-
-
-def worker(args):
-  _common.use_checkout()
-  with open(args.spec) as f:
-    spec = json.load(f)
-  config = spec["config"]
-  import horovod.tensorflow as horovod_hvd
-  import tensorflow as tf
-
-  tf.config.threading.set_intra_op_parallelism_threads(spec["intra_op_threads"])
-  tf.config.threading.set_inter_op_parallelism_threads(spec["inter_op_threads"])
-  if config == "tfra":
-    horovod_hvd.init()
-  else:
-    import tf_ext.lightcc as hvd
-
-    hvd.init()
-  if config == "tfra_api":
-    horovod_hvd = hvd  # the tf_ext.tfra program's Horovod
-  rank, ranks = horovod_hvd.rank(), horovod_hvd.size()
-  b, total = spec["batch"], spec["warmup"] + spec["steps"]
-  data = np.load(spec["data"], mmap_mode="r")
-  # This rank's part of every global batch: samples [s*G + r*b, s*G + (r+1)*b) of step s.
-  mine = (np.arange(total)[:, None] * b * ranks + rank * b + np.arange(b)[None, :]).reshape(-1)
-  ids, dense, label = (np.ascontiguousarray(data[k][mine]) for k in ("ids", "dense", "label"))
-  del data
-  if config == "tfra":
-    de, _, status = _common.import_tfra(False, "")
-    if de is None:
-      raise RuntimeError(f"TFRA: {status}")
-    step, figures = tfra_step(tf, spec, horovod_hvd, de)
-  elif config == "tfra_api":
-    import tf_ext.tfra as de
-
-    step, figures = tfra_step(tf, spec, hvd, de)
-  else:
-    step, figures = tf_ext_step(tf, spec, "alltoall" if config == "alltoall" else None)
-
-  def barrier():
-    horovod_hvd.allreduce(tf.constant(0.0), op=horovod_hvd.Sum, name="a2a_bench_barrier").numpy()
-
-  def run(first, count):
-    for s in range(first, first + count):
-      part = slice(s * b, (s + 1) * b)
-      probs[part] = step(ids[part], dense[part], label[part]).numpy()
-
-  probs = np.zeros(total * b, np.float32)
-  rss_before = _common.rss_bytes()
-  t = time.perf_counter()
-  run(0, spec["warmup"])
-  warmup_s = time.perf_counter() - t
-  barrier()
-  before = lightcc_cluster._read_counters()
-  t0 = time.perf_counter()
-  run(spec["warmup"], spec["steps"])
-  barrier()
-  elapsed = time.perf_counter() - t0
-  after = lightcc_cluster._read_counters()
-  np.save(os.path.join(args.result_dir, f"probs{rank}.npy"), probs)
-  result = {
-    "rank": rank,
-    "elapsed_s": elapsed,
-    "warmup_s": warmup_s,
-    "counters": {k: after[k] - before[k] for k in after},
-    "rss_before_steps": rss_before,
-    "rss_after_steps": _common.rss_bytes(),
-    "peak_rss": _common.peak_rss_bytes(),
-    "table": figures(),
-  }
-  with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
-    json.dump(result, f)
-  barrier()  # nobody leaves (tearing down Gloo) while a peer still reads its counters
-
 
 # --------------------------------------------------------------------------------- parent side
 
@@ -275,7 +86,7 @@ def worker(args):
 def make_data(args, path):
   """The global stream: (warmup + steps) global batches from consecutive days of --day-samples
   samples; written to `path` (npz) for the ranks; returns (labels, day index of each sample)."""
-  need = (args.warmup + args.steps) * args.batch * lightcc_cluster.WORLD
+  need = (args.warmup + args.steps) * args.batch * _horovod_cluster.WORLD
   ids, dense, label, days = _criteo_like.CriteoLike(seed=args.seed).stream(need, args.day_samples)
   np.savez(path, ids=ids, dense=dense, label=label)
   return label, days, len(np.unique(ids))
@@ -283,7 +94,7 @@ def make_data(args, path):
 
 def global_probs(result_dir, args):
   """Every rank's predictions put back in the stream's order."""
-  world, b = lightcc_cluster.WORLD, args.batch
+  world, b = _horovod_cluster.WORLD, args.batch
   total = args.warmup + args.steps
   out = np.zeros((total, world, b), np.float32)
   for r in range(world):
@@ -314,14 +125,14 @@ def run_one(cluster, config, rate, args, workdir, data_path, labels, days):
   argv = ["nice", "-n", str(args.nice)] if args.nice else []
   argv += [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
   argv += ["--result-dir", result_dir]
-  results, failure = lightcc_cluster.launch_ranks(cluster, argv, {}, result_dir, args.timeout)
+  results, failure = _horovod_cluster.launch_ranks(cluster, argv, {}, result_dir, args.timeout)
   if failure:
     return {"config": config, "rate": rate, **failure}
-  world, steps = lightcc_cluster.WORLD, args.steps
-  iface = lightcc_cluster.IFACE
+  world, steps = _horovod_cluster.WORLD, args.steps
+  iface = _horovod_cluster.IFACE
   probs = global_probs(result_dir, args)
   per_day = {int(d): _criteo_like.auc(probs[days == d], labels[days == d]) for d in np.unique(days)}
-  rank_node = lightcc_cluster.RANKS_PER_NODE
+  rank_node = _horovod_cluster.RANKS_PER_NODE
   return {
     "config": config,
     "rate": rate,
@@ -330,7 +141,7 @@ def run_one(cluster, config, rate, args, workdir, data_path, labels, days):
     "warmup_s": results[0]["warmup_s"],
     "link_bytes_per_step": [
       results[n * rank_node]["counters"][f"{iface}_tx_bytes"] / steps
-      for n in range(lightcc_cluster.NODES)
+      for n in range(_horovod_cluster.NODES)
     ],
     "peak_rss": [results[r]["peak_rss"] for r in range(world)],
     "rss_growth": [
@@ -426,7 +237,7 @@ def report(rows, args, days_count):
   day_table(rows, args, first, days_count)
   targets = {}
   a, rep, tfra, tfra_api = (by.get((c, first)) for c in CONFIGS)
-  print(f"\nTargets (link {first}, {lightcc_cluster.WORLD} ranks):")
+  print(f"\nTargets (link {first}, {_horovod_cluster.WORLD} ranks):")
   if args.quick:
     print(
       "  (--quick: a few small steps, one round; its speed ratios are not the targets' figures)"
@@ -477,7 +288,7 @@ def report(rows, args, days_count):
         checks.append((key, f"{text} {worst:+.4f}", worst, ok_of(d)))
   for key, text, ratio, ok in checks:
     targets[key] = {"ratio": ratio, "pass": ok}
-    print(f"  {_common.verdict(ok)}  {text}")
+    print(f"  {_report.verdict(ok)}  {text}")
   return targets
 
 
@@ -533,10 +344,11 @@ def draw(rows, args, path):
     ax.legend(fontsize=8)
   axes[3].legend(fontsize=8)
   fig.suptitle(
-    f"Tables split across ranks: {lightcc_cluster.NODES} nodes x {lightcc_cluster.RANKS_PER_NODE} "
-    f"ranks, DeepFM dim {args.dim}, {args.batch} samples/rank/step, {args.steps} timed steps"
+    f"Tables split across ranks: {_horovod_cluster.NODES} nodes x "
+    f"{_horovod_cluster.RANKS_PER_NODE} ranks, DeepFM dim {args.dim}, {args.batch} "
+    f"samples/rank/step, {args.steps} timed steps"
   )
-  _common.save_figure(fig, plt, path, dpi=100)
+  _report.save_figure(fig, plt, path, dpi=100)
 
 
 def parse_args(argv):
@@ -590,7 +402,7 @@ def parse_args(argv):
     "--quick", action="store_true", help="a ~3-minute run: one round of a few small steps"
   )
   p.add_argument("--timeout", type=int, default=900, help="seconds per configuration and link")
-  p.add_argument("--png", default=_common.chart_path("alltoall_tables.png"))
+  p.add_argument("--png", default=_report.chart_path("alltoall_tables.png"))
   _common.add_json(p)
   p.add_argument("--workdir", help="rank logs and results (default: a temp dir, removed after)")
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -612,14 +424,16 @@ def parse_args(argv):
 def main(argv=None):
   args = parse_args(argv)
   if args.worker:
-    return worker(args)
+    import _alltoall_tables_worker  # pylint: disable=import-outside-toplevel
+
+    return _alltoall_tables_worker.worker(args)
   wall = time.perf_counter()
-  tf, tf_ext, np, results = lightcc_cluster.start_driver(
+  tf, tf_ext, np, results = _horovod_cluster.start_driver(
     REQUIRED_MODULES, "alltoall_tables.py", "bench-alltoall"
   )
   _, tfra_version, tfra_status = _common.import_tfra("tfra" not in args.configs, "not run")
   print(f"TFRA         : {tfra_status}")
-  results["versions"] = _common.versions(tf, tf_ext, np, tfra=tfra_version)
+  results["versions"] = _report.versions(tf, tf_ext, np, tfra=tfra_version)
   own_workdir = args.workdir is None
   workdir = args.workdir or tempfile.mkdtemp(prefix="a2a_tables_")
   os.makedirs(workdir, exist_ok=True)
@@ -627,28 +441,24 @@ def main(argv=None):
   t = time.perf_counter()
   labels, days, distinct = make_data(args, data_path)
   print(
-    f"stream       : {len(labels):,} samples ({lightcc_cluster.WORLD} ranks x {args.batch} x "
+    f"stream       : {len(labels):,} samples ({_horovod_cluster.WORLD} ranks x {args.batch} x "
     f"{args.warmup} warm-up + {args.steps} timed steps), days 0-{days.max()}, {distinct:,} "
     f"distinct ids, click rate {labels.mean():.3f} ({time.perf_counter() - t:.0f}s)",
     flush=True,
   )
 
-  def on_signal(signum, _frame):
-    raise SystemExit(f"interrupted by signal {signum}")
-
-  signal.signal(signal.SIGTERM, on_signal)
-  signal.signal(signal.SIGHUP, on_signal)
+  exit_on_signals()
   runs = []
   for round_index in range(args.rounds):
     for rate in args.rates:
-      cluster = lightcc_cluster.Cluster(
+      cluster = _horovod_cluster.Cluster(
         None if rate == UNCAPPED else rate, args.burst, args.latency
       )
       atexit.register(cluster.close)
       try:
         cluster.setup()
         print(f"\nround {round_index + 1}, link {rate}:\n{cluster.describe()}", flush=True)
-        for config in _common.rotated(args.configs, round_index):
+        for config in _rounds.rotated(args.configs, round_index):
           t = time.perf_counter()
           row = run_one(cluster, config, rate, args, workdir, data_path, labels, days)
           row["round"] = round_index
@@ -673,7 +483,7 @@ def main(argv=None):
     + ("initial_stddev", "native_rows")
   }
   results["workload"].update(
-    samples=len(labels), distinct_ids=distinct, ranks=lightcc_cluster.WORLD
+    samples=len(labels), distinct_ids=distinct, ranks=_horovod_cluster.WORLD
   )
   results["tfra_status"] = tfra_status
   results["rows"] = rows
@@ -681,12 +491,12 @@ def main(argv=None):
   day_values, day_counts = np.unique(days, return_counts=True)
   results["targets"] = report(rows, args, dict(zip(day_values.tolist(), day_counts.tolist())))
   if args.png and any("error" not in r for r in rows):
-    _common.write_chart(args.png, results, lambda path: draw(rows, args, path))
+    _report.write_chart(args.png, results, lambda path: draw(rows, args, path))
   if own_workdir and all("error" not in r for r in rows):
     shutil.rmtree(workdir, ignore_errors=True)
   else:
     print(f"rank logs    : {workdir}")
-  return _common.finish(results, args.json, wall)
+  return _report.finish(results, args.json, wall)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ core is kept busy by numpy (no table work). Paths, on a table of --keys random i
                             (TfExtTableRestoreSnapshots, what DeltaCheckpointManager runs).
 It reports each path's time and keys/s, and the longest lookup per window (its stall).
 
-Target (issue 38, item 1): no lookup stall over 10 ms during any bulk insert, import or restore.
+Target: no lookup stall over 10 ms during any bulk insert, import or restore.
 The control and quiet windows show the machine's own stalls. The PASS/MISS lines are
 informational: the exit status is 0 whatever the numbers.
 
@@ -28,17 +28,21 @@ import time
 
 import numpy as np
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
-  LookupLoop,
   add_intra_op_threads,
   add_json,
   argument_parser,
-  busy_one_core,
-  finish,
   log,
-  machine_report,
   require_positive,
-  summarize_windows,
   use_checkout,
+)
+from _lookup_stalls import (
+  LookupLoop,
+  busy_one_core,
+  summarize_windows,
+)
+from _report import (
+  finish,
+  machine_report,
   verdict,
   versions,
 )

@@ -43,13 +43,15 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   PeakRssAdded,
   add_json,
   argument_parser,
-  finish,
   log,
-  machine_report,
   mib,
   require_positive,
   run_workers,
   use_checkout,
+)
+from _report import (
+  finish,
+  machine_report,
   verdict,
   versions,
 )

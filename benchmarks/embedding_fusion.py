@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Graph passes for recommendation models (issue 11, part 1): training steps/s with
+"""Graph passes for recommendation models: training steps/s with
 tf_ext.graph_optimizations on and off, in a TF1 Session and in Keras, every ratio taken in one run.
 
 The model: 26 sparse fields, one tf_ext table each (dim --dim), ids drawn by a Zipf law
@@ -37,19 +37,21 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   add_intra_op_threads,
   add_json,
   argument_parser,
-  chart_path,
-  finish,
   int_list,
   log,
-  machine_report,
   require_positive,
-  rotated,
-  save_figure,
   use_checkout,
+)
+from _report import (
+  chart_path,
+  finish,
+  machine_report,
+  save_figure,
   verdict,
   versions,
   write_chart,
 )
+from _rounds import rotated
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 use_checkout()

@@ -48,21 +48,25 @@ import time
 
 import numpy as np
 from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
-  LookupLoop,
   PeakRssAdded,
   add_intra_op_threads,
   add_json,
   argument_parser,
-  busy_one_core,
-  finish,
   import_tfra,
   log,
-  machine_report,
   mib,
   require_positive,
   rss_bytes,
-  summarize_windows,
   use_checkout,
+)
+from _lookup_stalls import (
+  LookupLoop,
+  busy_one_core,
+  summarize_windows,
+)
+from _report import (
+  finish,
+  machine_report,
   verdict,
   versions,
 )

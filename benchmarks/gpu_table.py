@@ -1,4 +1,4 @@
-"""The GPU table core against HierarchicalKV, on one GPU, in one run (issue 35's benchmark).
+"""The GPU table core against HierarchicalKV, on one GPU, in one run.
 
 On a GPU machine (run by tests/kernels/dynamic_embedding/gpu/run_gpu_checks.sh; Python's
 standard library only, no TensorFlow):

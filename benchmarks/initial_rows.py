@@ -11,7 +11,8 @@ benchmarks/initial_rows_bench.cc times FillInitialRow alone, in C++.
 
 import time
 
-from _common import argument_parser, machine_report, use_checkout  # noqa: E402
+from _common import argument_parser, use_checkout  # noqa: E402
+from _report import machine_report  # noqa: E402
 
 use_checkout()
 

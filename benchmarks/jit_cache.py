@@ -14,7 +14,7 @@ TensorFlow's log (TF_CPP_VMODULE=device_compiler=1: one line per compiled execut
 ours, from its own compile log too. Every configuration computes the same masked loss, so they
 train the same model.
 
-Targets (the issue's): ours >= 2.25x jit_compile=True and >= 1.3x the best TF option over the
+Targets: ours >= 2.25x jit_compile=True and >= 1.3x the best TF option over the
 whole run; ours' steady-state time per sample (the last 40% of the run; for jit_compile=True its
 steps that did not compile) within 1.1x of jit_compile=True's; ours faster than static shapes;
 <= 8 compilations per workload. `--rounds N` runs every configuration but jit_compile=True N
@@ -34,6 +34,7 @@ import time
 import types
 
 import _common
+import _report
 
 WIDTHS = tuple(
   int(w) for w in os.environ.get("JIT_BENCH_WIDTHS", "128,128,128,64,64,32").split(",")
@@ -406,7 +407,7 @@ def report(workload, results):
     ),
   ]
   for text, ok in checks:
-    print(f"  [{_common.verdict(ok)}] {text}")
+    print(f"  [{_report.verdict(ok)}] {text}")
   if speed_best < 1.3:
     print("  (`make bench-jit-profile` shows, op by op, how much faster XLA's code can be here)")
   return checks
@@ -441,7 +442,7 @@ def plot(all_results, path):
     ax.set_ylabel("step time (ms)")
     ax.set_title(f"Workload {workload}: step times over the whole run")
     ax.legend()
-  _common.save_figure(fig, plt, path, dpi=90)
+  _report.save_figure(fig, plt, path, dpi=90)
   print(f"\nPlot: {path}")
 
 
@@ -485,7 +486,7 @@ def main():
     if set(CONFIGS) <= set(configs):
       verdicts += report(workload, results)
   if set(CONFIGS) <= set(configs) and not args.quick or args.plot:
-    plot(all_results, args.plot or _common.chart_path("jit_cache.png"))
+    plot(all_results, args.plot or _report.chart_path("jit_cache.png"))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(all_results, f)

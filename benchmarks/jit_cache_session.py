@@ -34,6 +34,8 @@ import sys
 import time
 
 import _common
+import _report
+import _rounds
 
 CONFIGS = ["plain", "xla", "xla_async", "ours"]
 WORKER_LIMIT_S = 1200  # one configuration's process
@@ -193,7 +195,7 @@ def report(results):
   for other in ("xla", "xla_async"):
     ratio = by[other]["total_s"] / ours["total_s"]
     verdicts.append(ratio > 1.0)
-    print(f"whole run, ours vs {other}: {ratio:.2f}x (target > 1)  {_common.verdict(ratio > 1.0)}")
+    print(f"whole run, ours vs {other}: {ratio:.2f}x (target > 1)  {_report.verdict(ratio > 1.0)}")
   print(
     f"steady state per sample, ours / xla: "
     f"{steady_per_sample(ours) / steady_per_sample(by['xla']):.2f}x (context: after its "
@@ -203,7 +205,7 @@ def report(results):
   verdicts.append(ours["compiles"] <= 8)
   print(
     f"ours: {ours['compiles']} XLA compilations (target <= 8)  "
-    f"{_common.verdict(ours['compiles'] <= 8)}"
+    f"{_report.verdict(ours['compiles'] <= 8)}"
   )
   print(f"ours: buckets {ours.get('buckets')}, plan {ours.get('plan')}")
   for check in ours.get("speed_checks", []):
@@ -245,7 +247,7 @@ def plot(results, path):
   ax.set_ylabel("step time (ms)")
   ax.set_title("TF1 Session, varying batch sizes: step times over the whole run")
   ax.legend()
-  _common.save_figure(fig, plt, path, dpi=90)
+  _report.save_figure(fig, plt, path, dpi=90)
 
 
 def main():
@@ -275,7 +277,7 @@ def main():
 
   import tf_ext
 
-  _common.machine_report(tf, tf_ext, np)
+  _report.machine_report(tf, tf_ext, np)
   steps = args.steps or (12 if args.quick else 1000)
   wall = time.perf_counter()
   configs = args.configs.split(",")
@@ -283,7 +285,7 @@ def main():
   for round_index in range(args.rounds):
     if args.rounds > 1:
       _common.log(f"round {round_index + 1}/{args.rounds}")
-    for config in _common.rotated(configs, round_index):
+    for config in _rounds.rotated(configs, round_index):
       runs[config].append(run_config(config, steps, args.quick))
   results = [sorted(runs[c], key=lambda r: r["total_s"])[(args.rounds - 1) // 2] for c in configs]
   if args.rounds > 1 and {"ours", "xla", "xla_async"} <= set(configs):
@@ -294,8 +296,8 @@ def main():
   verdicts = report(results) if set(CONFIGS) <= set(configs) else []
   if not args.quick or args.plot:
     chart = {}
-    _common.write_chart(
-      args.plot or _common.chart_path("jit_cache_session.png"), chart, lambda p: plot(results, p)
+    _report.write_chart(
+      args.plot or _report.chart_path("jit_cache_session.png"), chart, lambda p: plot(results, p)
     )
   if args.json:
     with open(args.json, "w") as f:

@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import _common
+import _report
 
 FLAG = "--xla_cpu_enable_xprof_traceme=true"
 SHAPES = {"A": "512,256,64", "B": "128x200,128x60,128x20"}
@@ -170,7 +171,7 @@ def main():
 
   import tf_ext
 
-  _common.machine_report(tf, tf_ext, np)
+  _report.machine_report(tf, tf_ext, np)
   for workload in workloads:
     for shape in shapes[workload]:
       report(workload, shape, profile(workload, shape, args.steps, args.rounds, tf, np, jit_cache))

@@ -47,25 +47,28 @@ Targets (informational, exit status 0): 2D + TOPK >= 2x Horovod steps/s; 2D inte
 
 import argparse
 import atexit
-import glob
-import importlib.util
 import json
+import math
 import os
-import shlex
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
-NODES = 2
-RANKS_PER_NODE = 2
-WORLD = NODES * RANKS_PER_NODE
-SUBNET = "10.77.0"
-IFACE = "lcc0"  # the veth end's name inside each node's namespace (like eth0 on every host)
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _horovod_cluster  # noqa: E402
+import _report  # noqa: E402
+
+# Also the names tests/lightcc/test_faults.py builds its cluster from.
+from _horovod_cluster import (  # noqa: E402, F401
+  IFACE,
+  NODES,
+  RANKS_PER_NODE,
+  RENDEZVOUS_CODE,
+  WORLD,
+  Cluster,
+  sh,
+)
+from _netns import exit_on_signals, rate_bps  # noqa: E402
 
 _2D = {"LIGHT_2D_ALLREDUCE": "1", "LIGHT_INTRA_SIZE": str(RANKS_PER_NODE)}
 _TOPK = {"LIGHT_TOPK_ALLREDUCE": "1", "LIGHT_TOPK_RATIO": "0.01"}
@@ -100,282 +103,6 @@ LABELS = {
 }
 DEFAULT_CONFIGS = ["horovod", "2d", "2d+topk", "2d+topk+fp16"]
 
-# Third-party modules of the run (matplotlib for the chart at the very end), checked before
-# anything starts: `make bench-cluster` installs them (requirements.txt, Horovod from `make setup`,
-# requirements-bench.txt).
-REQUIRED_MODULES = ("numpy", "tensorflow", "horovod", "matplotlib")
-
-_SLOT_VARS = (
-  "HOROVOD_HOSTNAME",
-  "HOROVOD_RANK",
-  "HOROVOD_SIZE",
-  "HOROVOD_LOCAL_RANK",
-  "HOROVOD_LOCAL_SIZE",
-  "HOROVOD_CROSS_RANK",
-  "HOROVOD_CROSS_SIZE",
-)
-
-RENDEZVOUS_CODE = r"""
-import sys
-from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-from horovod.runner.http.http_server import RendezvousServer
-server = RendezvousServer(verbose=0)
-port = server.start()
-server.init(get_host_assignments(parse_hosts(sys.argv[1]), int(sys.argv[2])))
-print(port, flush=True)
-sys.stdin.read()  # runs until the benchmark closes our stdin
-server.stop()
-"""
-
-
-# ----------------------------------------------------------------------------------- rank side
-
-
-def _read_counters():
-  """Counters to tell where a slow run's time went, each read before and after the timed steps:
-  - bytes of this namespace's lcc0 and lo (/sys as remounted by `ip netns exec`);
-  - its TCP segments sent again (/proc/net/snmp is per namespace), its tail loss probes (sent
-    when an ACK is late, though nothing need be lost; new data or a segment sent again) and its
-    retransmission timeouts;
-  - the packets lcc0's tbf dropped (`tc -s`): the link's own losses;
-  - the host's CPU ticks and those stolen from this VM by its hypervisor (/proc/stat, not per
-    namespace): time the ranks wait that their own CPU time does not show.
-  A worker run by hand outside the cluster has no lcc0: its link counters are left out (the
-  cluster always makes lcc0, so its reports always have them)."""
-  out = {}
-  for dev in (IFACE, "lo"):
-    if not os.path.isdir(f"/sys/class/net/{dev}"):
-      continue
-    for key in ("tx_bytes", "rx_bytes"):
-      with open(f"/sys/class/net/{dev}/statistics/{key}") as f:
-        out[f"{dev}_{key}"] = int(f.read())
-  tcp = _proc_net_table("/proc/net/snmp", "Tcp:")
-  tcp_ext = _proc_net_table("/proc/net/netstat", "TcpExt:")
-  out["tcp_retrans_segs"] = tcp["RetransSegs"]
-  out["tcp_loss_probes"] = tcp_ext.get("TCPLossProbes", 0)
-  out["tcp_timeouts"] = tcp_ext.get("TCPTimeouts", 0)
-  if f"{IFACE}_tx_bytes" in out:
-    shown = subprocess.run(
-      ["tc", "-s", "-j", "qdisc", "show", "dev", IFACE], capture_output=True, text=True
-    )
-    if shown.returncode == 0 and shown.stdout.strip():
-      out["qdisc_drops"] = sum(q.get("drops", 0) for q in json.loads(shown.stdout))
-  with open("/proc/stat") as f:
-    ticks = [int(v) for v in f.readline().split()[1:]]
-  out["cpu_ticks"] = sum(ticks[:8])  # user .. steal (guest time is inside user)
-  out["cpu_steal_ticks"] = ticks[7]
-  return out
-
-
-def steal_share(counters):
-  """The share of the host's CPU time that its hypervisor gave to others between two readings
-  (the counters' differences): time the ranks waited that their own CPU time does not show."""
-  return counters.get("cpu_steal_ticks", 0) / max(1, counters.get("cpu_ticks", 0))
-
-
-def _proc_net_table(path, prefix):
-  """One table of /proc/net/snmp or /proc/net/netstat (a names line, then a values line)."""
-  with open(path) as f:
-    names, values = [line.split()[1:] for line in f if line.startswith(prefix)]
-  return dict(zip(names, map(int, values)))
-
-
-def worker(args):
-  import horovod.tensorflow as horovod_hvd
-  import numpy as np
-  import tensorflow as tf
-
-  import tf_ext.lightcc as hvd
-
-  with open(args.spec) as f:
-    spec = json.load(f)
-  hvd.init()
-  rank, local_rank = hvd.rank(), hvd.local_rank()
-  rng = np.random.default_rng(1234 + rank)
-  shapes = [tuple(s) for s in spec["shapes"]]
-  variables = [tf.Variable(tf.zeros(s, tf.float32), name=f"w{i}") for i, s in enumerate(shapes)]
-  targets = [tf.constant(rng.standard_normal(s, dtype=np.float32)) for s in shapes]
-
-  @tf.function
-  def step():
-    with tf.GradientTape() as tape:
-      loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, targets)])
-    tape = hvd.DistributedGradientTape(tape)
-    grads = tape.gradient(loss, variables)
-    for v, g in zip(variables, grads):
-      v.assign_sub(1e-3 * g)
-    return loss
-
-  def barrier():  # Horovod's own flat allreduce on the global set, whatever LIGHT_* says
-    horovod_hvd.allreduce(tf.constant(0.0), op=horovod_hvd.Sum, name="lcc_bench_barrier").numpy()
-
-  t = time.perf_counter()
-  for _ in range(args.warmup):
-    step()
-  warmup_s = time.perf_counter() - t
-  barrier()
-  hvd.reset_traffic()
-  before = _read_counters()
-  t0 = time.perf_counter()
-  for _ in range(args.steps):
-    step()
-  barrier()
-  elapsed = time.perf_counter() - t0
-  after = _read_counters()
-  traffic = hvd.traffic()
-  result = {
-    "rank": rank,
-    "local_rank": local_rank,
-    "node": rank // RANKS_PER_NODE,
-    "steps": args.steps,
-    "elapsed_s": elapsed,
-    "warmup_s": warmup_s,
-    "counters": {k: after[k] - before[k] for k in after},
-    "traffic": traffic,
-    "light_config": repr(hvd.light_config()),
-    "fusion": [
-      {
-        "candidates_mb": [float(c) for c in hvd.light_config().fusion_buckets_mb],
-        "chosen": p.current,
-        "median_step_s": p.medians,
-      }
-      for p in hvd.fusion_policies()
-    ],
-  }
-  with open(os.path.join(args.result_dir, f"rank{rank}.json"), "w") as f:
-    json.dump(result, f)
-  barrier()  # nobody leaves (tearing down Gloo) while a peer still reads its counters
-
-
-# --------------------------------------------------------------------------------- parent side
-
-
-def sh(cmd, check=True):
-  proc = subprocess.run(cmd, shell=isinstance(cmd, str), capture_output=True, text=True)
-  if check and proc.returncode:
-    raise RuntimeError(f"command failed ({proc.returncode}): {cmd}\n{proc.stderr.strip()}")
-  return proc
-
-
-class Cluster:
-  """Two namespaces joined by a tbf-throttled veth (not throttled with rate None); removes
-  everything it made on close()."""
-
-  def __init__(self, rate, burst, latency):
-    tag = os.getpid()
-    self.netns = [f"lcc_node{i}_{tag}" for i in range(NODES)]
-    self.addr = [f"{SUBNET}.{i + 1}" for i in range(NODES)]
-    self.rate, self.burst, self.latency = rate, burst, latency
-    self.procs = []  # Popen objects we started (each the leader of its own session)
-    self.etc_dirs = []  # /etc/netns/<ns> directories we created
-
-  def setup(self):
-    assert NODES == 2, "one veth pair joins exactly two nodes (use a bridge for more)"
-    for ns in self.netns:
-      sh(["ip", "netns", "add", ns])
-    sh(
-      [
-        "ip",
-        "link",
-        "add",
-        IFACE,
-        "netns",
-        self.netns[0],
-        "type",
-        "veth",
-        "peer",
-        "name",
-        IFACE,
-        "netns",
-        self.netns[1],
-      ]
-    )
-    # Horovod 0.28 builds the Gloo device of every process set (the global one included) without
-    # HOROVOD_GLOO_IFACE (GlooContext::InitializeForProcessSet reads its own, empty gloo_iface_),
-    # so Gloo falls back to resolving gethostname(). On a real cluster that is the host's address;
-    # here it is 127.0.0.1 for both "nodes". `ip netns exec` bind-mounts /etc/netns/<ns>/hosts
-    # over /etc/hosts, so each node resolves the hostname to its own link address, as a host would.
-    hostname = socket.gethostname()
-    self.made_etc_netns = not os.path.isdir("/etc/netns")
-    for ns, addr in zip(self.netns, self.addr):
-      os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
-      self.etc_dirs.append(f"/etc/netns/{ns}")
-      with open(f"/etc/netns/{ns}/hosts", "w") as f:
-        f.write(f"127.0.0.1 localhost\n{addr} {hostname}\n")
-    for ns, addr in zip(self.netns, self.addr):
-      sh(["ip", "-n", ns, "link", "set", "lo", "up"])
-      sh(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", IFACE])
-      sh(["ip", "-n", ns, "link", "set", IFACE, "up"])
-      if self.rate is None:  # uncapped: the veth as fast as the CPUs move it
-        continue
-      sh(
-        [
-          "tc",
-          "-n",
-          ns,
-          "qdisc",
-          "add",
-          "dev",
-          IFACE,
-          "root",
-          "tbf",
-          "rate",
-          self.rate,
-          "burst",
-          self.burst,
-          "latency",
-          self.latency,
-        ]
-      )
-    # The link works both ways before anything is timed.
-    sh(
-      ["ip", "netns", "exec", self.netns[0], "ping", "-c", "1", "-W", "2", self.addr[1]],
-      check=False,
-    )
-
-  def describe(self):
-    lines = []
-    for ns in self.netns:
-      q = sh(["tc", "-n", ns, "qdisc", "show", "dev", IFACE]).stdout.strip()
-      a = sh(["ip", "-n", ns, "-br", "addr", "show", "dev", IFACE]).stdout.strip()
-      lines.append(f"  {ns}: {a} | {q}")
-    return "\n".join(lines)
-
-  def popen(self, node, argv, **kwargs):
-    proc = subprocess.Popen(
-      ["ip", "netns", "exec", self.netns[node]] + argv, start_new_session=True, **kwargs
-    )
-    self.procs.append(proc)
-    return proc
-
-  def kill(self, proc):
-    if proc.poll() is None:
-      try:
-        os.killpg(proc.pid, signal.SIGTERM)  # the session we created for it
-        proc.wait(timeout=10)
-      except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-          os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-        proc.wait()
-
-  def close(self):
-    for proc in self.procs:
-      self.kill(proc)
-    self.procs = []
-    for ns in self.netns:
-      if sh(["ip", "netns", "pids", ns], check=False).returncode == 0:
-        sh(["ip", "netns", "del", ns], check=False)
-    for d in self.etc_dirs:
-      shutil.rmtree(d, ignore_errors=True)
-    self.etc_dirs = []
-    if getattr(self, "made_etc_netns", False):
-      try:
-        os.rmdir("/etc/netns")  # only if we created it and it is empty
-      except OSError:
-        pass
-
 
 def model_shapes(model, input_size):
   """Shapes of the Keras model's trainable variables (built once, no weights downloaded)."""
@@ -389,126 +116,6 @@ def model_shapes(model, input_size):
   del m
   tf.keras.backend.clear_session()
   return shapes
-
-
-def launch_ranks(cluster, argv, env, result_dir, timeout):
-  """Runs one process per rank of the WORLD ranks (`argv`, in its node's namespace, with the
-  Horovod variables of a `horovodrun --gloo` job, `env` and the caller's environment less its
-  LIGHT_*), each writing rank<r>.log and rank<r>.json into result_dir; waits up to `timeout`
-  seconds. Returns ({rank: its JSON}, None) or (None, {"error": ..., "logs": the logs' tails})."""
-  from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-  from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
-
-  os.makedirs(result_dir, exist_ok=True)
-  for stale in glob.glob(os.path.join(result_dir, "rank*.json")):  # a run again in the same dir
-    os.remove(stale)
-  hosts = ",".join(f"node{i}:{RANKS_PER_NODE}" for i in range(NODES))
-  server = cluster.popen(
-    0,
-    [sys.executable, "-c", RENDEZVOUS_CODE, hosts, str(WORLD)],
-    stdin=subprocess.PIPE,
-    stdout=subprocess.PIPE,
-    text=True,
-  )
-  port = int(server.stdout.readline())
-  run_env = {k: str(v) for k, v in create_run_env_vars(cluster.addr[0], [IFACE], port).items()}
-  # The caller's LIGHT_* settings never leak into a configuration; other HOROVOD_* knobs (e.g.
-  # HOROVOD_LOG_LEVEL, HOROVOD_FUSION_THRESHOLD) pass through, as with horovodrun.
-  base = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith("LIGHT_") and k not in run_env and k not in _SLOT_VARS
-  }
-  base.update(env)
-  base.update(run_env)
-  base["PYTHONUNBUFFERED"] = "1"
-  base["PYTHONPATH"] = REPO + os.pathsep + base.get("PYTHONPATH", "")
-  base["TF_CPP_MIN_LOG_LEVEL"] = "2"
-  ranks = []
-  for slot in get_host_assignments(parse_hosts(hosts), WORLD):
-    slot_env = dict(base, **create_slot_env_vars(slot))
-    node = int(slot.hostname[len("node") :])
-    log = open(os.path.join(result_dir, f"rank{slot.rank}.log"), "w")
-    ranks.append(
-      (
-        slot.rank,
-        cluster.popen(node, argv, env=slot_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO),
-        log,
-      )
-    )
-  deadline = time.time() + timeout
-  failed = None
-  while any(p.poll() is None for _, p, _ in ranks):
-    bad = [(r, p.returncode) for r, p, _ in ranks if p.poll() not in (None, 0)]
-    if bad or time.time() > deadline:
-      failed = f"rank {bad[0][0]} exited with {bad[0][1]}" if bad else f"timeout {timeout}s"
-      break
-    time.sleep(0.5)
-  for _, p, log in ranks:
-    cluster.kill(p)
-    log.close()
-  server.stdin.close()
-  cluster.kill(server)
-  cluster.procs = [p for p in cluster.procs if p.poll() is None]
-  if failed is None:
-    bad = [(r, p.returncode) for r, p, _ in ranks if p.returncode]
-    failed = f"rank {bad[0][0]} exited with {bad[0][1]}" if bad else None
-  results = {}
-  for r, _, _ in ranks:
-    path = os.path.join(result_dir, f"rank{r}.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        results[r] = json.load(f)
-  if failed or len(results) != WORLD:
-    tails = []
-    for r, _, _ in ranks:
-      with open(os.path.join(result_dir, f"rank{r}.log")) as f:
-        lines = [line for line in f.read().splitlines() if line.strip()]
-      tails.append(f"--- rank {r} (last lines) ---\n" + "\n".join(lines[-15:]))
-    return None, {"error": failed or "missing results", "logs": "\n".join(tails)}
-  return results, None
-
-
-def add_steal_options(parser):
-  """--max-steal and --steal-retries, for run_undisturbed."""
-  parser.add_argument(
-    "--max-steal",
-    type=float,
-    default=0.05,
-    help="a run during whose timed steps the hypervisor gave more than this share of the host's "
-    "CPU to others is run again (1 never)",
-  )
-  parser.add_argument(
-    "--steal-retries", type=int, default=2, help="times a disturbed run is run again at most"
-  )
-
-
-def check_steal_options(parser, args):
-  if not 0 <= args.max_steal <= 1 or args.steal_retries < 0:
-    parser.error("--max-steal is a share in [0, 1] and --steal-retries at least 0")
-
-
-def run_undisturbed(run_once, args, show):
-  """Calls run_once() -> a row with its "steal_share" (or a failure row, with "error") again while
-  the host lent more than --max-steal of the CPU to others during its timed steps, at most
-  --steal-retries times: such a run measures the neighbours, and hits configurations that need
-  more CPU harder. When no run was under --max-steal, the one with the least steal is kept.
-  show(row, again, seconds it took) prints each run. Returns the row kept and those it replaced
-  (in run order)."""
-  runs = []
-  while True:
-    started = time.perf_counter()
-    row = run_once()
-    again = (
-      "error" not in row and row["steal_share"] > args.max_steal and len(runs) < args.steal_retries
-    )
-    show(row, again, time.perf_counter() - started)
-    if "error" in row:
-      return row, runs
-    runs.append(row)
-    if not again:
-      kept = min(runs, key=lambda r: r["steal_share"])  # the last one, unless all were disturbed
-      return kept, [r for r in runs if r is not kept]
 
 
 def show_run(row, again, seconds, args):
@@ -537,7 +144,9 @@ def run_config(cluster, name, env_light, args, spec_path, workdir):
   result_dir = os.path.join(workdir, name.replace("+", "_"))
   argv = [sys.executable, os.path.abspath(__file__), "--worker", "--spec", spec_path]
   argv += ["--result-dir", result_dir, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-  results, failure = launch_ranks(cluster, argv, env_light, result_dir, args.timeout)
+  results, failure = _horovod_cluster.launch_ranks(
+    cluster, argv, env_light, result_dir, args.timeout
+  )
   if failure:
     return {"name": name, **failure}
   return summarize(name, env_light, results, args)
@@ -571,7 +180,7 @@ def summarize(name, env_light, results, args):
     "env": env_light,
     "steps_per_s": steps / results[0]["elapsed_s"],
     "step_s": results[0]["elapsed_s"] / steps,
-    "steal_share": steal_share(results[0]["counters"]),
+    "steal_share": _horovod_cluster.steal_share(results[0]["counters"]),
     "warmup_s": results[0]["warmup_s"],
     "nodes": per_node,
     "analytic_is_model": model,
@@ -696,19 +305,9 @@ def plot(rows, args):
     f"LightCC vs Horovod: {NODES} nodes x {RANKS_PER_NODE} ranks, {args.rate} link, "
     f"{args.model_desc} (S = {args.total_bytes / 1e6:.1f} MB)"
   )
-  import _common  # pylint: disable=import-outside-toplevel (as in start_driver)
-
-  path = args.out or _common.chart_path("lightcc_cluster.png")
-  _common.save_figure(fig, plt, path, dpi=110)
+  path = args.out or _report.chart_path("lightcc_cluster.png")
+  _report.save_figure(fig, plt, path, dpi=110)
   return os.path.abspath(path)
-
-
-def rate_to_bps(rate):
-  units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1}
-  for u, m in units.items():
-    if rate.lower().endswith(u):
-      return float(rate[: -len(u)]) * m
-  raise ValueError(f"--rate like 1gbit / 500mbit, got {rate!r}")
 
 
 def parse_args(argv):
@@ -741,7 +340,7 @@ def parse_args(argv):
     help="add a configuration (also run, after --configs)",
   )
   p.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
-  add_steal_options(p)
+  _horovod_cluster.add_steal_options(p)
   p.add_argument(
     "--out", default=None, help="PNG chart path (default: build/charts/lightcc_cluster.png)"
   )
@@ -753,57 +352,18 @@ def parse_args(argv):
   p.add_argument("--spec", help=argparse.SUPPRESS)
   p.add_argument("--result-dir", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
-  check_steal_options(p, args)
+  _horovod_cluster.check_steal_options(p, args)
   return args
-
-
-def check_modules(modules=REQUIRED_MODULES, script="lightcc_cluster.py", target="bench-cluster"):
-  missing = [name for name in modules if importlib.util.find_spec(name) is None]
-  if missing:
-    sys.exit(
-      f"{script}: {sys.executable} lacks {', '.join(missing)}. Run the benchmark with "
-      f"`make {target}` (it installs requirements-bench.txt, then runs this script as root), "
-      "or install them with `make bench-deps`."
-    )
-
-
-def preflight(script="lightcc_cluster.py"):
-  problems = []
-  if os.geteuid() != 0:
-    problems.append(
-      "must run as root (it creates network namespaces, veth links and tc qdiscs): "
-      "sudo " + " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv)
-    )
-  for tool in ("ip", "tc"):
-    if shutil.which(tool) is None:
-      problems.append(f"`{tool}` not found (Debian: apt-get install iproute2)")
-  if problems:
-    sys.exit(f"{script}: " + "\n  ".join(problems))
-
-
-def start_driver(modules, script, target):
-  """What a cluster benchmark's driver does first: its modules and root checked (exits saying
-  what to run), then TensorFlow and this checkout's tf_ext imported. Returns (tf, tf_ext, np,
-  results holding the machine report)."""
-  import _common  # pylint: disable=import-outside-toplevel (a sibling: benchmarks/ is on the path)
-
-  check_modules(modules, script, target)
-  preflight(script)
-  _common.use_checkout()
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-  import tf_ext  # pylint: disable=import-outside-toplevel
-
-  return tf, tf_ext, np, {"machine": _common.machine_report(tf, tf_ext, np)}
 
 
 def main(argv=None):
   args = parse_args(argv)
   if args.worker:
-    return worker(args)
-  check_modules()
-  preflight()
+    import _lightcc_cluster_worker  # pylint: disable=import-outside-toplevel
+
+    return _lightcc_cluster_worker.worker(args)
+  _horovod_cluster.check_modules()
+  _horovod_cluster.preflight()
   configs = dict(CONFIGS)
   selected = [c for c in args.configs.split(",") if c]
   for extra in args.extra_config:
@@ -813,12 +373,12 @@ def main(argv=None):
   unknown = [c for c in selected if c not in configs]
   if unknown:
     sys.exit(f"unknown config(s) {unknown}; known: {list(configs)}")
-  args.rate_bps = rate_to_bps(args.rate)
+  args.rate_bps = rate_bps(args.rate)
   started = time.time()
 
   shapes = model_shapes(args.model, args.input_size)
   args.num_tensors = len(shapes)
-  args.num_params = sum(int(__import__("math").prod(s)) for s in shapes)
+  args.num_params = sum(int(math.prod(s)) for s in shapes)
   args.total_bytes = 4 * args.num_params
   args.model_desc = (
     f"{args.model} (Keras, weights=None, include_top, {args.input_size}x{args.input_size} input)"
@@ -831,11 +391,7 @@ def main(argv=None):
 
   cluster = Cluster(args.rate, args.burst, args.latency)
 
-  def on_signal(signum, _frame):
-    raise SystemExit(f"interrupted by signal {signum}")
-
-  signal.signal(signal.SIGTERM, on_signal)
-  signal.signal(signal.SIGHUP, on_signal)
+  exit_on_signals()
   if not args.keep_netns:
     atexit.register(cluster.close)
   rows, disturbed = [], []
@@ -848,7 +404,7 @@ def main(argv=None):
     )
     for name in selected:
       print(f"\n== {name}: {configs[name] or '(all LIGHT_* unset)'}", flush=True)
-      row, replaced = run_undisturbed(
+      row, replaced = _horovod_cluster.run_undisturbed(
         lambda name=name: run_config(cluster, name, configs[name], args, spec_path, workdir),
         args,
         lambda row, again, seconds: show_run(row, again, seconds, args),
@@ -857,8 +413,7 @@ def main(argv=None):
       disturbed += replaced
   finally:
     if args.keep_netns:
-      for proc in cluster.procs:
-        cluster.kill(proc)
+      cluster.kill_all()
       print(f"--keep-netns: left {cluster.netns} (remove: ip netns del NAME)")
     else:
       cluster.close()
@@ -874,17 +429,16 @@ def main(argv=None):
   png = plot(rows, args)
   print(f"\nChart: {png}" if png else "\nChart: none (no configuration succeeded)")
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(
-        {
-          "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
-          "rows": rows,
-          "disturbed_runs": disturbed,
-        },
-        f,
-        indent=1,
-        default=str,
-      )
+    _report.write_json(
+      args.json,
+      {
+        "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "rows": rows,
+        "disturbed_runs": disturbed,
+      },
+      indent=1,
+      default=str,
+    )
   print(f"Total time {time.time() - started:.0f}s; rank logs in {workdir}")
   return 0
 

@@ -43,13 +43,15 @@ from _common import (  # noqa: E402 (benchmarks/ is on sys.path)
   REPO,
   add_json,
   argument_parser,
-  finish,
   int_list,
   log,
-  machine_report,
   require_positive,
   rss_bytes,
   use_checkout,
+)
+from _report import (
+  finish,
+  machine_report,
   verdict,
   versions,
 )

@@ -6,7 +6,7 @@ whether XLA would be faster at all without padding (else no new bucket is compil
 draws such checks from cost models shaped like the two workloads of benchmarks/jit_cache.py (a
 fixed cost per call plus a cost per element, 15% noise, and 3% of calls stalled 3x) and counts how
 often each rule's verdicts agree with the truth, the two ways' mean cost over the whole stream:
-  medians  the rule until 2026-11-25 (the anchor): medians of time per element, per true element
+  medians  the anchor, the earlier rule: medians of time per element, per true element
            for (1) and per padded element for (2);
   ours     SpeedCheck as it is: each way's Theil-Sen line of time against elements, both lines
            compared over the check's calls.

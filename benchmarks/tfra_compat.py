@@ -28,6 +28,8 @@ import sys
 import time
 
 import _common
+import _report
+import _rounds
 
 IMPLS = ("tfra", "tf_ext.tfra", "native", "floor")
 DEFAULT_IMPLS = IMPLS[:3]
@@ -217,11 +219,11 @@ def main():
 
   import tf_ext  # pylint: disable=import-outside-toplevel
 
-  results_machine = _common.machine_report(tf, tf_ext, np)
+  results_machine = _report.machine_report(tf, tf_ext, np)
   runs = {(program, impl): [] for program in programs for impl in impls}
   for round_index in range(args.rounds):
     for program in programs:
-      for impl in _common.rotated(impls, round_index):
+      for impl in _rounds.rotated(impls, round_index):
         command = [
           sys.executable,
           os.path.abspath(__file__),
@@ -264,7 +266,7 @@ def main():
       spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
       print(
         f"{program}: tf_ext.tfra / {anchor:6s} = {ratio:.2f}x (rounds {spread}; target >= "
-        f"{target}x) {_common.verdict(met)}"
+        f"{target}x) {_report.verdict(met)}"
       )
       results["verdicts"][f"{program}/{anchor}"] = {
         "ratio": ratio,
@@ -283,7 +285,7 @@ def main():
   results.update(
     batch=args.batch, steps=args.steps, rounds=args.rounds, dim=args.dim, all_targets_met=all_met
   )
-  return _common.finish(results, args.json, wall_start)
+  return _report.finish(results, args.json, wall_start)
 
 
 if __name__ == "__main__":

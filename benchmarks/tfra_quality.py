@@ -42,6 +42,8 @@ import tempfile
 import time
 
 import _common
+import _report
+import _rounds
 import numpy as np
 
 CONFIGS = ("tfra", "tfra_independent", "tfra_api", "row", "optimizer", "defaults")
@@ -66,11 +68,11 @@ def stream(path, steps):
 def worker(config, seed, stddev, data_path, steps):
   """One training run; prints {"auc", "per_day"} as its last line."""
   _common.use_checkout()
+  import _alltoall_tables_worker as alltoall_model
   import _criteo_like
-  import alltoall_tables
   import tensorflow as tf
 
-  tf.config.threading.set_intra_op_parallelism_threads(_common.cpus_available())
+  tf.config.threading.set_intra_op_parallelism_threads(_report.cpus_available())
   ids, dense, label, days = stream(data_path, steps)
   if config == "tfra_independent":
     tf.random.set_seed(seed)
@@ -78,8 +80,8 @@ def worker(config, seed, stddev, data_path, steps):
   else:
     init = tf.keras.initializers.RandomNormal(stddev=stddev, seed=seed)
   dim = 16
-  logit_of, dense_vars = alltoall_tables.deepfm(tf, dim, [256, 128], 0)
-  adam = tf.keras.optimizers.Adam(alltoall_tables.LEARNING_RATE)
+  logit_of, dense_vars = alltoall_model.deepfm(tf, dim, [256, 128], 0)
+  adam = tf.keras.optimizers.Adam(alltoall_model.LEARNING_RATE)
   if config in ("tfra", "tfra_independent", "tfra_api"):
     if config == "tfra_api":
       import tf_ext.tfra as de
@@ -159,13 +161,13 @@ def main(argv=None):
   import tf_ext
 
   print("== model quality against TFRA, over seeds (the all-to-all benchmark's workload) ==")
-  machine = _common.machine_report(tf, tf_ext, np)
+  machine = _report.machine_report(tf, tf_ext, np)
   needs_tfra = any(c in ("tfra", "tfra_independent") for c in configs)
   _, tfra_version, tfra_status = _common.import_tfra(not needs_tfra, "not run")
   print(f"TFRA         : {tfra_status}")
   if needs_tfra and tfra_version is None:
     raise SystemExit("TFRA is needed for its configurations: `make bench-deps` installs it")
-  versions = _common.versions(tf, tf_ext, np, tfra=tfra_version)
+  versions = _report.versions(tf, tf_ext, np, tfra=tfra_version)
   results = {"machine": machine, "versions": versions, "runs": {}}
   results["workload"] = {
     "global_batch": RANKS * RANK_BATCH,
@@ -178,7 +180,7 @@ def main(argv=None):
     data = os.path.join(directory, "stream.npz")
     day_of_sample = stream(data, args.steps)[3]
     for seed in range(args.seeds):
-      for config in _common.rotated(configs, seed):
+      for config in _rounds.rotated(configs, seed):
         t = time.perf_counter()
         command = [sys.executable, os.path.abspath(__file__), "--worker", config, str(seed), data]
         command += ["--initial-stddev", str(args.initial_stddev), "--steps", str(args.steps)]
@@ -194,7 +196,7 @@ def main(argv=None):
   values, counts = np.unique(day_of_sample, return_counts=True)
   full_days = [int(d) for d, n in zip(values, counts) if n == DAY_SAMPLES]
   report(results["runs"], configs, args, full_days)
-  return _common.finish(results, args.json, wall)
+  return _report.finish(results, args.json, wall)
 
 
 def report(runs, configs, args, full_days):

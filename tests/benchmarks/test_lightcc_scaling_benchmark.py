@@ -16,6 +16,13 @@ import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import _emulated_compute  # noqa: E402
+import _horovod_cluster  # noqa: E402
+import _lightcc_scaling_configs  # noqa: E402
+import _lightcc_scaling_report  # noqa: E402
+import _lightcc_scaling_worker  # noqa: E402
+import _rounds  # noqa: E402
+import lightcc_cluster  # noqa: E402
 import lightcc_scaling  # noqa: E402
 
 # A small model: four units with weights, the third without multiply-adds (like batch norm).
@@ -71,8 +78,8 @@ def test_gradients_are_ready_in_backprop_order_without_using_the_cpu():
   rng = np.random.default_rng(0)
   values = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
   stored = [tf.Variable(v, trainable=False) for v in values]
-  clock, marks = lightcc_scaling.DeviceClock(), []
-  step = lightcc_scaling.build_step(tf, plan, variables, stored, clock, lambda t: t, marks)
+  clock, marks = _emulated_compute.DeviceClock(), []
+  step = _emulated_compute.build_step(tf, plan, variables, stored, clock, lambda t: t, marks)
   step()  # traces
   clock.spans.clear()
   marks.clear()
@@ -110,19 +117,19 @@ def test_gradients_are_ready_in_backprop_order_without_using_the_cpu():
 
 def test_units_without_time_share_the_next_timed_units_sleeps():
   plan = _plan()
-  assert lightcc_scaling.unit_groups(plan["units"]) == [[0], [1], [2, 3]]
+  assert _emulated_compute.unit_groups(plan["units"]) == [[0], [1], [2, 3]]
   # A trailing unit without time keeps a group (and a backward pass-through) of its own.
   units = plan["units"] + [dict(plan["units"][2], forward_s=0.0, backward_s=0.0)]
-  assert lightcc_scaling.unit_groups(units) == [[0], [1], [2, 3], [4]]
+  assert _emulated_compute.unit_groups(units) == [[0], [1], [2, 3], [4]]
 
 
 def test_timed_steps_run_without_marks():
   plan = _plan()
   variables = [tf.Variable(tf.zeros(s)) for s in SHAPES]
   stored = [tf.Variable(tf.ones(s), trainable=False) for s in SHAPES]
-  clock, marks = lightcc_scaling.DeviceClock(), []
-  step = lightcc_scaling.build_step(tf, plan, variables, stored, clock, lambda t: t)
-  marked = lightcc_scaling.build_step(tf, plan, variables, stored, clock, lambda t: t, marks)
+  clock, marks = _emulated_compute.DeviceClock(), []
+  step = _emulated_compute.build_step(tf, plan, variables, stored, clock, lambda t: t)
+  marked = _emulated_compute.build_step(tf, plan, variables, stored, clock, lambda t: t, marks)
   step().numpy()
   assert marks == []
   marked().numpy()
@@ -135,7 +142,7 @@ def test_stream_clock_runs_spans_back_to_back_whatever_their_launch():
   # A GPU runs kernels launched ahead back to back: a span launched late (the CPU busy) still
   # ends where the plan puts it; the "launch" clock instead adds the CPU's delay.
   for mode, expected_end in (("stream", 0.06), ("launch", 0.08)):
-    clock = lightcc_scaling.DeviceClock(mode, first_unit=0)
+    clock = _emulated_compute.DeviceClock(mode, first_unit=0)
     start = time.perf_counter()
     clock.run("forward", 0, 0.02)
     time.sleep(0.02)  # the next span is launched 20 ms after the first one ended
@@ -145,7 +152,7 @@ def test_stream_clock_runs_spans_back_to_back_whatever_their_launch():
     assert expected_end <= end < expected_end + 0.015, (mode, end)
     assert time.perf_counter() - start >= expected_end
   # A step's first span waits for its launch in either mode.
-  clock = lightcc_scaling.DeviceClock("stream", first_unit=0)
+  clock = _emulated_compute.DeviceClock("stream", first_unit=0)
   clock.run("forward", 0, 0.01)
   time.sleep(0.03)
   launched = time.perf_counter()
@@ -171,13 +178,14 @@ def test_horovod_timeline_is_read_on_the_steps_clock(tmp_path):
   path = tmp_path / "timeline.json"
   path.write_text("[\n" + ",".join(json.dumps(e) for e in events) + ",")
   # The barrier before the step ended at 1.0005 s on Horovod's clock, at -0.001 s on the step's.
-  got = lightcc_scaling.horovod_collectives(str(path), -0.001)
+  got = _lightcc_scaling_worker.horovod_collectives(str(path), -0.001)
   assert [(t, a) for t, a, _, _ in got] == [
     ("grad_a", "NEGOTIATE_ALLREDUCE"),
     ("grad_a", "ALLREDUCE"),
   ]
   np.testing.assert_allclose([got[1][2], got[1][3]], [0.0987, 0.1486], atol=1e-9)
-  overlap = lightcc_scaling.collective_overlap(got, backward_end=0.12365)  # halfway through it
+  # The backward pass ends halfway through the collective.
+  overlap = _lightcc_scaling_report.collective_overlap(got, backward_end=0.12365)
   assert math.isclose(overlap["first_collective"], 0.0987, abs_tol=1e-9)
   assert math.isclose(overlap["collective_s_before_backward_end"], 0.5, abs_tol=1e-6)
 
@@ -195,13 +203,13 @@ def test_configs_exchange_in_buckets_scaled_like_the_gradients():
   retrace = lightcc_scaling.config_env("2d+topk+fusion", 2, plan)
   assert switch == dict(retrace, LIGHT_FUSION_RETRACE="0")
   # The fixed sweep: a fusion configuration again, in fixed buckets of each candidate size.
-  sweep = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
+  sweep = _lightcc_scaling_configs.fixed_sweep("2d+topk+fusion", plan)
   assert sweep == [f"2d+topk@{mb:g}" for mb in plan["fusion_mb"]]
   fixed = lightcc_scaling.config_env(sweep[0], 2, plan)
   assert fixed["LIGHT_BUCKET_MB"] == f"{plan['fusion_mb'][0]:g}" and "LIGHT_FUSION" not in fixed
   assert fixed["LIGHT_TOPK_ALLREDUCE"] == "1" and fixed["LIGHT_2D_ALLREDUCE"] == "1"
-  assert lightcc_scaling.label(sweep[0]) == f"2D+TOPK {plan['fusion_mb'][0]:g} MiB"
-  assert lightcc_scaling.fixed_sweep("2d+topk", plan) == []
+  assert _lightcc_scaling_configs.label(sweep[0]) == f"2D+TOPK {plan['fusion_mb'][0]:g} MiB"
+  assert _lightcc_scaling_configs.fixed_sweep("2d+topk", plan) == []
 
 
 def test_fusion_warms_up_for_its_longest_probe_then_as_the_others():
@@ -236,14 +244,14 @@ def _row(name, step_s, steps=8, chosen=None, plan=None):
 
 def test_fusion_and_its_fixed_sizes_run_interleaved_and_pool_their_steps():
   plan = _plan(shrink=16)
-  fixed = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
+  fixed = _lightcc_scaling_configs.fixed_sweep("2d+topk+fusion", plan)
   group = ["2d+topk+fusion", *fixed]
   listed, order = lightcc_scaling.run_order(["horovod", "2d+topk+fusion"], plan, True, 2)
   assert listed == ["horovod", *group]
   # Horovod runs once, then the group in two rounds, the second starting one later in the group.
   assert order == ["horovod", *group, *group[1:], group[0]]
   three_sizes = dict(plan, fusion_mb=[2.06, 8.25, 128])
-  group = ["2d+topk+fusion", *lightcc_scaling.fixed_sweep("2d+topk+fusion", three_sizes)]
+  group = ["2d+topk+fusion", *_lightcc_scaling_configs.fixed_sweep("2d+topk+fusion", three_sizes)]
   _, five = lightcc_scaling.run_order(["2d+topk+fusion"], three_sizes, True, 5)
   rounds = [five[n : n + 4] for n in range(0, len(five), 4)]
   assert len(rounds) == 5 and all(sorted(r) == sorted(group) for r in rounds)
@@ -272,7 +280,7 @@ def test_fusion_and_its_fixed_sizes_run_interleaved_and_pool_their_steps():
 
 def test_report_judges_pooled_and_single_fusion_runs(capsys):
   plan = dict(_plan(shrink=16), fusion_mb=[2.06, 8.25, 128])  # VGG16's at 1/16
-  small, middle, large = lightcc_scaling.fixed_sweep("2d+topk+fusion", plan)
+  small, middle, large = _lightcc_scaling_configs.fixed_sweep("2d+topk+fusion", plan)
   fused = lightcc_scaling.pool_repeats(
     [_row("2d+topk+fusion", 0.42, chosen=2), _row("2d+topk+fusion", 0.36, chosen=1)]
   )
@@ -305,32 +313,32 @@ def test_report_says_when_horovod_did_not_run(capsys):
 
 
 def test_ratio_error_grows_with_the_runs_spread():
-  ratio, error = lightcc_scaling.speed_ratio_with_error([0.5, 0.5], [0.4, 0.4])
+  ratio, error = _rounds.speed_ratio_with_error([0.5, 0.5], [0.4, 0.4])
   assert math.isclose(ratio, 0.8) and error == 0  # runs that repeat exactly: no doubt
-  ratio, error = lightcc_scaling.speed_ratio_with_error([0.4, 0.6], [0.4, 0.4])
+  ratio, error = _rounds.speed_ratio_with_error([0.4, 0.6], [0.4, 0.4])
   # mean 0.5, sample variance 0.02 over 2 runs: relative error sqrt(0.02 / 2) / 0.5 = 0.2
   assert math.isclose(ratio, 0.8) and math.isclose(error, 0.8 * 0.2)
-  _, error = lightcc_scaling.speed_ratio_with_error([0.5], [0.4, 0.4])
+  _, error = _rounds.speed_ratio_with_error([0.5], [0.4, 0.4])
   assert math.isnan(error)  # one round: no spread to judge by
 
 
 def test_ratio_error_pairs_the_runs_by_round():
   # The second round is 1.5x slower for both: the machine, not the configurations.
-  ratio, error = lightcc_scaling.speed_ratio_with_error([0.4, 0.6], [0.32, 0.48])
+  ratio, error = _rounds.speed_ratio_with_error([0.4, 0.6], [0.32, 0.48])
   assert math.isclose(ratio, 0.8) and math.isclose(error, 0, abs_tol=1e-12)
   # The same runs, the reference's rounds swapped: now the spread is the configurations'.
-  _, unpaired = lightcc_scaling.speed_ratio_with_error([0.4, 0.6], [0.48, 0.32])
+  _, unpaired = _rounds.speed_ratio_with_error([0.4, 0.6], [0.48, 0.32])
   assert unpaired > 0.1
   # A round where either failed is left out of both means.
-  ratio, error = lightcc_scaling.speed_ratio_with_error([0.4, None, 0.5], [0.32, 0.9, 0.4])
+  ratio, error = _rounds.speed_ratio_with_error([0.4, None, 0.5], [0.32, 0.9, 0.4])
   assert math.isclose(ratio, 0.8) and math.isclose(error, 0, abs_tol=1e-12)
-  assert all(map(math.isnan, lightcc_scaling.speed_ratio_with_error([None, 0.5], [0.4, None])))
+  assert all(map(math.isnan, _rounds.speed_ratio_with_error([None, 0.5], [0.4, None])))
 
 
 def test_counters_outside_the_cluster_leave_the_missing_link_out():
   """The worker run by hand (docs/benchmarks.md, fusion's cost measured apart) has no lcc0."""
-  cluster = lightcc_scaling.lightcc_cluster
-  counters = cluster._read_counters()
+  cluster = _horovod_cluster
+  counters = cluster.read_counters()
   assert counters["lo_tx_bytes"] >= 0 and "tcp_retrans_segs" in counters
   has_link = os.path.isdir(f"/sys/class/net/{cluster.IFACE}")
   assert (f"{cluster.IFACE}_tx_bytes" in counters) == has_link
@@ -338,16 +346,16 @@ def test_counters_outside_the_cluster_leave_the_missing_link_out():
 
 
 def test_counters_tell_late_acks_and_stolen_cpu_from_losses():
-  cluster = lightcc_scaling.lightcc_cluster
-  before = cluster._read_counters()
+  cluster = _horovod_cluster
+  before = cluster.read_counters()
   time.sleep(0.05)
-  after = cluster._read_counters()
+  after = cluster.read_counters()
   assert {"tcp_loss_probes", "tcp_timeouts"} <= after.keys()
   assert after["cpu_ticks"] > before["cpu_ticks"] >= before["cpu_steal_ticks"] >= 0
 
 
 def test_summary_splits_retransmissions_and_reads_steal_per_run():
-  cluster = lightcc_scaling.lightcc_cluster
+  cluster = _horovod_cluster
   timeline = {"begin": 0.0, "end": 1.0, "spans": [], "marks": [], "collectives": []}
 
   def rank(number, retrans, probes, drops, steal):
@@ -411,7 +419,7 @@ def test_a_run_the_host_stole_from_runs_again_a_bounded_number_of_times(monkeypa
 
 def test_the_exchange_only_benchmark_reads_steal_and_runs_disturbed_runs_again(capsys):
   """bench-cluster (lightcc_cluster.py) shares the scaling benchmark's rule for disturbed runs."""
-  cluster = lightcc_scaling.lightcc_cluster
+  cluster = _horovod_cluster
   counters = {
     f"{cluster.IFACE}_tx_bytes": 100,
     f"{cluster.IFACE}_rx_bytes": 100,
@@ -427,16 +435,18 @@ def test_the_exchange_only_benchmark_reads_steal_and_runs_disturbed_runs_again(c
     light_config="",
     fusion=[],
   )
-  args = cluster.parse_args(["--steps", "4", "--steal-retries", "1"])
+  args = lightcc_cluster.parse_args(["--steps", "4", "--steal-retries", "1"])
   args.total_bytes = 1000
-  row = cluster.summarize("2d", {"LIGHT_2D_ALLREDUCE": "1"}, dict.fromkeys(range(4), rank), args)
+  row = lightcc_cluster.summarize(
+    "2d", {"LIGHT_2D_ALLREDUCE": "1"}, dict.fromkeys(range(4), rank), args
+  )
   assert row["steal_share"] == 0.15 and row["step_s"] == 0.5
   runs = iter([row, dict(row, steal_share=0.0)])
   shown = []
   kept, disturbed = cluster.run_undisturbed(lambda: next(runs), args, lambda *a: shown.append(a))
   assert kept["steal_share"] == 0.0 and disturbed == [row]
   assert [again for _, again, _ in shown] == [True, False]
-  cluster.show_run(row, True, 3.0, args)
+  lightcc_cluster.show_run(row, True, 3.0, args)
   assert "steal 15%" in capsys.readouterr().out
   runs = iter([dict(row, steal_share=0.1), dict(row, steal_share=0.3)])
   kept, disturbed = cluster.run_undisturbed(lambda: next(runs), args, lambda *a: None)
@@ -446,4 +456,4 @@ def test_the_exchange_only_benchmark_reads_steal_and_runs_disturbed_runs_again(c
   kept, disturbed = cluster.run_undisturbed(lambda: failed, args, lambda *a: None)
   assert kept is failed and disturbed == []  # a failure is reported, never run again
   with pytest.raises(SystemExit):
-    cluster.parse_args(["--max-steal", "-0.1"])
+    lightcc_cluster.parse_args(["--max-steal", "-0.1"])
