@@ -16,6 +16,7 @@
 #include "kernels/dynamic_embedding/core/gpu/device_snapshot_file.h"
 #include "kernels/dynamic_embedding/core/gpu/device_table.h"
 #include "kernels/dynamic_embedding/core/sharding.h"
+#include "tests/kernels/dynamic_embedding/snapshot_images.h"
 #include "tests/kernels/dynamic_embedding/string_bytes.h"
 
 namespace tf_ext {
@@ -25,36 +26,13 @@ namespace {
 constexpr int kDim = 4;
 using Code = TableError::Code;
 
-// A snapshot of `table` as the save kernel writes it: full (since < 0) or a delta, tracked and
-// committed so that the next delta can follow; *version: its version.
-std::string Save(EmbeddingTable<int64_t>& table, int64_t since, uint64_t sequence, int64_t step,
+// A snapshot of `table` (string_bytes.h's Write); *version: its version.
+std::string Save(EmbeddingTable<int64_t>& table, int64_t since, uint64_t sequence,
                  int64_t* version) {
-  StringSink sink;
-  SnapshotWriter writer(&sink);
-  SnapshotHeader header;
-  header.kind = since < 0 ? SnapshotKind::kFull : SnapshotKind::kDelta;
-  header.dim = kDim;
-  header.chain_id = 7;
-  header.sequence = sequence;
-  header.step = step;
-  header.table_name = "t";
-  *version = table.Snapshot(
-      since < 0 ? EmbeddingTable<int64_t>::kFullSnapshot : since,
-      [&](int64_t rows, int64_t tombstones) {
-        header.num_slots = table.num_slots();
-        header.slot_initial_values = table.slot_initial_values();
-        header.rows = rows;
-        header.tombstones = tombstones;
-        return writer.Begin(header);
-      },
-      [&](const int64_t& key, const RowRef& row) {
-        return writer.Row(key, *row.update_count, *row.last_step, row.embedding, row.slots);
-      },
-      [&](const int64_t& key) { return writer.Tombstone(key); }, /*track=*/true);
-  EXPECT_GE(*version, 0);
-  EXPECT_TRUE(writer.Finish());
-  table.CommitSnapshot(*version);
-  return sink.bytes;
+  std::string bytes;
+  *version =
+      Write(table, since < 0 ? EmbeddingTable<int64_t>::kFullSnapshot : since, sequence, &bytes);
+  return bytes;
 }
 
 void Put(EmbeddingTable<int64_t>& table, int64_t key, float value) {
@@ -76,12 +54,12 @@ Chain MakeChain() {
   EmbeddingTable<int64_t> table(kDim, InitializerSpec());
   for (int64_t k = 0; k < 100; ++k) Put(table, k, static_cast<float>(k));
   int64_t version;
-  chain.files["full"] = Save(table, -1, 0, 10, &version);
+  chain.files["full"] = Save(table, -1, 0, &version);
   for (int64_t k = 100; k < 120; ++k) Put(table, k, static_cast<float>(k));
   for (int64_t k = 0; k < 10; ++k) table.Remove(k);
-  chain.files["delta1"] = Save(table, version, 1, 20, &version);
+  chain.files["delta1"] = Save(table, version, 1, &version);
   Put(table, 50, 500.0f);
-  chain.files["delta2"] = Save(table, version, 2, 30, &version);
+  chain.files["delta2"] = Save(table, version, 2, &version);
   for (int64_t k = 10; k < 120; ++k) chain.rows[k] = static_cast<float>(k);
   chain.rows[50] = 500.0f;
   return chain;
@@ -174,7 +152,7 @@ TEST_P(SnapshotRestoreTest, AChainRestoresItsLastStateWithRemovalsAndTheLastStep
   const TableError error = RestoreChains<int64_t>(
       Options(), {{"full", "delta1", "delta2"}}, Opener(chain.files), target->sink(), &step, &last);
   ASSERT_TRUE(error.ok()) << error.message();
-  EXPECT_EQ(step, 30);
+  EXPECT_EQ(step, 102);  // the last file's
   EXPECT_EQ(last.sequence, 2u);
   EXPECT_EQ(target->Size(), static_cast<int64_t>(chain.rows.size()));
   for (const auto& [key, value] : chain.rows) {
@@ -193,7 +171,7 @@ TEST_P(SnapshotRestoreTest, AChainOutOfOrderIsRefusedNamingTheFileAndTheExpected
                                             NewTarget()->sink(), &step);
   EXPECT_EQ(error.code(), Code::kInvalidArgument);
   EXPECT_NE(error.message().find("delta chain out of order: 'delta2' is delta number 2 of chain "
-                                 "7, expected delta number 1"),
+                                 "42, expected delta number 1"),
             std::string::npos)
       << error.message();
   error = RestoreChains<int64_t>(Options(), {{"delta1"}}, Opener(chain.files), NewTarget()->sink(),
@@ -252,14 +230,14 @@ TEST_P(SnapshotRestoreTest, ChainsOfDisjointIdsMergeIntoOneTable) {
   EmbeddingTable<int64_t> other(kDim, InitializerSpec());
   for (int64_t k = 1000; k < 1050; ++k) Put(other, k, static_cast<float>(k));
   int64_t version;
-  first.files["other"] = Save(other, -1, 0, 40, &version);
+  first.files["other"] = Save(other, -1, 0, &version);
   auto target = NewTarget();
   int64_t step;
   ASSERT_TRUE(RestoreChains<int64_t>(Options(), {{"full", "delta1", "delta2"}, {"other"}},
                                      Opener(first.files), target->sink(), &step)
                   .ok());
   EXPECT_EQ(target->Size(), static_cast<int64_t>(first.rows.size()) + 50);
-  EXPECT_EQ(step, 40);
+  EXPECT_EQ(step, 100);  // the last chain's file
 }
 
 TEST_P(SnapshotRestoreTest, VerifyingReadsEveryFileAndWritesNothing) {
